@@ -1,0 +1,311 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Well-known metadata keys.
+const (
+	// KeyAnnotation keeps the business key a lock name was derived from.
+	KeyAnnotation = "locks.kubelock.io/key"
+	// AutoCreatedLabel marks locks a client created on first use; the controller
+	// deletes them once they stayed idle long enough.
+	AutoCreatedLabel = "locks.kubelock.io/auto-created"
+	// ForceDeleteAnnotation allows deleting a lock that is still held.
+	ForceDeleteAnnotation = "locks.kubelock.io/force-delete"
+	// ForceReleaseVerb is the RBAC verb on distributedlocks that allows breaking a lock.
+	ForceReleaseVerb = "force-release"
+)
+
+// Bounds shared by the schema, the client and admission.
+const (
+	// MaxWaitersLimit is the hard cap on status.waiters whatever spec.maxWaiters says.
+	MaxWaitersLimit = 1024
+	// MaxRecentAcquisitions is how many finished holdings status keeps.
+	MaxRecentAcquisitions = 8
+	// MaxLeaseDurationSeconds is the longest lease any lock may grant.
+	MaxLeaseDurationSeconds = 3600
+	// ConditionHeld is the condition type that is True while the lock has a holder.
+	ConditionHeld = "Held"
+)
+
+// EndReason says how a holding ended.
+// +kubebuilder:validation:Enum=Released;Expired;ForceReleased
+type EndReason string
+
+const (
+	// EndReasonReleased: the holder released the lock.
+	EndReasonReleased EndReason = "Released"
+	// EndReasonExpired: the controller saw no renewal for a whole lease.
+	EndReasonExpired EndReason = "Expired"
+	// EndReasonForceReleased: a user with the force-release verb broke the lock.
+	EndReasonForceReleased EndReason = "ForceReleased"
+)
+
+// DistributedLockSpec is what an administrator declares about a lock.
+// +kubebuilder:validation:XValidation:rule="self.leaseDurationSeconds <= self.maxLeaseDurationSeconds",message="spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"
+type DistributedLockSpec struct {
+	// leaseDurationSeconds is the lease a client gets when it asks for none.
+	// +optional
+	// +kubebuilder:default=30
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	LeaseDurationSeconds int32 `json:"leaseDurationSeconds,omitempty"`
+
+	// maxLeaseDurationSeconds is the longest lease a client may ask for.
+	// +optional
+	// +kubebuilder:default=300
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	MaxLeaseDurationSeconds int32 `json:"maxLeaseDurationSeconds,omitempty"`
+
+	// maxWaiters bounds status.waiters; 0 means nobody may wait.
+	// +optional
+	// +kubebuilder:default=128
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1024
+	MaxWaiters *int32 `json:"maxWaiters,omitempty"`
+
+	// handoffTimeoutSeconds is how long the head waiter may take to claim a free lock
+	// before the controller drops it from the queue.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	HandoffTimeoutSeconds int32 `json:"handoffTimeoutSeconds,omitempty"`
+}
+
+// LockHolder is the current holding of a lock. While the lock is held, only
+// renewTime may change.
+type LockHolder struct {
+	// identity is the holder's human-friendly name, by default its pod name or hostname.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.identity cannot change while the lock is held"
+	Identity string `json:"identity"`
+
+	// user is the authenticated name of the client that acquired the lock.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.user cannot change while the lock is held"
+	User string `json:"user"`
+
+	// leaseID identifies this holding; it is random per acquisition.
+	// +required
+	// +kubebuilder:validation:MinLength=16
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z-]+$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a held lock cannot pass to another leaseID; release it first"
+	LeaseID string `json:"leaseID"`
+
+	// requestID is the idempotency key of the acquire that created this holding.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z._-]+$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.requestID cannot change while the lock is held"
+	RequestID string `json:"requestID"`
+
+	// leaseDurationSeconds is how long the holding lasts without a renewal.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	LeaseDurationSeconds int32 `json:"leaseDurationSeconds"`
+
+	// podName is the holder's pod, when it runs in one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PodName string `json:"podName,omitempty"`
+
+	// podUID is the UID of the holder's pod, when it runs in one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	PodUID string `json:"podUID,omitempty"`
+
+	// acquireTime is when the holding began, by the holder's clock; informational.
+	// +required
+	AcquireTime metav1.MicroTime `json:"acquireTime"`
+
+	// renewTime is when the holder last renewed, by its clock; informational.
+	// +optional
+	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
+}
+
+// Waiter is one entry of a lock's FIFO wait queue.
+type Waiter struct {
+	// identity is the waiter's human-friendly name.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Identity string `json:"identity"`
+
+	// user is the authenticated name of the client that enqueued.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	User string `json:"user"`
+
+	// requestID is the idempotency key of the acquire that is waiting.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z._-]+$`
+	RequestID string `json:"requestID"`
+
+	// enqueueTime is when the waiter joined the queue; informational.
+	// +required
+	EnqueueTime metav1.MicroTime `json:"enqueueTime"`
+
+	// deadline is when the waiter gives up; the controller removes it afterwards.
+	// +required
+	Deadline metav1.MicroTime `json:"deadline"`
+}
+
+// FinishedHolding records a holding that ended, so a retried acquire can learn
+// that its lease is over.
+type FinishedHolding struct {
+	// requestID is the idempotency key of the acquire that created the holding.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	RequestID string `json:"requestID"`
+
+	// leaseID identified the holding.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	LeaseID string `json:"leaseID"`
+
+	// fencingToken was the holding's token.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	FencingToken int64 `json:"fencingToken"`
+
+	// identity was the holder's human-friendly name.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Identity string `json:"identity"`
+
+	// endTime is when the holding ended, by the clock of whoever ended it.
+	// +required
+	EndTime metav1.MicroTime `json:"endTime"`
+
+	// endReason says how the holding ended.
+	// +required
+	EndReason EndReason `json:"endReason"`
+
+	// endedBy is the authenticated name of whoever ended the holding.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	EndedBy string `json:"endedBy"`
+}
+
+// DistributedLockStatus is the lock's state, written only by lock clients and the controller.
+// +kubebuilder:validation:XValidation:rule="self.fencingToken >= oldSelf.fencingToken",message="fencingToken must not decrease"
+// +kubebuilder:validation:XValidation:rule="has(self.holder) && !has(oldSelf.holder) ? self.fencingToken > oldSelf.fencingToken : self.fencingToken == oldSelf.fencingToken",message="fencingToken may change only when a new holder acquires the lock"
+// +kubebuilder:validation:XValidation:rule="self.transitions == oldSelf.transitions + (has(self.holder) && !has(oldSelf.holder) ? 1 : 0)",message="transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
+// +kubebuilder:validation:XValidation:rule="(has(self.waiters) ? size(self.waiters) : 0) == self.waiterCount",message="waiterCount must equal the number of waiters"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.holder) || has(self.holder) || (has(self.recentAcquisitions) && self.recentAcquisitions.exists(h, h.leaseID == oldSelf.holder.leaseID))",message="a holding that ends must be recorded in recentAcquisitions"
+type DistributedLockStatus struct {
+	// holder is the current holding; absent while the lock is free.
+	// +optional
+	Holder *LockHolder `json:"holder,omitempty"`
+
+	// fencingToken is the token of the current or most recent holding. It never
+	// decreases; on acquisition it is the lock's previous resourceVersion plus one.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	FencingToken int64 `json:"fencingToken"`
+
+	// transitions counts acquisitions of this lock object.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	Transitions int64 `json:"transitions"`
+
+	// waiters is the FIFO wait queue; index 0 is the head.
+	// +optional
+	// +listType=map
+	// +listMapKey=requestID
+	// +kubebuilder:validation:MaxItems=1024
+	Waiters []Waiter `json:"waiters,omitempty"`
+
+	// waiterCount is len(waiters), kept for printer columns.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1024
+	WaiterCount int32 `json:"waiterCount"`
+
+	// recentAcquisitions are the last finished holdings, oldest first.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	RecentAcquisitions []FinishedHolding `json:"recentAcquisitions,omitempty"`
+
+	// observedGeneration is the spec generation the controller last acted on.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions describe the lock; type Held is True while it has a holder.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// DistributedLock is a lock with a lease, a fencing token and a FIFO wait queue.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=dlock,categories=locks
+// +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.identity`
+// +kubebuilder:printcolumn:name="Token",type=integer,JSONPath=`.status.fencingToken`
+// +kubebuilder:printcolumn:name="Waiters",type=integer,JSONPath=`.status.waiterCount`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="User",type=string,JSONPath=`.status.holder.user`,priority=1
+// +kubebuilder:printcolumn:name="Lease",type=integer,JSONPath=`.status.holder.leaseDurationSeconds`,priority=1
+// +kubebuilder:printcolumn:name="Renewed",type=date,JSONPath=`.status.holder.renewTime`,priority=1
+// +kubebuilder:printcolumn:name="Transitions",type=integer,JSONPath=`.status.transitions`,priority=1
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.holder) || self.status.holder.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds",message="holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || size(self.status.waiters) <= self.spec.maxWaiters",message="the wait queue must not be longer than spec.maxWaiters"
+// +kubebuilder:validation:XValidation:rule="has(self.status) || !has(oldSelf.status)",message="status cannot be removed"
+type DistributedLock struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec declares the lock's limits.
+	// +optional
+	// +kubebuilder:default={}
+	Spec DistributedLockSpec `json:"spec,omitempty"`
+
+	// status is the lock's state.
+	// +optional
+	Status DistributedLockStatus `json:"status,omitempty"`
+}
+
+// DistributedLockList is a list of DistributedLocks.
+//
+// +kubebuilder:object:root=true
+type DistributedLockList struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the locks.
+	Items []DistributedLock `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&DistributedLock{}, &DistributedLockList{})
+}
