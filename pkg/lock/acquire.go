@@ -1,0 +1,310 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// Acquire takes the lock for key, waiting in its FIFO queue until it is this
+// caller's turn, ctx ends or the WaitTimeout passes (ErrTimeout).
+func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
+	return c.acquire(ctx, key, true, opts)
+}
+
+// TryAcquire takes the lock for key only if it is free and nobody is queued;
+// otherwise it returns a *LockedError (errors.Is(err, ErrLocked)). It never waits.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
+	return c.acquire(ctx, key, false, opts)
+}
+
+// attempt is one logical acquire call; its internal retries share the request
+// and lease IDs, so a retry after a lost response finds its own holding (I6).
+type attempt struct {
+	c         *Client
+	key, name string
+	user      string
+	cfg       acquireConfig
+	leaseID   string
+	wait      bool
+	deadline  time.Time // the end of the wait, for the queue entry
+	// firstSent is when the first acquire write of this call was sent; a holding
+	// found later was created by one of them, so it is the safe base for the deadline.
+	firstSent time.Time
+}
+
+func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (*Lock, error) {
+	name, err := NameForKey(key)
+	if err != nil {
+		return nil, err
+	}
+	a := attempt{c: c, key: key, name: name, wait: wait, leaseID: randomID()}
+	if a.cfg, err = c.acquireConfig(opts); err != nil {
+		return nil, err
+	}
+	if a.user, err = c.User(ctx); err != nil {
+		return nil, err
+	}
+	if wait {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.cfg.waitTimeout)
+		defer cancel()
+		a.deadline, _ = ctx.Deadline()
+	}
+	if !c.slots.take(ctx, name, wait) {
+		if !wait {
+			return nil, fmt.Errorf("%w: another goroutine of this process holds or awaits lock %s", ErrLocked, name)
+		}
+		return nil, waitErr(ctx)
+	}
+	l, err := a.run(ctx)
+	if err != nil {
+		c.slots.give(name)
+		return nil, fmt.Errorf("kubelock: acquire %q: %w", key, err)
+	}
+	return l, nil
+}
+
+// run is the acquire loop:
+//  1. read the lock (or reuse the object from the last write or watch event);
+//  2. if this request already holds it or held it, answer from status (I6);
+//  3. if it is free and the queue is empty or headed by this request, write the holder;
+//  4. otherwise fail (TryAcquire), or join the queue and watch the one lock object.
+//
+// Conflicts and unknown outcomes loop back to 1; only definite answers end it.
+func (a *attempt) run(ctx context.Context) (*Lock, error) {
+	var (
+		obj  *locksv1alpha1.DistributedLock
+		w    *lockWatch
+		back backoff
+		last error
+	)
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
+	for {
+		if ctx.Err() != nil {
+			return nil, a.giveUp(ctx, last)
+		}
+		if obj == nil {
+			var err error
+			if obj, err = a.c.get(ctx, a.key, a.name, a.c.cfg.autoCreate); err != nil {
+				if errors.Is(err, ErrNotFound) || definite(err) {
+					return nil, err
+				}
+				last = err
+				_ = back.wait(ctx)
+				continue
+			}
+		}
+		if l, err, done := a.own(ctx, obj); done {
+			return l, err
+		}
+		st := &obj.Status
+		pos := st.WaiterIndex(a.cfg.requestID)
+		if st.Holder == nil && (len(st.Waiters) == 0 || pos == 0) {
+			next, sent, err := a.take(ctx, obj)
+			switch {
+			case err == nil:
+				l := a.c.newLock(a, next)
+				l.start(sent)
+				return l, nil
+			case definite(err):
+				return nil, err
+			case !apierrors.IsConflict(err):
+				last = err
+				_ = back.wait(ctx)
+			}
+			obj = nil
+			continue
+		}
+		if !a.wait {
+			return nil, &LockedError{Name: a.name, Holder: st.Holder, Waiters: len(st.Waiters)}
+		}
+		if pos < 0 {
+			next, err := a.enqueue(ctx, obj)
+			switch {
+			case err == nil:
+				obj = next
+				continue
+			case definite(err) || errors.Is(err, ErrQueueFull):
+				return nil, err
+			case !apierrors.IsConflict(err):
+				last = err
+				_ = back.wait(ctx)
+			}
+			obj = nil
+			continue
+		}
+		if w == nil {
+			w = a.c.watch(a.name)
+		}
+		obj = w.next(ctx, obj.ResourceVersion)
+	}
+}
+
+// own answers a request whose holding status already records (I6): the same
+// lease while it lasts, or ErrLockLost once it ended. done is false otherwise.
+func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*Lock, error, bool) {
+	if h := obj.Status.Holder; h != nil && h.RequestID == a.cfg.requestID {
+		if h.User != a.user {
+			return nil, fmt.Errorf("request ID %s belongs to user %s", a.cfg.requestID, h.User), true
+		}
+		// The holding may come from an earlier call with this request ID whose
+		// send time is unknown here: prove it with a renewal before trusting it.
+		l := a.c.newLock(a, obj)
+		if !a.firstSent.IsZero() {
+			l.start(a.firstSent)
+			return l, nil, true
+		}
+		sent, err := l.renew(ctx)
+		if err != nil {
+			l.finish(err)
+			return nil, err, true
+		}
+		l.start(sent)
+		return l, nil, true
+	}
+	if f := obj.Status.FindFinished(a.cfg.requestID); f != nil {
+		return nil, endedHolding(f), true
+	}
+	return nil, nil, false
+}
+
+// take writes this request as the holder, with the token the server expects.
+func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*locksv1alpha1.DistributedLock, time.Time, error) {
+	token, err := locksv1alpha1.NextFencingToken(obj.ResourceVersion)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	lease := a.cfg.lease
+	if lease == 0 {
+		lease = time.Duration(obj.Spec.LeaseDurationSeconds) * time.Second
+	}
+	now := metav1.NewMicroTime(a.c.cfg.clock.Now())
+	next := obj.DeepCopy()
+	next.Acquire(locksv1alpha1.LockHolder{
+		Identity:             a.c.cfg.identity,
+		User:                 a.user,
+		LeaseID:              a.leaseID,
+		RequestID:            a.cfg.requestID,
+		LeaseDurationSeconds: int32(lease / time.Second),
+		PodName:              a.c.cfg.podName,
+		PodUID:               a.c.cfg.podUID,
+		AcquireTime:          now,
+		RenewTime:            &now,
+	}, token)
+	next.Status.ObservedGeneration = next.Generation
+	sent := a.c.cfg.clock.Now()
+	if a.firstSent.IsZero() {
+		a.firstSent = sent
+	}
+	if err := a.c.c.Status().Update(ctx, next); err != nil {
+		return nil, time.Time{}, err
+	}
+	a.c.cfg.log.V(1).Info("acquired", "lock", a.name, "token", token, "leaseID", a.leaseID)
+	return next, sent, nil
+}
+
+// enqueue appends this request at the tail of the wait queue.
+func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*locksv1alpha1.DistributedLock, error) {
+	if len(obj.Status.Waiters) >= obj.MaxWaiters() {
+		return nil, fmt.Errorf("%w: %d waiter(s), spec.maxWaiters is %d", ErrQueueFull, len(obj.Status.Waiters), obj.MaxWaiters())
+	}
+	next := obj.DeepCopy()
+	next.Status.AppendWaiter(locksv1alpha1.Waiter{
+		Identity:    a.c.cfg.identity,
+		User:        a.user,
+		RequestID:   a.cfg.requestID,
+		EnqueueTime: metav1.NewMicroTime(a.c.cfg.clock.Now()),
+		Deadline:    metav1.NewMicroTime(a.deadline),
+	})
+	if err := a.c.c.Status().Update(ctx, next); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// giveUp leaves the queue after the wait ended and says why. Leaving uses its
+// own short deadline, since ctx is already over.
+func (a *attempt) giveUp(ctx context.Context, last error) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for {
+		obj := &locksv1alpha1.DistributedLock{}
+		if err := a.c.c.Get(lctx, client.ObjectKey{Namespace: a.c.cfg.namespace, Name: a.name}, obj); err != nil {
+			break
+		}
+		if !obj.Status.RemoveWaiter(a.cfg.requestID) {
+			break
+		}
+		if err := a.c.c.Status().Update(lctx, obj); err == nil || !apierrors.IsConflict(err) {
+			break
+		}
+	}
+	err := waitErr(ctx)
+	if last != nil {
+		return fmt.Errorf("%w (last error: %v)", err, last)
+	}
+	return err
+}
+
+func waitErr(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ErrTimeout
+	}
+	return ctx.Err()
+}
+
+// lockWatch follows one lock object; waiting clients watch only their lock.
+type lockWatch struct {
+	c    *Client
+	name string
+	w    watch.Interface
+}
+
+func (c *Client) watch(name string) *lockWatch { return &lockWatch{c: c, name: name} }
+
+// next returns the lock's next version after rv, or nil when the caller should
+// read it afresh (the watch ended, the object was deleted, or ctx ended).
+func (w *lockWatch) next(ctx context.Context, rv string) *locksv1alpha1.DistributedLock {
+	if w.w == nil {
+		ww, err := w.c.c.Watch(ctx, &locksv1alpha1.DistributedLockList{},
+			client.InNamespace(w.c.cfg.namespace),
+			client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", w.name)},
+			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: false}})
+		if err != nil {
+			_ = (&backoff{}).wait(ctx)
+			return nil
+		}
+		w.w = ww
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case ev, ok := <-w.w.ResultChan():
+		if obj, isLock := ev.Object.(*locksv1alpha1.DistributedLock); ok && isLock && (ev.Type == watch.Modified || ev.Type == watch.Added) {
+			return obj
+		}
+		w.stop()
+		return nil
+	}
+}
+
+func (w *lockWatch) stop() {
+	if w.w != nil {
+		w.w.Stop()
+		w.w = nil
+	}
+}

@@ -1,0 +1,175 @@
+package lock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// Client acquires locks in one namespace for one identity. It is safe for
+// concurrent use; goroutines of one process waiting for the same lock share one
+// place in the lock's queue.
+type Client struct {
+	c   client.WithWatch
+	cfg config
+
+	userMu sync.Mutex
+	user   string
+
+	slots slots
+}
+
+// New returns a client that talks to the apiserver at cfg.
+func New(cfg *rest.Config, opts ...Option) (*Client, error) {
+	if cfg == nil {
+		return nil, errors.New("kubelock: rest config is nil")
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubelock: building a client: %w", err)
+	}
+	return NewFromClient(c, opts...)
+}
+
+// NewFromClient returns a client on top of an existing controller-runtime
+// client whose scheme knows locks.kubelock.io/v1alpha1.
+func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
+	if c == nil {
+		return nil, errors.New("kubelock: client is nil")
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}}, nil
+}
+
+// Namespace is the namespace of this client's locks.
+func (c *Client) Namespace() string { return c.cfg.namespace }
+
+// Identity is the holder name this client writes.
+func (c *Client) Identity() string { return c.cfg.identity }
+
+// User is the client's authenticated user name, learned once with a
+// SelfSubjectReview; admission accepts no other name in holder.user.
+func (c *Client) User(ctx context.Context) (string, error) {
+	c.userMu.Lock()
+	defer c.userMu.Unlock()
+	if c.user != "" {
+		return c.user, nil
+	}
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := c.c.Create(ctx, review); err != nil {
+		return "", fmt.Errorf("kubelock: learning the authenticated user with a SelfSubjectReview: %w", err)
+	}
+	if review.Status.UserInfo.Username == "" {
+		return "", errors.New("kubelock: the apiserver returned no user name in the SelfSubjectReview")
+	}
+	c.user = review.Status.UserInfo.Username
+	return c.user, nil
+}
+
+// Get returns the lock object for key.
+func (c *Client) Get(ctx context.Context, key string) (*locksv1alpha1.DistributedLock, error) {
+	name, err := NameForKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return c.get(ctx, key, name, false)
+}
+
+// get reads the lock, creating it first when allowed.
+func (c *Client) get(ctx context.Context, key, name string, create bool) (*locksv1alpha1.DistributedLock, error) {
+	obj := &locksv1alpha1.DistributedLock{}
+	err := c.c.Get(ctx, client.ObjectKey{Namespace: c.cfg.namespace, Name: name}, obj)
+	if apierrors.IsNotFound(err) && create {
+		err = c.create(ctx, key, name, obj)
+	}
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: %s/%s (key %q); create it, or let the client create it with WithAutoCreate", ErrNotFound, c.cfg.namespace, name, key)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != key {
+		return nil, fmt.Errorf("kubelock: lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, k, key)
+	}
+	return obj, nil
+}
+
+func (c *Client) create(ctx context.Context, key, name string, into *locksv1alpha1.DistributedLock) error {
+	obj := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{
+		Namespace:   c.cfg.namespace,
+		Name:        name,
+		Labels:      map[string]string{locksv1alpha1.AutoCreatedLabel: "true"},
+		Annotations: map[string]string{locksv1alpha1.KeyAnnotation: key},
+	}}
+	err := c.c.Create(ctx, obj)
+	if apierrors.IsAlreadyExists(err) {
+		return c.c.Get(ctx, client.ObjectKeyFromObject(obj), into)
+	}
+	if err == nil {
+		obj.DeepCopyInto(into)
+	}
+	return err
+}
+
+// randomID is 128 random bits in hex, for lease and request IDs.
+func randomID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}
+
+// definite reports whether err is an answer the apiserver gave on purpose, after
+// which retrying the same write cannot help. Anything else (timeouts, lost
+// connections, 5xx) leaves the outcome unknown: the write may have committed.
+func definite(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsUnauthorized(err) || apierrors.IsMethodNotSupported(err) || apierrors.IsNotAcceptable(err) ||
+		apierrors.IsUnsupportedMediaType(err) || apierrors.IsRequestEntityTooLargeError(err)
+}
+
+// backoff is a short, jittered, growing pause between retries.
+type backoff struct{ next time.Duration }
+
+func (b *backoff) wait(ctx context.Context) error {
+	if b.next == 0 {
+		b.next = 10 * time.Millisecond
+	}
+	d := b.next/2 + time.Duration(mrand.Int64N(int64(b.next)))
+	b.next = min(2*b.next, time.Second)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,60 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+var (
+	// ErrLocked is returned by TryAcquire when someone else holds the lock or
+	// others are queued for it. The error is a *LockedError naming the holder.
+	ErrLocked = errors.New("kubelock: lock is held by another holder")
+	// ErrLockLost means the holding is over or can no longer be proven: it expired,
+	// was force-released, or renewals failed until the safe deadline.
+	ErrLockLost = errors.New("kubelock: lock lost")
+	// ErrQueueFull means the lock's wait queue is at spec.maxWaiters.
+	ErrQueueFull = errors.New("kubelock: wait queue is full")
+	// ErrNotFound means the lock object does not exist and auto-creation is off.
+	ErrNotFound = errors.New("kubelock: lock not found")
+	// ErrTimeout means the wait for the lock ran out; it wraps context.DeadlineExceeded.
+	ErrTimeout = fmt.Errorf("kubelock: timed out waiting for the lock: %w", context.DeadlineExceeded)
+	// ErrReleased is the cause of a lock context that ended by Release.
+	ErrReleased = errors.New("kubelock: lock released")
+)
+
+// LockedError says who holds a lock that TryAcquire could not take.
+type LockedError struct {
+	// Name is the lock object's name.
+	Name string
+	// Holder is the current holder, nil when the lock is free but others are queued.
+	Holder *locksv1alpha1.LockHolder
+	// Waiters is the queue length.
+	Waiters int
+}
+
+func (e *LockedError) Error() string {
+	if e.Holder == nil {
+		return fmt.Sprintf("kubelock: lock %s is free but %d waiter(s) are queued ahead", e.Name, e.Waiters)
+	}
+	return fmt.Sprintf("kubelock: lock %s is held by %s (user %s, lease %s), %d waiter(s)",
+		e.Name, e.Holder.Identity, e.Holder.User, e.Holder.LeaseID, e.Waiters)
+}
+
+// Unwrap makes errors.Is(err, ErrLocked) true.
+func (e *LockedError) Unwrap() error { return ErrLocked }
+
+// lostError explains why a holding is over; it wraps ErrLockLost.
+type lostError struct{ reason string }
+
+func (e *lostError) Error() string { return "kubelock: lock lost: " + e.reason }
+func (e *lostError) Unwrap() error { return ErrLockLost }
+
+func lost(format string, args ...any) error { return &lostError{reason: fmt.Sprintf(format, args...)} }
+
+// endedHolding describes a finished holding from recentAcquisitions.
+func endedHolding(f *locksv1alpha1.FinishedHolding) error {
+	return lost("lease %s (token %d) already ended: %s by %s", f.LeaseID, f.FencingToken, f.EndReason, f.EndedBy)
+}

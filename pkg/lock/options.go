@@ -1,0 +1,154 @@
+package lock
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/clock"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// Defaults of the client options.
+const (
+	// DefaultNamespace is used when neither WithNamespace nor POD_NAMESPACE says otherwise.
+	DefaultNamespace = "default"
+	// DefaultMaxWait bounds how long any Acquire may wait in a queue.
+	DefaultMaxWait = time.Hour
+)
+
+// Option configures a Client.
+type Option func(*config)
+
+type config struct {
+	namespace     string
+	identity      string
+	podName       string
+	podUID        string
+	leaseDuration time.Duration
+	maxWait       time.Duration
+	autoCreate    bool
+	autoRenew     bool
+	log           logr.Logger
+	clock         clock.WithTicker
+}
+
+func defaultConfig() config {
+	ns := os.Getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	identity := os.Getenv("POD_NAME")
+	if identity == "" {
+		identity, _ = os.Hostname()
+	}
+	return config{
+		namespace: ns,
+		identity:  identity,
+		podName:   os.Getenv("POD_NAME"),
+		podUID:    os.Getenv("POD_UID"),
+		maxWait:   DefaultMaxWait,
+		autoRenew: true,
+		log:       logr.Discard(),
+		clock:     clock.RealClock{},
+	}
+}
+
+func (c *config) validate() error {
+	if errs := validation.IsDNS1123Label(c.namespace); len(errs) > 0 {
+		return fmt.Errorf("kubelock: namespace %q is invalid: %s", c.namespace, errs[0])
+	}
+	if c.identity == "" {
+		return fmt.Errorf("kubelock: identity is empty: set WithIdentity, POD_NAME or a hostname")
+	}
+	if len(c.identity) > 253 {
+		return fmt.Errorf("kubelock: identity is %d characters long; the limit is 253", len(c.identity))
+	}
+	if err := validateLease(c.leaseDuration, true); err != nil {
+		return err
+	}
+	if c.maxWait <= 0 {
+		return fmt.Errorf("kubelock: the maximum wait must be positive, got %s", c.maxWait)
+	}
+	return nil
+}
+
+func validateLease(d time.Duration, zeroOK bool) error {
+	if d == 0 && zeroOK {
+		return nil
+	}
+	if d < time.Second || d > locksv1alpha1.MaxLeaseDurationSeconds*time.Second || d%time.Second != 0 {
+		return fmt.Errorf("kubelock: lease duration must be whole seconds within 1s..%ds, got %s", locksv1alpha1.MaxLeaseDurationSeconds, d)
+	}
+	return nil
+}
+
+// WithNamespace sets the namespace of the lock objects (default: POD_NAMESPACE, else "default").
+func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns } }
+
+// WithIdentity sets the holder's human-friendly name (default: POD_NAME, else the hostname).
+func WithIdentity(id string) Option { return func(c *config) { c.identity = id } }
+
+// WithPod records the holder's pod name and UID in the holding (default: POD_NAME and POD_UID).
+func WithPod(name, uid string) Option {
+	return func(c *config) { c.podName, c.podUID = name, uid }
+}
+
+// WithLeaseDuration sets the lease asked for (whole seconds, 1s..1h). Default: the lock's spec.leaseDurationSeconds.
+func WithLeaseDuration(d time.Duration) Option { return func(c *config) { c.leaseDuration = d } }
+
+// WithMaxWait bounds every WaitTimeout (default DefaultMaxWait).
+func WithMaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
+
+// WithAutoCreate creates a lock object on first use, labelled auto-created so
+// the controller removes it once idle. Default: off, and a missing lock is ErrNotFound.
+func WithAutoCreate() Option { return func(c *config) { c.autoCreate = true } }
+
+// WithoutAutoRenew turns background renewal off; the caller must call Renew.
+func WithoutAutoRenew() Option { return func(c *config) { c.autoRenew = false } }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l logr.Logger) Option { return func(c *config) { c.log = l } }
+
+// WithClock sets the clock used for deadlines and renew timers (tests).
+func WithClock(clk clock.WithTicker) Option { return func(c *config) { c.clock = clk } }
+
+// AcquireOption configures one Acquire or TryAcquire call.
+type AcquireOption func(*acquireConfig)
+
+type acquireConfig struct {
+	requestID   string
+	waitTimeout time.Duration
+	lease       time.Duration
+}
+
+// RequestID sets the idempotency key of the call. Retrying with the same ID never
+// creates a second holding: it returns the same lease while it lasts, or reports
+// that it already ended. Default: a fresh random ID per call.
+func RequestID(id string) AcquireOption { return func(a *acquireConfig) { a.requestID = id } }
+
+// WaitTimeout bounds how long Acquire waits in the queue (default and upper bound: the client's WithMaxWait).
+func WaitTimeout(d time.Duration) AcquireOption { return func(a *acquireConfig) { a.waitTimeout = d } }
+
+// LeaseDuration overrides the client's lease for this acquisition.
+func LeaseDuration(d time.Duration) AcquireOption { return func(a *acquireConfig) { a.lease = d } }
+
+func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
+	a := acquireConfig{waitTimeout: c.cfg.maxWait, lease: c.cfg.leaseDuration}
+	for _, o := range opts {
+		o(&a)
+	}
+	if a.requestID == "" {
+		a.requestID = randomID()
+	}
+	if len(a.requestID) > 64 {
+		return a, fmt.Errorf("kubelock: request ID is %d characters long; the limit is 64", len(a.requestID))
+	}
+	if a.waitTimeout <= 0 || a.waitTimeout > c.cfg.maxWait {
+		return a, fmt.Errorf("kubelock: wait timeout %s is outside 0..%s (raise it with WithMaxWait)", a.waitTimeout, c.cfg.maxWait)
+	}
+	return a, validateLease(a.lease, true)
+}
