@@ -1,0 +1,133 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+)
+
+// Reasons of the Held condition.
+const (
+	ReasonAcquired      = "Acquired"
+	ReasonReleased      = "Released"
+	ReasonExpired       = "Expired"
+	ReasonForceReleased = "ForceReleased"
+	ReasonNeverHeld     = "NeverHeld"
+)
+
+// NextFencingToken is the token an acquisition of an object at resourceVersion rv
+// must carry: rv + 1. The write commits at a revision above rv, so the token never
+// exceeds its own commit revision and every later acquisition reads a larger one.
+func NextFencingToken(rv string) (int64, error) {
+	// CompareResourceVersion rejects anything that is not a positive integer
+	// without leading zeros, the contract resourceVersions follow since 1.35.
+	if _, err := resourceversion.CompareResourceVersion(rv, rv); err != nil {
+		return 0, fmt.Errorf("resourceVersion %q is not a comparable integer: %w", rv, err)
+	}
+	n, err := strconv.ParseInt(rv, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("resourceVersion %q does not fit a fencing token: %w", rv, err)
+	}
+	return n + 1, nil
+}
+
+// IsHeld reports whether the lock has a holder.
+func (l *DistributedLock) IsHeld() bool { return l.Status.Holder != nil }
+
+// MaxWaiters is spec.maxWaiters with its default applied.
+func (l *DistributedLock) MaxWaiters() int {
+	if l.Spec.MaxWaiters == nil {
+		return 128
+	}
+	return int(*l.Spec.MaxWaiters)
+}
+
+// Acquire makes h the holder and gives it token; the caller computed the token
+// with NextFencingToken from the object's current resourceVersion. The holder's
+// own waiter entry, if any, leaves the queue in the same write.
+func (l *DistributedLock) Acquire(h LockHolder, token int64) {
+	s := &l.Status
+	s.Holder = &h
+	s.FencingToken = token
+	s.Transitions++
+	s.RemoveWaiter(h.RequestID)
+	l.setHeld(metav1.ConditionTrue, ReasonAcquired, fmt.Sprintf("held by %s with fencing token %d", h.Identity, token))
+}
+
+// EndHolding removes the holder and records the finished holding in
+// recentAcquisitions (the newest last, at most MaxRecentAcquisitions).
+func (l *DistributedLock) EndHolding(reason EndReason, endedBy string, now metav1.MicroTime) {
+	s := &l.Status
+	h := s.Holder
+	if h == nil {
+		return
+	}
+	s.RecentAcquisitions = append(s.RecentAcquisitions, FinishedHolding{
+		RequestID:    h.RequestID,
+		LeaseID:      h.LeaseID,
+		FencingToken: s.FencingToken,
+		Identity:     h.Identity,
+		EndTime:      now,
+		EndReason:    reason,
+		EndedBy:      endedBy,
+	})
+	if n := len(s.RecentAcquisitions); n > MaxRecentAcquisitions {
+		s.RecentAcquisitions = append([]FinishedHolding(nil), s.RecentAcquisitions[n-MaxRecentAcquisitions:]...)
+	}
+	s.Holder = nil
+	l.setHeld(metav1.ConditionFalse, string(reason), fmt.Sprintf("%s by %s", reason, endedBy))
+}
+
+// FindFinished returns the finished holding created by requestID, if status still remembers it.
+func (s *DistributedLockStatus) FindFinished(requestID string) *FinishedHolding {
+	for i := range s.RecentAcquisitions {
+		if s.RecentAcquisitions[i].RequestID == requestID {
+			return &s.RecentAcquisitions[i]
+		}
+	}
+	return nil
+}
+
+// WaiterIndex is the queue position of requestID, or -1.
+func (s *DistributedLockStatus) WaiterIndex(requestID string) int {
+	for i := range s.Waiters {
+		if s.Waiters[i].RequestID == requestID {
+			return i
+		}
+	}
+	return -1
+}
+
+// AppendWaiter puts w at the tail of the queue.
+func (s *DistributedLockStatus) AppendWaiter(w Waiter) {
+	s.Waiters = append(s.Waiters, w)
+	s.WaiterCount = int32(len(s.Waiters))
+}
+
+// RemoveWaiter drops requestID from the queue and reports whether it was there.
+func (s *DistributedLockStatus) RemoveWaiter(requestID string) bool {
+	i := s.WaiterIndex(requestID)
+	if i < 0 {
+		return false
+	}
+	s.Waiters = append(s.Waiters[:i:i], s.Waiters[i+1:]...)
+	if len(s.Waiters) == 0 {
+		s.Waiters = nil
+	}
+	s.WaiterCount = int32(len(s.Waiters))
+	return true
+}
+
+// setHeld keeps the Held condition in step with the holder in the same write.
+func (l *DistributedLock) setHeld(status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&l.Status.Conditions, metav1.Condition{
+		Type:               ConditionHeld,
+		Status:             status,
+		Reason:             reason,
+		Message:            message,
+		ObservedGeneration: l.Generation,
+	})
+}
