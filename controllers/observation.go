@@ -1,0 +1,194 @@
+package controllers
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// observation is what this controller process has seen of one lock, with the
+// times of its own clock at which it first saw each value. It is the only input
+// to expiry and queue decisions besides the lock itself: nothing is decided by
+// comparing timestamps written by other components with this clock.
+//
+// Observations live in memory only. A controller that starts, or becomes leader,
+// has none, so it sees every holding, waiter and hand-off as new "now": it can
+// only ever expire later than a controller that watched all along, never earlier.
+type observation struct {
+	// uid tells a lock apart from an earlier object of the same name.
+	uid types.UID
+	// resourceVersion is the newest version observed; older cache reads are skipped.
+	resourceVersion string
+	// holding is the holding last seen, nil while the lock was free.
+	holding *holdingObservation
+	// waiters maps each queued requestID to when this controller first saw it queued.
+	waiters map[string]time.Time
+	// freeHead is the head waiter of the lock while it was seen free, "" otherwise.
+	freeHead string
+	// freeHeadSince is when the lock was first seen free with freeHead at the head.
+	freeHeadSince time.Time
+	// idle is true while the lock was seen free with an empty queue.
+	idle bool
+	// idleToken is the fencing token of the idle lock; a new token means it was used.
+	idleToken int64
+	// idleSince is when the lock was first seen idle with idleToken.
+	idleSince time.Time
+}
+
+// holdingObservation is one holding as this controller saw it.
+type holdingObservation struct {
+	leaseID  string
+	identity string
+	token    int64
+	// renewMark identifies the holder's last renewal (its renewTime, else acquireTime).
+	renewMark int64
+	// renewSeen is when this controller first saw renewMark: the lease runs from here.
+	renewSeen time.Time
+}
+
+// transitionKind names an observed change of holder.
+type transitionKind string
+
+const (
+	transitionAcquired transitionKind = "Acquired"
+	transitionEnded    transitionKind = "Ended"
+)
+
+// transition is a change of holder seen between two observations.
+type transition struct {
+	kind     transitionKind
+	leaseID  string
+	identity string
+	token    int64
+	// reason and endedBy come from recentAcquisitions for an ended holding;
+	// reason is empty when status no longer remembers it.
+	reason  locksv1alpha1.EndReason
+	endedBy string
+}
+
+// isStale reports whether lock is older than what prev already observed, as
+// happens when the cache has not yet caught up with this controller's own write.
+func isStale(prev *observation, lock *locksv1alpha1.DistributedLock) bool {
+	if prev == nil || prev.uid != lock.UID || prev.resourceVersion == "" {
+		return false
+	}
+	c, err := resourceversion.CompareResourceVersion(lock.ResourceVersion, prev.resourceVersion)
+	return err == nil && c < 0
+}
+
+// observe folds lock, seen at now, into the previous observation prev (nil when
+// there is none) and returns the new observation and the holder transitions
+// between the two. A first observation reports no transitions: what happened
+// before it is unknown.
+func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Time) (observation, []transition) {
+	if prev != nil && prev.uid != lock.UID {
+		prev = nil
+	}
+	if prev == nil {
+		prev = &observation{}
+	}
+	s := &lock.Status
+	next := observation{uid: lock.UID, resourceVersion: lock.ResourceVersion}
+	var ts []transition
+
+	// 1. The holding: the lease runs from when this controller first saw its last renewal.
+	if h := s.Holder; h != nil {
+		mark := renewMark(h)
+		held := &holdingObservation{leaseID: h.LeaseID, identity: h.Identity, token: s.FencingToken, renewMark: mark, renewSeen: now}
+		if p := prev.holding; p != nil && p.leaseID == h.LeaseID && p.renewMark == mark {
+			held.renewSeen = p.renewSeen
+		}
+		next.holding = held
+	}
+	if prev.uid != "" {
+		ts = holderTransitions(prev.holding, next.holding, s)
+	}
+
+	// 2. The queue: each waiter's wait runs from when it was first seen queued.
+	if len(s.Waiters) > 0 {
+		next.waiters = make(map[string]time.Time, len(s.Waiters))
+		for _, w := range s.Waiters {
+			seen, ok := prev.waiters[w.RequestID]
+			if !ok {
+				seen = now
+			}
+			next.waiters[w.RequestID] = seen
+		}
+	}
+
+	// 3. Hand-off: the head of a free lock has handoffTimeoutSeconds from when it was seen so.
+	if s.Holder == nil && len(s.Waiters) > 0 {
+		next.freeHead, next.freeHeadSince = s.Waiters[0].RequestID, now
+		if prev.freeHead == next.freeHead {
+			next.freeHeadSince = prev.freeHeadSince
+		}
+	}
+
+	// 4. Idleness: free, nobody queued, and no acquisition since (same token).
+	if s.Holder == nil && len(s.Waiters) == 0 {
+		next.idle, next.idleToken, next.idleSince = true, s.FencingToken, now
+		if prev.idle && prev.idleToken == s.FencingToken {
+			next.idleSince = prev.idleSince
+		}
+	}
+	return next, ts
+}
+
+// holderTransitions lists the end of the previous holding and the start of a new one.
+func holderTransitions(prev, next *holdingObservation, s *locksv1alpha1.DistributedLockStatus) []transition {
+	var ts []transition
+	if prev != nil && (next == nil || next.leaseID != prev.leaseID) {
+		t := transition{kind: transitionEnded, leaseID: prev.leaseID, identity: prev.identity, token: prev.token}
+		for _, f := range s.RecentAcquisitions {
+			if f.LeaseID == prev.leaseID {
+				t.reason, t.endedBy = f.EndReason, f.EndedBy
+			}
+		}
+		ts = append(ts, t)
+	}
+	if next != nil && (prev == nil || next.leaseID != prev.leaseID) {
+		ts = append(ts, transition{kind: transitionAcquired, leaseID: next.leaseID, identity: next.identity, token: next.token})
+	}
+	return ts
+}
+
+// renewMark identifies the holder's latest renewal. Only equality matters: a
+// renewal is any change of renewTime, whichever way the holder's clock moved.
+func renewMark(h *locksv1alpha1.LockHolder) int64 {
+	if h.RenewTime != nil {
+		return h.RenewTime.UnixMicro()
+	}
+	return h.AcquireTime.UnixMicro()
+}
+
+// observations is the per-lock memory of one controller process, safe for
+// concurrent reconciles (of different locks).
+type observations struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]*observation
+}
+
+func (o *observations) get(key types.NamespacedName) *observation {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.m[key]
+}
+
+func (o *observations) put(key types.NamespacedName, obs observation) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = make(map[types.NamespacedName]*observation)
+	}
+	o.m[key] = &obs
+}
+
+func (o *observations) forget(key types.NamespacedName) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.m, key)
+}

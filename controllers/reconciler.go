@@ -1,0 +1,274 @@
+// Package controllers holds the DistributedLock reconciler: it expires leases
+// that stopped being renewed, keeps wait queues moving, keeps the Held condition
+// and observedGeneration current, emits Events for the transitions it observes
+// and deletes idle auto-created locks.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// Defaults of the reconciler's options.
+const (
+	// DefaultExpiryGrace is added to every lease before it is expired.
+	DefaultExpiryGrace = 2 * time.Second
+	// DefaultIdleTimeout is how long an auto-created lock may stay idle.
+	DefaultIdleTimeout = time.Hour
+	// ControllerName names the controller (logs, metrics, Events).
+	ControllerName = "distributedlock"
+)
+
+// conflictRetry is how soon a reconcile that lost a write race runs again; the
+// watch event of the winning write usually triggers it sooner.
+const conflictRetry = 200 * time.Millisecond
+
+// Event reasons.
+const (
+	EventAcquired      = "Acquired"
+	EventReleased      = "Released"
+	EventExpired       = "Expired"
+	EventForceReleased = "ForceReleased"
+	EventWaiterDropped = "WaiterDropped"
+	EventDeleted       = "IdleLockDeleted"
+)
+
+// Reconciler reconciles DistributedLocks. Build it with NewReconciler.
+type Reconciler struct {
+	client   client.Client
+	scheme   *runtime.Scheme
+	recorder events.EventRecorder
+	clock    clock.PassiveClock
+	timing   timing
+	ctrlOpts controller.Options
+
+	obs observations
+
+	userMu   sync.Mutex
+	username string
+}
+
+// Option configures a Reconciler.
+type Option func(*Reconciler)
+
+// WithClock sets the clock that measures leases, waits and idleness; default the real clock.
+func WithClock(c clock.PassiveClock) Option { return func(r *Reconciler) { r.clock = c } }
+
+// WithExpiryGrace sets the grace added to every lease; default DefaultExpiryGrace.
+func WithExpiryGrace(d time.Duration) Option { return func(r *Reconciler) { r.timing.grace = d } }
+
+// WithIdleTimeout sets how long an auto-created lock may stay idle before it is
+// deleted; default DefaultIdleTimeout.
+func WithIdleTimeout(d time.Duration) Option { return func(r *Reconciler) { r.timing.idleTimeout = d } }
+
+// WithUsername sets the user name written to recentAcquisitions[].endedBy; by
+// default the controller learns its own with a SelfSubjectReview.
+func WithUsername(name string) Option { return func(r *Reconciler) { r.username = name } }
+
+// WithControllerOptions sets controller-runtime options such as MaxConcurrentReconciles.
+func WithControllerOptions(o controller.Options) Option {
+	return func(r *Reconciler) { r.ctrlOpts = o }
+}
+
+// NewReconciler returns a reconciler that writes with c and emits Events with recorder.
+func NewReconciler(c client.Client, scheme *runtime.Scheme, recorder events.EventRecorder, opts ...Option) (*Reconciler, error) {
+	r := &Reconciler{
+		client:   c,
+		scheme:   scheme,
+		recorder: recorder,
+		clock:    clock.RealClock{},
+		timing:   timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	switch {
+	case c == nil:
+		return nil, errors.New("controllers: a client is required")
+	case recorder == nil:
+		return nil, errors.New("controllers: an event recorder is required")
+	case r.clock == nil:
+		return nil, errors.New("controllers: the clock must not be nil")
+	case r.timing.grace < 0:
+		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
+	case r.timing.idleTimeout <= 0:
+		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
+	}
+	return r, nil
+}
+
+// SetupWithManager registers the reconciler with mgr. Like every
+// controller-runtime controller it runs only while mgr holds the leader lease.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&locksv1alpha1.DistributedLock{}).
+		Named(ControllerName).
+		WithOptions(r.ctrlOpts).
+		Complete(r)
+}
+
+// +kubebuilder:rbac:groups=locks.kubelock.io,resources=distributedlocks,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=locks.kubelock.io,resources=distributedlocks/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=selfsubjectreviews,verbs=create
+
+// Reconcile brings one lock up to date with the controller's observations.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	// 1. Read the lock from the cache; forget locks that are gone.
+	lock := &locksv1alpha1.DistributedLock{}
+	if err := r.client.Get(ctx, req.NamespacedName, lock); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.obs.forget(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	now := r.clock.Now()
+
+	// 2. Fold it into what this controller has observed; report transitions.
+	prev := r.obs.get(req.NamespacedName)
+	if isStale(prev, lock) {
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	obs, transitions := observe(prev, lock, now)
+	r.obs.put(req.NamespacedName, obs)
+	r.report(ctx, lock, transitions)
+
+	// 3. Decide, from observations and this controller's clock only.
+	d := decide(lock, obs, now, r.timing)
+
+	// 4. Act: delete an idle auto-created lock, or write status once if it changed.
+	if d.delete {
+		return r.deleteIdle(ctx, lock)
+	}
+	updated, err := r.writeStatus(ctx, lock, d, now)
+	switch {
+	case apierrors.IsConflict(err):
+		log.FromContext(ctx).V(1).Info("lock changed meanwhile; reconciling again")
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	case err != nil:
+		return ctrl.Result{}, err
+	case updated != nil:
+		// Our own write is observed now, without reporting it a second time.
+		obs, _ = observe(&obs, updated, now)
+		r.obs.put(req.NamespacedName, obs)
+		d = decide(updated, obs, now, r.timing)
+	}
+
+	// 5. Come back at the nearest deadline; no periodic scan.
+	return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
+}
+
+// writeStatus applies d and the status bookkeeping to lock and writes status if
+// anything changed, with lock's resourceVersion as precondition. It returns the
+// written object, or nil when nothing needed writing.
+func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.DistributedLock, d decision, now time.Time) (*locksv1alpha1.DistributedLock, error) {
+	endedBy := ""
+	if d.expire {
+		var err error
+		if endedBy, err = r.Username(ctx); err != nil {
+			return nil, err
+		}
+	}
+	desired := desiredStatus(lock, d, endedBy, now)
+	if equality.Semantic.DeepEqual(lock.Status, desired.Status) {
+		return nil, nil
+	}
+	if err := r.client.Status().Update(ctx, desired); err != nil {
+		return nil, err
+	}
+	logger := log.FromContext(ctx)
+	if d.expire {
+		h := lock.Status.Holder
+		logger.Info("lease expired", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
+			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "leaseDurationSeconds", h.LeaseDurationSeconds)
+		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, EventExpired, "Expire",
+			"lease %s of %s (fencing token %d) expired: no renewal observed for %ds + %s grace",
+			h.LeaseID, h.Identity, lock.Status.FencingToken, h.LeaseDurationSeconds, r.timing.grace)
+	}
+	for _, w := range d.drop {
+		logger.Info("waiter dropped", "lock", client.ObjectKeyFromObject(lock), "waiter", w.identity,
+			"requestID", w.requestID, "reason", w.reason)
+		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, EventWaiterDropped, "DropWaiter",
+			"dropped waiter %s (request %s): %s", w.identity, w.requestID, w.reason)
+	}
+	return desired, nil
+}
+
+// deleteIdle deletes an idle auto-created lock, on condition that it is still
+// the same object at the same resourceVersion: a lock used meanwhile stays.
+func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.DistributedLock) (ctrl.Result, error) {
+	uid, rv := lock.UID, lock.ResourceVersion
+	err := r.client.Delete(ctx, lock, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	switch {
+	case apierrors.IsConflict(err):
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	case apierrors.IsNotFound(err):
+		return ctrl.Result{}, nil
+	case err != nil:
+		return ctrl.Result{}, err
+	}
+	log.FromContext(ctx).Info("idle auto-created lock deleted", "lock", client.ObjectKeyFromObject(lock),
+		"token", lock.Status.FencingToken, "idleTimeout", r.timing.idleTimeout)
+	r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventDeleted, "Delete",
+		"deleted auto-created lock idle for %s", r.timing.idleTimeout)
+	return ctrl.Result{}, nil
+}
+
+// report logs and emits an Event for each observed change of holder.
+func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.DistributedLock, ts []transition) {
+	logger := log.FromContext(ctx)
+	key := client.ObjectKeyFromObject(lock)
+	for _, t := range ts {
+		switch t.kind {
+		case transitionAcquired:
+			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID)
+			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventAcquired, "Acquire",
+				"acquired by %s with fencing token %d (lease %s)", t.identity, t.token, t.leaseID)
+		case transitionEnded:
+			reason := string(t.reason)
+			if reason == "" {
+				reason = EventReleased
+			}
+			logger.Info("holding ended", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID,
+				"reason", reason, "endedBy", t.endedBy)
+			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, reason, "Observe",
+				"holding of %s with fencing token %d (lease %s) ended: %s by %s", t.identity, t.token, t.leaseID, reason, t.endedBy)
+		}
+	}
+}
+
+// Username returns the controller's user name, learned once with a SelfSubjectReview.
+func (r *Reconciler) Username(ctx context.Context) (string, error) {
+	r.userMu.Lock()
+	defer r.userMu.Unlock()
+	if r.username != "" {
+		return r.username, nil
+	}
+	review := &authenticationv1.SelfSubjectReview{}
+	if err := r.client.Create(ctx, review); err != nil {
+		return "", fmt.Errorf("learning the controller's user name with a SelfSubjectReview: %w", err)
+	}
+	if review.Status.UserInfo.Username == "" {
+		return "", errors.New("the SelfSubjectReview returned no user name")
+	}
+	r.username = review.Status.UserInfo.Username
+	return r.username, nil
+}
