@@ -43,7 +43,7 @@ const (
 )
 
 // DistributedLockSpec is what an administrator declares about a lock.
-// +kubebuilder:validation:XValidation:rule="self.leaseDurationSeconds <= self.maxLeaseDurationSeconds",message="spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"
+// +kubebuilder:validation:XValidation:rule="self.leaseDurationSeconds <= self.maxLeaseDurationSeconds",message="spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".leaseDurationSeconds"
 type DistributedLockSpec struct {
 	// leaseDurationSeconds is the lease a client gets when it asks for none.
 	// +optional
@@ -206,7 +206,8 @@ type FinishedHolding struct {
 
 // DistributedLockStatus is the lock's state, written only by lock clients and the controller.
 // +kubebuilder:validation:XValidation:rule="self.fencingToken >= oldSelf.fencingToken",message="fencingToken must not decrease"
-// +kubebuilder:validation:XValidation:rule="has(self.holder) && !has(oldSelf.holder) ? self.fencingToken > oldSelf.fencingToken : self.fencingToken == oldSelf.fencingToken",message="fencingToken may change only when a new holder acquires the lock"
+// +kubebuilder:validation:XValidation:rule="self.fencingToken <= oldSelf.fencingToken || (has(self.holder) && !has(oldSelf.holder))",message="fencingToken may change only when a new holder acquires the lock"
+// +kubebuilder:validation:XValidation:rule="!has(self.holder) || has(oldSelf.holder) || self.fencingToken > oldSelf.fencingToken",message="an acquisition must raise fencingToken"
 // +kubebuilder:validation:XValidation:rule="self.transitions == oldSelf.transitions + (has(self.holder) && !has(oldSelf.holder) ? 1 : 0)",message="transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
 // +kubebuilder:validation:XValidation:rule="(has(self.waiters) ? size(self.waiters) : 0) == self.waiterCount",message="waiterCount must equal the number of waiters"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.holder) || has(self.holder) || (has(self.recentAcquisitions) && self.recentAcquisitions.exists(h, h.leaseID == oldSelf.holder.leaseID))",message="a holding that ends must be recorded in recentAcquisitions"
@@ -274,9 +275,9 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Lease",type=integer,JSONPath=`.status.holder.leaseDurationSeconds`,priority=1
 // +kubebuilder:printcolumn:name="Renewed",type=date,JSONPath=`.status.holder.renewTime`,priority=1
 // +kubebuilder:printcolumn:name="Transitions",type=integer,JSONPath=`.status.transitions`,priority=1
-// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.holder) || self.status.holder.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds",message="holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"
-// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || size(self.status.waiters) <= self.spec.maxWaiters",message="the wait queue must not be longer than spec.maxWaiters"
-// +kubebuilder:validation:XValidation:rule="has(self.status) || !has(oldSelf.status)",message="status cannot be removed"
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.holder) || self.status.holder.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds",message="holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".status.holder.leaseDurationSeconds"
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || size(self.status.waiters) <= self.spec.maxWaiters",message="the wait queue must not be longer than spec.maxWaiters",fieldPath=".status.waiters"
+// +kubebuilder:validation:XValidation:rule="has(self.status) || !has(oldSelf.status)",message="status cannot be removed",fieldPath=".status"
 type DistributedLock struct {
 	metav1.TypeMeta `json:",inline"`
 
@@ -286,7 +287,7 @@ type DistributedLock struct {
 
 	// spec declares the lock's limits.
 	// +optional
-	// +kubebuilder:default={}
+	// +kubebuilder:default={leaseDurationSeconds:30,maxLeaseDurationSeconds:300,maxWaiters:128,handoffTimeoutSeconds:10}
 	Spec DistributedLockSpec `json:"spec,omitempty"`
 
 	// status is the lock's state.

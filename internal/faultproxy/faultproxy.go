@@ -1,0 +1,126 @@
+// Package faultproxy is an HTTP proxy in front of the kube-apiserver that tests
+// use to lose responses after the apiserver committed a write, refuse requests
+// or delay them. It speaks plain HTTP to the client and forwards with the
+// upstream config's credentials, so the apiserver still sees the real user.
+package faultproxy
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// Action is what the proxy does with one request.
+type Action int
+
+const (
+	// Pass forwards the request and its response.
+	Pass Action = iota
+	// DropResponse forwards the request, waits for the apiserver's answer, then
+	// cuts the client's connection: the write committed, the client cannot know.
+	DropResponse
+	// Refuse cuts the client's connection without forwarding anything.
+	Refuse
+)
+
+// Rule decides the action for a request; nil means Pass for everything.
+type Rule func(*http.Request) Action
+
+// Proxy is a running fault proxy.
+type Proxy struct {
+	srv       *httptest.Server
+	transport http.RoundTripper
+	target    *url.URL
+	rp        *httputil.ReverseProxy
+
+	mu      sync.Mutex
+	rule    Rule
+	delay   time.Duration
+	dropped atomic.Int64
+}
+
+// New starts a proxy to the apiserver of upstream.
+func New(upstream *rest.Config) (*Proxy, error) {
+	rt, err := rest.TransportFor(upstream)
+	if err != nil {
+		return nil, err
+	}
+	target, err := url.Parse(upstream.Host)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{transport: rt, target: target}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
+		Transport:     rt,
+		FlushInterval: -1, // stream watch events as they come
+	}
+	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
+	return p, nil
+}
+
+// Config is a client connection through the proxy.
+func (p *Proxy) Config() *rest.Config {
+	return &rest.Config{Host: p.srv.URL, QPS: -1}
+}
+
+// SetRule replaces the rule; nil passes everything.
+func (p *Proxy) SetRule(r Rule) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rule = r
+}
+
+// SetDelay delays every request by d before forwarding it.
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+}
+
+// Dropped counts responses dropped after the apiserver answered.
+func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
+
+// Close stops the proxy and cuts every connection.
+func (p *Proxy) Close() {
+	p.srv.CloseClientConnections()
+	p.srv.Close()
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	rule, delay := p.rule, p.delay
+	p.mu.Unlock()
+	if delay > 0 {
+		time.Sleep(delay)
+	}
+	action := Pass
+	if rule != nil {
+		action = rule(r)
+	}
+	switch action {
+	case Refuse:
+		panic(http.ErrAbortHandler)
+	case DropResponse:
+		out := r.Clone(r.Context())
+		out.RequestURI = ""
+		out.URL.Scheme, out.URL.Host = p.target.Scheme, p.target.Host
+		out.Host = p.target.Host
+		resp, err := p.transport.RoundTrip(out)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+		p.dropped.Add(1)
+		panic(http.ErrAbortHandler) // the client's connection is cut mid-response
+	default:
+		p.rp.ServeHTTP(w, r)
+	}
+}

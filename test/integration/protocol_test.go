@@ -1,0 +1,276 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/faultproxy"
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+var _ = Describe("acquire, renew, release", func() {
+	var (
+		ctx context.Context
+		ns  string
+	)
+	BeforeEach(func() {
+		ctx = context.Background()
+		ns = newNamespace(ctx)
+		newLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
+	})
+
+	It("gives the token old resourceVersion + 1 and writes the caller's user", func() {
+		c, user := newClient(ctx, ns)
+		before := getLock(ctx, ns, "orders")
+		l, err := c.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		want, err := locksv1alpha1.NextFencingToken(before.ResourceVersion)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l.FencingToken()).To(Equal(want))
+
+		stored := getLock(ctx, ns, "orders")
+		Expect(stored.Status.Holder).NotTo(BeNil())
+		Expect(stored.Status.Holder.User).To(Equal(user))
+		Expect(stored.Status.Holder.LeaseID).To(Equal(l.LeaseID()))
+		Expect(stored.Status.FencingToken).To(Equal(want))
+		Expect(stored.Status.Transitions).To(Equal(int64(1)))
+		Expect(stored.Spec.LeaseDurationSeconds).To(Equal(int32(30)))
+		Expect(meta.IsStatusConditionTrue(stored.Status.Conditions, locksv1alpha1.ConditionHeld)).To(BeTrue())
+		Expect(l.ExpiresAt()).To(BeTemporally("<=", time.Now().Add(30*time.Second)))
+		Expect(l.Err()).NotTo(HaveOccurred())
+		Expect(l.Release(ctx)).To(Succeed())
+	})
+
+	It("renews by advancing renewTime and keeps the deadline ahead", func() {
+		c, _ := newClient(ctx, ns, lock.WithoutAutoRenew())
+		l, err := c.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		first := getLock(ctx, ns, "orders").Status.Holder.RenewTime
+		deadline := l.ExpiresAt()
+		Eventually(func() error { return l.Renew(ctx) }).Should(Succeed())
+		stored := getLock(ctx, ns, "orders")
+		Expect(stored.Status.Holder.RenewTime.Time).To(BeTemporally(">", first.Time))
+		Expect(l.ExpiresAt()).To(BeTemporally(">", deadline))
+		Expect(l.Release(ctx)).To(Succeed())
+	})
+
+	It("records a release in recentAcquisitions, ends the lock's context and is idempotent", func() {
+		c, user := newClient(ctx, ns)
+		l, err := c.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l.Release(ctx)).To(Succeed())
+		Expect(l.Done()).To(BeClosed())
+		Expect(context.Cause(l.Context())).To(MatchError(lock.ErrReleased))
+		Expect(l.Release(ctx)).To(Succeed())
+
+		stored := getLock(ctx, ns, "orders")
+		Expect(stored.Status.Holder).To(BeNil())
+		Expect(stored.Status.RecentAcquisitions).To(HaveLen(1))
+		f := stored.Status.RecentAcquisitions[0]
+		Expect(f.LeaseID).To(Equal(l.LeaseID()))
+		Expect(f.FencingToken).To(Equal(l.FencingToken()))
+		Expect(f.EndReason).To(Equal(locksv1alpha1.EndReasonReleased))
+		Expect(f.EndedBy).To(Equal(user))
+		Expect(meta.IsStatusConditionFalse(stored.Status.Conditions, locksv1alpha1.ConditionHeld)).To(BeTrue())
+	})
+
+	It("TryAcquire reports the holder with ErrLocked and never waits", func() {
+		a, userA := newClient(ctx, ns)
+		b, _ := newClient(ctx, ns)
+		l, err := a.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		_, err = b.TryAcquire(ctx, "orders")
+		Expect(err).To(MatchError(lock.ErrLocked))
+		var locked *lock.LockedError
+		Expect(errors.As(err, &locked)).To(BeTrue())
+		Expect(locked.Holder.User).To(Equal(userA))
+		Expect(getLock(ctx, ns, "orders").Status.Waiters).To(BeEmpty())
+		Expect(l.Release(ctx)).To(Succeed())
+		l2, err := b.TryAcquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l2.FencingToken()).To(BeNumerically(">", l.FencingToken()))
+		Expect(l2.Release(ctx)).To(Succeed())
+	})
+
+	It("reports a missing lock with ErrNotFound and creates it on first use with WithAutoCreate", func() {
+		c, _ := newClient(ctx, ns)
+		_, err := c.Acquire(ctx, "no/such lock")
+		Expect(err).To(MatchError(lock.ErrNotFound))
+
+		auto, _ := newClient(ctx, ns, lock.WithAutoCreate())
+		l, err := auto.Acquire(ctx, "no/such lock")
+		Expect(err).NotTo(HaveOccurred())
+		stored := getLock(ctx, ns, l.Name())
+		Expect(stored.Labels).To(HaveKeyWithValue(locksv1alpha1.AutoCreatedLabel, "true"))
+		Expect(stored.Annotations).To(HaveKeyWithValue(locksv1alpha1.KeyAnnotation, "no/such lock"))
+		Expect(l.Release(ctx)).To(Succeed())
+	})
+
+	It("waits with a timeout, leaves the queue, and reports ErrTimeout wrapping DeadlineExceeded", func() {
+		a, _ := newClient(ctx, ns)
+		b, _ := newClient(ctx, ns)
+		l, err := a.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		_, err = b.Acquire(ctx, "orders", lock.WaitTimeout(time.Second))
+		Expect(err).To(MatchError(lock.ErrTimeout))
+		Expect(errors.Is(err, context.DeadlineExceeded)).To(BeTrue())
+		Expect(getLock(ctx, ns, "orders").Status.Waiters).To(BeEmpty())
+		Expect(l.Release(ctx)).To(Succeed())
+	})
+
+	It("refuses to queue beyond spec.maxWaiters with ErrQueueFull", func() {
+		newLock(ctx, ns, "tiny", locksv1alpha1.DistributedLockSpec{MaxWaiters: int32p(0)})
+		a, _ := newClient(ctx, ns)
+		b, _ := newClient(ctx, ns)
+		l, err := a.Acquire(ctx, "tiny")
+		Expect(err).NotTo(HaveOccurred())
+		_, err = b.Acquire(ctx, "tiny", lock.WaitTimeout(5*time.Second))
+		Expect(err).To(MatchError(lock.ErrQueueFull))
+		Expect(l.Release(ctx)).To(Succeed())
+	})
+
+	It("hands the lock to waiters in FIFO order", func() {
+		holder, _ := newClient(ctx, ns)
+		first, err := holder.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+
+		const n = 4
+		order := make(chan int, n)
+		for i := range n {
+			c, _ := newClient(ctx, ns)
+			go func() {
+				defer GinkgoRecover()
+				l, err := c.Acquire(ctx, "orders")
+				Expect(err).NotTo(HaveOccurred())
+				order <- i
+				Expect(l.Release(ctx)).To(Succeed())
+			}()
+			// The next waiter starts only once this one is visibly queued.
+			Eventually(func() int32 { return getLock(ctx, ns, "orders").Status.WaiterCount }).Should(Equal(int32(i + 1)))
+		}
+		Expect(first.Release(ctx)).To(Succeed())
+		for i := range n {
+			Eventually(order).Should(Receive(Equal(i)))
+		}
+	})
+
+	It("shares one queue slot among goroutines of one process", func() {
+		holder, _ := newClient(ctx, ns)
+		l, err := holder.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		c, _ := newClient(ctx, ns)
+		got := make(chan *lock.Lock, 3)
+		for range 3 {
+			go func() {
+				defer GinkgoRecover()
+				l, err := c.Acquire(ctx, "orders")
+				Expect(err).NotTo(HaveOccurred())
+				got <- l
+			}()
+		}
+		Eventually(func() int32 { return getLock(ctx, ns, "orders").Status.WaiterCount }).Should(Equal(int32(1)))
+		Consistently(func() int32 { return getLock(ctx, ns, "orders").Status.WaiterCount }, time.Second).Should(Equal(int32(1)))
+		Expect(l.Release(ctx)).To(Succeed())
+		for range 3 {
+			var next *lock.Lock
+			Eventually(got).Should(Receive(&next))
+			Expect(next.Release(ctx)).To(Succeed())
+		}
+	})
+
+	It("keeps tokens increasing after the lock is deleted and created again", func() {
+		c, _ := newClient(ctx, ns)
+		l, err := c.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l.Release(ctx)).To(Succeed())
+		Expect(env.Client.Delete(ctx, getLock(ctx, ns, "orders"))).To(Succeed())
+		Eventually(func() error {
+			_, err := c.Get(ctx, "orders")
+			return err
+		}).Should(MatchError(lock.ErrNotFound))
+		newLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
+		l2, err := c.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l2.FencingToken()).To(BeNumerically(">", l.FencingToken()))
+		Expect(l2.Release(ctx)).To(Succeed())
+	})
+
+	It("compares resourceVersions of successive writes as increasing integers", func() {
+		c, _ := newClient(ctx, ns)
+		prev := getLock(ctx, ns, "orders").ResourceVersion
+		for range 3 {
+			l, err := c.Acquire(ctx, "orders")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(l.Release(ctx)).To(Succeed())
+			rv := getLock(ctx, ns, "orders").ResourceVersion
+			cmp, err := resourceversion.CompareResourceVersion(rv, prev)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(cmp).To(Equal(1))
+			prev = rv
+		}
+	})
+})
+
+var _ = Describe("idempotent acquire (I6)", func() {
+	It("returns the same lease when the response to a committed acquire was lost", func() {
+		ctx := context.Background()
+		ns := newNamespace(ctx)
+		newLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
+		cfg, _ := userConfig(ctx)
+		proxy, err := faultproxy.New(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(proxy.Close)
+
+		// Drop the response to the first status write only.
+		var armed = make(chan struct{}, 1)
+		armed <- struct{}{}
+		proxy.SetRule(func(r *http.Request) faultproxy.Action {
+			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") {
+				select {
+				case <-armed:
+					return faultproxy.DropResponse
+				default:
+				}
+			}
+			return faultproxy.Pass
+		})
+		c, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("retrier"))
+		Expect(err).NotTo(HaveOccurred())
+		l, err := c.Acquire(ctx, "orders", lock.RequestID("req-1"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(proxy.Dropped()).To(Equal(int64(1)))
+
+		stored := getLock(ctx, ns, "orders")
+		Expect(stored.Status.Transitions).To(Equal(int64(1)), "exactly one holding was created")
+		Expect(stored.Status.Holder.RequestID).To(Equal("req-1"))
+		Expect(stored.Status.Holder.LeaseID).To(Equal(l.LeaseID()))
+		Expect(stored.Status.FencingToken).To(Equal(l.FencingToken()))
+
+		// A retry of the same request while the lease lasts (here from a second
+		// process of the same user) returns it again.
+		c2, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("retrier"))
+		Expect(err).NotTo(HaveOccurred())
+		again, err := c2.Acquire(ctx, "orders", lock.RequestID("req-1"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(again.LeaseID()).To(Equal(l.LeaseID()))
+		Expect(getLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
+
+		// Once it ended, a retry says so instead of taking the lock again.
+		Expect(l.Release(ctx)).To(Succeed())
+		Expect(again.Renew(ctx)).To(MatchError(lock.ErrLockLost))
+		Expect(again.Done()).To(BeClosed())
+		_, err = c2.Acquire(ctx, "orders", lock.RequestID("req-1"))
+		Expect(err).To(MatchError(lock.ErrLockLost))
+		Expect(err.Error()).To(ContainSubstring("already ended: Released"))
+		Expect(getLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
+	})
+})

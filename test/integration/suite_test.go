@@ -1,0 +1,120 @@
+// Package integration tests the lock protocol end to end: pkg/lock clients and
+// the expiry controller against a real kube-apiserver and etcd.
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+const controllerUser = "system:kubelock:controller-test"
+
+var (
+	env *testenv.Env
+	// stopController stops the in-process controller started by startController.
+	stopController context.CancelFunc
+	nsCounter      atomic.Int64
+	userCounter    atomic.Int64
+)
+
+func TestIntegration(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(15 * time.Second)
+	SetDefaultEventuallyPollingInterval(20 * time.Millisecond)
+	RunSpecs(t, "lock protocol integration suite")
+}
+
+var _ = BeforeSuite(func() {
+	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	var err error
+	env, err = testenv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	startController()
+})
+
+var _ = AfterSuite(func() {
+	if stopController != nil {
+		stopController()
+	}
+	if env != nil {
+		Expect(env.Stop()).To(Succeed())
+	}
+})
+
+// startController runs the expiry controller in this process with a short
+// grace, as the operator runs it, against the shared control plane.
+func startController() {
+	ctx, cancel := context.WithCancel(context.Background())
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:  env.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
+		controllers.WithExpiryGrace(200*time.Millisecond), controllers.WithUsername(controllerUser))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(r.SetupWithManager(mgr)).To(Succeed())
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+	stopController = func() { cancel(); <-done }
+}
+
+// newNamespace creates a namespace of its own for one spec.
+func newNamespace(ctx context.Context) string {
+	name := fmt.Sprintf("it-%d", nsCounter.Add(1))
+	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
+	return name
+}
+
+// newLock creates a lock object as an administrator would.
+func newLock(ctx context.Context, ns, name string, spec locksv1alpha1.DistributedLockSpec) *locksv1alpha1.DistributedLock {
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}
+	Expect(env.Client.Create(ctx, l)).To(Succeed())
+	return l
+}
+
+// userConfig is a connection as a fresh authenticated lock user.
+func userConfig(ctx context.Context) (*rest.Config, string) {
+	name := fmt.Sprintf("user-%d", userCounter.Add(1))
+	cfg, err := env.UserConfig(ctx, name)
+	Expect(err).NotTo(HaveOccurred())
+	return cfg, name
+}
+
+// newClient is a lock client as a fresh user in ns.
+func newClient(ctx context.Context, ns string, opts ...lock.Option) (*lock.Client, string) {
+	cfg, user := userConfig(ctx)
+	c, err := lock.New(cfg, append([]lock.Option{lock.WithNamespace(ns), lock.WithIdentity(user)}, opts...)...)
+	Expect(err).NotTo(HaveOccurred())
+	return c, user
+}
+
+func getLock(ctx context.Context, ns, name string) *locksv1alpha1.DistributedLock {
+	l := &locksv1alpha1.DistributedLock{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, l)).To(Succeed())
+	return l
+}
+
+func int32p(v int32) *int32 { return &v }
