@@ -1,0 +1,200 @@
+// Package manager wires the kubelock operator: flags, logging, the
+// controller-runtime manager with leader election, probes and metrics, and the
+// DistributedLock controller. cmd/manager only calls Main.
+package manager
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/controllers"
+)
+
+// Options are the operator's settings; each has a command-line flag.
+type Options struct {
+	// MetricsAddr is where Prometheus metrics are served; "0" disables them.
+	MetricsAddr string
+	// ProbeAddr is where /healthz and /readyz are served; "0" disables them.
+	ProbeAddr string
+	// LeaderElect makes only one replica reconcile at a time.
+	LeaderElect bool
+	// LeaderElectionNamespace holds the leader Lease; empty means the pod's namespace.
+	LeaderElectionNamespace string
+	// LeaderElectionID is the name of the leader Lease.
+	LeaderElectionID string
+	// ExpiryGrace is added to every lease before the controller expires it.
+	ExpiryGrace time.Duration
+	// IdleTimeout is how long an auto-created lock may stay idle before deletion.
+	IdleTimeout time.Duration
+	// Username is written to recentAcquisitions[].endedBy on expiry; empty means
+	// learn it with a SelfSubjectReview at start.
+	Username string
+	// Concurrency is the number of locks reconciled in parallel.
+	Concurrency int
+	// Zap configures logging.
+	Zap zap.Options
+}
+
+// DefaultOptions returns the defaults the flags show in --help.
+func DefaultOptions() Options {
+	return Options{
+		MetricsAddr:      ":8080",
+		ProbeAddr:        ":8081",
+		LeaderElect:      true,
+		LeaderElectionID: "kubelock-manager.locks.kubelock.io",
+		ExpiryGrace:      controllers.DefaultExpiryGrace,
+		IdleTimeout:      controllers.DefaultIdleTimeout,
+		Concurrency:      4,
+	}
+}
+
+// BindFlags registers a flag for each option on fs, with o's values as defaults.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, `Address the metrics endpoint binds to; "0" disables it.`)
+	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, `Address the /healthz and /readyz probes bind to; "0" disables them.`)
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica expires leases and moves queues.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease; empty means the pod's own namespace (required out of cluster).")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader Lease.")
+	fs.DurationVar(&o.ExpiryGrace, "expiry-grace", o.ExpiryGrace, "Grace added to a holder's lease before the controller expires it, measured from the last renewal the controller observed.")
+	fs.DurationVar(&o.IdleTimeout, "auto-created-idle-timeout", o.IdleTimeout, "Delete locks labelled "+locksv1alpha1.AutoCreatedLabel+"=true once they stayed free with an empty queue this long.")
+	fs.StringVar(&o.Username, "controller-username", o.Username, "User name written to recentAcquisitions[].endedBy on expiry; empty means learn it with a SelfSubjectReview.")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "Number of locks reconciled in parallel.")
+	o.Zap.BindFlags(fs)
+}
+
+// Validate checks the options up front.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.ExpiryGrace < 0 {
+		errs = append(errs, fmt.Errorf("--expiry-grace must not be negative, got %s", o.ExpiryGrace))
+	}
+	if o.IdleTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--auto-created-idle-timeout must be positive, got %s", o.IdleTimeout))
+	}
+	if o.Concurrency < 1 {
+		errs = append(errs, fmt.Errorf("--concurrency must be at least 1, got %d", o.Concurrency))
+	}
+	if o.LeaderElect && o.LeaderElectionID == "" {
+		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
+	}
+	return errors.Join(errs...)
+}
+
+// Main parses args (without the program name), runs the operator until SIGTERM
+// or SIGINT, and returns the process exit code.
+func Main(args []string, stderr io.Writer) int {
+	opts := DefaultOptions()
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: manager [flags]\n\nThe kubelock operator: expires DistributedLock leases, keeps wait queues moving, deletes idle auto-created locks.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	opts.BindFlags(fs)
+	config.RegisterFlags(fs) // --kubeconfig
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := opts.Validate(); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts.Zap)))
+	log := ctrl.Log.WithName("setup")
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		log.Error(err, "loading the kubeconfig")
+		return 1
+	}
+	if err := Run(ctrl.SetupSignalHandler(), cfg, opts); err != nil {
+		log.Error(err, "manager stopped")
+		return 1
+	}
+	return 0
+}
+
+// Scheme returns a scheme with the built-in types and the kubelock API.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := locksv1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Run starts the manager with the controller and blocks until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, o Options) error {
+	log := ctrl.Log.WithName("setup")
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:  o.ProbeAddr,
+		LeaderElection:          o.LeaderElect,
+		LeaderElectionID:        o.LeaderElectionID,
+		LeaderElectionNamespace: o.LeaderElectionNamespace,
+		// Safe because the process exits right after the manager stops, and a
+		// new leader starts with no observations, so it never expires early.
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	r, err := controllers.NewReconciler(mgr.GetClient(), scheme, mgr.GetEventRecorder("kubelock-controller"),
+		controllers.WithExpiryGrace(o.ExpiryGrace),
+		controllers.WithIdleTimeout(o.IdleTimeout),
+		controllers.WithUsername(o.Username),
+		controllers.WithControllerOptions(controller.Options{MaxConcurrentReconciles: o.Concurrency}),
+	)
+	if err != nil {
+		return err
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the controller: %w", err)
+	}
+	// Learn the controller's user name now, so a missing permission shows at
+	// start; the controller retries on its first expiry if this fails.
+	if name, err := r.Username(ctx); err != nil {
+		log.Error(err, "cannot learn the controller's user name yet; will retry on first expiry")
+	} else {
+		log.Info("controller identity", "username", name)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("starting manager", "leaderElection", o.LeaderElect, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout)
+	return mgr.Start(ctx)
+}
+
+// Exit runs Main with the process arguments and exits.
+func Exit() {
+	os.Exit(Main(os.Args[1:], os.Stderr))
+}
