@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -28,6 +29,9 @@ func NextFencingToken(rv string) (int64, error) {
 		return 0, fmt.Errorf("resourceVersion %q is not a comparable integer: %w", rv, err)
 	}
 	n, err := strconv.ParseInt(rv, 10, 64)
+	if err == nil && n == math.MaxInt64 {
+		err = strconv.ErrRange
+	}
 	if err != nil {
 		return 0, fmt.Errorf("resourceVersion %q does not fit a fencing token: %w", rv, err)
 	}

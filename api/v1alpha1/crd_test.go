@@ -1,0 +1,442 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/google/go-cmp/cmp"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+var _ = Describe("the DistributedLock CRD", func() {
+	It("is installed with its short name, category, status subresource and printer columns", func(ctx SpecContext) {
+		crd := &unstructured.Unstructured{}
+		crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+		Expect(env.Client.Get(ctx, client.ObjectKey{Name: "distributedlocks.locks.kubelock.io"}, crd)).To(Succeed())
+		names, _, err := unstructured.NestedMap(crd.Object, "spec", "names")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(names).To(HaveKeyWithValue("shortNames", []any{"dlock"}))
+		Expect(names).To(HaveKeyWithValue("categories", []any{"locks"}))
+		Expect(crd.Object).To(HaveKeyWithValue("spec", HaveKeyWithValue("scope", "Namespaced")))
+		versions, _, err := unstructured.NestedSlice(crd.Object, "spec", "versions")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(versions).To(HaveLen(1))
+		v := versions[0].(map[string]any)
+		Expect(v).To(HaveKeyWithValue("name", "v1alpha1"))
+		Expect(v).To(HaveKeyWithValue("subresources", HaveKey("status")))
+		var columns []string
+		for _, c := range v["additionalPrinterColumns"].([]any) {
+			if _, wide := c.(map[string]any)["priority"]; !wide {
+				columns = append(columns, c.(map[string]any)["name"].(string))
+			}
+		}
+		Expect(columns).To(Equal([]string{"Holder", "Token", "Waiters", "Age"}))
+	})
+
+	It("round-trips a full object, spec and status", func(ctx SpecContext) {
+		l := newLock()
+		l.Labels = map[string]string{locksv1.AutoCreatedLabel: "true"}
+		l.Annotations = map[string]string{locksv1.KeyAnnotation: "orders/4711"}
+		Expect(env.Client.Create(ctx, l)).To(Succeed())
+		wantSpec := newLock().Spec
+
+		token, err := locksv1.NextFencingToken(l.ResourceVersion)
+		Expect(err).NotTo(HaveOccurred())
+		h := holder("system:serviceaccount:shop:worker", 2)
+		h.LeaseDurationSeconds = 60
+		h.PodName = "worker-7d9f"
+		h.PodUID = "0b7e4b6c-6f3a-4d5e-9c1a-2f0e8d7c6b5a"
+		end := micro()
+		l.Status = locksv1.DistributedLockStatus{
+			Holder:       &h,
+			FencingToken: token,
+			Transitions:  2,
+			Waiters:      []locksv1.Waiter{waiter("alice", 3), waiter("bob", 4)},
+			WaiterCount:  2,
+			RecentAcquisitions: []locksv1.FinishedHolding{{
+				RequestID: "req-1", LeaseID: "lease-0000000000000001", FencingToken: 1,
+				Identity: "worker-1", EndTime: end, EndReason: locksv1.EndReasonExpired,
+				EndedBy: "system:serviceaccount:kubelock-system:kubelock-manager",
+			}},
+			ObservedGeneration: 1,
+			Conditions: []metav1.Condition{{
+				Type: locksv1.ConditionHeld, Status: metav1.ConditionTrue, ObservedGeneration: 1,
+				LastTransitionTime: metav1.NewTime(end.Time.Truncate(1e9)),
+				Reason:             locksv1.ReasonAcquired, Message: "held by worker-2",
+			}},
+		}
+		wantStatus := *l.Status.DeepCopy()
+		Expect(env.Client.Status().Update(ctx, l)).To(Succeed())
+
+		var got locksv1.DistributedLock
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(l), &got)).To(Succeed())
+		Expect(cmp.Diff(wantSpec, got.Spec)).To(BeEmpty(), "spec (-want +got)")
+		Expect(cmp.Diff(wantStatus, got.Status)).To(BeEmpty(), "status (-want +got)")
+		Expect(got.Labels).To(Equal(l.Labels))
+		Expect(got.Annotations).To(Equal(l.Annotations))
+	})
+
+	It("applies the documented spec defaults", func(ctx SpecContext) {
+		l := newLock()
+		l.Spec = locksv1.DistributedLockSpec{}
+		Expect(env.Client.Create(ctx, l)).To(Succeed())
+		want := locksv1.DistributedLockSpec{
+			LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300,
+			MaxWaiters: ptr.To[int32](128), HandoffTimeoutSeconds: 10,
+		}
+		Expect(cmp.Diff(want, l.Spec)).To(BeEmpty(), "spec (-want +got)")
+	})
+
+	It("rejects a status update with a stale resourceVersion with 409 Conflict", func(ctx SpecContext) {
+		c := userClient(ctx, "alice")
+		l := newLock()
+		Expect(env.Client.Create(ctx, l)).To(Succeed())
+		acquire(ctx, c, l, holder("alice", 1))
+
+		stale := l.DeepCopy()
+		now := micro()
+		l.Status.Holder.RenewTime = &now
+		Expect(c.Status().Update(ctx, l)).To(Succeed())
+		before, err := stored(ctx, l.Name)
+		Expect(err).NotTo(HaveOccurred())
+
+		stale.EndHolding(locksv1.EndReasonReleased, "alice", micro())
+		err = c.Status().Update(ctx, stale)
+		Expect(apierrors.IsConflict(err)).To(BeTrue(), "want 409 Conflict, got %v", err)
+		Expect(stored(ctx, l.Name)).To(Equal(before))
+	})
+
+	It("returns resourceVersions that compare as increasing integers across writes", func(ctx SpecContext) {
+		var rvs []string
+		record := func(o interface{ GetResourceVersion() string }) { rvs = append(rvs, o.GetResourceVersion()) }
+
+		a, b := newLock(), newLock()
+		Expect(env.Client.Create(ctx, a)).To(Succeed())
+		record(a)
+		acquire(ctx, env.Client, a, holder(admin, 1))
+		record(a)
+		tokenA := a.Status.FencingToken
+		Expect(env.Client.Create(ctx, b)).To(Succeed())
+		record(b)
+		a.Spec.MaxWaiters = ptr.To[int32](8)
+		Expect(env.Client.Update(ctx, a)).To(Succeed())
+		record(a)
+		release(ctx, env.Client, a, admin)
+		record(a)
+		acquire(ctx, env.Client, b, holder(admin, 2))
+		record(b)
+		acquire(ctx, env.Client, a, holder(admin, 3))
+		record(a)
+
+		for i := 1; i < len(rvs); i++ {
+			order, err := resourceversion.CompareResourceVersion(rvs[i-1], rvs[i])
+			Expect(err).NotTo(HaveOccurred())
+			Expect(order).To(Equal(-1), "write %d at %s is not after write %d at %s", i, rvs[i], i-1, rvs[i-1])
+		}
+
+		// A list read afterwards is at or after the last write.
+		var list locksv1.DistributedLockList
+		Expect(env.Client.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+		Expect(resourceversion.CompareResourceVersion(rvs[len(rvs)-1], list.ResourceVersion)).To(BeNumerically("<=", 0))
+
+		// A token is the read revision + 1, so it never exceeds the revision its
+		// write committed at, and the next acquisition's token is larger.
+		Expect(resourceversion.CompareResourceVersion(strconv.FormatInt(tokenA, 10), rvs[1])).To(BeNumerically("<=", 0))
+		Expect(a.Status.FencingToken).To(BeNumerically(">", tokenA))
+		Expect(a.Status.FencingToken).To(BeNumerically(">", b.Status.FencingToken))
+	})
+
+	It("accepts the lock protocol's valid transitions from a lock user", func(ctx SpecContext) {
+		alice, bob := userClient(ctx, "alice"), userClient(ctx, "bob")
+		l := newLock()
+		Expect(env.Client.Create(ctx, l)).To(Succeed())
+
+		By("enqueueing into a lock that has no status yet, then leaving the queue")
+		l.Status.AppendWaiter(waiter("bob", 100))
+		Expect(bob.Status().Update(ctx, l)).To(Succeed())
+		Expect(l.Status.RemoveWaiter("req-100")).To(BeTrue())
+		Expect(bob.Status().Update(ctx, l)).To(Succeed())
+
+		lastToken := l.Status.FencingToken
+		for i := 1; i <= locksv1.MaxRecentAcquisitions+2; i++ {
+			acquire(ctx, alice, l, holder("alice", i))
+			Expect(l.Status.FencingToken).To(BeNumerically(">", lastToken))
+			lastToken = l.Status.FencingToken
+
+			By(fmt.Sprintf("round %d: renewing, queueing bob, releasing, and bob taking over from the head", i))
+			now := micro()
+			l.Status.Holder.RenewTime = &now
+			Expect(alice.Status().Update(ctx, l)).To(Succeed())
+			w := waiter("bob", 1000+i)
+			l.Status.AppendWaiter(w)
+			Expect(bob.Status().Update(ctx, l)).To(Succeed())
+			release(ctx, alice, l, "alice")
+			acquire(ctx, bob, l, holder("bob", 1000+i))
+			Expect(l.Status.FencingToken).To(BeNumerically(">", lastToken))
+			lastToken = l.Status.FencingToken
+			Expect(l.Status.Waiters).To(BeEmpty())
+			release(ctx, bob, l, "bob")
+		}
+		Expect(l.Status.Transitions).To(Equal(int64(2 * (locksv1.MaxRecentAcquisitions + 2))))
+		Expect(l.Status.RecentAcquisitions).To(HaveLen(locksv1.MaxRecentAcquisitions))
+	})
+})
+
+// write is how an invalid case reaches the apiserver.
+type write int
+
+const (
+	create write = iota // create the object
+	update              // update the main resource (spec, metadata)
+	status              // update the status subresource
+)
+
+// invalidCase is one write the apiserver must reject with its own message.
+type invalidCase struct {
+	// setup brings a freshly created lock into the starting state with valid writes.
+	setup func(ctx context.Context, l *locksv1.DistributedLock)
+	write write
+	// mutate changes the typed object before it is sent.
+	mutate func(l *locksv1.DistributedLock)
+	// raw changes the JSON object after mutate, for values the Go types omit.
+	raw func(u map[string]any)
+	// want is the substring the rejection must carry.
+	want string
+	// also are the messages of other rules the same write breaks by necessity.
+	also []string
+}
+
+// Starting states.
+var (
+	fresh = func(context.Context, *locksv1.DistributedLock) {}
+	free  = func(ctx context.Context, l *locksv1.DistributedLock) {
+		Expect(env.Client.Status().Update(ctx, l)).To(Succeed())
+		Expect(l.Status.FencingToken).To(BeZero())
+	}
+	held = func(ctx context.Context, l *locksv1.DistributedLock) {
+		free(ctx, l)
+		acquire(ctx, env.Client, l, holder("alice", 1))
+	}
+	heldWithWaiters = func(ctx context.Context, l *locksv1.DistributedLock) {
+		held(ctx, l)
+		for i := 2; i <= 4; i++ {
+			l.Status.AppendWaiter(waiter("bob", i))
+		}
+		Expect(env.Client.Status().Update(ctx, l)).To(Succeed())
+	}
+	released = func(ctx context.Context, l *locksv1.DistributedLock) {
+		held(ctx, l)
+		release(ctx, env.Client, l, "alice")
+	}
+)
+
+func setSpec(field string, v any) func(map[string]any) {
+	return func(u map[string]any) { u["spec"].(map[string]any)[field] = v }
+}
+
+var _ = DescribeTable("the apiserver rejects an invalid write with its own message and leaves the lock unchanged",
+	func(ctx SpecContext, c invalidCase) {
+		l := newLock()
+		if c.write != create {
+			Expect(env.Client.Create(ctx, l)).To(Succeed())
+			c.setup(ctx, l)
+		}
+		before, beforeErr := stored(ctx, l.Name)
+
+		if c.mutate != nil {
+			c.mutate(l)
+		}
+		u, err := toUnstructured(l)
+		Expect(err).NotTo(HaveOccurred())
+		if c.raw != nil {
+			c.raw(u.Object)
+		}
+		switch c.write {
+		case create:
+			err = env.Client.Create(ctx, u)
+		case update:
+			err = env.Client.Update(ctx, u)
+		case status:
+			err = env.Client.Status().Update(ctx, u)
+		}
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
+		GinkgoWriter.Println("rejected:", err)
+		Expect(err.Error()).To(ContainSubstring(c.want))
+		Expect(causes(err)).To(HaveLen(1+len(c.also)), "want only the rule under test to fail")
+		for _, m := range c.also {
+			Expect(err.Error()).To(ContainSubstring(m))
+		}
+
+		after, afterErr := stored(ctx, l.Name)
+		if c.write == create {
+			Expect(apierrors.IsNotFound(afterErr)).To(BeTrue(), "want no object, got %v %s", afterErr, after)
+			return
+		}
+		Expect(beforeErr).NotTo(HaveOccurred())
+		Expect(afterErr).NotTo(HaveOccurred())
+		Expect(after).To(Equal(before), "the stored object changed")
+	},
+
+	// spec
+	Entry("spec: lease 0", invalidCase{write: create, raw: setSpec("leaseDurationSeconds", 0),
+		want: "spec.leaseDurationSeconds: Invalid value: 0: spec.leaseDurationSeconds in body should be greater than or equal to 1"}),
+	Entry("spec: lease 3601", invalidCase{write: create,
+		mutate: func(l *locksv1.DistributedLock) {
+			l.Spec.LeaseDurationSeconds = 3601
+			l.Spec.MaxLeaseDurationSeconds = 3600
+		},
+		want: "spec.leaseDurationSeconds in body should be less than or equal to 3600",
+		also: []string{"spec.leaseDurationSeconds: Invalid value: spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"}}),
+	Entry("spec: max lease 3601", invalidCase{write: create,
+		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxLeaseDurationSeconds = 3601 },
+		want:   "spec.maxLeaseDurationSeconds in body should be less than or equal to 3600"}),
+	Entry("spec: lease above max lease", invalidCase{write: create,
+		mutate: func(l *locksv1.DistributedLock) { l.Spec.LeaseDurationSeconds = 301 },
+		want:   "spec.leaseDurationSeconds: Invalid value: spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"}),
+	Entry("spec: negative maxWaiters", invalidCase{write: create,
+		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](-1) },
+		want:   "spec.maxWaiters in body should be greater than or equal to 0"}),
+	Entry("spec: maxWaiters above the hard cap", invalidCase{write: create,
+		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](1025) },
+		want:   "spec.maxWaiters in body should be less than or equal to 1024"}),
+	Entry("spec: handoff timeout 0", invalidCase{write: create, raw: setSpec("handoffTimeoutSeconds", 0),
+		want: "spec.handoffTimeoutSeconds in body should be greater than or equal to 1"}),
+	Entry("spec update: lease above max lease", invalidCase{setup: fresh, write: update,
+		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxLeaseDurationSeconds = 20 },
+		want:   "spec.leaseDurationSeconds: Invalid value: spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"}),
+	Entry("spec update: maxWaiters below the current queue", invalidCase{setup: heldWithWaiters, write: update,
+		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](2) },
+		want:   "status.waiters: Invalid value: the wait queue must not be longer than spec.maxWaiters"}),
+	Entry("spec update: max lease below the holder's lease", invalidCase{setup: held, write: update,
+		mutate: func(l *locksv1.DistributedLock) {
+			l.Spec.LeaseDurationSeconds = 10
+			l.Spec.MaxLeaseDurationSeconds = 20
+		},
+		want: "status.holder.leaseDurationSeconds: Invalid value: holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"}),
+
+	// status: tokens and counters
+	Entry("status: token decreases", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken-- },
+		want:   "status: Invalid value: fencingToken must not decrease"}),
+	Entry("status: token grows while the same holder holds", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken++ },
+		want:   "status: Invalid value: fencingToken may change only when a new holder acquires the lock"}),
+	Entry("status: token grows while the lock is free", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken += 10 },
+		want:   "status: Invalid value: fencingToken may change only when a new holder acquires the lock"}),
+	Entry("status: acquisition keeps the old token", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			token := l.Status.FencingToken
+			l.Acquire(holder("bob", 2), token)
+		},
+		want: "status: Invalid value: an acquisition must raise fencingToken"}),
+	Entry("status: transitions grow by two on an acquisition", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
+			l.Acquire(holder("bob", 2), token)
+			l.Status.Transitions++
+		},
+		want: "status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise"}),
+	Entry("status: transitions change without an acquisition", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Transitions++ },
+		want:   "status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise"}),
+	Entry("status: negative token", invalidCase{setup: fresh, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken = -1 },
+		want:   "status.fencingToken: Invalid value: -1: fencingToken in body should be greater than or equal to 0"}),
+
+	// status: the holder
+	Entry("status: holder replaced by a different leaseID", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			l.Status.Holder.LeaseID = "lease-ffffffffffffffff"
+		},
+		want: `status.holder.leaseID: Invalid value: "lease-ffffffffffffffff": a held lock cannot pass to another leaseID; release it first`}),
+	Entry("status: holder.user changes", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.User = "mallory" },
+		want:   `status.holder.user: Invalid value: "mallory": holder.user cannot change while the lock is held`}),
+	Entry("status: holder.identity changes", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.Identity = "someone-else" },
+		want:   `status.holder.identity: Invalid value: "someone-else": holder.identity cannot change while the lock is held`}),
+	Entry("status: holder.requestID changes", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.RequestID = "req-other" },
+		want:   `status.holder.requestID: Invalid value: "req-other": holder.requestID cannot change while the lock is held`}),
+	Entry("status: holder removed without recording it", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder = nil },
+		want:   "status: Invalid value: a holding that ends must be recorded in recentAcquisitions"}),
+	Entry("status: holder lease above spec.maxLeaseDurationSeconds", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
+			h := holder("bob", 2)
+			h.LeaseDurationSeconds = 301
+			l.Acquire(h, token)
+		},
+		want: "status.holder.leaseDurationSeconds: Invalid value: holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"}),
+	Entry("status: holder identity too long", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
+			h := holder("bob", 2)
+			h.Identity = long(254)
+			l.Acquire(h, token)
+		},
+		want: "status.holder.identity: Too long: may not be more than 253 bytes"}),
+	Entry("status: holder leaseID too short", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
+			h := holder("bob", 2)
+			h.LeaseID = "short"
+			l.Acquire(h, token)
+		},
+		want: `status.holder.leaseID: Invalid value: "short": holder.leaseID in body should be at least 16 chars long`}),
+
+	// status: the queue
+	Entry("status: waiterCount does not match the queue", invalidCase{setup: heldWithWaiters, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.WaiterCount-- },
+		want:   "status: Invalid value: waiterCount must equal the number of waiters"}),
+	Entry("status: queue longer than spec.maxWaiters", invalidCase{setup: heldWithWaiters, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			l.Status.AppendWaiter(waiter("carol", 5))
+			l.Status.AppendWaiter(waiter("carol", 6))
+		},
+		want: "status.waiters: Invalid value: the wait queue must not be longer than spec.maxWaiters"}),
+	Entry("status: queue over the hard cap of 1024", invalidCase{setup: free, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			for i := range locksv1.MaxWaitersLimit + 1 {
+				l.Status.Waiters = append(l.Status.Waiters, waiter("carol", 10+i))
+			}
+			l.Status.WaiterCount = locksv1.MaxWaitersLimit
+		},
+		want: "status.waiters: Too many: 1025: must have at most 1024 items"}),
+	Entry("status: a requestID queued twice", invalidCase{setup: heldWithWaiters, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.AppendWaiter(waiter("bob", 2)) },
+		want:   `status.waiters[3]: Duplicate value: {"requestID":"req-2"}`}),
+
+	// status: finished holdings
+	Entry("status: more than 8 finished holdings", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			for len(l.Status.RecentAcquisitions) <= locksv1.MaxRecentAcquisitions {
+				l.Status.RecentAcquisitions = append(l.Status.RecentAcquisitions, l.Status.RecentAcquisitions[0])
+			}
+		},
+		want: "status.recentAcquisitions: Too many: 9: must have at most 8 items"}),
+	Entry("status: unknown endReason", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.RecentAcquisitions[0].EndReason = "Vanished" },
+		want:   `status.recentAcquisitions[0].endReason: Unsupported value: "Vanished": supported values: "Released", "Expired", "ForceReleased"`}),
+	Entry("status: endedBy too long", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) { l.Status.RecentAcquisitions[0].EndedBy = long(513) },
+		want:   "status.recentAcquisitions[0].endedBy: Too long: may not be more than 512 bytes"}),
+
+	// status: the whole object
+	Entry("status: status removed", invalidCase{setup: held, write: status,
+		raw:  func(u map[string]any) { delete(u, "status") },
+		want: "status: Invalid value: status cannot be removed"}),
+)
