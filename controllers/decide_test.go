@@ -303,6 +303,12 @@ func TestObserveTransitions(t *testing.T) {
 			},
 		},
 		{
+			name: "the head's acquisition reports its wait and hand-off",
+			prev: newLock(withToken(42), waiting("req-b", time.Hour)),
+			next: newLock(held("b", 30, clientTime), withToken(50)),
+			want: []transition{{kind: transitionAcquired, leaseID: "b", identity: "worker-b", token: 50, waited: time.Second, handoff: time.Second}},
+		},
+		{
 			name: "a recreated object starts a fresh observation",
 			prev: newLock(held("a", 30, clientTime)),
 			next: newLock(func(l *locksv1alpha1.DistributedLock) { l.UID = "uid-2" }),

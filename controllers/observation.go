@@ -41,9 +41,10 @@ type observation struct {
 
 // holdingObservation is one holding as this controller saw it.
 type holdingObservation struct {
-	leaseID  string
-	identity string
-	token    int64
+	leaseID   string
+	identity  string
+	requestID string
+	token     int64
 	// renewMark identifies the holder's last renewal (its renewTime, else acquireTime).
 	renewMark int64
 	// renewSeen is when this controller first saw renewMark: the lease runs from here.
@@ -68,6 +69,11 @@ type transition struct {
 	// reason is empty when status no longer remembers it.
 	reason  locksv1alpha1.EndReason
 	endedBy string
+	// waited is how long an acquirer had been seen queued, 0 if it never was.
+	waited time.Duration
+	// handoff is how long the lock had been seen free with the acquirer at the
+	// head, 0 if it was not seen so.
+	handoff time.Duration
 }
 
 // isStale reports whether lock is older than what prev already observed, as
@@ -98,14 +104,14 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 	// 1. The holding: the lease runs from when this controller first saw its last renewal.
 	if h := s.Holder; h != nil {
 		mark := renewMark(h)
-		held := &holdingObservation{leaseID: h.LeaseID, identity: h.Identity, token: s.FencingToken, renewMark: mark, renewSeen: now}
+		held := &holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: s.FencingToken, renewMark: mark, renewSeen: now}
 		if p := prev.holding; p != nil && p.leaseID == h.LeaseID && p.renewMark == mark {
 			held.renewSeen = p.renewSeen
 		}
 		next.holding = held
 	}
 	if prev.uid != "" {
-		ts = holderTransitions(prev.holding, next.holding, s)
+		ts = holderTransitions(prev, next.holding, s, now)
 	}
 
 	// 2. The queue: each waiter's wait runs from when it was first seen queued.
@@ -139,8 +145,9 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 }
 
 // holderTransitions lists the end of the previous holding and the start of a new one.
-func holderTransitions(prev, next *holdingObservation, s *locksv1alpha1.DistributedLockStatus) []transition {
+func holderTransitions(prevObs *observation, next *holdingObservation, s *locksv1alpha1.DistributedLockStatus, now time.Time) []transition {
 	var ts []transition
+	prev := prevObs.holding
 	if prev != nil && (next == nil || next.leaseID != prev.leaseID) {
 		t := transition{kind: transitionEnded, leaseID: prev.leaseID, identity: prev.identity, token: prev.token}
 		for _, f := range s.RecentAcquisitions {
@@ -151,7 +158,14 @@ func holderTransitions(prev, next *holdingObservation, s *locksv1alpha1.Distribu
 		ts = append(ts, t)
 	}
 	if next != nil && (prev == nil || next.leaseID != prev.leaseID) {
-		ts = append(ts, transition{kind: transitionAcquired, leaseID: next.leaseID, identity: next.identity, token: next.token})
+		t := transition{kind: transitionAcquired, leaseID: next.leaseID, identity: next.identity, token: next.token}
+		if seen, ok := prevObs.waiters[next.requestID]; ok {
+			t.waited = now.Sub(seen)
+		}
+		if prevObs.freeHead == next.requestID {
+			t.handoff = now.Sub(prevObs.freeHeadSince)
+		}
+		ts = append(ts, t)
 	}
 	return ts
 }

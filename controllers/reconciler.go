@@ -196,6 +196,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 	}
 	logger := log.FromContext(ctx)
 	if d.expire {
+		expirationsTotal.Inc()
 		h := lock.Status.Holder
 		logger.Info("lease expired", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
 			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "leaseDurationSeconds", h.LeaseDurationSeconds)
@@ -204,6 +205,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 			h.LeaseID, h.Identity, lock.Status.FencingToken, h.LeaseDurationSeconds, r.timing.grace)
 	}
 	for _, w := range d.drop {
+		waitersDroppedTotal.WithLabelValues(string(w.reason)).Inc()
 		logger.Info("waiter dropped", "lock", client.ObjectKeyFromObject(lock), "waiter", w.identity,
 			"requestID", w.requestID, "reason", w.reason)
 		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, EventWaiterDropped, "DropWaiter",
@@ -225,6 +227,7 @@ func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.Distrib
 	case err != nil:
 		return ctrl.Result{}, err
 	}
+	idleLocksDeletedTotal.Inc()
 	log.FromContext(ctx).Info("idle auto-created lock deleted", "lock", client.ObjectKeyFromObject(lock),
 		"token", lock.Status.FencingToken, "idleTimeout", r.timing.idleTimeout)
 	r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventDeleted, "Delete",
@@ -239,6 +242,14 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 	for _, t := range ts {
 		switch t.kind {
 		case transitionAcquired:
+			transitionsObservedTotal.WithLabelValues(EventAcquired).Inc()
+			queueLength.Observe(float64(len(lock.Status.Waiters)))
+			if t.waited > 0 {
+				waitSeconds.Observe(t.waited.Seconds())
+			}
+			if t.handoff > 0 {
+				handoffSeconds.Observe(t.handoff.Seconds())
+			}
 			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID)
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventAcquired, "Acquire",
 				"acquired by %s with fencing token %d (lease %s)", t.identity, t.token, t.leaseID)
@@ -247,6 +258,7 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			if reason == "" {
 				reason = EventReleased
 			}
+			transitionsObservedTotal.WithLabelValues(reason).Inc()
 			logger.Info("holding ended", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID,
 				"reason", reason, "endedBy", t.endedBy)
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, reason, "Observe",
