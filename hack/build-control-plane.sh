@@ -16,9 +16,17 @@ export GOWORK=off GOFLAGS=-mod=mod
 
 log() { printf 'build-control-plane: %s\n' "$*" >&2; }
 
-# has BIN WANT: the binary exists and its version output mentions WANT.
-has() { [ -x "$out/$1" ] && "$out/$1" --version 2>/dev/null | grep -q -- "$2"; }
-has_kubectl() { [ -x "$out/kubectl" ] && "$out/kubectl" version --client 2>/dev/null | grep -q -- "$K8S_VERSION"; }
+# has BIN WANT: the binary exists and its version output mentions WANT. The output
+# is captured first: piping into `grep -q` lets grep exit at the first match, the
+# binary then dies of SIGPIPE and pipefail turns a match into a failure (seen with etcd).
+has() {
+  local v
+  [ -x "$out/$1" ] && v=$("$out/$1" --version 2>/dev/null) && grep -q -- "$2" <<<"$v"
+}
+has_kubectl() {
+  local v
+  [ -x "$out/kubectl" ] && v=$("$out/kubectl" version --client 2>/dev/null) && grep -q -- "$K8S_VERSION" <<<"$v"
+}
 
 # install SRC DST: atomic replace so an interrupted build never leaves a half binary.
 install_bin() { chmod +x "$1" && mv -f "$1" "$out/$2"; }
