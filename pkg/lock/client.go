@@ -39,6 +39,13 @@ func New(cfg *rest.Config, opts ...Option) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("kubelock: rest config is nil")
 	}
+	cfg = rest.CopyConfig(cfg)
+	if cfg.QPS == 0 && cfg.RateLimiter == nil {
+		// client-go's default of 5 requests/s would hold a release or renewal
+		// back behind the client's own retries until its lease runs out. The
+		// apiserver bounds lock traffic with priority and fairness instead.
+		cfg.QPS = -1
+	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err

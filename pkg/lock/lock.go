@@ -235,10 +235,14 @@ func (l *Lock) reread(ctx context.Context) error {
 		return nil // keep the old object; the next write attempt tells
 	}
 	if h := obj.Status.Holder; h == nil || h.LeaseID != l.leaseID {
-		if f := obj.Status.FindFinished(l.requestID); f != nil && f.EndReason == locksv1alpha1.EndReasonReleased && f.EndedBy == l.user {
+		f := obj.Status.FindFinished(l.requestID)
+		if f == nil {
+			return lost("lease %s of %s ended before the release", l.leaseID, l.name)
+		}
+		if f.LeaseID == l.leaseID && f.EndReason == locksv1alpha1.EndReasonReleased && f.EndedBy == l.user {
 			return nil // our own earlier release committed; its response was lost
 		}
-		return lost("lease %s of %s ended before the release", l.leaseID, l.name)
+		return endedHolding(f)
 	}
 	l.obj = obj
 	return nil

@@ -14,8 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -69,7 +71,9 @@ func startController() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
-		controllers.WithExpiryGrace(200*time.Millisecond), controllers.WithUsername(controllerUser))
+		controllers.WithExpiryGrace(200*time.Millisecond), controllers.WithUsername(controllerUser),
+		// A restarted controller registers its name again in this process.
+		controllers.WithControllerOptions(controller.Options{SkipNameValidation: ptr.To(true)}))
 	Expect(err).NotTo(HaveOccurred())
 	Expect(r.SetupWithManager(mgr)).To(Succeed())
 	done := make(chan struct{})
