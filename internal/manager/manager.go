@@ -72,7 +72,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease; empty means the pod's own namespace (required out of cluster).")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader Lease.")
 	fs.DurationVar(&o.ExpiryGrace, "expiry-grace", o.ExpiryGrace, "Grace added to a holder's lease before the controller expires it, measured from the last renewal the controller observed.")
-	fs.DurationVar(&o.IdleTimeout, "auto-created-idle-timeout", o.IdleTimeout, "Delete locks labelled "+locksv1alpha1.AutoCreatedLabel+"=true once they stayed free with an empty queue this long.")
+	fs.DurationVar(&o.IdleTimeout, "auto-created-idle-timeout", o.IdleTimeout, "Delete locks labeled "+locksv1alpha1.AutoCreatedLabel+"=true once they stayed free with an empty queue this long.")
 	fs.StringVar(&o.Username, "controller-username", o.Username, "User name written to recentAcquisitions[].endedBy on expiry; empty means learn it with a SelfSubjectReview.")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "Number of locks reconciled in parallel.")
 	o.Zap.BindFlags(fs)

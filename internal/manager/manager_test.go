@@ -96,7 +96,7 @@ func TestRunElectsLeaderAndReconciles(t *testing.T) {
 		for _, path := range []string{"/healthz", "/readyz"} {
 			resp, err := http.Get(fmt.Sprintf("http://%s%s", opts.ProbeAddr, path))
 			if err != nil {
-				return false, nil
+				return false, nil //nolint:nilerr // not listening yet: keep polling
 			}
 			_ = resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
