@@ -4,14 +4,16 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -21,24 +23,24 @@ import (
 
 var _ = Describe("the DistributedLock CRD", func() {
 	It("is installed with its short name, category, status subresource and printer columns", func(ctx SpecContext) {
-		crd := &unstructured.Unstructured{}
-		crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
-		Expect(env.Client.Get(ctx, client.ObjectKey{Name: "distributedlocks.locks.kubelock.io"}, crd)).To(Succeed())
-		names, _, err := unstructured.NestedMap(crd.Object, "spec", "names")
-		Expect(err).NotTo(HaveOccurred())
-		Expect(names).To(HaveKeyWithValue("shortNames", []any{"dlock"}))
-		Expect(names).To(HaveKeyWithValue("categories", []any{"locks"}))
-		Expect(crd.Object).To(HaveKeyWithValue("spec", HaveKeyWithValue("scope", "Namespaced")))
-		versions, _, err := unstructured.NestedSlice(crd.Object, "spec", "versions")
-		Expect(err).NotTo(HaveOccurred())
-		Expect(versions).To(HaveLen(1))
-		v := versions[0].(map[string]any)
-		Expect(v).To(HaveKeyWithValue("name", "v1alpha1"))
-		Expect(v).To(HaveKeyWithValue("subresources", HaveKey("status")))
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+		Expect(env.Client.Get(ctx, client.ObjectKey{Name: "distributedlocks.locks.kubelock.io"}, u)).To(Succeed())
+		var crd apiextensionsv1.CustomResourceDefinition
+		Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &crd)).To(Succeed())
+
+		Expect(crd.Spec.Scope).To(Equal(apiextensionsv1.NamespaceScoped))
+		Expect(crd.Spec.Names.ShortNames).To(Equal([]string{"dlock"}))
+		Expect(crd.Spec.Names.Categories).To(Equal([]string{"locks"}))
+		Expect(crd.Spec.Versions).To(HaveLen(1))
+		v := crd.Spec.Versions[0]
+		Expect(v.Name).To(Equal("v1alpha1"))
+		Expect(v.Subresources).NotTo(BeNil())
+		Expect(v.Subresources.Status).NotTo(BeNil())
 		var columns []string
-		for _, c := range v["additionalPrinterColumns"].([]any) {
-			if _, wide := c.(map[string]any)["priority"]; !wide {
-				columns = append(columns, c.(map[string]any)["name"].(string))
+		for _, c := range v.AdditionalPrinterColumns {
+			if c.Priority == 0 {
+				columns = append(columns, c.Name)
 			}
 		}
 		Expect(columns).To(Equal([]string{"Holder", "Token", "Waiters", "Age"}))
@@ -72,7 +74,7 @@ var _ = Describe("the DistributedLock CRD", func() {
 			ObservedGeneration: 1,
 			Conditions: []metav1.Condition{{
 				Type: locksv1.ConditionHeld, Status: metav1.ConditionTrue, ObservedGeneration: 1,
-				LastTransitionTime: metav1.NewTime(end.Time.Truncate(1e9)),
+				LastTransitionTime: metav1.NewTime(end.Truncate(time.Second)),
 				Reason:             locksv1.ReasonAcquired, Message: "held by worker-2",
 			}},
 		}
@@ -241,8 +243,10 @@ var (
 	}
 )
 
-func setSpec(field string, v any) func(map[string]any) {
-	return func(u map[string]any) { u["spec"].(map[string]any)[field] = v }
+func setSpec(field string, v int64) func(map[string]any) {
+	return func(u map[string]any) {
+		Expect(unstructured.SetNestedField(u, v, "spec", field)).To(Succeed())
+	}
 }
 
 var _ = DescribeTable("the apiserver rejects an invalid write with its own message and leaves the lock unchanged",

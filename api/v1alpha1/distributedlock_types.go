@@ -34,11 +34,11 @@ const (
 type EndReason string
 
 const (
-	// EndReasonReleased: the holder released the lock.
+	// EndReasonReleased means the holder released the lock.
 	EndReasonReleased EndReason = "Released"
-	// EndReasonExpired: the controller saw no renewal for a whole lease.
+	// EndReasonExpired means the controller saw no renewal for a whole lease.
 	EndReasonExpired EndReason = "Expired"
-	// EndReasonForceReleased: a user with the force-release verb broke the lock.
+	// EndReasonForceReleased means a user with the force-release verb broke the lock.
 	EndReasonForceReleased EndReason = "ForceReleased"
 )
 
@@ -305,8 +305,4 @@ type DistributedLockList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	// items are the locks.
 	Items []DistributedLock `json:"items"`
-}
-
-func init() {
-	SchemeBuilder.Register(&DistributedLock{}, &DistributedLockList{})
 }
