@@ -1,0 +1,148 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// Path is where the webhook server serves the lock validator.
+const Path = "/validate-locks-kubelock-io-v1alpha1-distributedlock"
+
+// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks;distributedlocks/status,verbs=update;delete,versions=v1alpha1,name=vdistributedlock.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// Validator is the admission handler for DistributedLocks.
+type Validator struct {
+	decoder admission.Decoder
+	// sar creates SubjectAccessReviews for the force-release verb.
+	sar client.Client
+	// controllers are the user names allowed to expire holdings and drop waiters.
+	controllers map[string]bool
+}
+
+// NewValidator returns the handler. c creates SubjectAccessReviews;
+// controllerUsers are the controller's user names (its service account).
+func NewValidator(scheme *runtime.Scheme, c client.Client, controllerUsers ...string) (*Validator, error) {
+	if len(controllerUsers) == 0 {
+		return nil, fmt.Errorf("webhook: at least one controller user name is required")
+	}
+	v := &Validator{decoder: admission.NewDecoder(scheme), sar: c, controllers: map[string]bool{}}
+	for _, u := range controllerUsers {
+		v.controllers[u] = true
+	}
+	return v, nil
+}
+
+// Handle validates one admission request.
+func (v *Validator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	switch {
+	case req.Operation == admissionv1.Update && req.SubResource == "status":
+		return v.handleStatus(ctx, req)
+	case req.Operation == admissionv1.Delete && req.SubResource == "":
+		return v.handleDelete(ctx, req)
+	default:
+		// Spec edits cannot touch status (the status subresource resets it) and
+		// the CRD's own rules bound them; creates start without status.
+		observe("", true)
+		return admission.Allowed("")
+	}
+}
+
+func (v *Validator) handleStatus(ctx context.Context, req admission.Request) admission.Response {
+	old, new := &locksv1alpha1.DistributedLock{}, &locksv1alpha1.DistributedLock{}
+	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if err := v.decoder.DecodeRaw(req.Object, new); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	a := v.actor(req.UserInfo)
+	if NeedsForceCheck(old, new) {
+		ok, err := v.canForceRelease(ctx, req.UserInfo, old)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		a.CanForceRelease = ok
+	}
+	return respond(ValidateStatusUpdate(old, new, a))
+}
+
+func (v *Validator) handleDelete(ctx context.Context, req admission.Request) admission.Response {
+	old := &locksv1alpha1.DistributedLock{}
+	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	a := v.actor(req.UserInfo)
+	if old.Status.Holder != nil {
+		ok, err := v.canForceRelease(ctx, req.UserInfo, old)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		a.CanForceRelease = ok
+	}
+	return respond(ValidateDelete(old, a))
+}
+
+func (v *Validator) actor(u authenticationv1.UserInfo) Actor {
+	return Actor{Username: u.Username, Extra: extra(u.Extra), IsController: v.controllers[u.Username]}
+}
+
+// canForceRelease asks the apiserver whether u has the force-release verb on lock.
+func (v *Validator) canForceRelease(ctx context.Context, u authenticationv1.UserInfo, lock *locksv1alpha1.DistributedLock) (bool, error) {
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:   u.Username,
+		UID:    u.UID,
+		Groups: u.Groups,
+		Extra:  sarExtra(u.Extra),
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: lock.Namespace,
+			Verb:      locksv1alpha1.ForceReleaseVerb,
+			Group:     locksv1alpha1.GroupVersion.Group,
+			Resource:  "distributedlocks",
+			Name:      lock.Name,
+		},
+	}}
+	if err := v.sar.Create(ctx, sar); err != nil {
+		return false, fmt.Errorf("webhook: checking the force-release verb with a SubjectAccessReview: %w", err)
+	}
+	return sar.Status.Allowed, nil
+}
+
+// respond turns the rule errors into an admission response and counts it by rule.
+func respond(errs field.ErrorList) admission.Response {
+	if len(errs) == 0 {
+		observe("", true)
+		return admission.Allowed("")
+	}
+	for _, e := range errs {
+		observe(ruleOf(e), false)
+	}
+	return admission.Denied(errs.ToAggregate().Error())
+}
+
+func extra(in map[string]authenticationv1.ExtraValue) map[string][]string {
+	out := make(map[string][]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+func sarExtra(in map[string]authenticationv1.ExtraValue) map[string]authorizationv1.ExtraValue {
+	out := make(map[string]authorizationv1.ExtraValue, len(in))
+	for k, v := range in {
+		out[k] = authorizationv1.ExtraValue(v)
+	}
+	return out
+}
