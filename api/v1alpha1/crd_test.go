@@ -365,6 +365,14 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 			l.Status.Holder.LeaseID = "lease-ffffffffffffffff"
 		},
 		want: `status.holder.leaseID: Invalid value: "lease-ffffffffffffffff": a held lock cannot pass to another leaseID; release it first`}),
+	Entry("status: holder swapped for a new leaseID in one write, the old holding recorded", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			old := *l.Status.Holder
+			l.EndHolding(locksv1.EndReasonReleased, "alice", micro())
+			old.LeaseID = "lease-eeeeeeeeeeeeeeee"
+			l.Status.Holder = &old
+		},
+		want: `status.holder.leaseID: Invalid value: "lease-eeeeeeeeeeeeeeee": a held lock cannot pass to another leaseID; release it first`}),
 	Entry("status: holder.user changes", invalidCase{setup: held, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.User = "mallory" },
 		want:   `status.holder.user: Invalid value: "mallory": holder.user cannot change while the lock is held`}),
