@@ -66,6 +66,34 @@ var _ = Describe("the expiry controller", func() {
 		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElements("Acquired", "Expired"))
 	})
 
+	It("reports the releases and force-releases it observes, and keeps Held consistent", func() {
+		startController()
+		key := createLock(ctx, newNamespace(ctx), "observed", nil, locksv1alpha1.DistributedLockSpec{})
+		acquire(ctx, key, "lease-observed-00001", 30)
+		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("Acquired"))
+		updateStatus(ctx, key, func(l *locksv1alpha1.DistributedLock) {
+			l.EndHolding(locksv1alpha1.EndReasonReleased, adminUser, metav1.NewMicroTime(time.Now()))
+		})
+		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("Released"))
+
+		acquire(ctx, key, "lease-observed-00002", 30)
+		updateStatus(ctx, key, func(l *locksv1alpha1.DistributedLock) {
+			l.EndHolding(locksv1alpha1.EndReasonForceReleased, "operator", metav1.NewMicroTime(time.Now()))
+		})
+		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("ForceReleased"))
+
+		By("repairing a Held condition a client left inconsistent")
+		acquire(ctx, key, "lease-observed-00003", 30)
+		updateStatus(ctx, key, func(l *locksv1alpha1.DistributedLock) { l.Status.Conditions = nil })
+		Eventually(func() metav1.ConditionStatus {
+			c := meta.FindStatusCondition(getLock(ctx, key).Status.Conditions, locksv1alpha1.ConditionHeld)
+			if c == nil {
+				return ""
+			}
+			return c.Status
+		}).Should(Equal(metav1.ConditionTrue))
+	})
+
 	It("drops the head of a free lock that does not claim it within handoffTimeoutSeconds", func() {
 		startController()
 		key := createLock(ctx, newNamespace(ctx), "handoff", nil, locksv1alpha1.DistributedLockSpec{HandoffTimeoutSeconds: 1})

@@ -309,6 +309,23 @@ func TestObserveTransitions(t *testing.T) {
 			want: []transition{{kind: transitionAcquired, leaseID: "b", identity: "worker-b", token: 50, waited: time.Second, handoff: time.Second}},
 		},
 		{
+			name: "a holding that began and ended between two observations is reported from recentAcquisitions",
+			prev: newLock(released("a", locksv1alpha1.EndReasonReleased)),
+			next: newLock(func(l *locksv1alpha1.DistributedLock) {
+				l.Status.FencingToken = 60
+				l.Status.Transitions = 3
+				l.Status.RecentAcquisitions = []locksv1alpha1.FinishedHolding{
+					{LeaseID: "a", FencingToken: 42, Identity: "worker-a", EndReason: locksv1alpha1.EndReasonReleased, EndedBy: "someone"},
+					{LeaseID: "b", FencingToken: 50, Identity: "worker-b", EndReason: locksv1alpha1.EndReasonForceReleased, EndedBy: "operator"},
+				}
+			}, held("c", 30, clientTime), withToken(60)),
+			want: []transition{
+				{kind: transitionAcquired, leaseID: "b", identity: "worker-b", token: 50},
+				{kind: transitionEnded, leaseID: "b", identity: "worker-b", token: 50, reason: locksv1alpha1.EndReasonForceReleased, endedBy: "operator"},
+				{kind: transitionAcquired, leaseID: "c", identity: "worker-c", token: 60},
+			},
+		},
+		{
 			name: "a recreated object starts a fresh observation",
 			prev: newLock(held("a", 30, clientTime)),
 			next: newLock(func(l *locksv1alpha1.DistributedLock) { l.UID = "uid-2" }),

@@ -23,6 +23,9 @@ type observation struct {
 	uid types.UID
 	// resourceVersion is the newest version observed; older cache reads are skipped.
 	resourceVersion string
+	// token is the fencing token last seen; holdings with a larger one that
+	// already ended were missed between two observations.
+	token int64
 	// holding is the holding last seen, nil while the lock was free.
 	holding *holdingObservation
 	// waiters maps each queued requestID to when this controller first saw it queued.
@@ -98,7 +101,7 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 		prev = &observation{}
 	}
 	s := &lock.Status
-	next := observation{uid: lock.UID, resourceVersion: lock.ResourceVersion}
+	next := observation{uid: lock.UID, resourceVersion: lock.ResourceVersion, token: s.FencingToken}
 	var ts []transition
 
 	// 1. The holding: the lease runs from when this controller first saw its last renewal.
@@ -144,7 +147,9 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 	return next, ts
 }
 
-// holderTransitions lists the end of the previous holding and the start of a new one.
+// holderTransitions lists, in order, the end of the previous holding, the
+// holdings that began and ended between the two observations (known from
+// recentAcquisitions), and the start of the current holding.
 func holderTransitions(prevObs *observation, next *holdingObservation, s *locksv1alpha1.DistributedLockStatus, now time.Time) []transition {
 	var ts []transition
 	prev := prevObs.holding
@@ -156,6 +161,13 @@ func holderTransitions(prevObs *observation, next *holdingObservation, s *locksv
 			}
 		}
 		ts = append(ts, t)
+	}
+	for _, f := range s.RecentAcquisitions {
+		if f.FencingToken > prevObs.token && (prev == nil || f.LeaseID != prev.leaseID) {
+			ts = append(ts,
+				transition{kind: transitionAcquired, leaseID: f.LeaseID, identity: f.Identity, token: f.FencingToken},
+				transition{kind: transitionEnded, leaseID: f.LeaseID, identity: f.Identity, token: f.FencingToken, reason: f.EndReason, endedBy: f.EndedBy})
+		}
 	}
 	if next != nil && (prev == nil || next.leaseID != prev.leaseID) {
 		t := transition{kind: transitionAcquired, leaseID: next.leaseID, identity: next.identity, token: next.token}
