@@ -30,7 +30,7 @@ var _ = Describe("many clients on one lock", Serial, func() {
 	It("never lets holding intervals overlap (I1) and issues increasing tokens (I2)", func() {
 		ctx := context.Background()
 		ns := newNamespace(ctx)
-		newLock(ctx, ns, "hot", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 2, HandoffTimeoutSeconds: 2})
+		newLock(ctx, ns, "hot", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 4, HandoffTimeoutSeconds: 2})
 
 		const clients = 32
 		duration := 20 * time.Second
@@ -55,7 +55,7 @@ var _ = Describe("many clients on one lock", Serial, func() {
 				defer GinkgoRecover()
 				defer wg.Done()
 				for time.Now().Before(end) {
-					crash := rng.IntN(60) == 0
+					crash := rng.IntN(100) == 0
 					cl := c
 					if crash {
 						cl = crashy

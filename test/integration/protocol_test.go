@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -145,10 +146,15 @@ var _ = Describe("acquire, renew, release", func() {
 
 		const n = 4
 		order := make(chan int, n)
+		var wg sync.WaitGroup
+		DeferCleanup(wg.Wait)
 		for i := range n {
 			c, _ := newClient(ctx, ns)
+			ctx := ctx
+			wg.Add(1)
 			go func() {
 				defer GinkgoRecover()
+				defer wg.Done()
 				l, err := c.Acquire(ctx, "orders")
 				Expect(err).NotTo(HaveOccurred())
 				order <- i
@@ -169,6 +175,7 @@ var _ = Describe("acquire, renew, release", func() {
 		Expect(err).NotTo(HaveOccurred())
 		c, _ := newClient(ctx, ns)
 		got := make(chan *lock.Lock, 3)
+		ctx := ctx
 		for range 3 {
 			go func() {
 				defer GinkgoRecover()

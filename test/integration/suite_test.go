@@ -27,10 +27,12 @@ import (
 	"github.com/kubelock/kubelock/pkg/lock"
 )
 
-const controllerUser = "system:kubelock:controller-test"
+// controllerUser is the controller's own user; the webhook lets only it expire.
+const controllerUser = "kubelock-controller"
 
 var (
-	env *testenv.Env
+	env              *testenv.Env
+	controllerConfig *rest.Config
 	// stopController stops the in-process controller started by startController.
 	stopController context.CancelFunc
 	nsCounter      atomic.Int64
@@ -47,7 +49,14 @@ func TestIntegration(t *testing.T) {
 var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	var err error
-	env, err = testenv.Start()
+	// Every spec runs with the admission webhook in front of the locks, so the
+	// client library is proven against the server-side rules too.
+	env, err = testenv.Start(testenv.WithWebhook())
+	Expect(err).NotTo(HaveOccurred())
+	webhookCtx, stopWebhook := context.WithCancel(context.Background())
+	DeferCleanup(stopWebhook)
+	Expect(env.StartWebhook(webhookCtx, controllerUser)).To(Succeed())
+	controllerConfig, err = env.ControllerConfig(controllerUser)
 	Expect(err).NotTo(HaveOccurred())
 	startController()
 })
@@ -65,13 +74,13 @@ var _ = AfterSuite(func() {
 // grace, as the operator runs it, against the shared control plane.
 func startController() {
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(controllerConfig, ctrl.Options{
 		Scheme:  env.Scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
 	})
 	Expect(err).NotTo(HaveOccurred())
 	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
-		controllers.WithExpiryGrace(200*time.Millisecond), controllers.WithUsername(controllerUser),
+		controllers.WithExpiryGrace(200*time.Millisecond),
 		// A restarted controller registers its name again in this process.
 		controllers.WithControllerOptions(controller.Options{SkipNameValidation: ptr.To(true)}))
 	Expect(err).NotTo(HaveOccurred())
