@@ -202,6 +202,11 @@ type FinishedHolding struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	EndedBy string `json:"endedBy"`
+
+	// message is a note from whoever ended the holding, such as the reason for a force-release.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Message string `json:"message,omitempty"`
 }
 
 // DistributedLockStatus is the lock's state, written only by lock clients and the controller.

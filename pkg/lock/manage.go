@@ -1,0 +1,95 @@
+package lock
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// ReleaseLease ends the holding leaseID of key for its holder, from a process
+// other than the one that acquired it (the CLI's `release --lease-id`). Like
+// Lock.Release it is idempotent and never touches another holding.
+func (c *Client) ReleaseLease(ctx context.Context, key, leaseID string) error {
+	user, err := c.User(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = c.end(ctx, key, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
+		if h := obj.Status.Holder; h != nil && h.LeaseID == leaseID {
+			obj.EndHolding(locksv1alpha1.EndReasonReleased, user, metav1.NewMicroTime(c.cfg.clock.Now()))
+			return true, nil
+		}
+		for _, f := range obj.Status.RecentAcquisitions {
+			if f.LeaseID != leaseID {
+				continue
+			}
+			if f.EndReason == locksv1alpha1.EndReasonReleased && f.EndedBy == user {
+				return false, nil
+			}
+			return false, endedHolding(&f)
+		}
+		return false, lost("lease %s does not hold %s", leaseID, obj.Name)
+	})
+	return err
+}
+
+// ForceRelease breaks the current holding of key whoever holds it, recording
+// message and the caller as endedBy. The caller needs the force-release verb
+// on distributedlocks; the holder's Done fires at its next renewal. It returns
+// the record of the holding it ended, or nil when the lock was free.
+func (c *Client) ForceRelease(ctx context.Context, key, message string) (*locksv1alpha1.FinishedHolding, error) {
+	user, err := c.User(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(message) > 256 {
+		return nil, fmt.Errorf("kubelock: the force-release reason is %d characters long; the limit is 256", len(message))
+	}
+	return c.end(ctx, key, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
+		if obj.Status.Holder == nil {
+			return false, nil
+		}
+		obj.EndHolding(locksv1alpha1.EndReasonForceReleased, user, metav1.NewMicroTime(c.cfg.clock.Now()))
+		obj.Status.RecentAcquisitions[len(obj.Status.RecentAcquisitions)-1].Message = message
+		return true, nil
+	})
+}
+
+// end applies edit to the lock and writes it, rereading on conflicts. edit
+// reports whether there is anything to write. It returns the record of the
+// holding that ended, if any.
+func (c *Client) end(ctx context.Context, key string, edit func(*locksv1alpha1.DistributedLock) (bool, error)) (*locksv1alpha1.FinishedHolding, error) {
+	name, err := NameForKey(key)
+	if err != nil {
+		return nil, err
+	}
+	var back backoff
+	for {
+		obj, err := c.get(ctx, key, name, false)
+		if err != nil {
+			return nil, err
+		}
+		write, err := edit(obj)
+		if err != nil || !write {
+			return nil, err
+		}
+		obj.Status.ObservedGeneration = obj.Generation
+		err = c.c.Status().Update(ctx, obj)
+		switch {
+		case err == nil:
+			r := obj.Status.RecentAcquisitions
+			return &r[len(r)-1], nil
+		case apierrors.IsConflict(err):
+		case definite(err):
+			return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
+		default:
+			if werr := back.wait(ctx); werr != nil {
+				return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
+			}
+		}
+	}
+}
