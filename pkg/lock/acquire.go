@@ -40,6 +40,8 @@ type attempt struct {
 	// firstSent is when the first acquire write of this call was sent; a holding
 	// found later was created by one of them, so it is the safe base for the deadline.
 	firstSent time.Time
+	// queued is the queue status last reported to cfg.onQueue.
+	queued QueueStatus
 }
 
 func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (*Lock, error) {
@@ -147,6 +149,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			obj = nil
 			continue
 		}
+		a.report(pos, st)
 		if w == nil {
 			w = a.c.watch(a.name)
 		}
@@ -180,6 +183,26 @@ func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (
 		return nil, endedHolding(f), true
 	}
 	return nil, nil, false
+}
+
+// report tells the OnQueue callback about a changed place in the queue.
+func (a *attempt) report(pos int, st *locksv1alpha1.DistributedLockStatus) {
+	if a.cfg.onQueue == nil {
+		return
+	}
+	q := QueueStatus{Position: pos + 1, Waiters: len(st.Waiters), Holder: st.Holder}
+	if q.Position == a.queued.Position && q.Waiters == a.queued.Waiters && sameHolding(q.Holder, a.queued.Holder) {
+		return
+	}
+	a.queued = q
+	a.cfg.onQueue(q)
+}
+
+func sameHolding(x, y *locksv1alpha1.LockHolder) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	return x.LeaseID == y.LeaseID
 }
 
 // take writes this request as the holder, with the token the server expects.

@@ -66,6 +66,21 @@ func ExampleLock_FencingToken() {
 	fmt.Printf("write with token %d\n", l.FencingToken())
 }
 
+// OnQueue reports a waiting caller's place in the lock's queue.
+func ExampleOnQueue() {
+	c, err := lock.New(ctrl.GetConfigOrDie())
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := c.Acquire(context.Background(), "migrations", lock.OnQueue(func(q lock.QueueStatus) {
+		log.Printf("waiting: position %d of %d", q.Position, q.Waiters)
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = l.Release(context.Background()) }()
+}
+
 func processOrders(ctx context.Context, token int64) error {
 	select {
 	case <-ctx.Done():

@@ -123,6 +123,18 @@ type acquireConfig struct {
 	requestID   string
 	waitTimeout time.Duration
 	lease       time.Duration
+	onQueue     func(QueueStatus)
+}
+
+// QueueStatus is where a waiting Acquire stands in the lock's wait queue.
+type QueueStatus struct {
+	// Position is the caller's 1-based place in the queue; 1 is the head.
+	Position int
+	// Waiters is the length of the queue.
+	Waiters int
+	// Holder is the current holding; nil while the lock is free and the head is
+	// about to take it.
+	Holder *locksv1alpha1.LockHolder
 }
 
 // RequestID sets the idempotency key of the call. Retrying with the same ID never
@@ -132,6 +144,12 @@ func RequestID(id string) AcquireOption { return func(a *acquireConfig) { a.requ
 
 // WaitTimeout bounds how long Acquire waits in the queue (default and upper bound: the client's WithMaxWait).
 func WaitTimeout(d time.Duration) AcquireOption { return func(a *acquireConfig) { a.waitTimeout = d } }
+
+// OnQueue calls f each time a waiting Acquire learns that its place in the
+// queue, the queue's length or the holder changed (for progress displays such
+// as the CLI's live waiting line). f runs on the acquiring goroutine and must
+// return quickly; it is never called by TryAcquire. Default: no callback.
+func OnQueue(f func(QueueStatus)) AcquireOption { return func(a *acquireConfig) { a.onQueue = f } }
 
 // LeaseDuration overrides the client's lease for this acquisition.
 func LeaseDuration(d time.Duration) AcquireOption { return func(a *acquireConfig) { a.lease = d } }
