@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the PostgreSQL server from Debian's packages when it is missing. The
+# tests start their own throwaway server on loopback (internal/pgtest).
+set -euo pipefail
+if compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null && id postgres >/dev/null 2>&1; then
+  echo "install-postgres: $(ls -d /usr/lib/postgresql/*/bin | tail -n1) present"
+  exit 0
+fi
+sudo=
+[ "$(id -u)" = 0 ] || sudo=sudo
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends postgresql
+# The package may start a cluster of its own; the tests do not need it.
+$sudo pg_ctlcluster --help >/dev/null 2>&1 && $sudo service postgresql stop >/dev/null 2>&1 || true
+echo "install-postgres: installed $(ls -d /usr/lib/postgresql/*/bin | tail -n1)"

@@ -1,0 +1,64 @@
+// Package fencing lets a protected resource refuse writes from a lock holder
+// whose lease is over (invariant I7): an operation is accepted only if its
+// fencing token is at least the highest token accepted before for that lock,
+// and the token is recorded atomically with the operation.
+//
+// A lease decides when someone else may take a lock; only the resource can
+// stop a paused former holder's late write. Use Guard (PostgreSQL) when the
+// operation itself is SQL, Middleware and Transport for HTTP services.
+package fencing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrStaleToken means a higher token was already accepted for the lock.
+var ErrStaleToken = errors.New("kubelock: stale fencing token")
+
+// StaleTokenError says which token lost to which; it wraps ErrStaleToken.
+type StaleTokenError struct {
+	// Lock is the lock key.
+	Lock string
+	// Token is the token that was refused.
+	Token int64
+	// Highest is the highest token accepted so far.
+	Highest int64
+}
+
+func (e *StaleTokenError) Error() string {
+	return fmt.Sprintf("kubelock: stale fencing token %d for lock %q: token %d was already accepted", e.Token, e.Lock, e.Highest)
+}
+
+// Unwrap makes errors.Is(err, ErrStaleToken) true.
+func (e *StaleTokenError) Unwrap() error { return ErrStaleToken }
+
+// Store remembers the highest token accepted per lock.
+type Store interface {
+	// Accept raises the lock's highest token to token, or returns a
+	// *StaleTokenError when a higher one was accepted before. Equal tokens are
+	// accepted: one holding may write many times.
+	Accept(ctx context.Context, lock string, token int64) error
+}
+
+// MemoryStore is a Store for a single replica of a service.
+type MemoryStore struct {
+	mu      sync.Mutex
+	highest map[string]int64
+}
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore() *MemoryStore { return &MemoryStore{highest: map[string]int64{}} }
+
+// Accept implements Store.
+func (m *MemoryStore) Accept(_ context.Context, lock string, token int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h, ok := m.highest[lock]; ok && token < h {
+		return &StaleTokenError{Lock: lock, Token: token, Highest: h}
+	}
+	m.highest[lock] = token
+	return nil
+}

@@ -1,0 +1,114 @@
+package fencing
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Migration creates the fence table; Guard.Migrate runs it.
+//
+//go:embed migrations/001_fence.sql
+var Migration string
+
+// raiseSQL is the atomic compare-and-raise: it inserts or raises the lock's
+// token and returns a row only when the token is not lower than the stored one.
+// The row stays locked until the transaction ends, so the caller's statements
+// for one lock run one transaction at a time, in token order.
+const raiseSQL = `INSERT INTO kubelock_fence AS fence (lock_key, token) VALUES ($1, $2)
+ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, updated_at = now()
+WHERE fence.token <= excluded.token
+RETURNING fence.token`
+
+// DB is what Guard needs of a database handle: *pgxpool.Pool and *pgx.Conn both fit.
+type DB interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Guard runs operations on PostgreSQL only for current tokens.
+//
+// Isolation: at READ COMMITTED (PostgreSQL's default) concurrent writers of one
+// lock queue on the fence row and each sees the token the previous one
+// committed. At REPEATABLE READ and SERIALIZABLE the later of two concurrent
+// writers gets a serialization failure instead; Guard retries those a few times
+// with a fresh transaction, so callers see either success or ErrStaleToken.
+type Guard struct {
+	db      DB
+	txOpts  pgx.TxOptions
+	retries int
+}
+
+// GuardOption configures a Guard.
+type GuardOption func(*Guard)
+
+// WithTxOptions sets the transaction options (isolation level) of Do.
+func WithTxOptions(o pgx.TxOptions) GuardOption { return func(g *Guard) { g.txOpts = o } }
+
+// NewGuard returns a Guard on db.
+func NewGuard(db DB, opts ...GuardOption) *Guard {
+	g := &Guard{db: db, retries: 5}
+	for _, o := range opts {
+		o(g)
+	}
+	return g
+}
+
+// Migrate creates the fence table if it does not exist.
+func (g *Guard) Migrate(ctx context.Context) error {
+	_, err := g.db.Exec(ctx, Migration)
+	return err
+}
+
+// Do runs fn in one transaction that first raises the lock's fence to token.
+// A lower token rolls back before fn runs and returns a *StaleTokenError; an
+// error from fn rolls everything back, the fence included.
+func (g *Guard) Do(ctx context.Context, lock string, token int64, fn func(pgx.Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		err := g.do(ctx, lock, token, fn)
+		var pgErr *pgconn.PgError
+		if attempt < g.retries && errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
+			continue // serialization failure or deadlock: the transaction did nothing
+		}
+		return err
+	}
+}
+
+func (g *Guard) do(ctx context.Context, lock string, token int64, fn func(pgx.Tx) error) (err error) {
+	tx, err := g.db.BeginTx(ctx, g.txOpts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(ctx)
+		}
+	}()
+	var accepted int64
+	switch err = tx.QueryRow(ctx, raiseSQL, lock, token).Scan(&accepted); {
+	case errors.Is(err, pgx.ErrNoRows):
+		var highest int64
+		if err := tx.QueryRow(ctx, `SELECT token FROM kubelock_fence WHERE lock_key = $1`, lock).Scan(&highest); err != nil {
+			return fmt.Errorf("kubelock: reading the fence of %q: %w", lock, err)
+		}
+		return &StaleTokenError{Lock: lock, Token: token, Highest: highest}
+	case err != nil:
+		return fmt.Errorf("kubelock: raising the fence of %q: %w", lock, err)
+	}
+	if fn != nil {
+		if err = fn(tx); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// Accept implements Store: it raises the fence in a transaction of its own.
+// To make the check and the operation atomic, run the operation in Do instead.
+func (g *Guard) Accept(ctx context.Context, lock string, token int64) error {
+	return g.Do(ctx, lock, token, nil)
+}
