@@ -1,0 +1,272 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// throughput collects the renew-loop figures of all engines for one summary.
+var (
+	throughputMu sync.Mutex
+	throughput   = map[engine]string{}
+)
+
+var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
+	for _, e := range []engine{engineWebhook, enginePolicy} {
+		Context("with the "+string(e)+" engine", func() {
+			var ns string
+			BeforeAll(func(ctx SpecContext) {
+				activate(ctx, e)
+				ns = namespace(ctx, "adm-"+string(e))
+			})
+
+			DescribeTable("rejects a hostile request and leaves the lock unchanged",
+				func(ctx SpecContext, h hostile) {
+					key := h.state.build(ctx, ns)
+					before, beforeRaw := get(ctx, key), getRaw(ctx, key)
+
+					err := h.do(ctx, who(h.by), key)
+					Expect(err).To(HaveOccurred(), "the write was admitted")
+					Expect(isDenial(err)).To(BeTrue(), "not a denial: %v", err)
+					for _, w := range h.want {
+						Expect(err.Error()).To(ContainSubstring(w))
+					}
+					if strings.HasPrefix(h.want[0], "[kubelock:") {
+						// The admission engine under test said it, not the other one.
+						Expect(err.Error()).To(ContainSubstring(denialPrefix(e)))
+					}
+					GinkgoWriter.Printf("%s engine: %v\n", e, err)
+					AddReportEntry("message", err.Error(), ReportEntryVisibilityNever)
+
+					after, afterRaw := get(ctx, key), getRaw(ctx, key)
+					Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
+					Expect(cmp.Diff(before, after)).To(BeEmpty())
+					Expect(string(afterRaw)).To(Equal(string(beforeRaw)))
+				},
+				hostileEntries(),
+			)
+
+			It("admits acquire, renew, enqueue, leaving the queue, release and hand-off by the right users", func(ctx SpecContext) {
+				key := free.build(ctx, ns)
+				Expect(write(ctx, alice, key, acquire(holder("alice", 1)))).To(Succeed())
+				Expect(write(ctx, alice, key, renew)).To(Succeed())
+				Expect(write(ctx, bob, key, enqueue(waiter("bob", 1)))).To(Succeed())
+				Expect(write(ctx, carol, key, enqueue(waiter("carol", 1)))).To(Succeed())
+				Expect(write(ctx, dave, key, enqueue(waiter("dave", 1)))).To(Succeed())
+				Expect(write(ctx, carol, key, func(l *locksv1alpha1.DistributedLock) {
+					Expect(l.Status.RemoveWaiter(requestID("carol", 1))).To(BeTrue())
+				})).To(Succeed())
+				Expect(write(ctx, alice, key, end(locksv1alpha1.EndReasonReleased, "alice"))).To(Succeed())
+				Expect(write(ctx, bob, key, acquire(holder("bob", 1)))).To(Succeed())
+				Expect(write(ctx, bob, key, end(locksv1alpha1.EndReasonReleased, "bob"))).To(Succeed())
+				Expect(write(ctx, dave, key, acquire(holder("dave", 1)))).To(Succeed())
+
+				l := get(ctx, key)
+				Expect(l.Status.Holder.User).To(Equal("dave"))
+				Expect(l.Status.Waiters).To(BeEmpty())
+				Expect(l.Status.Transitions).To(Equal(int64(3)))
+				Expect(l.Status.RecentAcquisitions).To(HaveLen(2))
+				Expect(l.Status.RecentAcquisitions[1].EndedBy).To(Equal("bob"))
+			})
+
+			It("admits a pod's service account acquiring in its own pod's name", func(ctx SpecContext) {
+				key := free.build(ctx, ns)
+				h := holder(podSA, 1)
+				h.PodName, h.PodUID = "worker-0", "uid-worker-0"
+				Expect(write(ctx, podUser, key, acquire(h))).To(Succeed())
+			})
+
+			It("admits a force-release by a user with the force-release verb", func(ctx SpecContext) {
+				key := heldQueue.build(ctx, ns)
+				Expect(write(ctx, breakglass, key, end(locksv1alpha1.EndReasonForceReleased, "breakglass"))).To(Succeed())
+				l := get(ctx, key)
+				Expect(l.Status.Holder).To(BeNil())
+				Expect(l.Status.Waiters).To(HaveLen(2))
+				last := lastRecord(l)
+				Expect(last.EndReason).To(Equal(locksv1alpha1.EndReasonForceReleased))
+				Expect(last.EndedBy).To(Equal("breakglass"))
+				Expect(last.LeaseID).To(Equal(leaseID("alice", 1)))
+			})
+
+			It("lets the controller expire a holding and drop waiters", func(ctx SpecContext) {
+				key := heldQueue.build(ctx, ns)
+				Expect(write(ctx, ctlr, key, func(l *locksv1alpha1.DistributedLock) {
+					l.EndHolding(locksv1alpha1.EndReasonExpired, controllerUser, metav1.NowMicro())
+					Expect(l.Status.RemoveWaiter(requestID("bob", 1))).To(BeTrue())
+				})).To(Succeed())
+				l := get(ctx, key)
+				Expect(l.Status.Holder).To(BeNil())
+				Expect(lastRecord(l).EndReason).To(Equal(locksv1alpha1.EndReasonExpired))
+				Expect(lastRecord(l).EndedBy).To(Equal(controllerUser))
+				Expect(l.Status.Waiters).To(HaveLen(1))
+				Expect(write(ctx, ctlr, key, func(l *locksv1alpha1.DistributedLock) {
+					Expect(l.Status.RemoveWaiter(requestID("carol", 1))).To(BeTrue())
+				})).To(Succeed())
+			})
+
+			It("keeps recentAcquisitions bounded, dropping the oldest record", func(ctx SpecContext) {
+				key := free.build(ctx, ns)
+				for i := range locksv1alpha1.MaxRecentAcquisitions + 2 {
+					Expect(write(ctx, alice, key, acquire(holder("alice", i)))).To(Succeed())
+					Expect(write(ctx, alice, key, end(locksv1alpha1.EndReasonReleased, "alice"))).To(Succeed())
+				}
+				l := get(ctx, key)
+				Expect(l.Status.RecentAcquisitions).To(HaveLen(locksv1alpha1.MaxRecentAcquisitions))
+				Expect(l.Status.RecentAcquisitions[0].LeaseID).To(Equal(leaseID("alice", 2)))
+			})
+
+			It("deletes a held lock only with force", func(ctx SpecContext) {
+				del := func(u *user, key client.ObjectKey) error {
+					return u.c.Delete(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}})
+				}
+				Expect(del(deleter, free.build(ctx, ns))).To(Succeed(), "a free lock")
+				annotated := state{holder: "alice", annotations: map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}}
+				Expect(del(deleter, annotated.build(ctx, ns))).To(Succeed(), "with the force-delete annotation")
+				Expect(del(breakglass, held.build(ctx, ns))).To(Succeed(), "by a user with the force-release verb")
+				notTrue := state{holder: "alice", annotations: map[string]string{locksv1alpha1.ForceDeleteAnnotation: "yes"}}
+				err := del(deleter, notTrue.build(ctx, ns))
+				Expect(err).To(MatchError(ContainSubstring("[kubelock:held-delete]")))
+			})
+
+			if e == engineWebhook {
+				It("fails closed while the webhook is down: no lock write passes, no lock changes", func(ctx SpecContext) {
+					keys := map[string]client.ObjectKey{
+						"free": free.build(ctx, ns), "held": held.build(ctx, ns), "queue": heldQueue.build(ctx, ns),
+					}
+					before := map[string][]byte{}
+					for n, k := range keys {
+						before[n] = getRaw(ctx, k)
+					}
+					stopWebhook()
+					DeferCleanup(func(ctx SpecContext) {
+						stopWebhook = startWebhookServer()
+						Eventually(func() engine { return probe(ctx, ns) }).Should(Equal(engineWebhook))
+					})
+					writes := map[string]func() error{
+						"acquire":     func() error { return write(ctx, bob, keys["free"], acquire(holder("bob", 1))) },
+						"renew":       func() error { return write(ctx, alice, keys["held"], renew) },
+						"release":     func() error { return write(ctx, alice, keys["held"], end(locksv1alpha1.EndReasonReleased, "alice")) },
+						"enqueue":     func() error { return write(ctx, dave, keys["queue"], enqueue(waiter("dave", 1))) },
+						"leave queue": func() error { return write(ctx, carol, keys["queue"], removeWaiter(requestID("carol", 1))) },
+						"expire": func() error {
+							return write(ctx, ctlr, keys["queue"], end(locksv1alpha1.EndReasonExpired, controllerUser))
+						},
+						"force-release": func() error {
+							return write(ctx, breakglass, keys["held"], end(locksv1alpha1.EndReasonForceReleased, "breakglass"))
+						},
+						"delete held": func() error {
+							return breakglass.c.Delete(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: keys["held"].Name}})
+						},
+						"delete free": func() error {
+							return deleter.c.Delete(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: keys["free"].Name}})
+						},
+					}
+					for _, n := range slices.Sorted(maps.Keys(writes)) {
+						err := writes[n]()
+						Expect(err).To(MatchError(ContainSubstring(`failed calling webhook "vdistributedlock.kubelock.io"`)), n)
+						GinkgoWriter.Printf("webhook down, %s: %v\n", n, err)
+					}
+					for n, k := range keys {
+						Expect(string(getRaw(ctx, k))).To(Equal(string(before[n])), n)
+					}
+				})
+			}
+
+			It("measures a renew loop", func(ctx SpecContext) {
+				measureRenew(ctx, e, ns)
+			})
+		})
+	}
+
+	Context("with no admission", func() {
+		It("measures a renew loop", func(ctx SpecContext) {
+			activate(ctx, engineNone)
+			measureRenew(ctx, engineNone, namespace(ctx, "adm-none"))
+			throughputMu.Lock()
+			defer throughputMu.Unlock()
+			AddReportEntry("renew throughput, same run", fmt.Sprintf("none:    %s\nwebhook: %s\npolicy:  %s",
+				throughput[engineNone], throughput[engineWebhook], throughput[enginePolicy]))
+		})
+	})
+})
+
+func removeWaiter(id string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter(id) }
+}
+
+func denialPrefix(e engine) string {
+	if e == enginePolicy {
+		return policyDenied
+	}
+	return webhookDenied
+}
+
+const (
+	renewers     = 16
+	renewFor     = 5 * time.Second
+	renewWarmups = 3
+)
+
+// measureRenew runs renewers goroutines, each renewing its own held lock with
+// status updates for renewFor, and reports operations per second and latency
+// percentiles. A figure, not an assertion.
+func measureRenew(ctx context.Context, e engine, ns string) {
+	locks := make([]*locksv1alpha1.DistributedLock, renewers)
+	for i := range locks {
+		key := free.build(ctx, ns)
+		Expect(write(ctx, alice, key, acquire(holder("alice", i)))).To(Succeed())
+		locks[i] = &locksv1alpha1.DistributedLock{}
+		Expect(alice.c.Get(ctx, key, locks[i])).To(Succeed())
+		for range renewWarmups {
+			renew(locks[i])
+			Expect(alice.c.Status().Update(ctx, locks[i])).To(Succeed())
+		}
+	}
+	lat := make([][]time.Duration, renewers)
+	errs := make([]error, renewers)
+	start := time.Now()
+	deadline := start.Add(renewFor)
+	var wg sync.WaitGroup
+	for i := range locks {
+		wg.Go(func() {
+			l := locks[i]
+			for time.Now().Before(deadline) {
+				renew(l)
+				t := time.Now()
+				if err := alice.c.Status().Update(ctx, l); err != nil {
+					errs[i] = err
+					return
+				}
+				lat[i] = append(lat[i], time.Since(t))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, err := range errs {
+		Expect(err).NotTo(HaveOccurred())
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	pct := func(p float64) time.Duration { return all[int(p*float64(len(all)-1))] }
+	s := fmt.Sprintf("%d renewers, %.1fs: %d renewals, %.0f ops/s, p50 %v, p99 %v",
+		renewers, elapsed.Seconds(), len(all), float64(len(all))/elapsed.Seconds(),
+		pct(0.50).Round(100*time.Microsecond), pct(0.99).Round(100*time.Microsecond))
+	AddReportEntry("renew throughput, "+string(e), s)
+	throughputMu.Lock()
+	throughput[e] = s
+	throughputMu.Unlock()
+}

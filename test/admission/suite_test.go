@@ -1,0 +1,432 @@
+// Package admission is the hostile-input suite of kubelock's admission: one
+// table of malformed and malicious lock writes that runs twice against a real
+// kube-apiserver, once with the validating webhook (webhook/, served by this
+// process) and once with the ValidatingAdmissionPolicy (config/policy) instead,
+// so the two engines can never drift apart.
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	"sigs.k8s.io/yaml"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/testenv"
+	kwebhook "github.com/kubelock/kubelock/webhook"
+)
+
+const (
+	// controllerUser is the test's controller account; the policy's default
+	// name is replaced by it, as an overlay would.
+	controllerUser = "kubelock-test-controller"
+	// defaultControllerExpr is the policy's controllerUser variable as shipped.
+	defaultControllerExpr = "'system:serviceaccount:kubelock-system:kubelock-controller-manager'"
+	policyName            = "kubelock-distributedlocks"
+	breakglassRole        = "kubelock-breakglass"
+	deleterRole           = "kubelock-test-lock-deleter"
+	webhookDenied         = `admission webhook "vdistributedlock.kubelock.io" denied the request`
+	policyDenied          = "ValidatingAdmissionPolicy '" + policyName + "'"
+	// podSA is a service account whose bound token names its pod (impersonated).
+	podSA = "system:serviceaccount:apps:worker"
+)
+
+// user is an authenticated lock client.
+type user struct {
+	name string
+	c    client.Client
+}
+
+var (
+	env *testenv.Env
+	// raw reads objects as the apiserver serialises them, for byte comparisons.
+	raw kubernetes.Interface
+	// webhookConfigs are the ValidatingWebhookConfigurations envtest installed
+	// (URL and CA of this process's server), kept to install them again.
+	webhookConfigs []*admissionregistrationv1.ValidatingWebhookConfiguration
+	// webhookRequests counts admission requests the webhook server received.
+	webhookRequests atomic.Int64
+	stopWebhook     func()
+
+	alice, bob, carol, dave, ctlr, breakglass, deleter, podUser *user
+
+	lockCounter atomic.Int64
+)
+
+func TestAdmission(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(30 * time.Second)
+	SetDefaultEventuallyPollingInterval(50 * time.Millisecond)
+	RunSpecs(t, "admission hostile-input suite")
+}
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	manifests := filepath.Join(testenv.RepoRoot(), "config", "webhook")
+	var err error
+	env, err = testenv.Start(func(e *envtest.Environment) {
+		e.WebhookInstallOptions = envtest.WebhookInstallOptions{Paths: []string{manifests}}
+	})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { Expect(env.Stop()).To(Succeed()) })
+	for _, w := range env.WebhookInstallOptions.ValidatingWebhooks {
+		webhookConfigs = append(webhookConfigs, w.DeepCopy())
+	}
+	Expect(webhookConfigs).To(HaveLen(1), "config/webhook/manifests.yaml (make manifests) holds one ValidatingWebhookConfiguration")
+	admin := rest.CopyConfig(env.Config)
+	admin.QPS = -1
+	raw, err = kubernetes.NewForConfig(admin)
+	Expect(err).NotTo(HaveOccurred())
+
+	alice, bob, carol, dave = newUser(ctx, "alice"), newUser(ctx, "bob"), newUser(ctx, "carol"), newUser(ctx, "dave")
+	ctlr = newUser(ctx, controllerUser)
+
+	// The break-glass role exactly as config/rbac ships it.
+	role := &rbacv1.ClusterRole{}
+	readYAML(filepath.Join(testenv.RepoRoot(), "config", "rbac", "breakglass_role.yaml"), role)
+	Expect(role.Name).To(Equal(breakglassRole))
+	Expect(env.Client.Create(ctx, role)).To(Succeed())
+	breakglass = newUser(ctx, "breakglass")
+	bindClusterRole(ctx, breakglassRole, rbacv1.UserKind, "breakglass")
+
+	// deleter may delete locks but has no force-release verb.
+	Expect(env.Client.Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: deleterRole},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1alpha1.GroupVersion.Group},
+			Resources: []string{"distributedlocks"}, Verbs: []string{"get", "delete"}}},
+	})).To(Succeed())
+	deleter = newUser(ctx, "deleter")
+	bindClusterRole(ctx, deleterRole, rbacv1.UserKind, "deleter")
+
+	// A pod's service account: its bound token carries the pod's name and UID.
+	bindClusterRole(ctx, testenv.LockUserRole, rbacv1.UserKind, podSA)
+	imp := rest.CopyConfig(env.Config)
+	imp.QPS = -1
+	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
+		kwebhook.ExtraPodName: {"worker-0"}, kwebhook.ExtraPodUID: {"uid-worker-0"},
+	}}
+	podUser = &user{name: podSA, c: newClient(imp)}
+
+	stopWebhook = startWebhookServer()
+	DeferCleanup(func() { stopWebhook() })
+})
+
+func newClient(cfg *rest.Config) client.Client {
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	return c
+}
+
+// newUser is a client-certificate user bound to the lock-user role, with no
+// client-side rate limit.
+func newUser(ctx context.Context, name string) *user {
+	cfg, err := env.UserConfig(ctx, name)
+	Expect(err).NotTo(HaveOccurred())
+	cfg.QPS = -1
+	return &user{name: name, c: newClient(cfg)}
+}
+
+func bindClusterRole(ctx context.Context, role, kind, name string) {
+	Expect(env.Client.Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role + "-" + strings.NewReplacer(":", "-").Replace(name)},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: kind, Name: name}},
+	})).To(Succeed())
+}
+
+func readYAML(path string, into any) {
+	b, err := os.ReadFile(path)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(yaml.UnmarshalStrict(b, into)).To(Succeed(), path)
+}
+
+// startWebhookServer serves the lock validator where envtest's webhook
+// configuration points, and returns a function that stops it.
+func startWebhookServer() func() {
+	o := env.WebhookInstallOptions
+	srv := crwebhook.NewServer(crwebhook.Options{Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir})
+	v, err := kwebhook.NewValidator(env.Scheme, env.Client, controllerUser)
+	Expect(err).NotTo(HaveOccurred())
+	hook := &admission.Webhook{Handler: v}
+	srv.Register(kwebhook.Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		webhookRequests.Add(1)
+		hook.ServeHTTP(w, r)
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(srv.Start(ctx)).To(Succeed())
+	}()
+	Eventually(func() error { return srv.StartedChecker()(nil) }).Should(Succeed())
+	return func() { cancel(); <-done }
+}
+
+// --- engines -------------------------------------------------------------------
+
+type engine string
+
+const (
+	engineWebhook engine = "webhook"
+	enginePolicy  engine = "policy"
+	engineNone    engine = "none"
+)
+
+// activate installs exactly one admission engine (or none) and waits until the
+// apiserver enforces it.
+func activate(ctx context.Context, e engine) {
+	if e == engineWebhook {
+		for _, w := range webhookConfigs {
+			w = w.DeepCopy()
+			w.ResourceVersion = ""
+			if err := env.Client.Create(ctx, w); !apierrors.IsAlreadyExists(err) {
+				Expect(err).NotTo(HaveOccurred())
+			}
+		}
+	} else {
+		for _, w := range webhookConfigs {
+			Expect(client.IgnoreNotFound(env.Client.Delete(ctx, w.DeepCopy()))).To(Succeed())
+		}
+	}
+	vap, binding := policyObjects()
+	if e == enginePolicy {
+		Expect(env.Client.Create(ctx, vap)).To(Succeed())
+		Expect(env.Client.Create(ctx, binding)).To(Succeed())
+	} else {
+		Expect(client.IgnoreNotFound(env.Client.Delete(ctx, binding))).To(Succeed())
+		Expect(client.IgnoreNotFound(env.Client.Delete(ctx, vap))).To(Succeed())
+	}
+	ns := namespace(ctx, "probe")
+	// A forged holder: denied by whichever engine is on, stored when none is.
+	Eventually(func() engine { return probe(ctx, ns) }).Should(Equal(e))
+	if e != engineWebhook {
+		// The policy runs before webhooks, so also wait until the apiserver
+		// stops calling the webhook at all.
+		l := createLock(ctx, ns, locksv1alpha1.DistributedLockSpec{})
+		Eventually(func(g Gomega) {
+			before := webhookRequests.Load()
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(l), l)).To(Succeed())
+			l.Status.ObservedGeneration++
+			g.Expect(env.Client.Status().Update(ctx, l)).To(Succeed())
+			g.Expect(webhookRequests.Load() - before).To(BeZero())
+		}).Should(Succeed())
+	}
+	if e == enginePolicy {
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(vap), vap)).To(Succeed())
+		if vap.Status.TypeChecking != nil {
+			for _, w := range vap.Status.TypeChecking.ExpressionWarnings {
+				GinkgoWriter.Printf("policy type checking: %s: %s\n", w.FieldRef, w.Warning)
+			}
+		}
+	}
+}
+
+// policyObjects reads config/policy and puts the test's controller user in.
+func policyObjects() (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	dir := filepath.Join(testenv.RepoRoot(), "config", "policy")
+	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	readYAML(filepath.Join(dir, "validating_admission_policy.yaml"), vap)
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	readYAML(filepath.Join(dir, "validating_admission_policy_binding.yaml"), binding)
+	Expect(vap.Spec.Variables[0].Name).To(Equal("controllerUser"))
+	Expect(vap.Spec.Variables[0].Expression).To(Equal(defaultControllerExpr))
+	vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
+	Expect(binding.Spec.PolicyName).To(Equal(vap.Name))
+	return vap, binding
+}
+
+// probe writes a holder in someone else's name and reports who denied it.
+func probe(ctx context.Context, ns string) engine {
+	l := createLock(ctx, ns, locksv1alpha1.DistributedLockSpec{})
+	tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+	Expect(err).NotTo(HaveOccurred())
+	l.Acquire(holder("somebody-else", 1), tok)
+	err = env.Client.Status().Update(ctx, l)
+	switch {
+	case err == nil:
+		return engineNone
+	case strings.Contains(err.Error(), policyDenied):
+		return enginePolicy
+	case strings.Contains(err.Error(), webhookDenied):
+		return engineWebhook
+	}
+	return engine("error: " + err.Error())
+}
+
+// --- locks ---------------------------------------------------------------------
+
+func namespace(ctx context.Context, prefix string) string {
+	n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	Expect(env.Client.Create(ctx, n)).To(Succeed())
+	return n.Name
+}
+
+func createLock(ctx context.Context, ns string, spec locksv1alpha1.DistributedLockSpec) *locksv1alpha1.DistributedLock {
+	l := &locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("lock-%d", lockCounter.Add(1))},
+		Spec:       spec,
+	}
+	Expect(env.Client.Create(ctx, l)).To(Succeed())
+	return l
+}
+
+// leaseID is a well-formed lease ID for user's n-th holding.
+func leaseID(user string, n int) string {
+	return fmt.Sprintf("lease-%s-%012d", strings.NewReplacer(":", "-").Replace(user), n)
+}
+
+func requestID(user string, n int) string {
+	return fmt.Sprintf("req-%s-%d", strings.NewReplacer(":", "-").Replace(user), n)
+}
+
+// holder is a holding written in user's name.
+func holder(user string, n int) locksv1alpha1.LockHolder {
+	now := metav1.NowMicro()
+	return locksv1alpha1.LockHolder{
+		Identity: strings.NewReplacer(":", "-").Replace(user), User: user,
+		LeaseID: leaseID(user, n), RequestID: requestID(user, n),
+		LeaseDurationSeconds: 30, AcquireTime: now, RenewTime: &now,
+	}
+}
+
+func waiter(user string, n int) locksv1alpha1.Waiter {
+	now := metav1.NowMicro()
+	return locksv1alpha1.Waiter{
+		Identity: user, User: user, RequestID: requestID(user, n),
+		EnqueueTime: now, Deadline: metav1.NewMicroTime(now.Add(time.Minute)),
+	}
+}
+
+// write reads the lock as u, changes it with fn and writes the status back.
+func write(ctx context.Context, u *user, key client.ObjectKey, fn func(*locksv1alpha1.DistributedLock)) error {
+	l := &locksv1alpha1.DistributedLock{}
+	if err := u.c.Get(ctx, key, l); err != nil {
+		return err
+	}
+	fn(l)
+	return u.c.Status().Update(ctx, l)
+}
+
+// acquire makes h the holder with the right token.
+func acquire(h locksv1alpha1.LockHolder) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		Expect(err).NotTo(HaveOccurred())
+		l.Acquire(h, tok)
+	}
+}
+
+func renew(l *locksv1alpha1.DistributedLock) {
+	t := metav1.NewMicroTime(l.Status.Holder.RenewTime.Add(time.Second))
+	l.Status.Holder.RenewTime = &t
+}
+
+func end(reason locksv1alpha1.EndReason, by string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) { l.EndHolding(reason, by, metav1.NowMicro()) }
+}
+
+func enqueue(w locksv1alpha1.Waiter) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) { l.Status.AppendWaiter(w) }
+}
+
+// state is a lock to start a case from, built with allowed writes by its users.
+type state struct {
+	spec locksv1alpha1.DistributedLockSpec
+	// history: alice held the lock once (holding number 0) and released it.
+	history bool
+	// holder names the user that holds the lock (holding number 1).
+	holder string
+	// waiters name the users queueing in this order (request number 1 each).
+	waiters []string
+	// annotations are set by the administrator.
+	annotations map[string]string
+}
+
+// build creates the lock in ns and brings it into state s.
+func (s state) build(ctx context.Context, ns string) client.ObjectKey {
+	l := &locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("lock-%d", lockCounter.Add(1)), Annotations: s.annotations},
+		Spec:       s.spec,
+	}
+	Expect(env.Client.Create(ctx, l)).To(Succeed())
+	key := client.ObjectKeyFromObject(l)
+	if s.history {
+		Expect(write(ctx, alice, key, acquire(holder(alice.name, 0)))).To(Succeed())
+		Expect(write(ctx, alice, key, end(locksv1alpha1.EndReasonReleased, alice.name))).To(Succeed())
+	}
+	if s.holder != "" {
+		Expect(write(ctx, who(s.holder), key, acquire(holder(s.holder, 1)))).To(Succeed())
+	}
+	for _, w := range s.waiters {
+		Expect(write(ctx, who(w), key, enqueue(waiter(w, 1)))).To(Succeed())
+	}
+	return key
+}
+
+// who is the user called name; table entries name users because they are
+// built before BeforeSuite creates them.
+func who(name string) *user {
+	for _, u := range []*user{alice, bob, carol, dave, ctlr, breakglass, deleter, podUser} {
+		if u.name == name {
+			return u
+		}
+	}
+	Fail("no user " + name)
+	return nil
+}
+
+func get(ctx context.Context, key client.ObjectKey) *locksv1alpha1.DistributedLock {
+	l := &locksv1alpha1.DistributedLock{}
+	Expect(env.Client.Get(ctx, key, l)).To(Succeed())
+	return l
+}
+
+// getRaw is the lock exactly as the apiserver serves it.
+func getRaw(ctx context.Context, key client.ObjectKey) []byte {
+	b, err := raw.CoreV1().RESTClient().Get().
+		AbsPath("/apis", locksv1alpha1.GroupVersion.Group, locksv1alpha1.GroupVersion.Version,
+			"namespaces", key.Namespace, "distributedlocks", key.Name).
+		DoRaw(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	return b
+}
+
+// isDenial reports whether err is an admission or validation rejection rather
+// than, say, a conflict.
+func isDenial(err error) bool {
+	var s apierrors.APIStatus
+	if !errors.As(err, &s) {
+		return false
+	}
+	switch s.Status().Code {
+	case http.StatusForbidden, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
+}
+
+func int32p(v int32) *int32 { return &v }
