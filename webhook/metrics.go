@@ -17,7 +17,16 @@ var admissionDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help:      "Admission decisions on DistributedLock writes, by rule and outcome (allowed or denied).",
 }, []string{"rule", "outcome"})
 
-func init() { ctrlmetrics.Registry.MustRegister(admissionDecisions) }
+// staleTokenRejections counts writes to fenced Kubernetes objects refused for a stale token.
+// Fenced objects are few, so one series per guarding lock stays bounded.
+var staleTokenRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "kubelock",
+	Subsystem: "webhook",
+	Name:      "stale_token_rejections_total",
+	Help:      "Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).",
+}, []string{"lock"})
+
+func init() { ctrlmetrics.Registry.MustRegister(admissionDecisions, staleTokenRejections) }
 
 func observe(rule Rule, allowed bool) {
 	outcome, r := "denied", string(rule)

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -18,7 +20,8 @@ import (
 )
 
 // WithWebhook installs the validating webhook configuration generated into
-// config/webhook, pointed at a server this process runs with StartWebhook.
+// config/webhook, pointed at a server this process runs with StartWebhook
+// (which also serves webhook.FencedPath; see FencedObjectsWebhook).
 func WithWebhook() Option {
 	return func(env *envtest.Environment) {
 		env.WebhookInstallOptions.Paths = []string{filepath.Join(RepoRoot(), "config", "webhook")}
@@ -48,6 +51,7 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 	}
 	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir})
 	srv.Register(webhook.Path, &admission.Webhook{Handler: v})
+	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client)})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Start(ctx) }()
 	addr := net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort))
@@ -67,4 +71,26 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 			return fmt.Errorf("testenv: webhook server at %s did not come up: %w", addr, err)
 		}
 	}
+}
+
+// FencedObjectsWebhook registers the fenced-object rule for ConfigMaps labelled
+// locks.kubelock.io/fenced=true with the server StartWebhook runs, as
+// config/fenced-objects does in a cluster.
+func (e *Env) FencedObjectsWebhook(ctx context.Context) error {
+	o := &e.WebhookInstallOptions
+	url := fmt.Sprintf("https://%s%s", net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort)), webhook.FencedPath)
+	fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubelock-fenced-objects"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "fenced.kubelock.io",
+			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: o.LocalServingCAData},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}}}},
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{"locks.kubelock.io/fenced": "true"}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	return e.Client.Create(ctx, cfg)
 }
