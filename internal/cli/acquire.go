@@ -1,0 +1,312 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+	"k8s.io/apimachinery/pkg/util/duration"
+
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// acquireFlags are the flags of every command that takes a lock.
+type acquireFlags struct {
+	wait      time.Duration
+	lease     time.Duration
+	requestID string
+	create    bool
+	progress  string
+}
+
+func (f *acquireFlags) add(flags *pflag.FlagSet, defaultWait time.Duration, withRequestID bool) {
+	flags.DurationVar(&f.wait, "wait", defaultWait, fmt.Sprintf("how long to wait in the lock's queue; 0 tries once and fails if the lock is taken (at most %s)", lock.DefaultMaxWait))
+	flags.DurationVar(&f.lease, "lease", 0, "lease to ask for, in whole seconds (default: the lock's spec.leaseDurationSeconds)")
+	flags.BoolVar(&f.create, "create", false, "create the lock on first use (labelled auto-created; the controller deletes it once idle)")
+	flags.StringVar(&f.progress, "progress", "auto", "live waiting line on stderr: auto (only on a terminal), always or never")
+	if withRequestID {
+		flags.StringVar(&f.requestID, "request-id", "", "idempotency key: retrying with the same ID returns the same lease instead of a second one (default: random)")
+	}
+}
+
+func (f *acquireFlags) check(key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := checkWait(f.wait); err != nil {
+		return err
+	}
+	if err := checkLease(f.lease); err != nil {
+		return err
+	}
+	switch f.progress {
+	case "auto", "always", "never":
+		return nil
+	}
+	return usageErrorf("--progress must be auto, always or never, got %q", f.progress)
+}
+
+// acquire takes the lock with pkg/lock: TryAcquire when --wait is 0, else
+// Acquire, showing the live waiting line on errOut.
+func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer) (*lock.Lock, error) {
+	opts := []lock.AcquireOption{}
+	if f.lease > 0 {
+		opts = append(opts, lock.LeaseDuration(f.lease))
+	}
+	if f.requestID != "" {
+		opts = append(opts, lock.RequestID(f.requestID))
+	}
+	if f.wait == 0 {
+		return c.TryAcquire(ctx, key, opts...)
+	}
+	name, _ := lock.NameForKey(key) // checked by check
+	p := newProgress(errOut, name, f.progress)
+	defer p.done()
+	return c.Acquire(ctx, key, append(opts, lock.WaitTimeout(f.wait), lock.OnQueue(p.update))...)
+}
+
+// signalContext ends on SIGINT or SIGTERM; interrupted then says which came.
+func signalContext(ctx context.Context) (context.Context, func() (os.Signal, bool), context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	var mu sync.Mutex
+	var got os.Signal
+	go func() {
+		select {
+		case s := <-ch:
+			mu.Lock()
+			got = s
+			mu.Unlock()
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	interrupted := func() (os.Signal, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return got, got != nil
+	}
+	return ctx, interrupted, func() { signal.Stop(ch); cancel() }
+}
+
+// signalExit is the shell's exit code for a process ended by s.
+func signalExit(s os.Signal) error {
+	n := 0
+	if sig, ok := s.(syscall.Signal); ok {
+		n = int(sig)
+	}
+	return withCode(128+n, fmt.Errorf("interrupted by %s", s))
+}
+
+func newAcquireCommand(o *options) *cobra.Command {
+	var f acquireFlags
+	cmd := &cobra.Command{
+		Use:   "acquire KEY",
+		Short: "Take a lock and print its lease (token, lease ID, expiry); it is not renewed",
+		Long: `Take the lock for KEY and print the lease. The lease is not renewed: it ends
+when it runs out, or earlier with "kubelock release KEY --lease-id ID".
+Use "kubelock run" or "kubelock sidecar" to hold a lock while work runs.`,
+		Example: `  kubelock acquire orders-db --wait 30s --lease 5m -o json
+  kubelock release orders-db --lease-id 2b0c...`,
+		Args: exactArgs(1, "one KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := args[0]
+			if err := f.check(key); err != nil {
+				return err
+			}
+			if err := o.checkOutput(); err != nil {
+				return err
+			}
+			extra := []lock.Option{lock.WithoutAutoRenew()}
+			if f.create {
+				extra = append(extra, lock.WithAutoCreate())
+			}
+			c, err := o.lockClient(extra...)
+			if err != nil {
+				return err
+			}
+			ctx, interrupted, stop := signalContext(cmd.Context())
+			defer stop()
+			l, err := f.acquire(ctx, c, key, o.streams.ErrOut)
+			if err != nil {
+				if s, ok := interrupted(); ok {
+					return signalExit(s)
+				}
+				return err
+			}
+			return printLease(o.streams.Out, o.output, leaseView{
+				Namespace: c.Namespace(), Name: l.Name(), Key: l.Key(), Identity: c.Identity(),
+				FencingToken: l.FencingToken(), LeaseID: l.LeaseID(), RequestID: l.RequestID(), ExpiresAt: l.ExpiresAt(),
+			}, o.now())
+		},
+	}
+	f.add(cmd.Flags(), 0, true)
+	o.addOutputFlag(cmd.Flags())
+	return cmd
+}
+
+func newReleaseCommand(o *options) *cobra.Command {
+	var leaseID string
+	cmd := &cobra.Command{
+		Use:   "release KEY --lease-id ID",
+		Short: "Release a lease taken with acquire (only its holder may)",
+		Long:  "Release the lease ID of KEY. Releasing a lease that was already released by you succeeds again; a lease that ended otherwise is reported as lost.",
+		Args:  exactArgs(1, "one KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := args[0]
+			if err := checkKey(key); err != nil {
+				return err
+			}
+			if leaseID == "" {
+				return usageErrorf("--lease-id is required")
+			}
+			c, err := o.lockClient()
+			if err != nil {
+				return err
+			}
+			if err := c.ReleaseLease(cmd.Context(), key, leaseID); err != nil {
+				return err
+			}
+			name, _ := lock.NameForKey(key)
+			_, err = fmt.Fprintf(o.streams.Out, "released %s/%s (lease %s)\n", c.Namespace(), name, leaseID)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&leaseID, "lease-id", "", "the lease to release, as printed by acquire (required)")
+	return cmd
+}
+
+func newForceReleaseCommand(o *options) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "force-release KEY --reason TEXT",
+		Short: "Break a lock whoever holds it (needs the RBAC verb force-release on distributedlocks)",
+		Long: `End the current holding of KEY, recording you and the reason in the lock's
+recentAcquisitions and an Event. The holder learns at its next renewal that it
+lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
+		Args: exactArgs(1, "one KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := args[0]
+			if err := checkKey(key); err != nil {
+				return err
+			}
+			if reason == "" {
+				return usageErrorf("--reason is required: it is recorded with the lock")
+			}
+			c, err := o.lockClient()
+			if err != nil {
+				return err
+			}
+			ended, err := c.ForceRelease(cmd.Context(), key, reason)
+			if err != nil {
+				return err
+			}
+			name, _ := lock.NameForKey(key)
+			if ended == nil {
+				_, err = fmt.Fprintf(o.streams.Out, "%s/%s was not held; nothing to release\n", c.Namespace(), name)
+				return err
+			}
+			_, err = fmt.Fprintf(o.streams.Out, "force-released %s/%s: ended lease %s of %s (token %d)\n",
+				c.Namespace(), name, ended.LeaseID, ended.Identity, ended.FencingToken)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the lock's history and event (required, at most 256 characters)")
+	return cmd
+}
+
+// progress is the live waiting line: redrawn in place every second on a
+// terminal, one line per change otherwise (--progress=always).
+type progress struct {
+	w     io.Writer
+	name  string
+	tty   bool
+	start time.Time
+
+	mu    sync.Mutex
+	q     lock.QueueStatus
+	drawn bool
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func newProgress(w io.Writer, name, mode string) *progress {
+	p := &progress{w: w, name: name, start: time.Now(), stop: make(chan struct{})}
+	isTTY := false
+	if f, ok := w.(*os.File); ok {
+		isTTY = term.IsTerminal(int(f.Fd()))
+	}
+	switch {
+	case mode == "never", mode == "auto" && !isTTY:
+		p.w = nil
+	case isTTY:
+		p.tty = true
+		p.wg.Add(1)
+		go p.tick()
+	}
+	return p
+}
+
+func (p *progress) update(q lock.QueueStatus) {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.q = q
+	p.drawLocked()
+}
+
+func (p *progress) drawLocked() {
+	if p.q.Position == 0 {
+		return
+	}
+	holder := "free, handing over"
+	if h := p.q.Holder; h != nil {
+		holder = "held by " + h.Identity
+	}
+	line := fmt.Sprintf("waiting for %s: position %d of %d, %s, %s elapsed", p.name, p.q.Position, p.q.Waiters, holder,
+		duration.HumanDuration(time.Since(p.start)))
+	if p.tty {
+		_, _ = fmt.Fprintf(p.w, "\r\x1b[K%s", line)
+	} else {
+		_, _ = fmt.Fprintln(p.w, line)
+	}
+	p.drawn = true
+}
+
+func (p *progress) tick() {
+	defer p.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			p.mu.Lock()
+			p.drawLocked()
+			p.mu.Unlock()
+		}
+	}
+}
+
+// done stops redrawing and clears the line on a terminal.
+func (p *progress) done() {
+	close(p.stop)
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty && p.drawn {
+		_, _ = fmt.Fprint(p.w, "\r\x1b[K")
+	}
+}

@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"syscall"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// Exit codes of kubelock. `run` exits with its command's own code when the
+// command ends by itself (128+N when a signal N ended it), so a command's own
+// codes can collide with these; the lock-lost code is the one to watch for.
+const (
+	// ExitOK: the command did what it was asked.
+	ExitOK = 0
+	// ExitError: any failure not listed below.
+	ExitError = 1
+	// ExitUsage: bad flags or arguments, an invalid key or lease, --wait beyond its bound,
+	// or no usable kubeconfig (sysexits EX_USAGE).
+	ExitUsage = 64
+	// ExitNotFound: the lock (or the lease to release) does not exist (EX_NOINPUT).
+	ExitNotFound = 66
+	// ExitUnreachable: the apiserver could not be reached or is unavailable (EX_UNAVAILABLE).
+	ExitUnreachable = 69
+	// ExitNotAcquired: the lock is held or the wait ran out, or the queue is full (EX_CANTCREAT).
+	ExitNotAcquired = 73
+	// ExitLockLost: the lock was lost while held; `run` stopped its command (EX_TEMPFAIL).
+	ExitLockLost = 75
+	// ExitPermission: the apiserver or admission denied the request (EX_NOPERM).
+	ExitPermission = 77
+	// ExitCommandNotFound and ExitCommandNotExecutable: `run` could not start its command (as in a shell).
+	ExitCommandNotExecutable = 126
+	ExitCommandNotFound      = 127
+)
+
+// exitCodesHelp is the table shown in `kubelock --help`.
+var exitCodesHelp = fmt.Sprintf(`Exit codes:
+  %3d  ok (run: the command's own exit code, 128+N if signal N ended it)
+  %3d  other error
+  %3d  usage: bad flags or arguments, invalid key or lease, --wait beyond its bound
+  %3d  lock or lease not found
+  %3d  apiserver unreachable or unavailable
+  %3d  could not acquire: held by another holder, wait timed out, or queue full
+  %3d  lock lost while held (run: the command was stopped)
+  %3d  permission denied (RBAC or admission)
+  %3d  run: command not executable
+  %3d  run: command not found`,
+	ExitOK, ExitError, ExitUsage, ExitNotFound, ExitUnreachable, ExitNotAcquired,
+	ExitLockLost, ExitPermission, ExitCommandNotExecutable, ExitCommandNotFound)
+
+// exitError carries an exit code, and a message unless it is silent.
+type exitError struct {
+	code int
+	err  error // nil: exit silently with code
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// withCode gives err an explicit exit code.
+func withCode(code int, err error) error { return &exitError{code: code, err: err} }
+
+// usageErrorf is a usage error (ExitUsage).
+func usageErrorf(format string, args ...any) error {
+	return withCode(ExitUsage, fmt.Errorf(format, args...))
+}
+
+// exitCode maps an error to the documented exit code.
+func exitCode(err error) int {
+	var ee *exitError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.Is(err, lock.ErrLockLost):
+		return ExitLockLost
+	case errors.Is(err, lock.ErrLocked), errors.Is(err, lock.ErrTimeout), errors.Is(err, lock.ErrQueueFull):
+		return ExitNotAcquired
+	case errors.Is(err, lock.ErrNotFound), apierrors.IsNotFound(err):
+		return ExitNotFound
+	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
+		return ExitPermission
+	case clientcmd.IsConfigurationInvalid(err), clientcmd.IsEmptyConfig(err):
+		return ExitUsage
+	case unreachable(err):
+		return ExitUnreachable
+	}
+	return ExitError
+}
+
+// unreachable reports errors that mean no apiserver answered, or it answered
+// that it cannot serve now.
+func unreachable(err error) bool {
+	if apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) {
+		return true
+	}
+	var urlErr *url.Error
+	var netErr net.Error
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	return errors.As(err, &urlErr) || errors.As(err, &netErr) || errors.As(err, &opErr) || errors.As(err, &dnsErr) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EHOSTUNREACH)
+}
+
+// oneLine is err as a single line for stderr: pkg/lock's nested "kubelock: "
+// prefixes collapsed, newlines folded, one "kubelock: " prefix in front.
+func oneLine(err error) string {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	msg = strings.ReplaceAll(msg, ": kubelock: ", ": ")
+	msg = strings.TrimPrefix(msg, "kubelock: ")
+	msg = strings.TrimPrefix(msg, "error: ")
+	return "kubelock: " + msg
+}

@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+func newGetCommand(o *options) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "get [KEY...]",
+		Short: "Show locks: holder, fencing token, time left on the lease, waiters, age",
+		Long:  "Show the locks named by KEYs, or all locks in the namespace when no KEY is given.",
+		Example: `  kubelock get orders-db
+  kubelock get -A
+  kubelock get 'orders/42' -o yaml`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return o.list(cmd.Context(), all)
+			}
+			if all {
+				return usageErrorf("--all-namespaces cannot be combined with KEYs")
+			}
+			return o.get(cmd.Context(), args)
+		},
+	}
+	o.addOutputFlag(cmd.Flags())
+	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "list locks in all namespaces")
+	return cmd
+}
+
+func newListCommand(o *options) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List the locks in the namespace",
+		Args:    exactArgs(0, "no arguments"),
+		RunE:    func(cmd *cobra.Command, _ []string) error { return o.list(cmd.Context(), all) },
+	}
+	o.addOutputFlag(cmd.Flags())
+	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "list locks in all namespaces")
+	return cmd
+}
+
+func (o *options) get(ctx context.Context, keys []string) error {
+	if err := o.checkOutput(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := checkKey(k); err != nil {
+			return err
+		}
+	}
+	c, err := o.lockClient()
+	if err != nil {
+		return err
+	}
+	var locks []locksv1alpha1.DistributedLock
+	for _, k := range keys {
+		l, err := c.Get(ctx, k)
+		if err != nil {
+			return err
+		}
+		locks = append(locks, withKind(*l))
+	}
+	switch {
+	case o.output == "table":
+		return printLockTable(o.streams.Out, locks, o.now(), false)
+	case len(locks) == 1:
+		return printData(o.streams.Out, o.output, locks[0])
+	}
+	return printData(o.streams.Out, o.output, lockList(locks))
+}
+
+func (o *options) list(ctx context.Context, all bool) error {
+	if err := o.checkOutput(); err != nil {
+		return err
+	}
+	c, ns, err := o.readClient()
+	if err != nil {
+		return err
+	}
+	list := &locksv1alpha1.DistributedLockList{}
+	var opts []client.ListOption
+	if !all {
+		opts = append(opts, client.InNamespace(ns))
+	}
+	if err := c.List(ctx, list, opts...); err != nil {
+		return fmt.Errorf("listing locks: %w", err)
+	}
+	sort.Slice(list.Items, func(i, j int) bool {
+		a, b := list.Items[i], list.Items[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		return a.Name < b.Name
+	})
+	if o.output == "table" {
+		if len(list.Items) == 0 {
+			if all {
+				_, err = fmt.Fprintln(o.streams.ErrOut, "No locks found.")
+			} else {
+				_, err = fmt.Fprintf(o.streams.ErrOut, "No locks found in namespace %s.\n", ns)
+			}
+			return err
+		}
+		return printLockTable(o.streams.Out, list.Items, o.now(), all)
+	}
+	items := make([]locksv1alpha1.DistributedLock, len(list.Items))
+	for i := range list.Items {
+		items[i] = withKind(list.Items[i])
+	}
+	return printData(o.streams.Out, o.output, lockList(items))
+}
+
+func lockList(items []locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedLockList {
+	l := &locksv1alpha1.DistributedLockList{Items: items}
+	l.APIVersion = locksv1alpha1.GroupVersion.String()
+	l.Kind = "DistributedLockList"
+	return l
+}
+
+func newDescribeCommand(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "describe KEY",
+		Short: "Show one lock in detail: holder, queue with positions, recent acquisitions, events",
+		Args:  exactArgs(1, "one KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.describe(cmd.Context(), args[0])
+		},
+	}
+}
+
+func (o *options) describe(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	lc, err := o.lockClient()
+	if err != nil {
+		return err
+	}
+	l, err := lc.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	rc, _, err := o.readClient()
+	if err != nil {
+		return err
+	}
+	events, note := lockEvents(ctx, rc, l)
+	return describeLock(o.streams.Out, l, events, note, o.now())
+}
+
+// lockEvents lists the events about l; a lock user may lack the right to, and
+// describe then says so instead of failing.
+func lockEvents(ctx context.Context, c client.Client, l *locksv1alpha1.DistributedLock) ([]corev1.Event, string) {
+	list := &corev1.EventList{}
+	err := c.List(ctx, list, client.InNamespace(l.Namespace), client.MatchingFieldsSelector{Selector: fields.SelectorFromSet(fields.Set{
+		"involvedObject.kind": "DistributedLock",
+		"involvedObject.name": l.Name,
+	})})
+	if err != nil {
+		return nil, fmt.Sprintf("<cannot list events: %s>", oneLine(err)[len("kubelock: "):])
+	}
+	var out []corev1.Event
+	for _, e := range list.Items {
+		if e.InvolvedObject.UID == "" || e.InvolvedObject.UID == l.UID {
+			out = append(out, e)
+		}
+	}
+	return out, ""
+}

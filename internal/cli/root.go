@@ -1,0 +1,231 @@
+// Package cli is the kubelock command line: kubectl-style lock inspection,
+// acquire and release, the `run -- CMD` wrapper and the sidecar. Every lock
+// operation goes through pkg/lock; this package adds no protocol of its own.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// Version is the CLI's version, set at build time with
+// -ldflags "-X github.com/kubelock/kubelock/internal/cli.Version=v0.1.0".
+var Version = "dev"
+
+// Streams are the standard streams of one invocation.
+type Streams struct {
+	In     io.Reader
+	Out    io.Writer
+	ErrOut io.Writer
+}
+
+// Main runs the CLI with args (args[0] is the program name) on the process's
+// standard streams and returns the exit code. Errors go to stderr as one line.
+func Main(args []string) int {
+	return Run(context.Background(), args, Streams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
+}
+
+// Run is Main with explicit streams, for tests.
+func Run(ctx context.Context, args []string, s Streams) int {
+	name := "kubelock"
+	if len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "kubectl-") {
+		name = "kubectl lock" // started by kubectl as a plugin
+	}
+	cmd := newRootCommand(name, s)
+	if len(args) > 0 {
+		args = args[1:]
+	}
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") {
+		err = withCode(ExitUsage, err)
+	}
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.err != nil {
+		_, _ = fmt.Fprintln(s.ErrOut, oneLine(err))
+	}
+	return exitCode(err)
+}
+
+// options are the flags every command shares.
+type options struct {
+	streams  Streams
+	config   *genericclioptions.ConfigFlags
+	output   string
+	identity string
+	// now is the clock for relative times in tables (tests fix it).
+	now func() time.Time
+}
+
+func newRootCommand(name string, s Streams) *cobra.Command {
+	o := &options{streams: s, config: genericclioptions.NewConfigFlags(true), now: time.Now}
+	root := &cobra.Command{
+		Use:   name,
+		Short: "Distributed locks stored as Kubernetes objects (DistributedLock, locks.kubelock.io)",
+		Long: `kubelock takes, inspects and releases DistributedLocks (short name dlock).
+
+A lock is named by a KEY: a valid object name is used as it is, any other string
+maps to a normalised name plus a short hash (the key is kept in the annotation
+locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lock".
+
+` + exitCodesHelp,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// Without a subcommand, print help; cobra reports unknown commands.
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	root.SetOut(s.Out)
+	root.SetErr(s.ErrOut)
+	root.SetIn(s.In)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, err) })
+	flags := root.PersistentFlags()
+	o.config.AddFlags(flags)
+	// client-go logs retries with klog; keep stderr to our one line.
+	klog.SetOutput(io.Discard)
+	klog.LogToStderr(false)
+	flags.StringVar(&o.identity, "identity", "", "holder identity written into the lock (default: $POD_NAME, else the hostname)")
+	root.AddCommand(
+		newGetCommand(o), newListCommand(o), newDescribeCommand(o),
+		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
+		newRunCommand(o), newSidecarCommand(o), newVersionCommand(o),
+	)
+	return root
+}
+
+// addOutputFlag adds -o/--output with the formats a command supports.
+func (o *options) addOutputFlag(flags *pflag.FlagSet) {
+	flags.StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
+}
+
+func (o *options) checkOutput() error {
+	switch o.output {
+	case "table", "json", "yaml":
+		return nil
+	}
+	return usageErrorf("unknown output format %q: use table, json or yaml", o.output)
+}
+
+// restConfig is the connection from --kubeconfig/--context or the in-cluster config.
+func (o *options) restConfig() (*rest.Config, error) {
+	cfg, err := o.config.ToRESTConfig()
+	if err != nil {
+		return nil, withCode(ExitUsage, fmt.Errorf("no usable Kubernetes configuration: %w", err))
+	}
+	cfg.UserAgent = "kubelock/" + Version
+	return cfg, nil
+}
+
+// namespace is -n, else the kubeconfig context's namespace, else the pod's.
+func (o *options) namespace() (string, error) {
+	ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return "", withCode(ExitUsage, fmt.Errorf("no usable Kubernetes configuration: %w", err))
+	}
+	return ns, nil
+}
+
+// lockClient is a pkg/lock client for the namespace and identity of the flags.
+func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
+	cfg, err := o.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	ns, err := o.namespace()
+	if err != nil {
+		return nil, err
+	}
+	opts := []lock.Option{lock.WithNamespace(ns)}
+	if o.identity != "" {
+		opts = append(opts, lock.WithIdentity(o.identity))
+	}
+	c, err := lock.New(cfg, append(opts, extra...)...)
+	if err != nil {
+		return nil, withCode(ExitUsage, err)
+	}
+	return c, nil
+}
+
+// readClient is a plain client for listing locks and events.
+func (o *options) readClient() (client.Client, string, error) {
+	cfg, err := o.restConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	ns, err := o.namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, "", err
+	}
+	return c, ns, nil
+}
+
+// checkKey validates a key before anything is sent.
+func checkKey(key string) error {
+	if _, err := lock.NameForKey(key); err != nil {
+		return withCode(ExitUsage, err)
+	}
+	return nil
+}
+
+// checkWait validates --wait against pkg/lock's bound.
+func checkWait(d time.Duration) error {
+	if d < 0 || d > lock.DefaultMaxWait {
+		return usageErrorf("--wait %s is outside 0s..%s", d, lock.DefaultMaxWait)
+	}
+	return nil
+}
+
+// checkLease validates --lease as pkg/lock and the API will.
+func checkLease(d time.Duration) error {
+	if d == 0 {
+		return nil
+	}
+	if d < time.Second || d > locksv1alpha1.MaxLeaseDurationSeconds*time.Second || d%time.Second != 0 {
+		return usageErrorf("--lease must be whole seconds within 1s..%ds, got %s", locksv1alpha1.MaxLeaseDurationSeconds, d)
+	}
+	return nil
+}
+
+// exactArgs is cobra.ExactArgs with the usage exit code.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageErrorf("expected %s, got %d argument(s)", what, len(args))
+		}
+		return nil
+	}
+}
+
+func newVersionCommand(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the kubelock version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			_, err := fmt.Fprintf(o.streams.Out, "kubelock %s (locks.kubelock.io/%s)\n", Version, locksv1alpha1.GroupVersion.Version)
+			return err
+		},
+	}
+}

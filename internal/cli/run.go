@@ -1,0 +1,175 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// Environment variables run gives its command.
+const (
+	EnvFencingToken = "KUBELOCK_FENCING_TOKEN"
+	EnvLeaseID      = "KUBELOCK_LEASE_ID"
+	EnvLock         = "KUBELOCK_LOCK" // namespace/name of the lock object
+	EnvKey          = "KUBELOCK_KEY"
+)
+
+// forwarded are the signals run passes on to its command's process group.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
+
+func newRunCommand(o *options) *cobra.Command {
+	var (
+		f     acquireFlags
+		grace time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run KEY [flags] -- CMD [ARGS...]",
+		Short: "Hold a lock while a command runs; stop the command if the lock is lost",
+		Long: `Take the lock for KEY (waiting up to --wait), then run CMD in its own process
+group with ` + EnvFencingToken + `, ` + EnvLeaseID + `, ` + EnvLock + ` (namespace/name) and
+` + EnvKey + ` in its environment, renewing the lease while it runs.
+
+SIGINT, SIGTERM and SIGHUP are forwarded to the whole process group. If the
+lock is lost, the whole group (the command and everything it started) gets
+SIGTERM, and SIGKILL after --grace; run then exits with 75. When CMD exits by
+itself, whatever it left running in its group is stopped the same way before
+the lock is released, so nothing of CMD runs unprotected. run exits with CMD's
+exit code (128+N if signal N ended it). Processes that leave the group
+(setsid, double-fork daemons) are not followed.`,
+		Example: `  kubelock run nightly-report --wait 10m -- ./report.sh --full
+  kubelock run orders-db --lease 30s --grace 5s -- sh -c 'migrate --token "$KUBELOCK_FENCING_TOKEN"'`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
+				return usageErrorf("expected KEY -- CMD [ARGS...]")
+			}
+			if err := f.check(args[0]); err != nil {
+				return err
+			}
+			if grace < 0 {
+				return usageErrorf("--grace must not be negative, got %s", grace)
+			}
+			return o.run(cmd.Context(), args[0], args[1:], &f, grace)
+		},
+	}
+	f.add(cmd.Flags(), lock.DefaultMaxWait, true)
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long the command's process group has after SIGTERM before SIGKILL")
+	return cmd
+}
+
+func (o *options) run(ctx context.Context, key string, argv []string, f *acquireFlags, grace time.Duration) error {
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return withCode(ExitCommandNotFound, fmt.Errorf("command %q: %w", argv[0], err))
+	}
+	var extra []lock.Option
+	if f.create {
+		extra = append(extra, lock.WithAutoCreate())
+	}
+	c, err := o.lockClient(extra...)
+	if err != nil {
+		return err
+	}
+	// Signals are caught from here on: during the wait they cancel it, later
+	// they go to the command.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+
+	actx, cancel := context.WithCancel(ctx)
+	var interrupted os.Signal
+	go func() {
+		select {
+		case s := <-sigs:
+			interrupted = s
+			cancel()
+		case <-actx.Done():
+		}
+	}()
+	l, err := f.acquire(actx, c, key, o.streams.ErrOut)
+	cancel()
+	if err != nil {
+		if interrupted != nil {
+			return signalExit(interrupted)
+		}
+		return err
+	}
+
+	g, err := startGroup(path, argv, append(os.Environ(),
+		EnvFencingToken+"="+strconv.FormatInt(l.FencingToken(), 10),
+		EnvLeaseID+"="+l.LeaseID(),
+		EnvLock+"="+c.Namespace()+"/"+l.Name(),
+		EnvKey+"="+l.Key(),
+	), o.streams)
+	if err != nil {
+		o.releaseOrWarn(l)
+		return withCode(ExitCommandNotExecutable, fmt.Errorf("starting %q: %w", argv[0], err))
+	}
+
+	var (
+		lostErr  error
+		killAt   <-chan time.Time
+		deadline time.Time // when the group gets SIGKILL, once it got SIGTERM
+	)
+	for done := false; !done; {
+		select {
+		case s := <-sigs:
+			g.signal(s.(syscall.Signal))
+		case <-l.Done():
+			if lostErr == nil && !errors.Is(context.Cause(l.Context()), lock.ErrReleased) {
+				lostErr = context.Cause(l.Context())
+				_, _ = fmt.Fprintf(o.streams.ErrOut, "%s; sending SIGTERM to %q and its process group (SIGKILL in %s)\n",
+					oneLine(lostErr), argv[0], grace)
+				g.signal(syscall.SIGTERM)
+				deadline = time.Now().Add(grace)
+				killAt = time.After(grace)
+			}
+		case <-killAt:
+			g.signal(syscall.SIGKILL)
+		case <-g.exited:
+			done = true
+		}
+	}
+	// The command is gone; stop what it left in its group before the lock goes.
+	if g.alive() {
+		if lostErr == nil {
+			_, _ = fmt.Fprintf(o.streams.ErrOut, "kubelock: %q exited and left processes in its group; sending them SIGTERM (SIGKILL in %s)\n", argv[0], grace)
+			g.signal(syscall.SIGTERM)
+			deadline = time.Now().Add(grace)
+		}
+		g.drain(deadline)
+	}
+	if lostErr != nil {
+		return withCode(ExitLockLost, nil)
+	}
+	if err := o.releaseLock(l); err != nil {
+		if errors.Is(err, lock.ErrLockLost) {
+			// The holding ended before the command finished: its work may have
+			// overlapped with the next holder's.
+			return withCode(ExitLockLost, err)
+		}
+		_, _ = fmt.Fprintln(o.streams.ErrOut, oneLine(fmt.Errorf("release failed, the lease will expire: %w", err)))
+	}
+	return g.exitCode()
+}
+
+func (o *options) releaseLock(l *lock.Lock) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return l.Release(ctx)
+}
+
+func (o *options) releaseOrWarn(l *lock.Lock) {
+	if err := o.releaseLock(l); err != nil {
+		_, _ = fmt.Fprintln(o.streams.ErrOut, oneLine(fmt.Errorf("release failed, the lease will expire: %w", err)))
+	}
+}

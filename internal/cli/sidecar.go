@@ -1,0 +1,273 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// DefaultSidecarListen is where the sidecar serves; localhost only, since the
+// lock's state is for the pod's own containers and the kubelet's probes.
+const DefaultSidecarListen = "127.0.0.1:8477"
+
+func newSidecarCommand(o *options) *cobra.Command {
+	var (
+		f         acquireFlags
+		tokenFile string
+		listen    string
+	)
+	cmd := &cobra.Command{
+		Use:   "sidecar KEY",
+		Short: "Hold a lock for the pod's life: token file, /v1/lock, /healthz, /readyz",
+		Long: `Take the lock for KEY and keep it for as long as this process runs, taking
+it again whenever it is lost. While held, the fencing token is in --token-file
+(decimal and a newline, replaced atomically; removed while not held), and
+
+  GET /v1/lock   JSON: held, namespace, name, key, identity, token, leaseID, expiresAt, queue
+  GET /healthz   200 while the process runs
+  GET /readyz    200 only while the lock is held, else 503 (active/passive pods)
+
+are served on --listen. On SIGTERM or SIGINT it stops being ready, releases
+the lock and exits 0. Run it as a Kubernetes native sidecar (an initContainer
+with restartPolicy: Always) and point the pod's readinessProbe at /readyz.
+The token file's default is /run/kubelock/<name>/token.`,
+		Args: exactArgs(1, "one KEY"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := args[0]
+			if err := f.check(key); err != nil {
+				return err
+			}
+			if tokenFile == "" {
+				name, _ := lock.NameForKey(key)
+				tokenFile = filepath.Join("/run/kubelock", name, "token")
+			}
+			return o.sidecar(cmd.Context(), key, &f, tokenFile, listen)
+		},
+	}
+	f.add(cmd.Flags(), lock.DefaultMaxWait, false)
+	_ = cmd.Flags().MarkHidden("wait") // the sidecar waits for as long as it runs
+	cmd.Flags().StringVar(&tokenFile, "token-file", "", "where to write the fencing token (default /run/kubelock/<name>/token)")
+	cmd.Flags().StringVar(&listen, "listen", DefaultSidecarListen, "address for /v1/lock, /healthz and /readyz (port 0 picks a free one)")
+	return cmd
+}
+
+// lockState is the sidecar's answer on /v1/lock.
+type lockState struct {
+	Held         bool       `json:"held"`
+	Namespace    string     `json:"namespace"`
+	Name         string     `json:"name"`
+	Key          string     `json:"key"`
+	Identity     string     `json:"identity"`
+	FencingToken int64      `json:"token,omitempty"`
+	LeaseID      string     `json:"leaseID,omitempty"`
+	ExpiresAt    *time.Time `json:"expiresAt,omitempty"`
+	// Queue is the sidecar's place in the lock's queue while it waits.
+	Queue *queueState `json:"queue,omitempty"`
+}
+
+type queueState struct {
+	Position int    `json:"position"`
+	Waiters  int    `json:"waiters"`
+	Holder   string `json:"holder,omitempty"`
+}
+
+// sidecarState is the current holding, shared with the HTTP handlers.
+type sidecarState struct {
+	mu    sync.Mutex
+	base  lockState
+	held  *lock.Lock
+	queue *queueState
+}
+
+func (s *sidecarState) snapshot() lockState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.base
+	if l := s.held; l != nil && l.Err() == nil {
+		exp := l.ExpiresAt()
+		st.Held, st.FencingToken, st.LeaseID, st.ExpiresAt = true, l.FencingToken(), l.LeaseID(), &exp
+	} else {
+		st.Queue = s.queue
+	}
+	return st
+}
+
+func (s *sidecarState) set(l *lock.Lock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held, s.queue = l, nil
+}
+
+func (s *sidecarState) queued(q lock.QueueStatus) {
+	qs := &queueState{Position: q.Position, Waiters: q.Waiters}
+	if q.Holder != nil {
+		qs.Holder = q.Holder.Identity
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queue = qs
+}
+
+func (s *sidecarState) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/lock", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.snapshot())
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.snapshot().Held {
+			http.Error(w, "lock not held", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok: lock held\n")
+	})
+	return mux
+}
+
+func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, tokenFile, listen string) error {
+	extra := []lock.Option{}
+	if f.create {
+		extra = append(extra, lock.WithAutoCreate())
+	}
+	c, err := o.lockClient(extra...)
+	if err != nil {
+		return err
+	}
+	name, _ := lock.NameForKey(key)
+	state := &sidecarState{base: lockState{Namespace: c.Namespace(), Name: name, Key: key, Identity: c.Identity()}}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return withCode(ExitUsage, fmt.Errorf("--listen %s: %w", listen, err))
+	}
+	srv := &http.Server{Handler: state.handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() { _ = srv.Close() }()
+	logf := func(format string, args ...any) {
+		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s kubelock sidecar: %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+	}
+	logf("serving on http://%s (lock %s/%s, token file %s)", ln.Addr(), c.Namespace(), name, tokenFile)
+
+	ctx, interrupted, stop := signalContext(ctx)
+	defer stop()
+	var back time.Duration
+	for {
+		l, err := c.Acquire(ctx, key, f.options(state.queued)...)
+		switch {
+		case ctx.Err() != nil:
+			if l != nil {
+				o.releaseOrWarn(l)
+			}
+			s, _ := interrupted()
+			logf("stopping on %v", s)
+			return nil
+		case errors.Is(err, lock.ErrTimeout):
+			continue // waited the longest pkg/lock allows; queue up again
+		case err != nil && permanent(err):
+			return err
+		case err != nil:
+			back = min(max(2*back, time.Second), 30*time.Second)
+			logf("acquire failed, retrying in %s: %s", back, oneLine(err))
+			_ = sleepCtx(ctx, back) // a cancelled ctx ends the loop above
+		}
+		back = 0
+		if err := writeTokenFile(tokenFile, l.FencingToken()); err != nil {
+			o.releaseOrWarn(l)
+			return fmt.Errorf("writing the token file: %w", err)
+		}
+		state.set(l)
+		logf("holding %s/%s with token %d (lease %s)", c.Namespace(), name, l.FencingToken(), l.LeaseID())
+		select {
+		case <-l.Done():
+			state.set(nil)
+			_ = os.Remove(tokenFile)
+			logf("%s; waiting to take it again", oneLine(context.Cause(l.Context())))
+		case <-ctx.Done():
+			// Not ready first, so traffic stops before anyone else can hold the lock.
+			state.set(nil)
+			_ = os.Remove(tokenFile)
+			err := o.releaseLock(l)
+			s, _ := interrupted()
+			if err != nil {
+				logf("stopping on %v; release failed, the lease will expire: %s", s, oneLine(err))
+				return nil
+			}
+			logf("stopping on %v; released %s/%s", s, c.Namespace(), name)
+			return nil
+		}
+	}
+}
+
+// options are the acquire options of the sidecar: wait the longest pkg/lock allows.
+func (f *acquireFlags) options(onQueue func(lock.QueueStatus)) []lock.AcquireOption {
+	opts := []lock.AcquireOption{lock.WaitTimeout(lock.DefaultMaxWait), lock.OnQueue(onQueue)}
+	if f.lease > 0 {
+		opts = append(opts, lock.LeaseDuration(f.lease))
+	}
+	return opts
+}
+
+// permanent errors make the sidecar exit: retrying cannot help.
+func permanent(err error) bool {
+	switch exitCode(err) {
+	case ExitNotFound, ExitPermission, ExitUsage:
+		return true
+	}
+	return false
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// writeTokenFile replaces path atomically: readers see the old token or the
+// new one, never a partial write.
+func writeTokenFile(path string, token int64) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".token-*")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(tmp.Name()) }() // after a successful rename, a no-op
+	if _, err := tmp.WriteString(strconv.FormatInt(token, 10) + "\n"); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
