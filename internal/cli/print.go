@@ -179,7 +179,7 @@ func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1
 	p("Fencing token:\t%d", l.Status.FencingToken)
 	p("Transitions:\t%d", l.Status.Transitions)
 	if h := l.Status.Holder; h != nil {
-		p("Holder:\t")
+		p("Holder:")
 		p("  Identity:\t%s", h.Identity)
 		p("  User:\t%s", h.User)
 		if h.PodName != "" {
@@ -222,7 +222,7 @@ func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1
 		}
 	})
 	if eventsNote != "" {
-		_, err := fmt.Fprintf(w, "Events:\t%s\n", eventsNote)
+		_, err := fmt.Fprintf(w, "%s%s\n", label("Events"), eventsNote)
 		return err
 	}
 	sort.SliceStable(events, func(i, j int) bool { return eventTime(&events[i]).Before(eventTime(&events[j])) })
@@ -244,13 +244,22 @@ func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1
 // section writes "Title:  <none>" or a title line and an indented table.
 func section(w io.Writer, title string, n int, rows func(*tabwriter.Writer)) {
 	if n == 0 {
-		_, _ = fmt.Fprintf(w, "%s:\t<none>\n", title)
+		_, _ = fmt.Fprintf(w, "%s<none>\n", label(title))
 		return
 	}
 	_, _ = fmt.Fprintf(w, "%s:\n", title)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	rows(tw)
 	_ = tw.Flush()
+}
+
+// label pads a describe label to the width of the header fields.
+func label(title string) string {
+	const width = len("Hand-off timeout:  ")
+	if len(title)+3 > width {
+		return title + ":  "
+	}
+	return fmt.Sprintf("%-*s", width, title+":")
 }
 
 // eventTime is the most recent time an event was seen.

@@ -1,0 +1,144 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+// now is the fixed clock of the golden files.
+var now = time.Date(2026, 5, 4, 12, 0, 0, 0, time.UTC)
+
+func ago(d time.Duration) metav1.MicroTime { return metav1.NewMicroTime(now.Add(-d)) }
+
+func int32p(v int32) *int32 { return &v }
+
+func fixtures() []locksv1alpha1.DistributedLock {
+	renewed := ago(4 * time.Second)
+	held := locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders-db", UID: "u1",
+			CreationTimestamp: metav1.NewTime(now.Add(-3 * time.Hour)),
+			Annotations:       map[string]string{locksv1alpha1.KeyAnnotation: "orders-db"}},
+		Spec: locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: int32p(128), HandoffTimeoutSeconds: 10},
+		Status: locksv1alpha1.DistributedLockStatus{
+			Holder: &locksv1alpha1.LockHolder{Identity: "worker-7d9f", User: "system:serviceaccount:shop:worker",
+				LeaseID: "2b0c5d1e9f8a7b6c5d4e3f2a1b0c9d8e", RequestID: "8f41aa", LeaseDurationSeconds: 30,
+				PodName: "worker-7d9f", PodUID: "6a1f", AcquireTime: ago(2 * time.Minute), RenewTime: &renewed},
+			FencingToken: 4711, Transitions: 12,
+			Waiters: []locksv1alpha1.Waiter{
+				{Identity: "worker-a1", User: "system:serviceaccount:shop:worker", RequestID: "r-a1", EnqueueTime: ago(50 * time.Second), Deadline: metav1.NewMicroTime(now.Add(10 * time.Minute))},
+				{Identity: "laptop-ann", User: "ann", RequestID: "r-ann", EnqueueTime: ago(7 * time.Second), Deadline: metav1.NewMicroTime(now.Add(23 * time.Second))},
+			},
+			WaiterCount: 2,
+			RecentAcquisitions: []locksv1alpha1.FinishedHolding{
+				{RequestID: "r1", LeaseID: "11aa", FencingToken: 4650, Identity: "worker-5c2b", EndTime: ago(20 * time.Minute), EndReason: locksv1alpha1.EndReasonReleased, EndedBy: "system:serviceaccount:shop:worker"},
+				{RequestID: "r2", LeaseID: "22bb", FencingToken: 4702, Identity: "worker-0e4d", EndTime: ago(3 * time.Minute), EndReason: locksv1alpha1.EndReasonForceReleased, EndedBy: "oncall-bob", Message: "stuck job, ticket 42"},
+			},
+			Conditions: []metav1.Condition{{Type: locksv1alpha1.ConditionHeld, Status: metav1.ConditionTrue, Reason: "Acquired",
+				LastTransitionTime: metav1.NewTime(now.Add(-2 * time.Minute)), Message: "held by worker-7d9f"}},
+		},
+	}
+	free := locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders-42-1f2e3d4c5b6a",
+			CreationTimestamp: metav1.NewTime(now.Add(-26 * time.Hour)),
+			Labels:            map[string]string{locksv1alpha1.AutoCreatedLabel: "true"},
+			Annotations:       map[string]string{locksv1alpha1.KeyAnnotation: "orders/42"}},
+		Spec:   locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: int32p(128), HandoffTimeoutSeconds: 10},
+		Status: locksv1alpha1.DistributedLockStatus{FencingToken: 90},
+	}
+	overdue := held.DeepCopy()
+	overdue.Name, overdue.Annotations = "reports", nil
+	late := ago(45 * time.Second)
+	overdue.Status.Holder.RenewTime = &late
+	overdue.Status.Waiters = nil
+	return []locksv1alpha1.DistributedLock{held, free, *overdue}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./internal/cli -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("%s differs (-want +got; -update rewrites it):\n%s", path, diff)
+	}
+}
+
+func TestGetTableGolden(t *testing.T) {
+	locks := fixtures()
+	cases := []struct {
+		name  string
+		locks []locksv1alpha1.DistributedLock
+		all   bool
+	}{
+		{name: "get_one.golden", locks: locks[:1]},
+		{name: "get_list.golden", locks: locks},
+		{name: "get_all_namespaces.golden", locks: locks, all: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := printLockTable(&b, tc.locks, now, tc.all); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.name, b.Bytes())
+		})
+	}
+}
+
+func TestDescribeGolden(t *testing.T) {
+	locks := fixtures()
+	events := []corev1.Event{
+		{Type: corev1.EventTypeNormal, Reason: "ForceReleased", Message: "oncall-bob force-released lease 22bb: stuck job, ticket 42",
+			ReportingController: "kubelock-controller", EventTime: ago(3 * time.Minute)},
+		{Type: corev1.EventTypeNormal, Reason: "Expired", Message: "lease 00ff expired", ReportingController: "kubelock-controller",
+			EventTime: ago(time.Hour)},
+	}
+	cases := []struct {
+		name   string
+		lock   locksv1alpha1.DistributedLock
+		events []corev1.Event
+		note   string
+	}{
+		{name: "describe_held.golden", lock: locks[0], events: events},
+		{name: "describe_free.golden", lock: locks[1]},
+		{name: "describe_no_events_access.golden", lock: locks[2], note: "<cannot list events: events is forbidden>"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := describeLock(&b, &tc.lock, tc.events, tc.note, now); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.name, b.Bytes())
+		})
+	}
+}
+
+func TestLeaseTableGolden(t *testing.T) {
+	var b bytes.Buffer
+	v := leaseView{Namespace: "shop", Name: "orders-db", Key: "orders-db", Identity: "laptop-ann", FencingToken: 4712,
+		LeaseID: "3c1d", RequestID: "r9", ExpiresAt: now.Add(27 * time.Second)}
+	if err := printLease(&b, "table", v, now); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "acquire.golden", b.Bytes())
+}
