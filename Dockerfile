@@ -9,25 +9,27 @@
 ARG GO_VERSION=1.26
 
 # ---- build: module cache and sources, shared by both binaries ----
-FROM golang:${GO_VERSION} AS build
+# The compiler runs on the build machine's platform and cross-compiles (pure Go).
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
 WORKDIR /src
 ENV CGO_ENABLED=0 GOFLAGS=-trimpath
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
-ARG TARGETOS=linux
-ARG TARGETARCH
 
 FROM build AS build-manager
+# ARGs are per stage: declare the target platform where it is used.
+ARG TARGETOS=linux TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -ldflags="-s -w" -o /out/manager ./cmd/manager
 
 FROM build AS build-kubelock
+ARG TARGETOS=linux TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -ldflags="-s -w" -o /out/kubelock ./cmd/kubelock
 
 # ---- rootfs: what a distroless static image holds, and nothing else ----
-FROM golang:${GO_VERSION} AS rootfs
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS rootfs
 RUN mkdir -p /rootfs/etc/ssl/certs /rootfs/tmp /rootfs/home/nonroot \
  && cp /etc/ssl/certs/ca-certificates.crt /rootfs/etc/ssl/certs/ \
  && echo 'root:x:0:0:root:/root:/sbin/nologin' >/rootfs/etc/passwd \
