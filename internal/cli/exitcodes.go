@@ -22,8 +22,9 @@ const (
 	ExitOK = 0
 	// ExitError: any failure not listed below.
 	ExitError = 1
-	// ExitUsage: bad flags or arguments, an invalid key or lease, --wait beyond its bound,
-	// or no usable kubeconfig (sysexits EX_USAGE).
+	// ExitUsage: bad flags or arguments, an invalid key or lease (also one the
+	// apiserver rejects as invalid, such as a lease above the lock's maximum),
+	// --wait beyond its bound, or no usable kubeconfig (sysexits EX_USAGE).
 	ExitUsage = 64
 	// ExitNotFound: the lock (or the lease to release) does not exist (EX_NOINPUT).
 	ExitNotFound = 66
@@ -44,7 +45,8 @@ const (
 var exitCodesHelp = fmt.Sprintf(`Exit codes:
   %3d  ok (run: the command's own exit code, 128+N if signal N ended it)
   %3d  other error
-  %3d  usage: bad flags or arguments, invalid key or lease, --wait beyond its bound
+  %3d  usage: bad flags or arguments, invalid key or lease (e.g. above the lock's maximum),
+       --wait beyond its bound, no usable kubeconfig
   %3d  lock or lease not found
   %3d  apiserver unreachable or unavailable
   %3d  could not acquire: held by another holder, wait timed out, or queue full
@@ -94,7 +96,7 @@ func exitCode(err error) int {
 		return ExitNotFound
 	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
 		return ExitPermission
-	case clientcmd.IsConfigurationInvalid(err), clientcmd.IsEmptyConfig(err):
+	case apierrors.IsInvalid(err), clientcmd.IsConfigurationInvalid(err), clientcmd.IsEmptyConfig(err):
 		return ExitUsage
 	case unreachable(err):
 		return ExitUnreachable

@@ -43,11 +43,12 @@ func Main(args []string) int {
 
 // Run is Main with explicit streams, for tests.
 func Run(ctx context.Context, args []string, s Streams) int {
-	name := "kubelock"
+	cmd := newRootCommand(s)
 	if len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "kubectl-") {
-		name = "kubectl lock" // started by kubectl as a plugin
+		// Started by kubectl as a plugin: help and usage say "kubectl lock".
+		cmd.Use = "kubectl-lock"
+		cmd.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl lock"}
 	}
-	cmd := newRootCommand(name, s)
 	if len(args) > 0 {
 		args = args[1:]
 	}
@@ -76,10 +77,10 @@ type options struct {
 	now func() time.Time
 }
 
-func newRootCommand(name string, s Streams) *cobra.Command {
+func newRootCommand(s Streams) *cobra.Command {
 	o := &options{streams: s, config: genericclioptions.NewConfigFlags(true), now: time.Now}
 	root := &cobra.Command{
-		Use:   name,
+		Use:   "kubelock",
 		Short: "Distributed locks stored as Kubernetes objects (DistributedLock, locks.kubelock.io)",
 		Long: `kubelock takes, inspects and releases DistributedLocks (short name dlock).
 

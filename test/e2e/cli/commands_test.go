@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gbytes"
+	"github.com/onsi/gomega/gexec"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	icli "github.com/kubelock/kubelock/internal/cli"
+	"github.com/kubelock/kubelock/internal/testenv"
+)
+
+type leaseJSON struct {
+	Name         string `json:"name"`
+	FencingToken int64  `json:"fencingToken"`
+	LeaseID      string `json:"leaseID"`
+}
+
+func parseLease(s *gexec.Session) leaseJSON {
+	var v leaseJSON
+	ExpectWithOffset(1, json.Unmarshal(s.Out.Contents(), &v)).To(Succeed(), "%s", s.Out.Contents())
+	return v
+}
+
+var _ = Describe("kubelock commands", func() {
+	var (
+		ctx context.Context
+		ns  string
+	)
+	BeforeEach(func() {
+		ctx = context.Background()
+		ns = newNamespace(ctx)
+	})
+
+	It("acquires, shows the waiting line, hands over in queue order, describes and releases", func() {
+		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 60})
+		dumpLockOnFailure(ctx, ns, "jobs")
+		alice, bob := lockUser(ctx), lockUser(ctx)
+
+		a := kl(alice, ns, "acquire", "jobs", "-o", "json")
+		Expect(a).To(gexec.Exit(0))
+		la := parseLease(a)
+		l := getLock(ctx, ns, "jobs")
+		Expect(l.Status.Holder.LeaseID).To(Equal(la.LeaseID))
+		Expect(l.Status.FencingToken).To(Equal(la.FencingToken))
+
+		busy := kl(bob, ns, "acquire", "jobs")
+		Expect(busy).To(gexec.Exit(icli.ExitNotAcquired))
+		Expect(stderrLines(busy)).To(ConsistOf(ContainSubstring("held by " + alice.name)))
+
+		short := kl(bob, ns, "acquire", "jobs", "--wait", "1s")
+		Expect(short).To(gexec.Exit(icli.ExitNotAcquired))
+		Expect(stderrLines(short)).To(ConsistOf(ContainSubstring("timed out")))
+
+		waiting := start(bob, ns, "acquire", "jobs", "--wait", "1m", "--progress", "always", "-o", "json")
+		Eventually(waiting.Err).Should(gbytes.Say(`waiting for jobs: position 1 of 1, held by ` + alice.name))
+
+		desc := kl(alice, ns, "describe", "jobs")
+		Expect(desc).To(gexec.Exit(0))
+		Expect(desc.Out).To(gbytes.Say(`Identity:\s+` + alice.name))
+		Expect(desc.Out).To(gbytes.Say(`Queue:\n\s+POSITION.*\n\s+1\s+` + bob.name))
+
+		Expect(kl(alice, ns, "release", "jobs", "--lease-id", la.LeaseID)).To(gexec.Exit(0))
+		Eventually(waiting).Should(gexec.Exit(0))
+		lb := parseLease(waiting)
+		Expect(lb.FencingToken).To(BeNumerically(">", la.FencingToken))
+
+		again := kl(alice, ns, "release", "jobs", "--lease-id", la.LeaseID)
+		Expect(again).To(gexec.Exit(0), "releasing twice is idempotent")
+
+		desc = kl(bob, ns, "describe", "jobs")
+		Expect(desc).To(gexec.Exit(0))
+		Expect(desc.Out).To(gbytes.Say(`Recent acquisitions`))
+		Expect(desc.Out).To(gbytes.Say(alice.name + `.*Released\s+` + alice.name))
+
+		tbl := kl(bob, ns, "get", "jobs")
+		Expect(tbl).To(gexec.Exit(0))
+		Expect(tbl.Out).To(gbytes.Say(`NAME\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
+		Expect(tbl.Out).To(gbytes.Say(`jobs\s+` + bob.name + `\s+` + itoa(lb.FencingToken) + `\s+\d+s\s+0\s+`))
+	})
+
+	It("answers a retried acquire with the same request ID with the same lease", func() {
+		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
+		u := lockUser(ctx)
+		first := kl(u, ns, "acquire", "jobs", "--request-id", "deploy-42", "-o", "json")
+		Expect(first).To(gexec.Exit(0))
+		retry := kl(u, ns, "acquire", "jobs", "--request-id", "deploy-42", "-o", "json")
+		Expect(retry).To(gexec.Exit(0))
+		Expect(parseLease(retry)).To(Equal(parseLease(first)))
+	})
+
+	It("creates a lock for a business key on first use with --create", func() {
+		u := lockUser(ctx)
+		s := kl(u, ns, "acquire", "orders/42", "--create", "-o", "yaml")
+		Expect(s).To(gexec.Exit(0))
+		Expect(s.Out).To(gbytes.Say(`key: orders/42`))
+		list := kl(u, ns, "list")
+		Expect(list).To(gexec.Exit(0))
+		Expect(list.Out).To(gbytes.Say(`NAME\s+KEY\s+HOLDER`))
+		Expect(list.Out).To(gbytes.Say(`orders-42-[0-9a-f]{12}\s+orders/42\s+` + u.name))
+	})
+
+	It("runs as a kubectl plugin found on PATH", func() {
+		newLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{})
+		u := lockUser(ctx)
+		cmd := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "lock", "list", "-n", ns)
+		cmd.Env = append(os.Environ(), "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+u.kubeconfig)
+		s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(s).Should(gexec.Exit(0))
+		Expect(s.Out).To(gbytes.Say(`NAME\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
+		Expect(s.Out).To(gbytes.Say(`orders-db\s+<free>\s+0\s+-\s+0\s+`))
+
+		help := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "lock", "--help")
+		help.Env = cmd.Env
+		out, err := help.Output()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(out)).To(ContainSubstring("kubectl lock [command]"))
+		Expect(string(out)).NotTo(ContainSubstring("kubelock [command]"))
+	})
+
+	DescribeTable("bad input: one line on stderr and a distinct exit code",
+		func(setup func(ns string) (user, []string), code int, msg string) {
+			newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
+			u, args := setup(ns)
+			s := kl(u, ns, args...)
+			Expect(s).To(gexec.Exit(code), "stderr: %s", s.Err.Contents())
+			Expect(stderrLines(s)).To(ConsistOf(And(HavePrefix("kubelock: "), ContainSubstring(msg))))
+			Expect(string(s.Err.Contents())).NotTo(ContainSubstring("goroutine"))
+			Expect(s.Out.Contents()).To(BeEmpty())
+		},
+		Entry("unknown lock (get)", func(string) (user, []string) {
+			return lockUser(context.Background()), []string{"get", "nope"}
+		}, icli.ExitNotFound, "lock not found"),
+		Entry("unknown lock (run)", func(string) (user, []string) {
+			return lockUser(context.Background()), []string{"run", "nope", "--", "true"}
+		}, icli.ExitNotFound, "lock not found"),
+		Entry("unknown lease", func(string) (user, []string) {
+			return lockUser(context.Background()), []string{"release", "jobs", "--lease-id", "0123456789abcdef0123456789abcdef"}
+		}, icli.ExitLockLost, "does not hold"),
+		Entry("invalid key", func(string) (user, []string) {
+			return lockUser(context.Background()), []string{"acquire", strings.Repeat("k", 1100)}
+		}, icli.ExitUsage, "limit is 1024"),
+		Entry("no permission to read locks", func(string) (user, []string) {
+			return nobody(), []string{"get", "jobs"}
+		}, icli.ExitPermission, "forbidden"),
+		Entry("no permission to force-release", func(ns string) (user, []string) {
+			u := lockUser(context.Background())
+			ExpectWithOffset(1, kl(u, ns, "acquire", "jobs")).To(gexec.Exit(0))
+			return u, []string{"force-release", "jobs", "--reason", "trying my luck"}
+		}, icli.ExitPermission, "force-release"),
+		Entry("lease above the lock's maximum", func(string) (user, []string) {
+			return lockUser(context.Background()), []string{"acquire", "jobs", "--lease", "1h"}
+		}, icli.ExitUsage, "must not exceed spec.maxLeaseDurationSeconds"),
+		Entry("unreachable apiserver", func(string) (user, []string) {
+			return user{name: "x", kubeconfig: unreachableKubeconfig()}, []string{"acquire", "jobs"}
+		}, icli.ExitUnreachable, "connection refused"),
+		Entry("--wait beyond the bound", func(string) (user, []string) {
+			return lockUser(context.Background()), []string{"acquire", "jobs", "--wait", "3h"}
+		}, icli.ExitUsage, "--wait 3h0m0s is outside"),
+	)
+})
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

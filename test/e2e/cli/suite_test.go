@@ -1,0 +1,227 @@
+// Package cli drives the built kubelock binary as a process against a real
+// kube-apiserver and etcd, with the admission webhook and the expiry
+// controller running in this process.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gexec"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/internal/testenv"
+)
+
+// controllerUser is the controller's own user; the webhook lets only it expire.
+const controllerUser = "kubelock-controller"
+
+var (
+	env *testenv.Env
+	// binDir holds the built kubelock and its kubectl-lock symlink.
+	binDir   string
+	kubelock string
+	// workDir holds kubeconfigs and the files the wrapped commands write.
+	workDir   string
+	nsCounter atomic.Int64
+	userCount atomic.Int64
+)
+
+func TestCLI(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(30 * time.Second)
+	SetDefaultEventuallyPollingInterval(25 * time.Millisecond)
+	RunSpecs(t, "kubelock CLI end-to-end suite")
+}
+
+var _ = BeforeSuite(func() {
+	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	binDir = GinkgoT().TempDir()
+	workDir = GinkgoT().TempDir()
+	kubelock = filepath.Join(binDir, "kubelock")
+	build := exec.Command("go", "build", "-o", kubelock, "./cmd/kubelock")
+	build.Dir = testenv.RepoRoot()
+	out, err := build.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "go build ./cmd/kubelock: %s", out)
+	Expect(os.Symlink(kubelock, filepath.Join(binDir, "kubectl-lock"))).To(Succeed())
+
+	env, err = testenv.Start(testenv.WithWebhook())
+	Expect(err).NotTo(HaveOccurred())
+	// Cleanups run last-in first-out: the controller and webhook stop before the control plane.
+	DeferCleanup(func() { Expect(env.Stop()).To(Succeed()) })
+	webhookCtx, stopWebhook := context.WithCancel(context.Background())
+	DeferCleanup(stopWebhook)
+	Expect(env.StartWebhook(webhookCtx, controllerUser)).To(Succeed())
+	startController()
+})
+
+// startController runs the expiry controller in this process, as the operator runs it.
+func startController() {
+	cfg, err := env.ControllerConfig(controllerUser)
+	Expect(err).NotTo(HaveOccurred())
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	Expect(err).NotTo(HaveOccurred())
+	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
+		controllers.WithExpiryGrace(200*time.Millisecond),
+		controllers.WithControllerOptions(controller.Options{SkipNameValidation: ptr.To(true)}))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(r.SetupWithManager(mgr)).To(Succeed())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+	DeferCleanup(func() { cancel(); <-done })
+}
+
+// user is an authenticated user with a kubeconfig file of its own.
+type user struct {
+	name       string
+	kubeconfig string
+}
+
+// lockUser is a fresh user bound to the lock-user ClusterRole.
+func lockUser(ctx context.Context) user {
+	name := fmt.Sprintf("cli-user-%d", userCount.Add(1))
+	cfg, err := env.UserConfig(ctx, name)
+	Expect(err).NotTo(HaveOccurred())
+	return user{name: name, kubeconfig: writeKubeconfig(name, cfg)}
+}
+
+// nobody is a fresh authenticated user without any role.
+func nobody() user {
+	name := fmt.Sprintf("cli-nobody-%d", userCount.Add(1))
+	u, err := env.AddUser(envtest.User{Name: name}, nil)
+	Expect(err).NotTo(HaveOccurred())
+	return user{name: name, kubeconfig: writeKubeconfig(name, u.Config())}
+}
+
+// breakglass is a lock user that may also force-release locks in ns.
+func breakglass(ctx context.Context, ns string) user {
+	u := lockUser(ctx)
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "breakglass-" + u.name},
+		Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{locksv1alpha1.GroupVersion.Group},
+			Resources: []string{"distributedlocks"},
+			Verbs:     []string{locksv1alpha1.ForceReleaseVerb},
+		}},
+	}
+	Expect(env.Client.Create(ctx, role)).To(Succeed())
+	Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: u.name}},
+	})).To(Succeed())
+	return u
+}
+
+// writeKubeconfig writes cfg (server, CA, client certificate) as a kubeconfig file.
+func writeKubeconfig(name string, cfg *rest.Config) string {
+	server := cfg.Host
+	if !strings.Contains(server, "://") {
+		server = "https://" + server
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos[name] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: name, Namespace: "default"}
+	kc.CurrentContext = "e2e"
+	path := filepath.Join(workDir, name+".kubeconfig")
+	Expect(clientcmd.WriteToFile(*kc, path)).To(Succeed())
+	return path
+}
+
+// unreachableKubeconfig points at a local port nothing listens on.
+func unreachableKubeconfig() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	addr := ln.Addr().String()
+	Expect(ln.Close()).To(Succeed())
+	return writeKubeconfig("unreachable", &rest.Config{Host: "https://" + addr, TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
+}
+
+// start runs the kubelock binary as u in ns.
+func start(u user, ns string, args ...string) *gexec.Session {
+	cmd := exec.Command(kubelock, append([]string{"--kubeconfig", u.kubeconfig, "-n", ns, "--identity", u.name}, args...)...)
+	s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { s.Kill().Wait() })
+	return s
+}
+
+// kl runs the kubelock binary as u in ns to its end and returns its session.
+func kl(u user, ns string, args ...string) *gexec.Session {
+	s := start(u, ns, args...)
+	Eventually(s).Should(gexec.Exit())
+	return s
+}
+
+// newNamespace creates a namespace of its own for one spec.
+func newNamespace(ctx context.Context) string {
+	name := fmt.Sprintf("cli-%d", nsCounter.Add(1))
+	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
+	return name
+}
+
+// newLock creates a lock object as an administrator would.
+func newLock(ctx context.Context, ns, name string, spec locksv1alpha1.DistributedLockSpec) {
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}
+	Expect(env.Client.Create(ctx, l)).To(Succeed())
+}
+
+func getLock(ctx context.Context, ns, name string) *locksv1alpha1.DistributedLock {
+	l := &locksv1alpha1.DistributedLock{}
+	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, l)).To(Succeed())
+	return l
+}
+
+// dumpLock prints the lock to the Ginkgo log when the spec failed.
+func dumpLockOnFailure(ctx context.Context, ns, name string) {
+	DeferCleanup(func() {
+		if !CurrentSpecReport().Failed() {
+			return
+		}
+		l := &locksv1alpha1.DistributedLock{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, l); err == nil {
+			GinkgoWriter.Printf("lock %s/%s at failure: %+v\n", ns, name, l.Status)
+		}
+		events := &corev1.EventList{}
+		if err := env.Client.List(ctx, events, client.InNamespace(ns)); err == nil {
+			for _, e := range events.Items {
+				GinkgoWriter.Printf("event %s %s: %s\n", e.Reason, e.InvolvedObject.Name, e.Message)
+			}
+		}
+	})
+}
+
+// stderrLines is the session's stderr as lines.
+func stderrLines(s *gexec.Session) []string {
+	return strings.Split(strings.TrimSuffix(string(s.Err.Contents()), "\n"), "\n")
+}
