@@ -123,8 +123,10 @@ func validateAcquire(old, new *locksv1alpha1.DistributedLock, a Actor) field.Err
 		errs = append(errs, deny(holderPath.Child("user"), RuleIdentity, "holder.user must be the requesting user %q, not %q", a.Username, h.User))
 	}
 	errs = append(errs, validatePod(h, a)...)
-	if len(o.Waiters) > 0 && o.Waiters[0].RequestID != h.RequestID {
-		errs = append(errs, deny(holderPath.Child("requestID"), RuleQueueHead, "only the head of the wait queue (requestID %s) may acquire; request %s is not", o.Waiters[0].RequestID, h.RequestID))
+	// The head is its requestID and its user: requestIDs are visible in
+	// status, so another user could otherwise copy the head's and jump the queue.
+	if len(o.Waiters) > 0 && (o.Waiters[0].RequestID != h.RequestID || o.Waiters[0].User != h.User) {
+		errs = append(errs, deny(holderPath.Child("requestID"), RuleQueueHead, "only the head of the wait queue (requestID %s of %q) may acquire; request %s of %q is not", o.Waiters[0].RequestID, o.Waiters[0].User, h.RequestID, h.User))
 	}
 	want, err := locksv1alpha1.NextFencingToken(old.ResourceVersion)
 	switch {

@@ -59,6 +59,7 @@ func TestValidateStatusUpdate(t *testing.T) {
 		{name: "controller acquires", old: free(), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(ctrlr, "l1", "r1"), 101) }, actor: Actor{Username: ctrlr, IsController: true}, rule: RuleControllerOnly},
 		{name: "acquire by the queue head", old: queued(waiter(bob, "rb"), waiter(alice, "ra")), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(bob, "l1", "rb"), 101) }, actor: Actor{Username: bob}},
 		{name: "acquire past the queue head", old: queued(waiter(bob, "rb"), waiter(alice, "ra")), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(alice, "l1", "ra"), 101) }, actor: Actor{Username: alice}, rule: RuleQueueHead},
+		{name: "acquire with the head's requestID by another user", old: queued(waiter(bob, "rb"), waiter(alice, "ra")), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(alice, "l1", "rb"), 101) }, actor: Actor{Username: alice}, rule: RuleQueueHead},
 		{name: "acquire with another pod's name", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
 			h := holder(alice, "l1", "r1")
 			h.PodName = "other"

@@ -172,7 +172,15 @@ func hostileEntries() []TableEntry {
 
 		// --- the wait queue -------------------------------------------------------
 		Entry("acquire while not the queue head", hostile{state: freeQueue, by: "carol", do: update(acquire(holder("carol", 1))),
-			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ") may acquire"}}),
+			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire`}}),
+		Entry("acquire with the head's requestID by another user", hostile{state: freeQueue, by: "carol",
+			do: update(acquire(func() locksv1alpha1.LockHolder {
+				h := holder("carol", 1)
+				h.RequestID = requestID("bob", 1)
+				return h
+			}())),
+			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire; request ` +
+				requestID("bob", 1) + ` of "carol" is not`}}),
 		Entry("acquire by a stranger while others wait", hostile{state: freeQueue, by: "dave", do: update(acquire(holder("dave", 1))),
 			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue"}}),
 		Entry("the head acquiring and dropping the next waiter", hostile{state: freeQueue, by: "bob",
