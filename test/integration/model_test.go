@@ -1,0 +1,894 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// The model-based test: several clients run random sequences of TryAcquire,
+// Acquire with a short wait, Renew, Release, crash (stop renewing and forget the
+// lock), retry (Acquire again with an earlier call's request ID) and waits for
+// an expiry against one lock on the real apiserver, with the expiry controller
+// running. I1, I2 and I6 are checked after every step; the whole history is
+// then checked for linearizability against the model in model_spec_test.go.
+//
+// Environment:
+//
+//	KUBELOCK_MODEL_SEED       seed of the random workload (default: the clock)
+//	KUBELOCK_MODEL_SECONDS    how long to generate operations (default 40, at most 60)
+//	KUBELOCK_MODEL_OPS        stop after this many operations (default 2000)
+//	KUBELOCK_MODEL_HISTORY    if set, write the history to a temporary file even when the test passes
+//	KUBELOCK_MODEL_VISUALIZE  if set, write porcupine's visualization even when the history is linearizable
+var _ = Describe("model-based randomized test", Serial, func() {
+	It("keeps I1, I2 and I6 after every step and a linearizable history", func() {
+		seed := envInt("KUBELOCK_MODEL_SEED", time.Now().UnixNano())
+		seconds := min(envInt("KUBELOCK_MODEL_SECONDS", 40), 60)
+		maxOps := int(envInt("KUBELOCK_MODEL_OPS", 2000))
+		GinkgoWriter.Printf("model seed %d (replay with KUBELOCK_MODEL_SEED=%d), %ds, at most %d operations\n", seed, seed, seconds, maxOps)
+
+		r := newModelRun(seed)
+		DeferCleanup(func() {
+			if CurrentSpecReport().Failed() || os.Getenv("KUBELOCK_MODEL_HISTORY") != "" {
+				r.dumpHistory()
+			}
+		})
+		began := time.Now()
+		r.run(time.Duration(seconds)*time.Second, maxOps)
+		r.drain()
+		ran := time.Since(began)
+
+		r.mu.Lock()
+		kinds := make([]string, 0, len(r.counts))
+		for k, n := range r.counts {
+			kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
+		}
+		sort.Strings(kinds)
+		report := fmt.Sprintf("seed %d: %d operations in %d steps over %s (%d clients, %d acquisitions, %d crashes, %d expiries seen, %d phantom acquisitions); %s",
+			seed, len(r.ops), r.rounds, ran.Round(time.Millisecond), len(r.clients), len(r.acqs), r.counts["crash"],
+			r.expiries, r.phantoms, strings.Join(kinds, ", "))
+		r.mu.Unlock()
+		AddReportEntry("model", report)
+		GinkgoWriter.Println(report)
+
+		r.checkTokenOrder()
+		r.checkLinearizable()
+	})
+})
+
+func envInt(name string, def int64) int64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	Expect(err).NotTo(HaveOccurred(), "%s=%q", name, v)
+	return n
+}
+
+const modelKey = "model"
+
+// modelClient is one user of the lock. It acquires through auto, a client
+// that renews in the background, or through manual, a client without
+// background renewal whose holdings the test renews itself until it crashes.
+type modelClient struct {
+	idx   int
+	user  string
+	cfg   *rest.Config
+	auto  *lock.Client
+	man   *lock.Client // replaced after every crash: a crashed process is gone
+	procs int
+	reqs  int
+	cur   *modelHolding // the holding this client works with, nil when idle
+	// succeeded are the request IDs of this client's successful acquisitions.
+	succeeded []string
+}
+
+type modelHolding struct {
+	l       *lock.Lock
+	manual  bool
+	stop    chan struct{} // manual: stops the test's renewals
+	stopped chan struct{}
+}
+
+// modelAcq is one successful (non-retry) acquisition as its client saw it.
+type modelAcq struct {
+	client     int
+	req, lease string
+	token      int64
+	call, ret  int64
+	round      int
+}
+
+type trackedHandle struct {
+	l      *lock.Lock
+	client int
+	// view: a second handle of a holding, returned by a retry from another
+	// process of the same user. After the first handle released the holding
+	// the view cannot know it and stays live until its own safe deadline.
+	view bool
+}
+
+type serverHolding struct {
+	req, user string
+	token     int64
+}
+
+type modelRun struct {
+	ctx   context.Context
+	ns    string
+	seed  int64
+	rng   *rand.Rand // only the planning goroutine uses it
+	start time.Time
+
+	mu       sync.Mutex
+	ops      []porcupine.Operation
+	errs     []string
+	counts   map[string]int
+	handles  []trackedHandle // holding handles that may still be live, for I1
+	acqs     map[string]modelAcq
+	reqOwner map[string]int           // request ID -> client
+	failed   map[string]bool          // request IDs of acquires that timed out (possible phantom holdings)
+	released map[string]bool          // leases released by a Release that returned nil
+	crashed  map[string]bool          // leases whose client crashed
+	ended    map[string]bool          // leases seen in status.recentAcquisitions
+	server   map[string]serverHolding // holdings seen in the stored object, by lease ID
+	serverRq map[string]string        // request ID -> lease ID of holdings seen in the stored object
+
+	clients   []*modelClient
+	rounds    int
+	phantoms  int
+	expiries  int
+	last      *locksv1alpha1.DistributedLock // stored object after the last step
+	maxToken  int64                          // largest token acquired before the current step
+	roundAcqs []modelAcq
+}
+
+func newModelRun(seed int64) *modelRun {
+	ctx := context.Background()
+	r := &modelRun{
+		ctx: ctx, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 0x6b75626c6f636b)),
+		counts: map[string]int{}, acqs: map[string]modelAcq{}, reqOwner: map[string]int{},
+		failed: map[string]bool{}, released: map[string]bool{}, crashed: map[string]bool{}, ended: map[string]bool{}, server: map[string]serverHolding{}, serverRq: map[string]string{},
+	}
+	r.ns = newNamespace(ctx)
+	newLock(ctx, r.ns, modelKey, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1, HandoffTimeoutSeconds: 1})
+	const clients = 4
+	for i := range clients {
+		cfg, user := userConfig(ctx)
+		c := &modelClient{idx: i, user: user, cfg: cfg}
+		c.auto = r.process(c)
+		c.man = r.process(c, lock.WithoutAutoRenew())
+		r.clients = append(r.clients, c)
+	}
+	r.start = time.Now()
+	r.last = r.get()
+	return r
+}
+
+// process is a new lock client of c's user, as another process of it would be.
+func (r *modelRun) process(c *modelClient, opts ...lock.Option) *lock.Client {
+	c.procs++
+	l, err := lock.New(c.cfg, append([]lock.Option{lock.WithNamespace(r.ns), lock.WithIdentity(fmt.Sprintf("%s-p%d", c.user, c.procs))}, opts...)...)
+	Expect(err).NotTo(HaveOccurred())
+	return l
+}
+
+func (r *modelRun) now() int64 { return time.Since(r.start).Nanoseconds() }
+
+func (r *modelRun) msg(format string, args ...any) string {
+	return fmt.Sprintf("[model seed %d, step %d] ", r.seed, r.rounds) + fmt.Sprintf(format, args...)
+}
+
+func (r *modelRun) fail(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+func (r *modelRun) record(client int, in modelInput, out modelOutput, call, ret int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+}
+
+func (r *modelRun) opCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ops)
+}
+
+func (r *modelRun) count(kind string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.counts[kind]++
+}
+
+func (r *modelRun) get() *locksv1alpha1.DistributedLock {
+	l := &locksv1alpha1.DistributedLock{}
+	Expect(env.Client.Get(r.ctx, client.ObjectKey{Namespace: r.ns, Name: modelKey}, l)).To(Succeed(), r.msg("reading the lock"))
+	return l
+}
+
+// track registers a holding handle for the I1 check. A primary handle (the
+// one its client works with) also records, when its Done fires for any reason
+// but Release, the moment its client learned that it lost the lock; the
+// operation starts at the client's safe deadline, which the watchdog waited
+// for, so the model may place it as early as the loss really happened.
+func (r *modelRun) track(c int, l *lock.Lock, primary bool) {
+	r.mu.Lock()
+	r.handles = append(r.handles, trackedHandle{l: l, client: c, view: !primary})
+	r.mu.Unlock()
+	if !primary {
+		return
+	}
+	context.AfterFunc(l.Context(), func() {
+		ret := r.now()
+		cause := context.Cause(l.Context())
+		if errors.Is(cause, lock.ErrReleased) {
+			return
+		}
+		if !errors.Is(cause, lock.ErrLockLost) {
+			r.fail("holding %s ended with %v, which wraps neither ErrReleased nor ErrLockLost", l.LeaseID(), cause)
+		}
+		call := min(ret, l.ExpiresAt().Sub(r.start).Nanoseconds())
+		r.record(c, modelInput{Kind: mLost, Client: c, Lease: l.LeaseID()}, modelOutput{}, call, ret)
+		r.mu.Lock()
+		crashed := r.crashed[l.LeaseID()]
+		r.mu.Unlock()
+		if crashed {
+			r.count("lost-after-crash")
+			return
+		}
+		// A holding that was renewed and still lost: slow renewals can do
+		// that legitimately; the log says why.
+		r.count("lost-while-renewing")
+		GinkgoWriter.Printf("model: client %d lost lease %s at %s while renewing: %v\n", c, l.LeaseID(), time.Duration(ret), cause)
+	})
+}
+
+// renewLoop renews a manual holding like the library's background renewal
+// until the client crashes (stop) or the holding ends.
+func renewLoop(l *lock.Lock, lease time.Duration, stop, stopped chan struct{}) {
+	defer close(stopped)
+	wait := lease / 3
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-stop:
+			t.Stop()
+			return
+		case <-l.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithDeadline(l.Context(), l.ExpiresAt())
+		err := l.Renew(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			wait = lease / 3
+		case errors.Is(err, lock.ErrLockLost), errors.Is(err, lock.ErrReleased):
+			return
+		default:
+			wait = lease / 12
+		}
+	}
+}
+
+// classify maps an acquire's error to the model's result.
+func (r *modelRun) classify(err error, out *modelOutput) bool {
+	var locked *lock.LockedError
+	switch {
+	case err == nil:
+		out.Res = rOK
+	case errors.As(err, &locked):
+		out.Res = rLocked
+		if locked.Holder != nil {
+			out.Lease, out.Req = locked.Holder.LeaseID, locked.Holder.RequestID
+		}
+	case errors.Is(err, lock.ErrLocked):
+		out.Res = rLocked // the process's own slot is taken: never expected here
+	case errors.Is(err, lock.ErrTimeout):
+		out.Res = rTimeout
+	case errors.Is(err, lock.ErrLockLost):
+		out.Res = rLost
+	default:
+		return false
+	}
+	return true
+}
+
+// modelOp is one planned operation of one client in a step.
+type modelOp struct {
+	name string // for reading a failure in a debugger
+	run  func()
+}
+
+// plan picks the next operation of client c. Only the planning goroutine calls it.
+func (r *modelRun) plan(c *modelClient, blocking *bool) modelOp {
+	rng := r.rng
+	think := time.Duration(rng.IntN(80)) * time.Millisecond
+	if h := c.cur; h != nil && h.l.Err() != nil {
+		// The client learns that its holding is over and goes on without it.
+		if h.manual {
+			close(h.stop)
+			<-h.stopped
+		}
+		c.cur = nil
+	}
+	if h := c.cur; h != nil {
+		choices := []string{"renew", "renew", "release", "release", "release", "retry-held", "retry-held", "observe", "hold"}
+		if h.manual {
+			choices = append(choices, "crash", "crash", "crash")
+		}
+		switch choice := choices[rng.IntN(len(choices))]; choice {
+		case "renew":
+			return modelOp{choice, func() { time.Sleep(think); r.renew(c, h) }}
+		case "release":
+			return modelOp{choice, func() { time.Sleep(think); r.release(c, h) }}
+		case "crash":
+			return modelOp{choice, func() { time.Sleep(think); r.crash(c, h) }}
+		case "retry-held":
+			*blocking = true
+			req := h.l.RequestID()
+			return modelOp{choice, func() { time.Sleep(think); r.retry(c, req, h.l.LeaseID(), h.l.FencingToken()) }}
+		case "observe":
+			return modelOp{choice, func() { time.Sleep(think); r.observe(c.idx) }}
+		default:
+			d := time.Duration(20+rng.IntN(200)) * time.Millisecond
+			return modelOp{choice, func() { time.Sleep(d) }}
+		}
+	}
+	// Idle: acquire, retry an earlier request whose holding ended, or look.
+	var ended []string
+	if recent := r.last.Status.RecentAcquisitions; len(recent) > 0 {
+		// Only the newest few: status remembers the last 8 holdings, and a
+		// step ends at most 4, so these are still remembered when the retry runs.
+		for _, f := range recent[max(0, len(recent)-4):] {
+			if slices.Contains(c.succeeded, f.RequestID) {
+				ended = append(ended, f.RequestID)
+			}
+		}
+	}
+	choices := []string{"try", "try", "try", "acquire", "acquire", "acquire", "observe"}
+	if len(ended) > 0 {
+		choices = append(choices, "retry-ended", "retry-ended")
+	}
+	choice := choices[rng.IntN(len(choices))]
+	manual := rng.IntN(3) == 0
+	lease := time.Duration(1+rng.IntN(2)) * time.Second
+	switch choice {
+	case "try", "acquire":
+		try := choice == "try"
+		wait := time.Duration(100+rng.IntN(800)) * time.Millisecond
+		if rng.IntN(8) == 0 {
+			wait = 2500 * time.Millisecond // long enough to outwait a crashed holder
+		}
+		if !try {
+			*blocking = true
+		}
+		c.reqs++
+		req := fmt.Sprintf("s%d-c%d-%d", r.seed%10000, c.idx, c.reqs)
+		return modelOp{choice, func() { time.Sleep(think); r.acquire(c, req, try, manual, lease, wait, *blocking) }}
+	case "retry-ended":
+		*blocking = true
+		req := ended[rng.IntN(len(ended))]
+		a := r.acqs[req]
+		return modelOp{choice, func() { time.Sleep(think); r.retry(c, req, a.lease, a.token) }}
+	default:
+		return modelOp{choice, func() { time.Sleep(think); r.observe(c.idx) }}
+	}
+}
+
+// handOver is a holder's operation in a step where others wait: hold a
+// little, then release, or crash when it renews by itself.
+func (r *modelRun) handOver(c *modelClient, h *modelHolding) modelOp {
+	d := time.Duration(20+r.rng.IntN(500)) * time.Millisecond
+	if h.manual && r.rng.IntN(3) == 0 {
+		return modelOp{"crash", func() { time.Sleep(d); r.crash(c, h) }}
+	}
+	return modelOp{"release", func() { time.Sleep(d); r.release(c, h) }}
+}
+
+func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, wait time.Duration, queueMaybe bool) {
+	cl := c.auto
+	if manual {
+		cl = c.man
+	}
+	r.mu.Lock()
+	r.reqOwner[req] = c.idx
+	r.mu.Unlock()
+	in := modelInput{Kind: mAcquire, Client: c.idx, Req: req, Try: try, QueueMaybe: queueMaybe}
+	var (
+		l   *lock.Lock
+		err error
+	)
+	call := r.now()
+	if try {
+		l, err = cl.TryAcquire(r.ctx, modelKey, lock.RequestID(req), lock.LeaseDuration(lease))
+	} else {
+		l, err = cl.Acquire(r.ctx, modelKey, lock.RequestID(req), lock.LeaseDuration(lease), lock.WaitTimeout(wait))
+	}
+	ret := r.now()
+	out := modelOutput{}
+	if !r.classify(err, &out) {
+		r.fail("client %d: acquire %s: unexpected error %v", c.idx, req, err)
+		return
+	}
+	if try {
+		r.count("try-" + out.Res.String())
+	} else {
+		r.count("acquire-" + out.Res.String())
+	}
+	if out.Res == rTimeout {
+		r.mu.Lock()
+		r.failed[req] = true
+		r.mu.Unlock()
+	}
+	if err != nil {
+		r.record(c.idx, in, out, call, ret)
+		return
+	}
+	out.Lease, out.Token = l.LeaseID(), l.FencingToken()
+	if l.RequestID() != req {
+		r.fail("client %d: acquire %s returned a holding of request %s", c.idx, req, l.RequestID())
+	}
+	r.record(c.idx, in, out, call, ret)
+	a := modelAcq{client: c.idx, req: req, lease: l.LeaseID(), token: l.FencingToken(), call: call, ret: ret, round: r.rounds}
+	r.mu.Lock()
+	r.acqs[req] = a
+	r.roundAcqs = append(r.roundAcqs, a)
+	r.mu.Unlock()
+	c.succeeded = append(c.succeeded, req)
+	r.track(c.idx, l, true)
+	h := &modelHolding{l: l, manual: manual}
+	if manual {
+		h.stop, h.stopped = make(chan struct{}), make(chan struct{})
+		go renewLoop(l, lease, h.stop, h.stopped)
+	}
+	c.cur = h
+}
+
+// retry calls Acquire again with an earlier successful request ID of c, from a
+// new process of the same user (I6). It must return the same lease while that
+// holding lasts and ErrLockLost once it ended; never a second holding.
+func (r *modelRun) retry(c *modelClient, req, lease string, token int64) {
+	p := r.process(c, lock.WithoutAutoRenew())
+	in := modelInput{Kind: mAcquire, Client: c.idx, Req: req, Retry: true, OrigLease: lease}
+	call := r.now()
+	l, err := p.Acquire(r.ctx, modelKey, lock.RequestID(req), lock.WaitTimeout(3*time.Second))
+	ret := r.now()
+	out := modelOutput{}
+	if !r.classify(err, &out) {
+		r.fail("client %d: retry of %s: unexpected error %v", c.idx, req, err)
+		return
+	}
+	r.count("retry-" + out.Res.String())
+	if l != nil {
+		out.Lease, out.Token = l.LeaseID(), l.FencingToken()
+		if l.LeaseID() != lease || l.FencingToken() != token {
+			r.fail("client %d: retry of %s returned lease %s token %d; the request created lease %s token %d (I6)",
+				c.idx, req, l.LeaseID(), l.FencingToken(), lease, token)
+		}
+		// Another handle of the same holding; it does not renew and simply
+		// runs out. It takes part in the I1 check while it lasts.
+		r.track(c.idx, l, false)
+	} else if out.Res != rLost {
+		r.fail("client %d: retry of %s returned %v; want the same lease or ErrLockLost (I6)", c.idx, req, err)
+	}
+	r.record(c.idx, in, out, call, ret)
+}
+
+func (r *modelRun) renew(c *modelClient, h *modelHolding) {
+	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+	defer cancel()
+	in := modelInput{Kind: mRenew, Client: c.idx, Lease: h.l.LeaseID()}
+	call := r.now()
+	err := h.l.Renew(ctx)
+	ret := r.now()
+	out := modelOutput{Res: rOK}
+	switch {
+	case err == nil:
+	case errors.Is(err, lock.ErrLockLost):
+		out.Res = rLost
+	default:
+		r.fail("client %d: renew %s: unexpected error %v", c.idx, in.Lease, err)
+		return
+	}
+	r.count("renew-" + out.Res.String())
+	r.record(c.idx, in, out, call, ret)
+}
+
+func (r *modelRun) release(c *modelClient, h *modelHolding) {
+	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+	defer cancel()
+	in := modelInput{Kind: mRelease, Client: c.idx, Lease: h.l.LeaseID()}
+	call := r.now()
+	err := h.l.Release(ctx)
+	ret := r.now()
+	out := modelOutput{Res: rOK}
+	switch {
+	case err == nil:
+	case errors.Is(err, lock.ErrLockLost):
+		out.Res = rLost
+	default:
+		r.fail("client %d: release %s: unexpected error %v", c.idx, in.Lease, err)
+		return
+	}
+	if h.l.Err() == nil {
+		r.fail("client %d: release %s returned %v but the lock's context is still live", c.idx, in.Lease, err)
+	}
+	if err == nil {
+		r.mu.Lock()
+		r.released[in.Lease] = true
+		r.mu.Unlock()
+	}
+	r.count("release-" + out.Res.String())
+	r.record(c.idx, in, out, call, ret)
+	if h.manual {
+		close(h.stop)
+		<-h.stopped
+	}
+	c.cur = nil
+}
+
+// crash stops renewing a manual holding and forgets it without releasing, as
+// a process that died would. Its Done fires at its safe deadline and the
+// controller must expire the holding.
+func (r *modelRun) crash(c *modelClient, h *modelHolding) {
+	in := modelInput{Kind: mCrash, Client: c.idx, Lease: h.l.LeaseID()}
+	r.mu.Lock()
+	r.crashed[in.Lease] = true
+	r.mu.Unlock()
+	call := r.now()
+	close(h.stop)
+	<-h.stopped
+	ret := r.now()
+	r.count("crash")
+	r.record(c.idx, in, modelOutput{}, call, ret)
+	c.cur = nil
+	c.man = r.process(c, lock.WithoutAutoRenew())
+}
+
+// observe reads the stored lock as an admin; a read is an operation of the history too.
+func (r *modelRun) observe(client int) *locksv1alpha1.DistributedLock {
+	call := r.now()
+	l := &locksv1alpha1.DistributedLock{}
+	err := env.Client.Get(r.ctx, clientKey(r.ns), l)
+	ret := r.now()
+	if err != nil {
+		r.fail("reading the lock: %v", err)
+		return nil
+	}
+	out := modelOutput{Token: l.Status.FencingToken}
+	if h := l.Status.Holder; h != nil {
+		out.Lease, out.Req = h.LeaseID, h.RequestID
+	}
+	r.count("observe")
+	r.record(client, modelInput{Kind: mObserve, Client: client}, out, call, ret)
+	return l
+}
+
+func clientKey(ns string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: modelKey} }
+
+// awaitExpiry waits until the controller expired a holding whose client was
+// told it lost it (a crash, mostly). Only the last read enters the history.
+func (r *modelRun) awaitExpiry(lease string) {
+	Eventually(func(g Gomega) {
+		call := r.now()
+		l := &locksv1alpha1.DistributedLock{}
+		err := env.Client.Get(r.ctx, clientKey(r.ns), l)
+		ret := r.now()
+		g.Expect(err).NotTo(HaveOccurred())
+		h := l.Status.Holder
+		g.Expect(h != nil && h.LeaseID == lease).To(BeFalse())
+		out := modelOutput{Token: l.Status.FencingToken}
+		if h != nil {
+			out.Lease, out.Req = h.LeaseID, h.RequestID
+		}
+		r.count("await-expiry")
+		r.record(len(r.clients), modelInput{Kind: mObserve, Client: len(r.clients)}, out, call, ret)
+	}).WithTimeout(15*time.Second).WithPolling(50*time.Millisecond).Should(Succeed(),
+		r.msg("the controller did not expire lease %s, lost by its client, within 15s", lease))
+}
+
+// abandoned is the stored holder's lease when its client was told it lost
+// it (a crash or a missed renewal) and no other handle of it is live.
+func (r *modelRun) abandoned() string {
+	h := r.last.Status.Holder
+	if h == nil {
+		return ""
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.handles {
+		if t.l.LeaseID() == h.LeaseID && t.l.Err() == nil {
+			return ""
+		}
+	}
+	return h.LeaseID
+}
+
+func (r *modelRun) run(d time.Duration, maxOps int) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) && r.opCount() < maxOps {
+		r.rounds++
+		if lease := r.abandoned(); lease != "" && r.rng.IntN(4) == 0 {
+			// Now and then wait for the controller to expire a crashed holding.
+			r.awaitExpiry(lease)
+			r.checkStep()
+			continue
+		}
+		k := []int{1, 1, 1, 2, 2, 3}[r.rng.IntN(6)]
+		picked := r.rng.Perm(len(r.clients))[:k]
+		// A TryAcquire may find waiters queued only when a blocking Acquire
+		// runs in the same step; the operations read queue once all are planned.
+		var ops []modelOp
+		queue := false
+		for _, i := range picked {
+			ops = append(ops, r.plan(r.clients[i], &queue))
+		}
+		// Mostly let the holder join a step in which others wait, so that
+		// waiters get the lock handed over, not only time out.
+		if queue && r.rng.IntN(4) != 0 {
+			for _, c := range r.clients {
+				if h := c.cur; h != nil && h.l.Err() == nil && !slices.Contains(picked, c.idx) {
+					ops = append(ops, r.handOver(c, h))
+				}
+			}
+		}
+		var wg sync.WaitGroup
+		for _, op := range ops {
+			wg.Add(1)
+			go func() {
+				defer GinkgoRecover()
+				defer wg.Done()
+				op.run()
+			}()
+		}
+		wg.Wait()
+		r.checkStep()
+	}
+}
+
+// checkStep checks the invariants after a step, with no operation running
+// (only background renewals and the controller).
+func (r *modelRun) checkStep() {
+	r.mu.Lock()
+	errs := slices.Clone(r.errs)
+	r.mu.Unlock()
+	Expect(errs).To(BeEmpty(), r.msg("operations failed"))
+
+	// Read the stored object first: a handle live after the read was live
+	// during it, and a live handle's lease cannot have been expired (I5).
+	s := r.get()
+	st := &s.Status
+	r.mu.Lock()
+	live := map[string][]int{}
+	kept := r.handles[:0]
+	for _, t := range r.handles {
+		if t.l.Err() == nil {
+			if !t.view || !r.released[t.l.LeaseID()] {
+				live[t.l.LeaseID()] = append(live[t.l.LeaseID()], t.client)
+			}
+			kept = append(kept, t)
+		}
+	}
+	clear(r.handles[len(kept):])
+	r.handles = kept
+	r.mu.Unlock()
+
+	// I1: at most one live holding among all clients, and it is the stored holder.
+	Expect(len(live)).To(BeNumerically("<=", 1), r.msg("more than one live holding (lease -> clients): %v", live))
+	for lease, cs := range live {
+		Expect(st.Holder).NotTo(BeNil(), r.msg("client(s) %v hold lease %s but the stored lock is free", cs, lease))
+		Expect(st.Holder.LeaseID).To(Equal(lease), r.msg("client(s) %v hold lease %s but the stored holder is %s (%s)", cs, lease, st.Holder.LeaseID, st.Holder.RequestID))
+	}
+
+	// The stored history: finished holdings oldest first, then the holder.
+	var seen []storedHolding
+	for _, f := range st.RecentAcquisitions {
+		seen = append(seen, storedHolding{req: f.RequestID, lease: f.LeaseID, token: f.FencingToken, reason: f.EndReason})
+	}
+	if h := st.Holder; h != nil {
+		seen = append(seen, storedHolding{req: h.RequestID, lease: h.LeaseID, user: h.User, token: st.FencingToken})
+	}
+	// I2: tokens strictly increase along the stored history; status.fencingToken
+	// is the token of the current or most recent holding.
+	for i := 1; i < len(seen); i++ {
+		Expect(seen[i].token).To(BeNumerically(">", seen[i-1].token), r.msg("stored holdings %s and %s have tokens %d, %d", seen[i-1].lease, seen[i].lease, seen[i-1].token, seen[i].token))
+	}
+	if len(seen) > 0 {
+		Expect(st.FencingToken).To(Equal(seen[len(seen)-1].token), r.msg("status.fencingToken is not the token of the current or most recent holding"))
+	}
+
+	r.checkHistory(s, seen)
+	// Waiters leave the queue when they acquire or time out (or the
+	// controller drops them past their deadline): nothing stays queued.
+	Eventually(func() int { return len(r.get().Status.Waiters) }, 10*time.Second).Should(BeZero(), r.msg("waiters stay queued"))
+}
+
+// storedHolding is a holding as the stored object shows it.
+type storedHolding struct {
+	req, lease, user string
+	token            int64
+	reason           locksv1alpha1.EndReason
+}
+
+// checkHistory adds the holdings the stored object s shows to the history of
+// every holding the lock ever had, and checks it against the clients' acquisitions.
+func (r *modelRun) checkHistory(s *locksv1alpha1.DistributedLock, seen []storedHolding) {
+	st := &s.Status
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range st.RecentAcquisitions {
+		if !r.ended[f.LeaseID] {
+			r.ended[f.LeaseID] = true
+			if f.EndReason == locksv1alpha1.EndReasonExpired {
+				r.expiries++
+			}
+		}
+	}
+	for _, h := range seen {
+		if old, ok := r.server[h.lease]; ok {
+			Expect(old.req).To(Equal(h.req), r.msg("lease %s changed its request ID", h.lease))
+			Expect(old.token).To(Equal(h.token), r.msg("lease %s changed its token", h.lease))
+			continue
+		}
+		// I6: a request ID creates at most one holding.
+		if other, ok := r.serverRq[h.req]; ok {
+			Fail(r.msg("request %s created two holdings, %s and %s (I6)", h.req, other, h.lease))
+		}
+		r.server[h.lease] = serverHolding{req: h.req, user: h.user, token: h.token}
+		r.serverRq[h.req] = h.lease
+		a, ok := r.acqs[h.req]
+		switch {
+		case ok && a.lease == h.lease:
+			// I2: the token the client got is the stored token of its holding.
+			Expect(h.token).To(Equal(a.token), r.msg("client %d got token %d for lease %s; status stores %d", a.client, a.token, h.lease, h.token))
+		case !ok && r.failed[h.req]:
+			// A timed-out Acquire whose write committed after all; nobody
+			// renews it and the controller expires it.
+			r.phantoms++
+		default:
+			Fail(r.msg("the stored lock has holding %s (request %s, token %d) that no client acquired", h.lease, h.req, h.token))
+		}
+	}
+	if h := st.Holder; h != nil {
+		owner, ok := r.reqOwner[h.RequestID]
+		Expect(ok).To(BeTrue(), r.msg("unknown request %s holds the lock", h.RequestID))
+		Expect(h.User).To(Equal(r.clients[owner].user), r.msg("holder %s written as user %s, its client is %s", h.LeaseID, h.User, r.clients[owner].user))
+	}
+	for req, a := range r.acqs {
+		Expect(r.server).To(HaveKey(a.lease), r.msg("client %d acquired lease %s (request %s) but the stored lock never showed it", a.client, a.lease, req))
+	}
+	// I6: every acquisition counted once; retries add none.
+	Expect(st.Transitions).To(Equal(int64(len(r.server))), r.msg("status.transitions is %d, the stored history has %d distinct holdings", st.Transitions, len(r.server)))
+	Expect(len(r.server)).To(Equal(len(r.acqs)+r.phantoms), r.msg("stored holdings vs client acquisitions"))
+	// I2: everything acquired in this step got a token above every token
+	// issued before the step.
+	for _, a := range r.roundAcqs {
+		Expect(a.token).To(BeNumerically(">", r.last.Status.FencingToken), r.msg("client %d acquired token %d, not above %d stored before the step", a.client, a.token, r.last.Status.FencingToken))
+	}
+	r.roundAcqs = nil
+	r.last = s
+}
+
+// drain releases what is held, waits for crashed holdings to expire and checks once more.
+func (r *modelRun) drain() {
+	r.rounds++
+	for _, c := range r.clients {
+		if h := c.cur; h != nil {
+			if h.l.Err() == nil {
+				r.release(c, h)
+				continue
+			}
+			if h.manual {
+				close(h.stop)
+				<-h.stopped
+			}
+			c.cur = nil
+		}
+	}
+	r.checkStep()
+	if h := r.last.Status.Holder; h != nil {
+		// A crashed holding: its handle runs out first, then the controller expires it.
+		r.mu.Lock()
+		var handles []*lock.Lock
+		for _, t := range r.handles {
+			if t.l.LeaseID() == h.LeaseID {
+				handles = append(handles, t.l)
+			}
+		}
+		r.mu.Unlock()
+		for _, l := range handles {
+			Eventually(l.Done(), 10*time.Second).Should(BeClosed(), r.msg("handle of crashed lease %s never ran out", h.LeaseID))
+		}
+		r.rounds++
+		r.awaitExpiry(h.LeaseID)
+		r.checkStep()
+	}
+	Expect(r.last.Status.Holder).To(BeNil(), r.msg("the lock is still held after the drain"))
+}
+
+// checkTokenOrder: an acquisition that returned before another one was called
+// has the smaller token (I2, in real time).
+func (r *modelRun) checkTokenOrder() {
+	acqs := make([]modelAcq, 0, len(r.acqs))
+	for _, a := range r.acqs {
+		acqs = append(acqs, a)
+	}
+	sort.Slice(acqs, func(i, j int) bool { return acqs[i].call < acqs[j].call })
+	for i, a := range acqs {
+		for _, b := range acqs[i+1:] {
+			if a.ret < b.call {
+				Expect(a.token).To(BeNumerically("<", b.token), r.msg("request %s (token %d) returned before request %s (token %d) was called", a.req, a.token, b.req, b.token))
+			}
+		}
+	}
+}
+
+// checkLinearizable checks the whole history against the sequential model.
+func (r *modelRun) checkLinearizable() {
+	r.mu.Lock()
+	ops := slices.Clone(r.ops)
+	r.mu.Unlock()
+	model := lockModel()
+	began := time.Now()
+	res, info := porcupine.CheckOperationsVerbose(model, ops, 2*time.Minute)
+	GinkgoWriter.Printf("porcupine: %s for %d operations in %s\n", res, len(ops), time.Since(began).Round(time.Millisecond))
+	if res == porcupine.Ok && os.Getenv("KUBELOCK_MODEL_VISUALIZE") == "" {
+		return
+	}
+	f, err := os.CreateTemp("", "kubelock-model-*.html")
+	Expect(err).NotTo(HaveOccurred())
+	Expect(porcupine.Visualize(model, info, f)).To(Succeed())
+	Expect(f.Close()).To(Succeed())
+	GinkgoWriter.Printf("porcupine visualization: %s\n", f.Name())
+	Expect(res).To(Equal(porcupine.Ok), r.msg("the history is not linearizable; visualization in %s", f.Name()))
+}
+
+// dumpHistory writes the recorded operations, in call order, and the stored
+// lock to a temporary file for a failure's report.
+func (r *modelRun) dumpHistory() {
+	r.mu.Lock()
+	ops := slices.Clone(r.ops)
+	r.mu.Unlock()
+	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+	var b strings.Builder
+	fmt.Fprintf(&b, "model seed %d, %d operations\n", r.seed, len(ops))
+	for _, op := range ops {
+		fmt.Fprintf(&b, "%10.3f %10.3f  c%d  %s\n", float64(op.Call)/1e6, float64(op.Return)/1e6, op.ClientId, describeModelOp(op.Input, op.Output))
+	}
+	l := &locksv1alpha1.DistributedLock{}
+	if err := env.Client.Get(r.ctx, clientKey(r.ns), l); err == nil {
+		fmt.Fprintf(&b, "\nstored status: %+v\n", l.Status)
+	}
+	f, err := os.CreateTemp("", "kubelock-model-history-*.txt")
+	if err != nil {
+		return
+	}
+	_, _ = f.WriteString(b.String())
+	_ = f.Close()
+	GinkgoWriter.Printf("model history (seed %d): %s\n", r.seed, f.Name())
+	AddReportEntry("model history", f.Name())
+}
