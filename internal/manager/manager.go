@@ -1,6 +1,7 @@
 // Package manager wires the kubelock operator: flags, logging, the
-// controller-runtime manager with leader election, probes and metrics, and the
-// DistributedLock controller. cmd/manager only calls Main.
+// controller-runtime manager with leader election, probes and metrics, the
+// DistributedLock controller, and the validating admission webhook with its
+// self-rotating serving certificate. cmd/manager only calls Main.
 package manager
 
 import (
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -47,8 +49,40 @@ type Options struct {
 	Username string
 	// Concurrency is the number of locks reconciled in parallel.
 	Concurrency int
+
+	// EnableWebhook serves the validating admission webhook (on every replica).
+	EnableWebhook bool
+	// WebhookPort is the webhook server's HTTPS port.
+	WebhookPort int
+	// WebhookCertDir holds the serving tls.crt and tls.key.
+	WebhookCertDir string
+	// WebhookControllerUsers may expire holdings and drop waiters; empty means
+	// the controller's own user name (Username, or learned with a SelfSubjectReview).
+	WebhookControllerUsers []string
+	// CertRotation provisions and rotates the serving certificate in the Secret
+	// CertSecretNamespace/CertSecretName, writes it to WebhookCertDir and keeps
+	// the caBundle of WebhookConfigName current. Off when cert-manager does it.
+	CertRotation bool
+	// CertSecretName is the Secret that keeps the CA and the serving pair.
+	CertSecretName string
+	// CertSecretNamespace is the operator's namespace: the Secret's and the webhook Service's.
+	CertSecretNamespace string
+	// WebhookServiceName is the Service the certificate is issued for.
+	WebhookServiceName string
+	// WebhookConfigName is the ValidatingWebhookConfiguration whose caBundle is kept current.
+	WebhookConfigName string
+	// FencedWebhookConfigName is the optional fenced-objects
+	// ValidatingWebhookConfiguration (config/fenced-objects) whose caBundle
+	// CertRotation also keeps current; empty means none.
+	FencedWebhookConfigName string
+	// CertExtraDNSNames are added to the serving certificate's DNS names.
+	CertExtraDNSNames []string
+
 	// Zap configures logging.
 	Zap zap.Options
+
+	// skipNameValidation lets tests run more than one manager in a process.
+	skipNameValidation bool
 }
 
 // DefaultOptions returns the defaults the flags show in --help.
@@ -61,6 +95,16 @@ func DefaultOptions() Options {
 		ExpiryGrace:      controllers.DefaultExpiryGrace,
 		IdleTimeout:      controllers.DefaultIdleTimeout,
 		Concurrency:      4,
+
+		EnableWebhook:           true,
+		WebhookPort:             9443,
+		WebhookCertDir:          DefaultWebhookCertDir(),
+		CertRotation:            true,
+		CertSecretName:          "kubelock-webhook-server-cert",
+		CertSecretNamespace:     "kubelock-system",
+		WebhookServiceName:      "kubelock-webhook-service",
+		WebhookConfigName:       "kubelock-validating-webhook-configuration",
+		FencedWebhookConfigName: "kubelock-fenced-objects",
 	}
 }
 
@@ -75,6 +119,17 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.IdleTimeout, "auto-created-idle-timeout", o.IdleTimeout, "Delete locks labeled "+locksv1alpha1.AutoCreatedLabel+"=true once they stayed free with an empty queue this long.")
 	fs.StringVar(&o.Username, "controller-username", o.Username, "User name written to recentAcquisitions[].endedBy on expiry; empty means learn it with a SelfSubjectReview.")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "Number of locks reconciled in parallel.")
+	fs.BoolVar(&o.EnableWebhook, "enable-webhook", o.EnableWebhook, "Serve the validating admission webhook for DistributedLocks (on every replica, not only the leader).")
+	fs.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "HTTPS port of the admission webhook server.")
+	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "Directory with the webhook's serving tls.crt and tls.key; the server starts, and /readyz passes, once they exist.")
+	fs.Var(listFlag{&o.WebhookControllerUsers}, "webhook-controller-users", "Comma-separated user names the webhook lets expire holdings and drop waiters; empty means the controller's own user name (--controller-username, or learned with a SelfSubjectReview).")
+	fs.BoolVar(&o.CertRotation, "cert-rotation", o.CertRotation, "Provision and rotate the webhook's serving certificate in --cert-secret-name, write it to --webhook-cert-dir and keep the caBundle of --webhook-config-name current; turn off when cert-manager issues the certificate.")
+	fs.StringVar(&o.CertSecretName, "cert-secret-name", o.CertSecretName, "Secret (existing, may be empty) in which --cert-rotation keeps the CA and the serving certificate.")
+	fs.StringVar(&o.CertSecretNamespace, "cert-secret-namespace", o.CertSecretNamespace, "The operator's namespace: that of --cert-secret-name and of --webhook-service-name.")
+	fs.StringVar(&o.WebhookServiceName, "webhook-service-name", o.WebhookServiceName, "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
+	fs.StringVar(&o.WebhookConfigName, "webhook-config-name", o.WebhookConfigName, "ValidatingWebhookConfiguration whose caBundle --cert-rotation keeps current.")
+	fs.StringVar(&o.FencedWebhookConfigName, "fenced-webhook-config-name", o.FencedWebhookConfigName, "ValidatingWebhookConfiguration of the optional fenced-objects component whose caBundle --cert-rotation also keeps current (logged and skipped while it does not exist); empty means none.")
+	fs.Var(listFlag{&o.CertExtraDNSNames}, "cert-extra-dns-names", "Comma-separated extra DNS names for the self-rotated serving certificate.")
 	o.Zap.BindFlags(fs)
 }
 
@@ -93,6 +148,24 @@ func (o *Options) Validate() error {
 	if o.LeaderElect && o.LeaderElectionID == "" {
 		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
 	}
+	if o.EnableWebhook {
+		if o.WebhookPort < 1 || o.WebhookPort > 65535 {
+			errs = append(errs, fmt.Errorf("--webhook-port must be in 1..65535, got %d", o.WebhookPort))
+		}
+		if o.WebhookCertDir == "" {
+			errs = append(errs, errors.New("--webhook-cert-dir must not be empty with --enable-webhook"))
+		}
+	}
+	if o.EnableWebhook && o.CertRotation {
+		for _, f := range []struct{ flag, value string }{
+			{"--cert-secret-name", o.CertSecretName}, {"--cert-secret-namespace", o.CertSecretNamespace},
+			{"--webhook-service-name", o.WebhookServiceName}, {"--webhook-config-name", o.WebhookConfigName},
+		} {
+			if f.value == "" {
+				errs = append(errs, fmt.Errorf("%s must not be empty with --cert-rotation", f.flag))
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -103,7 +176,7 @@ func Main(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: manager [flags]\n\nThe kubelock operator: expires DistributedLock leases, keeps wait queues moving, deletes idle auto-created locks.\n\nFlags:\n")
+		fmt.Fprintf(stderr, "Usage: manager [flags]\n\nThe kubelock operator: expires DistributedLock leases, keeps wait queues moving, deletes idle auto-created locks, and serves the validating admission webhook that enforces the lock rules.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	opts.BindFlags(fs)
@@ -153,6 +226,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
+		WebhookServer:           newWebhookServer(o), // added to the manager only with --enable-webhook
 		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress:  o.ProbeAddr,
 		LeaderElection:          o.LeaderElect,
@@ -161,6 +235,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		// Safe because the process exits right after the manager stops, and a
 		// new leader starts with no observations, so it never expires early.
 		LeaderElectionReleaseOnCancel: true,
+		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.skipNameValidation},
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -190,7 +265,12 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("starting manager", "leaderElection", o.LeaderElect, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout)
+	if o.EnableWebhook {
+		if err := setupWebhook(ctx, mgr, r, o, log); err != nil {
+			return err
+		}
+	}
+	log.Info("starting manager", "leaderElection", o.LeaderElect, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout, "webhook", o.EnableWebhook)
 	return mgr.Start(ctx)
 }
 

@@ -31,6 +31,8 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		"metrics-bind-address", "health-probe-bind-address", "leader-elect", "leader-election-namespace",
 		"leader-election-id", "expiry-grace", "auto-created-idle-timeout", "controller-username",
 		"concurrency", "kubeconfig", "zap-log-level",
+		"enable-webhook", "webhook-port", "webhook-cert-dir", "webhook-controller-users", "cert-rotation",
+		"cert-secret-name", "cert-secret-namespace", "webhook-service-name", "webhook-config-name", "fenced-webhook-config-name", "cert-extra-dns-names",
 	} {
 		if !strings.Contains(out.String(), "-"+flag) {
 			t.Errorf("--help does not document --%s:\n%s", flag, out.String())
@@ -45,6 +47,11 @@ func TestInvalidFlagsAreRejectedUpFront(t *testing.T) {
 		{"--concurrency=0"},
 		{"--leader-election-id="},
 		{"--no-such-flag"},
+		{"--webhook-port=0"},
+		{"--webhook-port=70000"},
+		{"--webhook-cert-dir="},
+		{"--cert-secret-name="},
+		{"--webhook-config-name="},
 	} {
 		var out bytes.Buffer
 		if code := Main(args, &out); code != 2 {
@@ -76,6 +83,7 @@ func TestRunElectsLeaderAndReconciles(t *testing.T) {
 	opts.MetricsAddr = "0"
 	opts.ProbeAddr = freeAddr(t)
 	opts.LeaderElectionNamespace = "default"
+	opts.EnableWebhook = false // TestWebhook* cover it
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, env.Config, opts) }()

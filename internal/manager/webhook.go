@@ -1,0 +1,322 @@
+package manager
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	toolscache "k8s.io/client-go/tools/cache"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/webhook"
+)
+
+// The self-rotating certificate needs the Secret it keeps the CA and the
+// serving pair in (created empty by config/webhook; only in the operator's
+// namespace) and the webhook configuration whose caBundle it keeps current.
+//
+// +kubebuilder:rbac:groups="",namespace=system,resources=secrets,verbs=get;list;watch;update
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=get;list;watch;update;patch
+
+const (
+	certName = "tls.crt"
+	keyName  = "tls.key"
+	// certFieldOwner is the field manager of the caBundle writes.
+	certFieldOwner = "kubelock-cert-rotator"
+)
+
+// DefaultWebhookCertDir is where the webhook server reads tls.crt and tls.key:
+// controller-runtime's default, an emptyDir (self-rotation) or the mounted
+// cert-manager Secret in the Deployment.
+func DefaultWebhookCertDir() string {
+	return filepath.Join(os.TempDir(), "k8s-webhook-server", "serving-certs")
+}
+
+// webhookDNSNames are the names the serving certificate is valid for: the
+// Service's in-cluster names first (the first is the one the rotator checks).
+func (o *Options) webhookDNSNames() []string {
+	svc, ns := o.WebhookServiceName, o.CertSecretNamespace
+	names := []string{
+		fmt.Sprintf("%s.%s.svc", svc, ns),
+		fmt.Sprintf("%s.%s.svc.cluster.local", svc, ns),
+		fmt.Sprintf("%s.%s", svc, ns),
+	}
+	return append(names, o.CertExtraDNSNames...)
+}
+
+// setupWebhook serves the lock validator on every replica (the server needs no
+// leader election) and, with CertRotation, provisions and rotates its serving
+// certificate. Readiness waits for a serving certificate and, when rotating,
+// for the caBundle to be injected.
+func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Reconciler, o Options, log logr.Logger) error {
+	users, err := webhookControllerUsers(ctx, r, o)
+	if err != nil {
+		return err
+	}
+	v, err := webhook.NewValidator(mgr.GetScheme(), mgr.GetClient(), users...)
+	if err != nil {
+		return err
+	}
+	srv := mgr.GetWebhookServer() // adds the server to the manager
+	srv.Register(webhook.Path, &admission.Webhook{Handler: v})
+	// Fenced objects (config/fenced-objects, optional) compare against the
+	// lock's current token: read it from the apiserver, not from the cache.
+	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.NewFencedValidator(admission.NewDecoder(mgr.GetScheme()), mgr.GetAPIReader())})
+	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
+		return err
+	}
+	log.Info("admission webhook", "port", o.WebhookPort, "certDir", o.WebhookCertDir, "path", webhook.Path,
+		"controllerUsers", users, "certRotation", o.CertRotation)
+	if !o.CertRotation {
+		return nil
+	}
+
+	secret := types.NamespacedName{Namespace: o.CertSecretNamespace, Name: o.CertSecretName}
+	dns := o.webhookDNSNames()
+	injected := make(chan struct{})
+	if err := rotator.AddRotator(mgr, &rotator.CertRotator{
+		SecretKey:      secret,
+		CertDir:        o.WebhookCertDir,
+		CAName:         "kubelock-webhook-ca",
+		CAOrganization: "kubelock",
+		DNSName:        dns[0],
+		ExtraDNSNames:  dns[1:],
+		IsReady:        injected,
+		Webhooks:       injectInto(o),
+		FieldOwner:     certFieldOwner,
+		// Every replica serves the webhook, so every replica keeps its files
+		// current; concurrent Secret updates are resolved by resourceVersion.
+		RequireLeaderElection: false,
+	}); err != nil {
+		return fmt.Errorf("setting up certificate rotation: %w", err)
+	}
+	if err := mgr.Add(&secretToFiles{mgr: mgr, key: secret, dir: o.WebhookCertDir}); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("webhook-ca-injected", func(*http.Request) error {
+		select {
+		case <-injected:
+			return nil
+		default:
+			return fmt.Errorf("the CA is not yet injected into ValidatingWebhookConfiguration %s", o.WebhookConfigName)
+		}
+	})
+}
+
+// injectInto are the webhook configurations whose caBundle the rotator keeps
+// current: the lock webhook and, when installed, the fenced-objects one (a
+// missing configuration is logged and skipped).
+func injectInto(o Options) []rotator.WebhookInfo {
+	hooks := []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}}
+	if o.FencedWebhookConfigName != "" {
+		hooks = append(hooks, rotator.WebhookInfo{Name: o.FencedWebhookConfigName, Type: rotator.Validating})
+	}
+	return hooks
+}
+
+// webhookControllerUsers are the user names the validator lets expire holdings
+// and drop waiters: the flag's, or else the controller's own (the name it
+// writes as endedBy), learned with a SelfSubjectReview.
+func webhookControllerUsers(ctx context.Context, r *controllers.Reconciler, o Options) ([]string, error) {
+	if len(o.WebhookControllerUsers) > 0 {
+		return o.WebhookControllerUsers, nil
+	}
+	var name string
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		name, last = r.Username(ctx)
+		return last == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("learning the controller's user name for the webhook (set --webhook-controller-users to skip): %w", errors.Join(err, last))
+	}
+	return []string{name}, nil
+}
+
+// certWaitingServer is the webhook server, started only once its certificate
+// files exist: cert-controller writes the Secret a moment after start, and a
+// mounted cert-manager Secret may still be empty. Until then /readyz fails.
+type certWaitingServer struct {
+	ctrlwebhook.Server
+	dir string
+}
+
+func newWebhookServer(o Options) ctrlwebhook.Server {
+	return &certWaitingServer{
+		Server: ctrlwebhook.NewServer(ctrlwebhook.Options{
+			Port:     o.WebhookPort,
+			CertDir:  o.WebhookCertDir,
+			CertName: certName,
+			KeyName:  keyName,
+			TLSOpts:  []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }},
+		}),
+		dir: o.WebhookCertDir,
+	}
+}
+
+func (s *certWaitingServer) Start(ctx context.Context) error {
+	log := ctrl.Log.WithName("webhook")
+	files := []string{filepath.Join(s.dir, certName), filepath.Join(s.dir, keyName)}
+	next := time.Now()
+	for {
+		if pair, err := tls.LoadX509KeyPair(files[0], files[1]); err == nil && len(pair.Certificate) > 0 {
+			break
+		} else if time.Now().After(next) {
+			log.Info("waiting for the serving certificate", "files", files, "reason", err)
+			next = time.Now().Add(30 * time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return s.Server.Start(ctx)
+}
+
+// secretToFiles keeps tls.crt and tls.key in dir equal to the rotated Secret's,
+// so the webhook server (which watches the files) serves a rotated certificate
+// within moments, without a Secret volume and the kubelet's sync delay. It
+// watches only that one Secret.
+type secretToFiles struct {
+	mgr manager.Manager
+	key types.NamespacedName
+	dir string
+
+	mu sync.Mutex // serialises writes
+}
+
+// NeedLeaderElection is false: every replica serves the webhook.
+func (s *secretToFiles) NeedLeaderElection() bool { return false }
+
+func (s *secretToFiles) Start(ctx context.Context) error {
+	log := ctrl.Log.WithName("webhook-cert-files").WithValues("secret", s.key, "dir", s.dir)
+	c, err := cache.New(s.mgr.GetConfig(), cache.Options{
+		Scheme:            s.mgr.GetScheme(),
+		Mapper:            s.mgr.GetRESTMapper(),
+		DefaultNamespaces: map[string]cache.Config{s.key.Namespace: {}},
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {Field: fields.OneTermEqualSelector("metadata.name", s.key.Name)},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	inf, err := c.GetInformer(ctx, &corev1.Secret{})
+	if err != nil {
+		return err
+	}
+	write := func(obj any) {
+		sec, ok := obj.(*corev1.Secret)
+		if !ok || sec.Name != s.key.Name || sec.Namespace != s.key.Namespace {
+			return
+		}
+		switch wrote, err := s.write(sec.Data[certName], sec.Data[keyName]); {
+		case err != nil:
+			log.Error(err, "writing the serving certificate")
+		case wrote:
+			log.Info("serving certificate written")
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    write,
+		UpdateFunc: func(_, obj any) { write(obj) },
+	}); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return fmt.Errorf("creating the certificate directory: %w", err)
+	}
+	return c.Start(ctx)
+}
+
+// write replaces the files when crt and key are a valid pair that differs from
+// what is on disk. Each file is replaced atomically, the key first, so the
+// server's watcher reloads a matching pair on the certificate's event.
+func (s *secretToFiles) write(crt, key []byte) (bool, error) {
+	if len(crt) == 0 || len(key) == 0 {
+		return false, nil // not issued yet
+	}
+	if _, err := tls.X509KeyPair(crt, key); err != nil {
+		return false, fmt.Errorf("the Secret holds no valid key pair: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	oldCrt, _ := os.ReadFile(filepath.Join(s.dir, certName))
+	oldKey, _ := os.ReadFile(filepath.Join(s.dir, keyName))
+	if bytes.Equal(oldCrt, crt) && bytes.Equal(oldKey, key) {
+		return false, nil
+	}
+	if err := writeAtomic(filepath.Join(s.dir, keyName), key); err != nil {
+		return false, err
+	}
+	return true, writeAtomic(filepath.Join(s.dir, certName), crt)
+}
+
+func writeAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := f.Close(); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// splitList parses a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// listFlag is a comma-separated list flag.
+type listFlag struct{ list *[]string }
+
+func (f listFlag) String() string {
+	if f.list == nil {
+		return ""
+	}
+	return strings.Join(*f.list, ",")
+}
+
+func (f listFlag) Set(s string) error {
+	*f.list = splitList(s)
+	return nil
+}

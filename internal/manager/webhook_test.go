@@ -1,0 +1,366 @@
+package manager
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/webhook"
+)
+
+func TestValidateWebhookOptions(t *testing.T) {
+	o := DefaultOptions()
+	if err := o.Validate(); err != nil {
+		t.Fatalf("defaults are invalid: %v", err)
+	}
+	o.EnableWebhook, o.CertSecretName, o.WebhookPort = false, "", 0
+	if err := o.Validate(); err != nil {
+		t.Errorf("webhook settings are checked although --enable-webhook=false: %v", err)
+	}
+	o = DefaultOptions()
+	o.CertRotation, o.CertSecretName = false, ""
+	if err := o.Validate(); err != nil {
+		t.Errorf("rotation settings are checked although --cert-rotation=false: %v", err)
+	}
+}
+
+func TestListFlag(t *testing.T) {
+	o := DefaultOptions()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	o.BindFlags(fs)
+	if err := fs.Parse([]string{"--webhook-controller-users= a ,,b", "--cert-extra-dns-names=localhost"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(o.WebhookControllerUsers, "|"); got != "a|b" {
+		t.Errorf("--webhook-controller-users parsed as %q", got)
+	}
+	if got := strings.Join(o.webhookDNSNames(), "|"); got != "kubelock-webhook-service.kubelock-system.svc|kubelock-webhook-service.kubelock-system.svc.cluster.local|kubelock-webhook-service.kubelock-system|localhost" {
+		t.Errorf("DNS names %q", got)
+	}
+}
+
+// TestWebhookServesWithSelfRotatedCertificate runs the operator as the binary
+// does, with the webhook and self-rotation on, against a real control plane and
+// the webhook configuration generated into config/webhook: the manager issues
+// its certificate into the (empty) Secret, injects the caBundle, becomes ready,
+// and its own webhook then enforces the lock rules for the apiserver: another
+// user's release is denied, the holder's allowed. After the Secret is wiped it
+// issues a new CA and keeps serving; its own expiry passes its own webhook.
+func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane")
+	}
+	start := time.Now()
+	logs := &syncBuffer{}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logs), zap.UseDevMode(true)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	opts := DefaultOptions()
+	opts.MetricsAddr = "0"
+	opts.ProbeAddr = freeAddr(t)
+	opts.LeaderElectionNamespace = "default"
+	_, port, _ := net.SplitHostPort(freeAddr(t))
+	opts.WebhookPort, _ = strconv.Atoi(port)
+	opts.WebhookCertDir = filepath.Join(t.TempDir(), "serving-certs") // like the emptyDir: absent at first
+	// The apiserver calls https://localhost:<port>; in a cluster it calls the Service.
+	opts.CertExtraDNSNames = []string{"localhost"}
+	opts.ExpiryGrace = 200 * time.Millisecond
+	opts.skipNameValidation = true // other tests in this process run a manager too
+
+	// What config/webhook ships: the namespace, the empty Secret and the
+	// generated webhook configuration (here pointing at this process).
+	must(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opts.CertSecretNamespace}}))
+	must(t, env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: opts.CertSecretNamespace, Name: opts.CertSecretName}}))
+	vwc := generatedWebhookConfiguration(t)
+	vwc.Name = opts.WebhookConfigName
+	for i := range vwc.Webhooks {
+		path := webhook.Path
+		if s := vwc.Webhooks[i].ClientConfig.Service; s != nil && s.Path != nil {
+			path = *s.Path
+		}
+		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{
+			URL: ptr.To(fmt.Sprintf("https://localhost:%d%s", opts.WebhookPort, path)),
+		}
+	}
+	must(t, env.Client.Create(ctx, vwc))
+
+	// The controller's own user: the webhook must learn it (SelfSubjectReview)
+	// without --webhook-controller-users.
+	const controllerUser = "kubelock-test-controller"
+	ctrlCfg, err := env.ControllerConfig(controllerUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runErr = Run(ctx, ctrlCfg, opts)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if runErr != nil {
+			t.Errorf("Run: %v", runErr)
+		}
+	})
+
+	poll := func(what string, timeout time.Duration, cond func(context.Context) (bool, error)) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, cond); err != nil {
+			select {
+			case <-done:
+				t.Fatalf("waiting for %s: the manager stopped: %v", what, runErr)
+			default:
+			}
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+	}
+	caBundle := func(ctx context.Context) []byte {
+		var got admissionregistrationv1.ValidatingWebhookConfiguration
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(vwc), &got); err != nil || len(got.Webhooks) == 0 {
+			return nil
+		}
+		return got.Webhooks[0].ClientConfig.CABundle
+	}
+	var ca []byte
+	poll("the caBundle to be injected", 60*time.Second, func(ctx context.Context) (bool, error) {
+		ca = caBundle(ctx)
+		return len(ca) > 0, nil
+	})
+	var readyz string
+	poll("/readyz with the webhook checks", 60*time.Second, func(context.Context) (bool, error) {
+		code, body := get(fmt.Sprintf("http://%s/readyz?verbose", opts.ProbeAddr))
+		readyz = body
+		return code == http.StatusOK, nil
+	})
+	for _, check := range []string{"[+]webhook ok", "[+]webhook-ca-injected ok"} {
+		if !strings.Contains(readyz, check) {
+			t.Errorf("/readyz does not include %q:\n%s", check, readyz)
+		}
+	}
+	checkServingCert(t, opts, ca)
+	t.Logf("webhook ready with a self-issued certificate %s after start", time.Since(start).Round(time.Millisecond))
+
+	alice, bob := userClient(ctx, t, env, "alice"), userClient(ctx, t, env, "bob")
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "guarded"}}
+	must(t, env.Client.Create(ctx, l))
+	// The first write through the webhook may race the apiserver picking up
+	// the new caBundle; retry only until the webhook answers at all.
+	poll("alice to acquire through the webhook", 30*time.Second, func(ctx context.Context) (bool, error) {
+		if err := alice.Get(ctx, client.ObjectKeyFromObject(l), l); err != nil {
+			return false, err
+		}
+		token, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		if err != nil {
+			return false, err
+		}
+		l.Acquire(holder("alice"), token)
+		err = alice.Status().Update(ctx, l)
+		if apierrors.IsConflict(err) || err != nil && strings.Contains(err.Error(), "failed calling webhook") {
+			return false, nil // the controller wrote first, or the caBundle is not picked up yet
+		}
+		return err == nil, err
+	})
+
+	// bob releases alice's lock: denied by the manager's webhook.
+	hostile := l.DeepCopy()
+	hostile.EndHolding(locksv1alpha1.EndReasonReleased, "bob", metav1.NewMicroTime(time.Now()))
+	err = bob.Status().Update(ctx, hostile)
+	if err == nil || !strings.Contains(err.Error(), "[kubelock:holder-only]") || !strings.Contains(err.Error(), `admission webhook "vdistributedlock.kubelock.io" denied`) {
+		t.Fatalf("bob's release of alice's lock: got %v, want a denial by the webhook naming [kubelock:holder-only]", err)
+	}
+	// alice releases her own: allowed.
+	l.EndHolding(locksv1alpha1.EndReasonReleased, "alice", metav1.NewMicroTime(time.Now()))
+	must(t, alice.Status().Update(ctx, l))
+	if l.Status.Holder != nil || len(l.Status.RecentAcquisitions) != 1 {
+		t.Fatalf("after alice's release: %+v", l.Status)
+	}
+
+	// Rotation: wipe the Secret. The manager issues a new CA and serving pair,
+	// injects the new caBundle, rewrites its files and keeps enforcing.
+	var sec corev1.Secret
+	must(t, env.Client.Get(ctx, client.ObjectKey{Namespace: opts.CertSecretNamespace, Name: opts.CertSecretName}, &sec))
+	oldCrt, oldBundle := sec.Data["tls.crt"], ca
+	sec.Data = nil
+	must(t, env.Client.Update(ctx, &sec))
+	poll("a new caBundle after the Secret was wiped", 60*time.Second, func(ctx context.Context) (bool, error) {
+		ca = caBundle(ctx)
+		return len(ca) > 0 && string(ca) != string(oldBundle), nil
+	})
+	poll("the new serving certificate on disk", 30*time.Second, func(context.Context) (bool, error) {
+		crt, err := os.ReadFile(filepath.Join(opts.WebhookCertDir, "tls.crt"))
+		return err == nil && string(crt) != string(oldCrt), nil
+	})
+	checkServingCert(t, opts, ca)
+	poll("bob to be denied again, now through the rotated certificate", 60*time.Second, func(ctx context.Context) (bool, error) {
+		if err := bob.Get(ctx, client.ObjectKeyFromObject(l), l); err != nil {
+			return false, err
+		}
+		token, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		if err != nil {
+			return false, err
+		}
+		forged := l.DeepCopy()
+		h := holder("alice") // bob writes a holder in alice's name
+		h.RequestID = "req-forged"
+		forged.Acquire(h, token)
+		err = bob.Status().Update(ctx, forged)
+		return err != nil && strings.Contains(err.Error(), "[kubelock:identity]"), nil
+	})
+
+	// The controller expires through the same webhook: its own user name,
+	// learned at start, is a controller user there.
+	poll("alice to acquire a one-second lease", 30*time.Second, func(ctx context.Context) (bool, error) {
+		if err := alice.Get(ctx, client.ObjectKeyFromObject(l), l); err != nil {
+			return false, err
+		}
+		token, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		if err != nil {
+			return false, err
+		}
+		h := holder("alice")
+		h.RequestID, h.LeaseDurationSeconds = "req-short", 1
+		l.Acquire(h, token)
+		err = alice.Status().Update(ctx, l)
+		if apierrors.IsConflict(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	poll("the controller to expire the lease", 30*time.Second, func(ctx context.Context) (bool, error) {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(l), l); err != nil {
+			return false, err
+		}
+		f := l.Status.FindFinished("req-short")
+		return f != nil && f.EndReason == locksv1alpha1.EndReasonExpired && f.EndedBy == controllerUser, nil
+	})
+}
+
+// checkServingCert verifies the files the webhook serves chain to caBundle and
+// name the Service.
+func checkServingCert(t *testing.T, o Options, caBundle []byte) {
+	t.Helper()
+	crtPEM, err := os.ReadFile(filepath.Join(o.WebhookCertDir, "tls.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(crtPEM)
+	if block == nil {
+		t.Fatalf("tls.crt is no PEM certificate")
+	}
+	crt, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caBundle) {
+		t.Fatalf("the caBundle holds no certificate")
+	}
+	for _, name := range []string{"kubelock-webhook-service.kubelock-system.svc", "localhost"} {
+		if _, err := crt.Verify(x509.VerifyOptions{DNSName: name, Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("the serving certificate does not verify for %s against the caBundle: %v", name, err)
+		}
+	}
+}
+
+func generatedWebhookConfiguration(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	t.Helper()
+	f, err := os.Open(filepath.Join(testenv.RepoRoot(), "config", "webhook", "manifests.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.NewYAMLOrJSONDecoder(f, 4096).Decode(&vwc); err != nil {
+		t.Fatal(err)
+	}
+	if vwc.Kind != "ValidatingWebhookConfiguration" || len(vwc.Webhooks) == 0 {
+		t.Fatalf("config/webhook/manifests.yaml: want a ValidatingWebhookConfiguration with webhooks, got %s with %d", vwc.Kind, len(vwc.Webhooks))
+	}
+	for _, w := range vwc.Webhooks {
+		if w.FailurePolicy == nil || *w.FailurePolicy != admissionregistrationv1.Fail ||
+			w.SideEffects == nil || *w.SideEffects != admissionregistrationv1.SideEffectClassNone {
+			t.Errorf("webhook %s: want failurePolicy Fail and sideEffects None", w.Name)
+		}
+	}
+	return &vwc
+}
+
+func holder(user string) locksv1alpha1.LockHolder {
+	now := metav1.NewMicroTime(time.Now().Truncate(time.Microsecond))
+	return locksv1alpha1.LockHolder{
+		Identity:             user + "-worker",
+		User:                 user,
+		LeaseID:              "lease-0123456789-" + user,
+		RequestID:            "req-" + user,
+		LeaseDurationSeconds: 30,
+		AcquireTime:          now,
+		RenewTime:            &now,
+	}
+}
+
+func userClient(ctx context.Context, t *testing.T, env *testenv.Env, name string) client.Client {
+	t.Helper()
+	cfg, err := env.UserConfig(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url) //nolint:gosec,noctx // a local test endpoint
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
