@@ -65,12 +65,14 @@ func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, 
 		opts = append(opts, lock.RequestID(f.requestID))
 	}
 	if f.wait == 0 {
-		return c.TryAcquire(ctx, key, opts...)
+		l, err := c.TryAcquire(ctx, key, opts...)
+		return l, notFound(err, c.Namespace(), key, true)
 	}
 	name, _ := lock.NameForKey(key) // checked by check
 	p := newProgress(errOut, name, f.progress)
 	defer p.done()
-	return c.Acquire(ctx, key, append(opts, lock.WaitTimeout(f.wait), lock.OnQueue(p.update))...)
+	l, err := c.Acquire(ctx, key, append(opts, lock.WaitTimeout(f.wait), lock.OnQueue(p.update))...)
+	return l, notFound(err, c.Namespace(), key, true)
 }
 
 // signalContext ends on SIGINT or SIGTERM; interrupted then says which came.
@@ -174,7 +176,7 @@ func newReleaseCommand(o *options) *cobra.Command {
 				return err
 			}
 			if err := c.ReleaseLease(cmd.Context(), key, leaseID); err != nil {
-				return err
+				return notFound(err, c.Namespace(), key, false)
 			}
 			name, _ := lock.NameForKey(key)
 			_, err = fmt.Fprintf(o.streams.Out, "released %s/%s (lease %s)\n", c.Namespace(), name, leaseID)
@@ -208,7 +210,7 @@ lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
 			}
 			ended, err := c.ForceRelease(cmd.Context(), key, reason)
 			if err != nil {
-				return err
+				return notFound(err, c.Namespace(), key, false)
 			}
 			name, _ := lock.NameForKey(key)
 			if ended == nil {

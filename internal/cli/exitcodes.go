@@ -118,6 +118,23 @@ func unreachable(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EHOSTUNREACH)
 }
 
+// notFound restates pkg/lock's ErrNotFound in the CLI's terms (its own text
+// names the Go option WithAutoCreate); other errors pass unchanged.
+func notFound(err error, ns, key string, canCreate bool) error {
+	if !errors.Is(err, lock.ErrNotFound) {
+		return err
+	}
+	name, _ := lock.NameForKey(key)
+	hint := ""
+	if canCreate {
+		hint = "; an administrator creates it, or pass --create to create it on first use"
+	}
+	if name == key {
+		return fmt.Errorf("%w: %s/%s%s", lock.ErrNotFound, ns, name, hint)
+	}
+	return fmt.Errorf("%w: %s/%s (key %q)%s", lock.ErrNotFound, ns, name, key, hint)
+}
+
 // oneLine is err as a single line for stderr: pkg/lock's nested "kubelock: "
 // prefixes collapsed, newlines folded, one "kubelock: " prefix in front.
 func oneLine(err error) string {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -68,7 +70,7 @@ func (o *options) get(ctx context.Context, keys []string) error {
 	for _, k := range keys {
 		l, err := c.Get(ctx, k)
 		if err != nil {
-			return err
+			return notFound(err, c.Namespace(), k, false)
 		}
 		locks = append(locks, withKind(*l))
 	}
@@ -150,7 +152,7 @@ func (o *options) describe(ctx context.Context, key string) error {
 	}
 	l, err := lc.Get(ctx, key)
 	if err != nil {
-		return err
+		return notFound(err, lc.Namespace(), key, false)
 	}
 	rc, _, err := o.readClient()
 	if err != nil {
@@ -168,8 +170,11 @@ func lockEvents(ctx context.Context, c client.Client, l *locksv1alpha1.Distribut
 		"involvedObject.kind": "DistributedLock",
 		"involvedObject.name": l.Name,
 	})})
-	if err != nil {
-		return nil, fmt.Sprintf("<cannot list events: %s>", oneLine(err)[len("kubelock: "):])
+	switch {
+	case apierrors.IsForbidden(err):
+		return nil, "<not shown: no permission to list events>"
+	case err != nil:
+		return nil, fmt.Sprintf("<cannot list events: %s>", strings.TrimPrefix(oneLine(err), "kubelock: "))
 	}
 	var out []corev1.Event
 	for _, e := range list.Items {

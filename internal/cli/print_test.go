@@ -120,7 +120,7 @@ func TestDescribeGolden(t *testing.T) {
 	}{
 		{name: "describe_held.golden", lock: locks[0], events: events},
 		{name: "describe_free.golden", lock: locks[1]},
-		{name: "describe_no_events_access.golden", lock: locks[2], note: "<cannot list events: events is forbidden>"},
+		{name: "describe_no_events_access.golden", lock: locks[2], note: "<not shown: no permission to list events>"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -168,6 +168,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 	var back time.Duration
 	for {
 		l, err := c.Acquire(ctx, key, f.options(state.queued)...)
+		err = notFound(err, c.Namespace(), key, true)
 		switch {
 		case ctx.Err() != nil:
 			if l != nil {

@@ -81,6 +81,13 @@ var _ = Describe("kubelock commands", func() {
 		Expect(desc).To(gexec.Exit(0))
 		Expect(desc.Out).To(gbytes.Say(`Recent acquisitions`))
 		Expect(desc.Out).To(gbytes.Say(alice.name + `.*Released\s+` + alice.name))
+		Expect(desc.Out).To(gbytes.Say(`Events:\s+<not shown: no permission to list events>`))
+
+		// Someone who may read events sees the controller's.
+		admin := user{name: "admin", kubeconfig: writeKubeconfig("admin", env.Config)}
+		Eventually(func() string {
+			return string(kl(admin, ns, "describe", "jobs").Out.Contents())
+		}).Should(MatchRegexp(`Events:\n\s+TYPE\s+REASON.*\n(.*\n)*\s+Normal\s+Acquired\s+.*acquired by ` + bob.name))
 
 		tbl := kl(bob, ns, "get", "jobs")
 		Expect(tbl).To(gexec.Exit(0))
@@ -171,3 +178,15 @@ var _ = Describe("kubelock commands", func() {
 })
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+var _ = Describe("config/samples", func() {
+	It("are accepted by the apiserver (server-side dry run through kubectl)", func() {
+		admin := writeKubeconfig("admin", env.Config)
+		cmd := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "--kubeconfig", admin,
+			"apply", "--dry-run=server", "-k", filepath.Join(testenv.RepoRoot(), "config", "samples"))
+		s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(s).Should(gexec.Exit(0))
+		Expect(s.Out).To(gbytes.Say(`deployment.apps/orders-writer created \(server dry run\)`))
+	})
+})
