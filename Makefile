@@ -86,3 +86,18 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 $(GOLANGCI_LINT): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv -f $(LOCALBIN)/golangci-lint $@
+
+##@ CLI
+
+# Where install-plugin puts the kubectl-lock symlink; put it on PATH.
+PLUGIN_DIR ?= $(LOCALBIN)
+
+.PHONY: kubelock
+kubelock: | $(LOCALBIN) ## Build the kubelock CLI (kubectl plugin, run wrapper, sidecar) into ./bin.
+	go build -o $(LOCALBIN)/kubelock ./cmd/kubelock
+
+.PHONY: install-plugin
+install-plugin: kubelock ## Install kubelock as the kubectl plugin kubectl-lock in PLUGIN_DIR (default ./bin), so `kubectl lock ...` works.
+	mkdir -p $(PLUGIN_DIR)
+	ln -sf $(LOCALBIN)/kubelock $(PLUGIN_DIR)/kubectl-lock
+	@echo "installed $(PLUGIN_DIR)/kubectl-lock; with $(PLUGIN_DIR) on PATH, run: kubectl lock --help"
