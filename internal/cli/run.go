@@ -123,7 +123,9 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 	for done := false; !done; {
 		select {
 		case s := <-sigs:
-			g.signal(s.(syscall.Signal))
+			if sig, ok := s.(syscall.Signal); ok {
+				g.signal(sig)
+			}
 		case <-l.Done():
 			if lostErr == nil && !errors.Is(context.Cause(l.Context()), lock.ErrReleased) {
 				lostErr = context.Cause(l.Context())
