@@ -106,18 +106,16 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	// generated webhook configuration (here pointing at this process).
 	must(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opts.CertSecretNamespace}}))
 	must(t, env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: opts.CertSecretNamespace, Name: opts.CertSecretName}}))
-	vwc := generatedWebhookConfiguration(t)
+	vwc := webhookConfiguration(t, filepath.Join("config", "webhook", "manifests.yaml"), opts.WebhookPort)
 	vwc.Name = opts.WebhookConfigName
-	for i := range vwc.Webhooks {
-		path := webhook.Path
-		if s := vwc.Webhooks[i].ClientConfig.Service; s != nil && s.Path != nil {
-			path = *s.Path
-		}
-		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{
-			URL: ptr.To(fmt.Sprintf("https://localhost:%d%s", opts.WebhookPort, path)),
-		}
-	}
 	must(t, env.Client.Create(ctx, vwc))
+	// The optional fenced-objects webhook gets its caBundle from the same rotation.
+	fenced := webhookConfiguration(t, filepath.Join("config", "fenced-objects", "webhook.yaml"), opts.WebhookPort)
+	fenced.Annotations = nil // no cert-manager here
+	if fenced.Name != opts.FencedWebhookConfigName {
+		t.Fatalf("config/fenced-objects names its webhook configuration %q, the manager's default is %q", fenced.Name, opts.FencedWebhookConfigName)
+	}
+	must(t, env.Client.Create(ctx, fenced))
 
 	// The controller's own user: the webhook must learn it (SelfSubjectReview)
 	// without --webhook-controller-users.
@@ -151,15 +149,26 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 			t.Fatalf("waiting for %s: %v", what, err)
 		}
 	}
+	// caBundle is the bundle every webhook of both configurations carries, or
+	// nil while they differ.
 	caBundle := func(ctx context.Context) []byte {
-		var got admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(vwc), &got); err != nil || len(got.Webhooks) == 0 {
-			return nil
+		var bundle []byte
+		for _, key := range []client.ObjectKey{{Name: vwc.Name}, {Name: fenced.Name}} {
+			var got admissionregistrationv1.ValidatingWebhookConfiguration
+			if err := env.Client.Get(ctx, key, &got); err != nil || len(got.Webhooks) == 0 {
+				return nil
+			}
+			for _, w := range got.Webhooks {
+				if len(w.ClientConfig.CABundle) == 0 || bundle != nil && string(bundle) != string(w.ClientConfig.CABundle) {
+					return nil
+				}
+				bundle = w.ClientConfig.CABundle
+			}
 		}
-		return got.Webhooks[0].ClientConfig.CABundle
+		return bundle
 	}
 	var ca []byte
-	poll("the caBundle to be injected", 60*time.Second, func(ctx context.Context) (bool, error) {
+	poll("the caBundle to be injected into both webhook configurations", 60*time.Second, func(ctx context.Context) (bool, error) {
 		ca = caBundle(ctx)
 		return len(ca) > 0, nil
 	})
@@ -270,6 +279,18 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 		f := l.Status.FindFinished("req-short")
 		return f != nil && f.EndReason == locksv1alpha1.EndReasonExpired && f.EndedBy == controllerUser, nil
 	})
+
+	// The manager also serves the fenced-objects path: an update of a fenced
+	// ConfigMap without a token is denied.
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "default", Name: "fenced", Labels: map[string]string{"locks.kubelock.io/fenced": "true"},
+		Annotations: map[string]string{webhook.FencedByAnnotation: l.Name},
+	}}
+	must(t, env.Client.Create(ctx, cm))
+	cm.Data = map[string]string{"k": "v"}
+	if err := env.Client.Update(ctx, cm); err == nil || !strings.Contains(err.Error(), "[kubelock:"+string(webhook.RuleStaleToken)+"]") {
+		t.Fatalf("an untokened update of a fenced ConfigMap: got %v, want a [kubelock:%s] denial", err, webhook.RuleStaleToken)
+	}
 }
 
 // checkServingCert verifies the files the webhook serves chain to caBundle and
@@ -299,9 +320,12 @@ func checkServingCert(t *testing.T, o Options, caBundle []byte) {
 	}
 }
 
-func generatedWebhookConfiguration(t *testing.T) *admissionregistrationv1.ValidatingWebhookConfiguration {
+// webhookConfiguration reads the ValidatingWebhookConfiguration in file (under
+// the repository root), checks that it fails closed without side effects, and
+// points every webhook at https://localhost:port with its path.
+func webhookConfiguration(t *testing.T, file string, port int) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	t.Helper()
-	f, err := os.Open(filepath.Join(testenv.RepoRoot(), "config", "webhook", "manifests.yaml"))
+	f, err := os.Open(filepath.Join(testenv.RepoRoot(), file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,12 +335,19 @@ func generatedWebhookConfiguration(t *testing.T) *admissionregistrationv1.Valida
 		t.Fatal(err)
 	}
 	if vwc.Kind != "ValidatingWebhookConfiguration" || len(vwc.Webhooks) == 0 {
-		t.Fatalf("config/webhook/manifests.yaml: want a ValidatingWebhookConfiguration with webhooks, got %s with %d", vwc.Kind, len(vwc.Webhooks))
+		t.Fatalf("%s: want a ValidatingWebhookConfiguration with webhooks, got %s with %d", file, vwc.Kind, len(vwc.Webhooks))
 	}
-	for _, w := range vwc.Webhooks {
+	for i, w := range vwc.Webhooks {
 		if w.FailurePolicy == nil || *w.FailurePolicy != admissionregistrationv1.Fail ||
 			w.SideEffects == nil || *w.SideEffects != admissionregistrationv1.SideEffectClassNone {
-			t.Errorf("webhook %s: want failurePolicy Fail and sideEffects None", w.Name)
+			t.Errorf("%s: webhook %s: want failurePolicy Fail and sideEffects None", file, w.Name)
+		}
+		path := webhook.Path
+		if s := w.ClientConfig.Service; s != nil && s.Path != nil {
+			path = *s.Path
+		}
+		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{
+			URL: ptr.To(fmt.Sprintf("https://localhost:%d%s", port, path)),
 		}
 	}
 	return &vwc
