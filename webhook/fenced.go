@@ -28,20 +28,20 @@ const (
 	FencingTokenAnnotation = "locks.kubelock.io/fencing-token"
 )
 
-// RuleStaleToken: a fenced object accepts only tokens at least as high as the
-// highest it accepted, and never above the lock's current token.
+// RuleStaleToken is the fenced-object rule: a fenced object accepts only tokens
+// at least as high as the highest it accepted, and never above the lock's current token.
 const RuleStaleToken Rule = "stale-token"
 
 // ValidateFencedUpdate checks an update of an object that carries the
 // fenced-by annotation. lockToken is the guarding lock's status.fencingToken
 // (-1 when the lock does not exist). Pure.
-func ValidateFencedUpdate(old, new metav1.Object, lockToken int64) error {
-	lock := old.GetAnnotations()[FencedByAnnotation]
+func ValidateFencedUpdate(oldObj, newObj metav1.Object, lockToken int64) error {
+	lock := oldObj.GetAnnotations()[FencedByAnnotation]
 	if lock == "" {
 		return nil
 	}
 	tag := fmt.Sprintf("[kubelock:%s] ", RuleStaleToken)
-	raw, ok := new.GetAnnotations()[FencingTokenAnnotation]
+	raw, ok := newObj.GetAnnotations()[FencingTokenAnnotation]
 	if !ok {
 		return fmt.Errorf("%sobject is fenced by lock %q: the update must carry the %s annotation with the holder's fencing token", tag, lock, FencingTokenAnnotation)
 	}
@@ -49,7 +49,7 @@ func ValidateFencedUpdate(old, new metav1.Object, lockToken int64) error {
 	if err != nil || token <= 0 {
 		return fmt.Errorf("%sannotation %s=%q is not a positive integer", tag, FencingTokenAnnotation, raw)
 	}
-	if prev, ok := old.GetAnnotations()[FencingTokenAnnotation]; ok {
+	if prev, ok := oldObj.GetAnnotations()[FencingTokenAnnotation]; ok {
 		if highest, err := strconv.ParseInt(prev, 10, 64); err == nil && token < highest {
 			return fmt.Errorf("%sstale fencing token %d for lock %q: this object already accepted token %d", tag, token, lock, highest)
 		}
@@ -79,14 +79,14 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 	if req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
-	old, new := &unstructured.Unstructured{}, &unstructured.Unstructured{}
-	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
+	oldObj, newObj := &unstructured.Unstructured{}, &unstructured.Unstructured{}
+	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	if err := v.decoder.DecodeRaw(req.Object, new); err != nil {
+	if err := v.decoder.DecodeRaw(req.Object, newObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	name := old.GetAnnotations()[FencedByAnnotation]
+	name := oldObj.GetAnnotations()[FencedByAnnotation]
 	if name == "" {
 		return admission.Allowed("")
 	}
@@ -98,7 +98,7 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 	case !apierrors.IsNotFound(err):
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	if err := ValidateFencedUpdate(old, new, lockToken); err != nil {
+	if err := ValidateFencedUpdate(oldObj, newObj, lockToken); err != nil {
 		observe(RuleStaleToken, false)
 		staleTokenRejections.WithLabelValues(req.Namespace + "/" + name).Inc()
 		return admission.Denied(err.Error())

@@ -19,7 +19,10 @@ import (
 // Path is where the webhook server serves the lock validator.
 const Path = "/validate-locks-kubelock-io-v1alpha1-distributedlock"
 
-// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks;distributedlocks/status,verbs=update;delete,versions=v1alpha1,name=vdistributedlock.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
+// Two registrations of one handler: status writes, and deletes. Spec edits are
+// not intercepted, so `kubectl apply` of locks never waits for (or on) the webhook.
+// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks/status,verbs=update,versions=v1alpha1,name=vdistributedlock.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
+// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks,verbs=delete,versions=v1alpha1,name=vdistributedlock-delete.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // Validator is the admission handler for DistributedLocks.
@@ -60,38 +63,38 @@ func (v *Validator) Handle(ctx context.Context, req admission.Request) admission
 }
 
 func (v *Validator) handleStatus(ctx context.Context, req admission.Request) admission.Response {
-	old, new := &locksv1alpha1.DistributedLock{}, &locksv1alpha1.DistributedLock{}
-	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
+	oldObj, newObj := &locksv1alpha1.DistributedLock{}, &locksv1alpha1.DistributedLock{}
+	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	if err := v.decoder.DecodeRaw(req.Object, new); err != nil {
+	if err := v.decoder.DecodeRaw(req.Object, newObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	a := v.actor(req.UserInfo)
-	if NeedsForceCheck(old, new) {
-		ok, err := v.canForceRelease(ctx, req.UserInfo, old)
+	if NeedsForceCheck(oldObj, newObj) {
+		ok, err := v.canForceRelease(ctx, req.UserInfo, oldObj)
 		if err != nil {
 			return admission.Errored(http.StatusInternalServerError, err)
 		}
 		a.CanForceRelease = ok
 	}
-	return respond(ValidateStatusUpdate(old, new, a))
+	return respond(ValidateStatusUpdate(oldObj, newObj, a))
 }
 
 func (v *Validator) handleDelete(ctx context.Context, req admission.Request) admission.Response {
-	old := &locksv1alpha1.DistributedLock{}
-	if err := v.decoder.DecodeRaw(req.OldObject, old); err != nil {
+	oldObj := &locksv1alpha1.DistributedLock{}
+	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	a := v.actor(req.UserInfo)
-	if old.Status.Holder != nil {
-		ok, err := v.canForceRelease(ctx, req.UserInfo, old)
+	if oldObj.Status.Holder != nil && oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" {
+		ok, err := v.canForceRelease(ctx, req.UserInfo, oldObj)
 		if err != nil {
 			return admission.Errored(http.StatusInternalServerError, err)
 		}
 		a.CanForceRelease = ok
 	}
-	return respond(ValidateDelete(old, a))
+	return respond(ValidateDelete(oldObj, a))
 }
 
 func (v *Validator) actor(u authenticationv1.UserInfo) Actor {

@@ -80,26 +80,26 @@ var (
 	recentPath  = statusPath.Child("recentAcquisitions")
 )
 
-// NeedsForceCheck reports whether validating old → new needs to know whether
+// NeedsForceCheck reports whether validating oldObj → newObj needs to know whether
 // the writer may force-release (the SubjectAccessReview is not free).
-func NeedsForceCheck(old, new *locksv1alpha1.DistributedLock) bool {
-	if old.Status.Holder == nil || new.Status.Holder != nil {
+func NeedsForceCheck(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
+	if oldObj.Status.Holder == nil || newObj.Status.Holder != nil {
 		return false
 	}
-	r := new.Status.RecentAcquisitions
+	r := newObj.Status.RecentAcquisitions
 	return len(r) > 0 && r[len(r)-1].EndReason == locksv1alpha1.EndReasonForceReleased
 }
 
-// ValidateStatusUpdate checks one write of the status subresource, old → new, by a.
+// ValidateStatusUpdate checks one write of the status subresource, oldObj → newObj, by a.
 // It is pure: everything it needs is in its arguments.
-func ValidateStatusUpdate(old, new *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+func ValidateStatusUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
 	var errs field.ErrorList
-	o, n := &old.Status, &new.Status
+	o, n := &oldObj.Status, &newObj.Status
 	switch {
 	case o.Holder == nil && n.Holder != nil:
-		errs = append(errs, validateAcquire(old, new, a)...)
+		errs = append(errs, validateAcquire(oldObj, newObj, a)...)
 	case o.Holder != nil && n.Holder == nil:
-		errs = append(errs, validateEnd(old, new, a)...)
+		errs = append(errs, validateEnd(oldObj, newObj, a)...)
 	case o.Holder != nil:
 		errs = append(errs, validateHeld(o.Holder, n.Holder, a)...)
 	}
@@ -112,9 +112,9 @@ func ValidateStatusUpdate(old, new *locksv1alpha1.DistributedLock, a Actor) fiel
 	return append(errs, validateQueue(o, n, a)...)
 }
 
-func validateAcquire(old, new *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+func validateAcquire(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
 	var errs field.ErrorList
-	o, n := &old.Status, &new.Status
+	o, n := &oldObj.Status, &newObj.Status
 	h := n.Holder
 	if a.IsController {
 		errs = append(errs, deny(holderPath, RuleControllerOnly, "the controller may expire holdings but never acquire a lock"))
@@ -128,7 +128,7 @@ func validateAcquire(old, new *locksv1alpha1.DistributedLock, a Actor) field.Err
 	if len(o.Waiters) > 0 && (o.Waiters[0].RequestID != h.RequestID || o.Waiters[0].User != h.User) {
 		errs = append(errs, deny(holderPath.Child("requestID"), RuleQueueHead, "only the head of the wait queue (requestID %s of %q) may acquire; request %s of %q is not", o.Waiters[0].RequestID, o.Waiters[0].User, h.RequestID, h.User))
 	}
-	want, err := locksv1alpha1.NextFencingToken(old.ResourceVersion)
+	want, err := locksv1alpha1.NextFencingToken(oldObj.ResourceVersion)
 	switch {
 	case err != nil:
 		errs = append(errs, field.InternalError(tokenPath, err))
@@ -150,8 +150,8 @@ func validatePod(h *locksv1alpha1.LockHolder, a Actor) field.ErrorList {
 }
 
 // validateEnd checks a release, an expiry or a force-release.
-func validateEnd(old, new *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
-	o, n := &old.Status, &new.Status
+func validateEnd(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+	o, n := &oldObj.Status, &newObj.Status
 	h := o.Holder
 	want := append(append([]locksv1alpha1.FinishedHolding(nil), o.RecentAcquisitions...), locksv1alpha1.FinishedHolding{})
 	if len(want) > locksv1alpha1.MaxRecentAcquisitions {
@@ -183,7 +183,7 @@ func validateEnd(old, new *locksv1alpha1.DistributedLock, a Actor) field.ErrorLi
 		}
 	case locksv1alpha1.EndReasonForceReleased:
 		if !a.CanForceRelease {
-			errs = append(errs, deny(holderPath, RuleForceRelease, "user %q may not force-release: it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s", a.Username, locksv1alpha1.ForceReleaseVerb, old.Namespace))
+			errs = append(errs, deny(holderPath, RuleForceRelease, "user %q may not force-release: it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s", a.Username, locksv1alpha1.ForceReleaseVerb, oldObj.Namespace))
 		}
 	default:
 		errs = append(errs, deny(p.Child("endReason"), RuleEndRecord, "endReason %q is not one of Released, Expired, ForceReleased", last.EndReason))

@@ -63,7 +63,7 @@ var _ = Describe("the DistributedLock CRD", func() {
 		l.Status = locksv1.DistributedLockStatus{
 			Holder:       &h,
 			FencingToken: token,
-			Transitions:  2,
+			Transitions:  1,
 			Waiters:      []locksv1.Waiter{waiter("alice", 3), waiter("bob", 4)},
 			WaiterCount:  2,
 			RecentAcquisitions: []locksv1.FinishedHolding{{
@@ -357,7 +357,9 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		want:   "status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise"}),
 	Entry("status: negative token", invalidCase{setup: fresh, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken = -1 },
-		want:   "status.fencingToken: Invalid value: -1: fencingToken in body should be greater than or equal to 0"}),
+		want:   "status.fencingToken: Invalid value: -1: fencingToken in body should be greater than or equal to 0",
+		// Even a never-written status defaults to token 0, so -1 is also a decrease.
+		also: []string{"status: Invalid value: fencingToken must not decrease"}}),
 
 	// status: the holder
 	Entry("status: holder replaced by a different leaseID", invalidCase{setup: held, write: status,
@@ -448,7 +450,13 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		want:   "status.recentAcquisitions[0].endedBy: Too long: may not be more than 512 bytes"}),
 
 	// status: the whole object
+	// Removing status defaults it back to an empty one, which the transition
+	// rules refuse like any other reset of a held lock.
 	Entry("status: status removed", invalidCase{setup: held, write: status,
 		raw:  func(u map[string]any) { delete(u, "status") },
-		want: "status: Invalid value: status cannot be removed"}),
+		want: "status: Invalid value: fencingToken must not decrease",
+		also: []string{
+			"status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise",
+			"status: Invalid value: a holding that ends must be recorded in recentAcquisitions",
+		}}),
 )

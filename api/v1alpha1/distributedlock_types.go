@@ -282,7 +282,6 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Transitions",type=integer,JSONPath=`.status.transitions`,priority=1
 // +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.holder) || self.status.holder.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds",message="holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".status.holder.leaseDurationSeconds"
 // +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || size(self.status.waiters) <= self.spec.maxWaiters",message="the wait queue must not be longer than spec.maxWaiters",fieldPath=".status.waiters"
-// +kubebuilder:validation:XValidation:rule="has(self.status) || !has(oldSelf.status)",message="status cannot be removed",fieldPath=".status"
 type DistributedLock struct {
 	metav1.TypeMeta `json:",inline"`
 
@@ -295,8 +294,10 @@ type DistributedLock struct {
 	// +kubebuilder:default={leaseDurationSeconds:30,maxLeaseDurationSeconds:300,maxWaiters:128,handoffTimeoutSeconds:10}
 	Spec DistributedLockSpec `json:"spec,omitempty"`
 
-	// status is the lock's state.
+	// status is the lock's state. Its default makes even a never-written status
+	// exist, so the transition rules also check a lock's first status write.
 	// +optional
+	// +kubebuilder:default={fencingToken:0,transitions:0,waiterCount:0}
 	Status DistributedLockStatus `json:"status,omitempty"`
 }
 

@@ -59,6 +59,9 @@ func Start(opts ...Option) (*Env, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		// envtest leaves etcd and kube-apiserver running when a later step
+		// (installing CRDs or webhooks) fails.
+		_ = env.Stop()
 		return nil, fmt.Errorf("starting the control plane from %s (build it with 'make control-plane'): %w", env.BinaryAssetsDirectory, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})

@@ -61,6 +61,12 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 		ctx, cancel = context.WithTimeout(ctx, a.cfg.waitTimeout)
 		defer cancel()
 		a.deadline, _ = ctx.Deadline()
+	} else if _, ok := ctx.Deadline(); !ok {
+		// TryAcquire never waits for the lock, but it does retry a write whose
+		// outcome is unknown; bound that when the caller gave no deadline.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTryTimeout)
+		defer cancel()
 	}
 	if !c.slots.take(ctx, name, wait) {
 		if !wait {
@@ -110,7 +116,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				continue
 			}
 		}
-		if l, err, done := a.own(ctx, obj); done {
+		if l, done, err := a.own(ctx, obj); done {
 			return l, err
 		}
 		st := &obj.Status
@@ -159,30 +165,30 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 
 // own answers a request whose holding status already records (I6): the same
 // lease while it lasts, or ErrLockLost once it ended. done is false otherwise.
-func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*Lock, error, bool) {
+func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (l *Lock, done bool, err error) {
 	if h := obj.Status.Holder; h != nil && h.RequestID == a.cfg.requestID {
 		if h.User != a.user {
-			return nil, fmt.Errorf("request ID %s belongs to user %s", a.cfg.requestID, h.User), true
+			return nil, true, fmt.Errorf("request ID %s belongs to user %s", a.cfg.requestID, h.User)
 		}
 		// The holding may come from an earlier call with this request ID whose
 		// send time is unknown here: prove it with a renewal before trusting it.
 		l := a.c.newLock(a, obj)
 		if !a.firstSent.IsZero() {
 			l.start(a.firstSent)
-			return l, nil, true
+			return l, true, nil
 		}
 		sent, err := l.renew(ctx)
 		if err != nil {
-			l.finish(err)
-			return nil, err, true
+			l.cancel(err) // never started: it owns no queue slot to give back
+			return nil, true, err
 		}
 		l.start(sent)
-		return l, nil, true
+		return l, true, nil
 	}
 	if f := obj.Status.FindFinished(a.cfg.requestID); f != nil {
-		return nil, endedHolding(f), true
+		return nil, true, endedHolding(f)
 	}
-	return nil, nil, false
+	return nil, false, nil
 }
 
 // report tells the OnQueue callback about a changed place in the queue.
@@ -278,7 +284,7 @@ func (a *attempt) giveUp(ctx context.Context, last error) error {
 	}
 	err := waitErr(ctx)
 	if last != nil {
-		return fmt.Errorf("%w (last error: %v)", err, last)
+		return fmt.Errorf("%w (last error: %w)", err, last)
 	}
 	return err
 }

@@ -30,11 +30,17 @@ type Lock struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	// mu serialises writes (renew, release) and guards the fields below.
+	// wmu serialises this holding's writes (renew, release) and guards obj.
+	wmu sync.Mutex
+	obj *locksv1alpha1.DistributedLock // last version this holder wrote or read
+
+	// mu guards the fields below. It is never held across a request, so the
+	// watchdog can always end the holding on time.
 	mu       sync.Mutex
-	obj      *locksv1alpha1.DistributedLock // last version this holder wrote or read
-	deadline time.Time                      // safe deadline: last proven send + lease - margin
+	deadline time.Time // safe deadline: last proven send + lease - margin
 	finished bool
+	unproven bool // the holding ended because the safe deadline passed, not by the server's word
+	ownsSlot bool // started: ending the holding gives the process's queue slot back
 	extended chan struct{} // closed and replaced when the deadline moves
 	stopped  chan struct{} // closed when the background loop exits
 }
@@ -61,6 +67,7 @@ func safetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*
 func (l *Lock) start(sent time.Time) {
 	l.mu.Lock()
 	l.deadline = sent.Add(l.lease - l.margin)
+	l.ownsSlot = true
 	l.mu.Unlock()
 	l.stopped = make(chan struct{})
 	go l.watchdog()
@@ -123,8 +130,8 @@ func (l *Lock) Renew(ctx context.Context) error {
 // renew writes renewTime with the last known resourceVersion. It is the one
 // function a session-based renewal would replace.
 func (l *Lock) renew(ctx context.Context) (time.Time, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
 	for {
 		if err := l.Err(); err != nil {
 			return time.Time{}, err
@@ -150,13 +157,13 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 	}
 }
 
-// refresh rereads the lock and ends the holding if it is no longer ours. Callers hold l.mu.
+// refresh rereads the lock and ends the holding if it is no longer ours. Callers hold l.wmu.
 func (l *Lock) refresh(ctx context.Context) error {
 	obj := &locksv1alpha1.DistributedLock{}
 	err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj)
 	if apierrors.IsNotFound(err) {
 		err = lost("lock %s was deleted", l.name)
-		l.finishLocked(err)
+		l.finish(err)
 		return err
 	}
 	if err != nil {
@@ -167,7 +174,7 @@ func (l *Lock) refresh(ctx context.Context) error {
 		if f := obj.Status.FindFinished(l.requestID); f != nil {
 			err = endedHolding(f)
 		}
-		l.finishLocked(err)
+		l.finish(err)
 		return err
 	}
 	l.obj = obj
@@ -190,15 +197,21 @@ func (l *Lock) extend(sent time.Time) {
 // touches the new holder. The lock's Context ends before the release is sent,
 // so guarded work stops before anyone else can start.
 func (l *Lock) Release(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
 	if err := l.Err(); err != nil {
 		if errors.Is(err, ErrReleased) {
 			return nil
 		}
+		if l.isUnproven() {
+			// The lease could not be proven, but the apiserver may still show
+			// it: free it for the next holder if it is still ours. The reread
+			// and the resourceVersion precondition never touch another holding.
+			l.releaseIfStillHeld(ctx)
+		}
 		return err
 	}
-	l.finishLocked(ErrReleased)
+	l.finish(ErrReleased)
 	var back backoff
 	for {
 		next := l.obj.DeepCopy()
@@ -222,6 +235,21 @@ func (l *Lock) Release(ctx context.Context) error {
 			return fmt.Errorf("kubelock: release %s: %w", l.name, err)
 		}
 	}
+}
+
+// releaseIfStillHeld makes one conditional release of a holding the client
+// gave up on. Callers hold l.wmu.
+func (l *Lock) releaseIfStillHeld(ctx context.Context) {
+	obj := &locksv1alpha1.DistributedLock{}
+	if err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj); err != nil {
+		return
+	}
+	if h := obj.Status.Holder; h == nil || h.LeaseID != l.leaseID {
+		return
+	}
+	obj.EndHolding(locksv1alpha1.EndReasonReleased, l.user, metav1.NewMicroTime(l.c.cfg.clock.Now()))
+	obj.Status.ObservedGeneration = obj.Generation
+	_ = l.c.c.Status().Update(ctx, obj)
 }
 
 // reread refreshes l.obj for a release retry; it reports ErrLockLost (and
@@ -255,13 +283,34 @@ func (l *Lock) finish(cause error) {
 	l.finishLocked(cause)
 }
 
+// finishUnproven ends the holding because its safe deadline passed, unless a
+// renewal moved the deadline meanwhile; it reports whether it ended it.
+func (l *Lock) finishUnproven(deadline time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.deadline.After(deadline) {
+		return false
+	}
+	l.unproven = true
+	l.finishLocked(lost("could not renew %s before its safe deadline", l.name))
+	return true
+}
+
+func (l *Lock) isUnproven() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.unproven
+}
+
 func (l *Lock) finishLocked(cause error) {
 	if l.finished {
 		return
 	}
 	l.finished = true
 	l.cancel(cause)
-	l.c.slots.give(l.name)
+	if l.ownsSlot {
+		l.c.slots.give(l.name)
+	}
 	if errors.Is(cause, ErrLockLost) {
 		l.c.cfg.log.Info("lock lost", "lock", l.name, "token", l.token, "leaseID", l.leaseID, "cause", cause.Error())
 	}
@@ -276,8 +325,7 @@ func (l *Lock) watchdog() {
 		deadline, extended := l.deadline, l.extended
 		l.mu.Unlock()
 		left := deadline.Sub(clk.Now())
-		if left <= 0 {
-			l.finish(lost("could not renew %s before its safe deadline", l.name))
+		if left <= 0 && l.finishUnproven(deadline) {
 			return
 		}
 		t := clk.NewTimer(left)
@@ -305,9 +353,9 @@ func (l *Lock) renewLoop() {
 			return
 		case <-t.C():
 		}
-		ctx, cancel := context.WithDeadline(l.ctx, l.ExpiresAt())
-		err := l.Renew(ctx)
-		cancel()
+		// The watchdog cancels l.ctx at the safe deadline, which also ends a
+		// renewal request that hangs.
+		err := l.Renew(l.ctx)
 		switch {
 		case err == nil:
 			wait = jitter(interval)

@@ -18,6 +18,9 @@ const (
 	DefaultNamespace = "default"
 	// DefaultMaxWait bounds how long any Acquire may wait in a queue.
 	DefaultMaxWait = time.Hour
+	// DefaultTryTimeout bounds a TryAcquire whose context has no deadline, while
+	// it retries after lost connections (it never waits for the lock itself).
+	DefaultTryTimeout = 30 * time.Second
 )
 
 // Option configures a Client.

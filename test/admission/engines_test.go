@@ -193,7 +193,7 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 					}
 					for _, n := range slices.Sorted(maps.Keys(writes)) {
 						err := writes[n]()
-						Expect(err).To(MatchError(ContainSubstring(`failed calling webhook "vdistributedlock.kubelock.io"`)), n)
+						Expect(err).To(MatchError(ContainSubstring(`failed calling webhook "vdistributedlock`)), n)
 						GinkgoWriter.Printf("webhook down, %s: %v\n", n, err)
 					}
 					for n, k := range keys {

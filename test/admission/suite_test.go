@@ -48,7 +48,7 @@ const (
 	policyName            = "kubelock-distributedlocks"
 	breakglassRole        = "kubelock-breakglass"
 	deleterRole           = "kubelock-test-lock-deleter"
-	webhookDenied         = `admission webhook "vdistributedlock.kubelock.io" denied the request`
+	webhookDenied         = `admission webhook "vdistributedlock` // .kubelock.io (status) or -delete.kubelock.io
 	policyDenied          = "ValidatingAdmissionPolicy '" + policyName + "'"
 	// podSA is a service account whose bound token names its pod (impersonated).
 	podSA = "system:serviceaccount:apps:worker"

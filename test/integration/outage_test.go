@@ -38,14 +38,16 @@ var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
 		startController()
 		restartedAt := time.Now()
 
-		granted := make(chan time.Time, 1)
+		type grant struct {
+			at   time.Time
+			lock *lock.Lock
+		}
+		granted := make(chan grant, 1)
 		go func() {
 			defer GinkgoRecover()
 			next, err := b.Acquire(ctx, "outage", lock.WaitTimeout(time.Minute))
 			Expect(err).NotTo(HaveOccurred())
-			granted <- time.Now()
-			Expect(next.FencingToken()).To(BeNumerically(">", held.FencingToken()))
-			Expect(next.Release(ctx)).To(Succeed())
+			granted <- grant{time.Now(), next}
 		}()
 
 		By("renewing while cut off fails instead of succeeding locally (I4)")
@@ -58,8 +60,10 @@ var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
 		Expect(context.Cause(held.Context())).To(MatchError(lock.ErrLockLost))
 		Expect(doneAt.Sub(cutAt)).To(BeNumerically("<", lease), "Done fires within one lease of the last proof")
 
-		var grantedAt time.Time
-		Eventually(granted, 4*lease).Should(Receive(&grantedAt))
+		var g grant
+		Eventually(granted, 4*lease).Should(Receive(&g))
+		grantedAt, next := g.at, g.lock
+		Expect(next.FencingToken()).To(BeNumerically(">", held.FencingToken()))
 		Expect(doneAt.Before(grantedAt)).To(BeTrue(), "the holder stopped (%s) before the next holder started (%s)", doneAt, grantedAt)
 		Expect(grantedAt.Sub(restartedAt)).To(BeNumerically(">=", lease), "a restarted controller never expires a lease early")
 		stored := getLock(ctx, ns, "outage")
@@ -72,6 +76,9 @@ var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
 		proxy.SetRule(nil)
 		before := getLock(ctx, ns, "outage")
 		Expect(held.Release(ctx)).To(MatchError(lock.ErrLockLost))
-		Expect(getLock(ctx, ns, "outage").ResourceVersion).To(Equal(before.ResourceVersion))
+		after := getLock(ctx, ns, "outage")
+		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
+		Expect(after.Status.Holder.LeaseID).To(Equal(next.LeaseID()))
+		Expect(next.Release(ctx)).To(Succeed())
 	})
 })
