@@ -39,8 +39,8 @@ type Lock struct {
 	mu       sync.Mutex
 	deadline time.Time // safe deadline: last proven send + lease - margin
 	finished bool
-	unproven bool // the holding ended because the safe deadline passed, not by the server's word
-	ownsSlot bool // started: ending the holding gives the process's queue slot back
+	unproven bool          // the holding ended because the safe deadline passed, not by the server's word
+	ownsSlot bool          // started: ending the holding gives the process's queue slot back
 	extended chan struct{} // closed and replaced when the deadline moves
 	stopped  chan struct{} // closed when the background loop exits
 }
