@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kubelock/kubelock/internal/testenv"
 )
@@ -85,7 +86,14 @@ func TestKustomizeConfig(t *testing.T) {
 	must(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kubelock-system"}}))
 	manifest := filepath.Join(t.TempDir(), "default.yaml")
 	must(t, os.WriteFile(manifest, []byte(self), 0o600))
-	k := env.ControlPlane.KubeCtl()
+	admin, err := env.AddUser(envtest.User{Name: "kustomize-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := admin.Kubectl()
+	if err != nil {
+		t.Fatal(err)
+	}
 	k.Path = kubectl
 	stdout, stderr, err := k.Run("apply", "--server-side", "--dry-run=server", "-f", manifest)
 	if err != nil {
