@@ -40,6 +40,11 @@ type attempt struct {
 	// firstSent is when the first acquire write of this call was sent; a holding
 	// found later was created by one of them, so it is the safe base for the deadline.
 	firstSent time.Time
+	// unknownAt is status.transitions of the object an acquire write with an
+	// unknown outcome was based on, or -1. While the lock has changed hands fewer
+	// times than recentAcquisitions remembers, a missing record proves that write
+	// never committed.
+	unknownAt int64
 	// queued is the queue status last reported to cfg.onQueue.
 	queued QueueStatus
 }
@@ -49,7 +54,7 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 	if err != nil {
 		return nil, err
 	}
-	a := attempt{c: c, key: key, name: name, wait: wait, leaseID: randomID()}
+	a := attempt{c: c, key: key, name: name, wait: wait, leaseID: randomID(), unknownAt: -1}
 	if a.cfg, err = c.acquireConfig(opts); err != nil {
 		return nil, err
 	}
@@ -120,6 +125,12 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			return l, err
 		}
 		st := &obj.Status
+		if a.unknownAt >= 0 && st.Transitions > a.unknownAt+locksv1alpha1.MaxRecentAcquisitions {
+			// Our write may have committed and its record aged out: taking the
+			// lock again could make a second holding (I6). Say so instead.
+			return nil, lost("cannot tell whether request %s acquired: the lock changed hands %d times since and status remembers only the last %d holdings",
+				a.cfg.requestID, st.Transitions-a.unknownAt, locksv1alpha1.MaxRecentAcquisitions)
+		}
 		pos := st.WaiterIndex(a.cfg.requestID)
 		if st.Holder == nil && (len(st.Waiters) == 0 || pos == 0) {
 			next, sent, err := a.take(ctx, obj)
@@ -131,6 +142,9 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			case definite(err):
 				return nil, err
 			case !apierrors.IsConflict(err):
+				if a.unknownAt < 0 {
+					a.unknownAt = obj.Status.Transitions
+				}
 				last = err
 				_ = back.wait(ctx)
 			}

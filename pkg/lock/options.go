@@ -142,7 +142,10 @@ type QueueStatus struct {
 
 // RequestID sets the idempotency key of the call. Retrying with the same ID never
 // creates a second holding: it returns the same lease while it lasts, or reports
-// that it already ended. Default: a fresh random ID per call.
+// that it already ended. Default: a fresh random ID per call. A retry from
+// another call or process is recognised while its holding is among the last
+// MaxRecentAcquisitions the lock remembers; within one call, Acquire refuses
+// (ErrLockLost) rather than guess once the lock changed hands more often.
 func RequestID(id string) AcquireOption { return func(a *acquireConfig) { a.requestID = id } }
 
 // WaitTimeout bounds how long Acquire waits in the queue (default and upper bound: the client's WithMaxWait).

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -279,5 +280,70 @@ var _ = Describe("idempotent acquire (I6)", func() {
 		Expect(err).To(MatchError(lock.ErrLockLost))
 		Expect(err.Error()).To(ContainSubstring("already ended: Released"))
 		Expect(getLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
+	})
+})
+
+var _ = Describe("idempotent acquire beyond what status remembers (I6)", func() {
+	It("refuses to guess when the lock changed hands more often than recentAcquisitions records", func() {
+		ctx := context.Background()
+		ns := newNamespace(ctx)
+		newLock(ctx, ns, "busy", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1})
+		cfg, _ := userConfig(ctx)
+		proxy, err := faultproxy.New(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(proxy.Close)
+
+		// The acquire commits but its answer is lost; then the client is cut
+		// off while the lock changes hands nine times.
+		var dropped atomic.Bool
+		healed := make(chan struct{})
+		proxy.SetRule(func(r *http.Request) faultproxy.Action {
+			select {
+			case <-healed:
+				return faultproxy.Pass
+			default:
+			}
+			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") && dropped.CompareAndSwap(false, true) {
+				return faultproxy.DropResponse
+			}
+			if dropped.Load() {
+				return faultproxy.Refuse
+			}
+			return faultproxy.Pass
+		})
+		c, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("cut-off"))
+		Expect(err).NotTo(HaveOccurred())
+		result := make(chan error, 1)
+		go func() {
+			defer GinkgoRecover()
+			l, err := c.Acquire(ctx, "busy", lock.RequestID("req-lost"), lock.WaitTimeout(time.Minute))
+			if err == nil {
+				_ = l.Release(ctx)
+			}
+			result <- err
+		}()
+		Eventually(func() string {
+			h := getLock(ctx, ns, "busy").Status.Holder
+			if h == nil {
+				return ""
+			}
+			return h.RequestID
+		}).Should(Equal("req-lost"))
+
+		other, _ := newClient(ctx, ns)
+		for range locksv1alpha1.MaxRecentAcquisitions + 1 {
+			l, err := other.Acquire(ctx, "busy", lock.WaitTimeout(time.Minute))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(l.Release(ctx)).To(Succeed())
+		}
+		Expect(getLock(ctx, ns, "busy").Status.FindFinished("req-lost")).To(BeNil(), "the record aged out")
+		transitions := getLock(ctx, ns, "busy").Status.Transitions
+
+		close(healed)
+		var got error
+		Eventually(result, time.Minute).Should(Receive(&got))
+		Expect(got).To(MatchError(lock.ErrLockLost))
+		Expect(got.Error()).To(ContainSubstring("cannot tell whether request req-lost acquired"))
+		Expect(getLock(ctx, ns, "busy").Status.Transitions).To(Equal(transitions), "no second holding")
 	})
 })
