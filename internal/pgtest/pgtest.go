@@ -133,5 +133,9 @@ func freePort() (int, error) {
 		return 0, err
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	addr, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return 0, fmt.Errorf("pgtest: unexpected listener address %v", l.Addr())
+	}
+	return addr.Port, nil
 }

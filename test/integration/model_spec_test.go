@@ -91,7 +91,7 @@ func (s lockState) free() lockState {
 }
 
 func modelStep(st any, inp any, outp any) []any {
-	s, in, out := st.(lockState), inp.(modelInput), outp.(modelOutput)
+	s, in, out := st.(lockState), inp.(modelInput), outp.(modelOutput) //nolint:errcheck // porcupine hands back only the types this model gave it
 	pre := []lockState{s}
 	if s.Held && s.Abandoned {
 		pre = append(pre, s.free()) // the controller expired it first
@@ -202,7 +202,7 @@ func short(id string) string {
 }
 
 func describeModelOp(inp any, outp any) string {
-	in, out := inp.(modelInput), outp.(modelOutput)
+	in, out := inp.(modelInput), outp.(modelOutput) //nolint:errcheck // porcupine hands back only the types this model gave it
 	var call string
 	switch in.Kind {
 	case mAcquire:
@@ -240,7 +240,7 @@ func describeModelOp(inp any, outp any) string {
 }
 
 func describeLockState(st any) string {
-	s := st.(lockState)
+	s := st.(lockState) //nolint:errcheck // porcupine hands back only the types this model gave it
 	tok := fmt.Sprintf("token %d", s.LastToken)
 	if s.TokenUnsure {
 		tok = fmt.Sprintf("token > %d", s.LastToken)

@@ -157,7 +157,6 @@ type modelRun struct {
 	phantoms  int
 	expiries  int
 	last      *locksv1alpha1.DistributedLock // stored object after the last step
-	maxToken  int64                          // largest token acquired before the current step
 	roundAcqs []modelAcq
 }
 
@@ -783,7 +782,7 @@ func (r *modelRun) checkHistory(s *locksv1alpha1.DistributedLock, seen []storedH
 	}
 	// I6: every acquisition counted once; retries add none.
 	Expect(st.Transitions).To(Equal(int64(len(r.server))), r.msg("status.transitions is %d, the stored history has %d distinct holdings", st.Transitions, len(r.server)))
-	Expect(len(r.server)).To(Equal(len(r.acqs)+r.phantoms), r.msg("stored holdings vs client acquisitions"))
+	Expect(r.server).To(HaveLen(len(r.acqs)+r.phantoms), r.msg("stored holdings vs client acquisitions"))
 	// I2: everything acquired in this step got a token above every token
 	// issued before the step.
 	for _, a := range r.roundAcqs {
