@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -104,6 +105,7 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 		IsReady:        injected,
 		Webhooks:       injectInto(o),
 		FieldOwner:     certFieldOwner,
+		ControllerName: rotatorName(o),
 		// Every replica serves the webhook, so every replica keeps its files
 		// current; concurrent Secret updates are resolved by resourceVersion.
 		RequireLeaderElection: false,
@@ -121,6 +123,18 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 			return fmt.Errorf("the CA is not yet injected into ValidatingWebhookConfiguration %s", o.WebhookConfigName)
 		}
 	})
+}
+
+// rotatorRuns numbers rotators in one process (tests start several managers).
+var rotatorRuns atomic.Int64
+
+// rotatorName is the rotator's controller name: unique per process, as
+// controller-runtime requires, when tests run more than one manager.
+func rotatorName(o Options) string {
+	if !o.skipNameValidation {
+		return "cert-rotator"
+	}
+	return fmt.Sprintf("cert-rotator-%d", rotatorRuns.Add(1))
 }
 
 // injectInto are the webhook configurations whose caBundle the rotator keeps

@@ -184,7 +184,7 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 		}
 	}
 	checkServingCert(t, opts, ca)
-	t.Logf("webhook ready with a self-issued certificate %s after start", time.Since(start).Round(time.Millisecond))
+	t.Logf("webhook ready with a self-issued certificate %s after the test began (control-plane start included)", time.Since(start).Round(time.Millisecond))
 
 	alice, bob := userClient(ctx, t, env, "alice"), userClient(ctx, t, env, "bob")
 	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "guarded"}}
