@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // observation is what this controller process has seen of one lock, with the
@@ -210,11 +211,26 @@ func (o *observations) put(key types.NamespacedName, obs observation) {
 	if o.m == nil {
 		o.m = make(map[types.NamespacedName]*observation)
 	}
+	metrics.LockChanged(stateOf(o.m[key]), stateOf(&obs))
+	metrics.Hot.SetWaiters(key.Namespace, key.Name, len(obs.waiters))
 	o.m[key] = &obs
 }
 
 func (o *observations) forget(key types.NamespacedName) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	metrics.LockChanged(stateOf(o.m[key]), metrics.LockState{})
+	metrics.Hot.Forget(key.Namespace, key.Name)
 	delete(o.m, key)
+}
+
+// clear forgets every observation, as a controller that stops leading.
+func (o *observations) clear() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for key, obs := range o.m {
+		metrics.LockChanged(stateOf(obs), metrics.LockState{})
+		metrics.Hot.Forget(key.Namespace, key.Name)
+	}
+	o.m = nil
 }

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // Defaults of the reconciler's options.
@@ -58,6 +59,7 @@ type Reconciler struct {
 	clock    clock.PassiveClock
 	timing   timing
 	ctrlOpts controller.Options
+	events   EventLimit
 
 	obs observations
 
@@ -82,6 +84,10 @@ func WithIdleTimeout(d time.Duration) Option { return func(r *Reconciler) { r.ti
 // default the controller learns its own with a SelfSubjectReview.
 func WithUsername(name string) Option { return func(r *Reconciler) { r.username = name } }
 
+// WithEventLimit sets the per-lock Event rate limit; default DefaultEventLimit.
+// A zero Burst emits every Event.
+func WithEventLimit(l EventLimit) Option { return func(r *Reconciler) { r.events = l } }
+
 // WithControllerOptions sets controller-runtime options such as MaxConcurrentReconciles.
 func WithControllerOptions(o controller.Options) Option {
 	return func(r *Reconciler) { r.ctrlOpts = o }
@@ -95,6 +101,7 @@ func NewReconciler(c client.Client, scheme *runtime.Scheme, recorder events.Even
 		recorder: recorder,
 		clock:    clock.RealClock{},
 		timing:   timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
+		events:   DefaultEventLimit(),
 	}
 	for _, o := range opts {
 		o(r)
@@ -110,13 +117,22 @@ func NewReconciler(c client.Client, scheme *runtime.Scheme, recorder events.Even
 		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
 	case r.timing.idleTimeout <= 0:
 		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
+	case r.events.Burst < 0 || r.events.Interval < 0 || r.events.Locks < 0:
+		return nil, fmt.Errorf("controllers: event limit must not be negative, got %+v", r.events)
 	}
+	r.recorder = NewRateLimitedRecorder(recorder, r.events, r.clock)
 	return r, nil
 }
 
 // SetupWithManager registers the reconciler with mgr. Like every
 // controller-runtime controller it runs only while mgr holds the leader lease.
+// It also registers the operator's metrics and a runnable that reports
+// leadership (kubelock_controller_is_leader).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	metrics.Register()
+	if err := mgr.Add(&leaderReporter{obs: &r.obs}); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&locksv1alpha1.DistributedLock{}).
 		Named(ControllerName).
@@ -138,6 +154,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			r.obs.forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
+		metrics.ReconcileError(metrics.StepGet)
 		return ctrl.Result{}, err
 	}
 	now := r.clock.Now()
@@ -161,9 +178,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	updated, err := r.writeStatus(ctx, lock, d, now)
 	switch {
 	case apierrors.IsConflict(err):
+		metrics.WriteConflict()
 		log.FromContext(ctx).V(1).Info("lock changed meanwhile; reconciling again")
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	case err != nil:
+		metrics.ReconcileError(metrics.StepWrite)
 		return ctrl.Result{}, err
 	case updated != nil:
 		// Our own write is observed now, without reporting it a second time.
@@ -196,7 +215,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 	}
 	logger := log.FromContext(ctx)
 	if d.expire {
-		expirationsTotal.Inc()
+		metrics.Expired()
 		h := lock.Status.Holder
 		logger.Info("lease expired", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
 			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "leaseDurationSeconds", h.LeaseDurationSeconds)
@@ -205,7 +224,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 			h.LeaseID, h.Identity, lock.Status.FencingToken, h.LeaseDurationSeconds, r.timing.grace)
 	}
 	for _, w := range d.drop {
-		waitersDroppedTotal.WithLabelValues(string(w.reason)).Inc()
+		metrics.WaiterDropped(string(w.reason))
 		logger.Info("waiter dropped", "lock", client.ObjectKeyFromObject(lock), "waiter", w.identity,
 			"requestID", w.requestID, "reason", w.reason)
 		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, EventWaiterDropped, "DropWaiter",
@@ -221,13 +240,15 @@ func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.Distrib
 	err := r.client.Delete(ctx, lock, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 	switch {
 	case apierrors.IsConflict(err):
+		metrics.WriteConflict()
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	case apierrors.IsNotFound(err):
 		return ctrl.Result{}, nil
 	case err != nil:
+		metrics.ReconcileError(metrics.StepDelete)
 		return ctrl.Result{}, err
 	}
-	idleLocksDeletedTotal.Inc()
+	metrics.IdleLockDeleted()
 	log.FromContext(ctx).Info("idle auto-created lock deleted", "lock", client.ObjectKeyFromObject(lock),
 		"token", lock.Status.FencingToken, "idleTimeout", r.timing.idleTimeout)
 	r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventDeleted, "Delete",
@@ -242,14 +263,9 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 	for _, t := range ts {
 		switch t.kind {
 		case transitionAcquired:
-			transitionsObservedTotal.WithLabelValues(EventAcquired).Inc()
-			queueLength.Observe(float64(len(lock.Status.Waiters)))
-			if t.waited > 0 {
-				waitSeconds.Observe(t.waited.Seconds())
-			}
-			if t.handoff > 0 {
-				handoffSeconds.Observe(t.handoff.Seconds())
-			}
+			metrics.TransitionObserved(EventAcquired)
+			metrics.Acquisition(len(lock.Status.Waiters), t.waited.Seconds(), t.handoff.Seconds())
+			metrics.Hot.Acquired(key.Namespace, key.Name)
 			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID)
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventAcquired, "Acquire",
 				"acquired by %s with fencing token %d (lease %s)", t.identity, t.token, t.leaseID)
@@ -258,7 +274,7 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			if reason == "" {
 				reason = EventReleased
 			}
-			transitionsObservedTotal.WithLabelValues(reason).Inc()
+			metrics.TransitionObserved(reason)
 			logger.Info("holding ended", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID,
 				"reason", reason, "endedBy", t.endedBy)
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, reason, "Observe",

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // FencedPath is where the webhook server serves the fenced-object validator.
@@ -71,6 +72,7 @@ type FencedValidator struct {
 
 // NewFencedValidator returns the handler; reader reads the guarding locks.
 func NewFencedValidator(decoder admission.Decoder, reader client.Reader) *FencedValidator {
+	metrics.Register()
 	return &FencedValidator{decoder: decoder, reader: reader}
 }
 
@@ -100,7 +102,7 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 	}
 	if err := ValidateFencedUpdate(oldObj, newObj, lockToken); err != nil {
 		observe(RuleStaleToken, false)
-		staleTokenRejections.WithLabelValues(req.Namespace + "/" + name).Inc()
+		metrics.StaleTokenRejected(req.Namespace + "/" + name)
 		return admission.Denied(err.Error())
 	}
 	observe("", true)

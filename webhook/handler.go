@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // Path is where the webhook server serves the lock validator.
@@ -40,6 +41,7 @@ func NewValidator(scheme *runtime.Scheme, c client.Client, controllerUsers ...st
 	if len(controllerUsers) == 0 {
 		return nil, fmt.Errorf("webhook: at least one controller user name is required")
 	}
+	metrics.Register()
 	v := &Validator{decoder: admission.NewDecoder(scheme), sar: c, controllers: map[string]bool{}}
 	for _, u := range controllerUsers {
 		v.controllers[u] = true

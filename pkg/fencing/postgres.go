@@ -41,6 +41,7 @@ type Guard struct {
 	db      DB
 	txOpts  pgx.TxOptions
 	retries int
+	metrics *Metrics
 }
 
 // GuardOption configures a Guard.
@@ -74,7 +75,7 @@ func (g *Guard) Do(ctx context.Context, lock string, token int64, fn func(pgx.Tx
 		if attempt < g.retries && errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
 			continue // serialization failure or deadlock: the transaction did nothing
 		}
-		return err
+		return g.metrics.observe(err)
 	}
 }
 

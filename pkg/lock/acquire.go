@@ -47,9 +47,27 @@ type attempt struct {
 	unknownAt int64
 	// queued is the queue status last reported to cfg.onQueue.
 	queued QueueStatus
+	// queuedAt is when this call joined the queue, zero while it has not.
+	queuedAt time.Time
 }
 
-func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (*Lock, error) {
+// op is the operation label of this call.
+func (a *attempt) op() string {
+	if a.wait {
+		return OpAcquire
+	}
+	return OpTryAcquire
+}
+
+func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (l *Lock, err error) {
+	if c.metrics != nil {
+		start := c.cfg.clock.Now()
+		op := OpTryAcquire
+		if wait {
+			op = OpAcquire
+		}
+		defer func() { c.metrics.operation(op, start, c.cfg.clock.Now(), err) }()
+	}
 	name, err := NameForKey(key)
 	if err != nil {
 		return nil, err
@@ -79,7 +97,7 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 		}
 		return nil, waitErr(ctx)
 	}
-	l, err := a.run(ctx)
+	l, err = a.run(ctx)
 	if err != nil {
 		c.slots.give(name)
 		return nil, fmt.Errorf("kubelock: acquire %q: %w", key, err)
@@ -136,12 +154,17 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			next, sent, err := a.take(ctx, obj)
 			switch {
 			case err == nil:
+				if !a.queuedAt.IsZero() {
+					a.c.metrics.waited(sent.Sub(a.queuedAt))
+				}
 				l := a.c.newLock(a, next)
 				l.start(sent)
 				return l, nil
 			case definite(err):
 				return nil, err
-			case !apierrors.IsConflict(err):
+			case apierrors.IsConflict(err):
+				a.c.metrics.conflict(a.op())
+			default:
 				if a.unknownAt < 0 {
 					a.unknownAt = obj.Status.Transitions
 				}
@@ -158,11 +181,14 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			next, err := a.enqueue(ctx, obj)
 			switch {
 			case err == nil:
+				a.queuedAt = a.c.cfg.clock.Now()
 				obj = next
 				continue
 			case definite(err) || errors.Is(err, ErrQueueFull):
 				return nil, err
-			case !apierrors.IsConflict(err):
+			case apierrors.IsConflict(err):
+				a.c.metrics.conflict(a.op())
+			default:
 				last = err
 				_ = back.wait(ctx)
 			}

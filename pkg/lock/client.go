@@ -32,6 +32,9 @@ type Client struct {
 	user   string
 
 	slots slots
+
+	// metrics is nil unless WithMetrics was given.
+	metrics *Metrics
 }
 
 // New returns a client that talks to the apiserver at cfg.
@@ -73,7 +76,15 @@ func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}}, nil
+	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}}
+	if cfg.registerer != nil {
+		m, err := NewMetrics(cfg.registerer)
+		if err != nil {
+			return nil, fmt.Errorf("kubelock: registering the client metrics: %w", err)
+		}
+		cl.metrics = m
+	}
+	return cl, nil
 }
 
 // Namespace is the namespace of this client's locks.

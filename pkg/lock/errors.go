@@ -46,15 +46,30 @@ func (e *LockedError) Error() string {
 // Unwrap makes errors.Is(err, ErrLocked) true.
 func (e *LockedError) Unwrap() error { return ErrLocked }
 
-// lostError explains why a holding is over; it wraps ErrLockLost.
-type lostError struct{ reason string }
+// lostError explains why a holding is over; it wraps ErrLockLost. cause is a
+// LostXxx label value, "" when not known.
+type lostError struct{ reason, cause string }
 
 func (e *lostError) Error() string { return "kubelock: lock lost: " + e.reason }
 func (e *lostError) Unwrap() error { return ErrLockLost }
 
 func lost(format string, args ...any) error { return &lostError{reason: fmt.Sprintf(format, args...)} }
 
+// lostWith is lost with a cause for kubelock_client_locks_lost_total.
+func lostWith(cause, format string, args ...any) error {
+	return &lostError{reason: fmt.Sprintf(format, args...), cause: cause}
+}
+
 // endedHolding describes a finished holding from recentAcquisitions.
 func endedHolding(f *locksv1alpha1.FinishedHolding) error {
-	return lost("lease %s (token %d) already ended: %s by %s", f.LeaseID, f.FencingToken, f.EndReason, f.EndedBy)
+	cause := LostReplaced
+	switch f.EndReason {
+	case locksv1alpha1.EndReasonExpired:
+		cause = LostExpired
+	case locksv1alpha1.EndReasonForceReleased:
+		cause = LostForceReleased
+	case locksv1alpha1.EndReasonReleased:
+		cause = LostReleased
+	}
+	return lostWith(cause, "lease %s (token %d) already ended: %s by %s", f.LeaseID, f.FencingToken, f.EndReason, f.EndedBy)
 }

@@ -41,6 +41,7 @@ type Lock struct {
 	finished bool
 	unproven bool          // the holding ended because the safe deadline passed, not by the server's word
 	ownsSlot bool          // started: ending the holding gives the process's queue slot back
+	acquired time.Time     // when the holding started, on this client's clock
 	extended chan struct{} // closed and replaced when the deadline moves
 	stopped  chan struct{} // closed when the background loop exits
 }
@@ -68,7 +69,9 @@ func (l *Lock) start(sent time.Time) {
 	l.mu.Lock()
 	l.deadline = sent.Add(l.lease - l.margin)
 	l.ownsSlot = true
+	l.acquired = l.c.cfg.clock.Now()
 	l.mu.Unlock()
+	l.c.metrics.acquired()
 	l.stopped = make(chan struct{})
 	go l.watchdog()
 	if l.c.cfg.autoRenew {
@@ -118,7 +121,11 @@ func (l *Lock) Err() error {
 // Renew extends the lease now. It returns an error wrapping ErrLockLost when the
 // holding is over; a failed renewal that leaves the outcome unknown returns the
 // error and keeps the old deadline.
-func (l *Lock) Renew(ctx context.Context) error {
+func (l *Lock) Renew(ctx context.Context) (err error) {
+	if m := l.c.metrics; m != nil {
+		start := l.c.cfg.clock.Now()
+		defer func() { m.operation(OpRenew, start, l.c.cfg.clock.Now(), err) }()
+	}
 	sent, err := l.renew(ctx)
 	if err != nil {
 		return err
@@ -149,6 +156,7 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 		if !apierrors.IsConflict(err) {
 			return time.Time{}, fmt.Errorf("kubelock: renew %s: %w", l.name, err)
 		}
+		l.c.metrics.conflict(OpRenew)
 		// Someone else wrote (a waiter joined, the controller): reread and
 		// renew again if the holding is still ours.
 		if err := l.refresh(ctx); err != nil {
@@ -162,7 +170,7 @@ func (l *Lock) refresh(ctx context.Context) error {
 	obj := &locksv1alpha1.DistributedLock{}
 	err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj)
 	if apierrors.IsNotFound(err) {
-		err = lost("lock %s was deleted", l.name)
+		err = lostWith(LostDeleted, "lock %s was deleted", l.name)
 		l.finish(err)
 		return err
 	}
@@ -196,7 +204,11 @@ func (l *Lock) extend(sent time.Time) {
 // Releasing a lock that was lost returns an error wrapping ErrLockLost and never
 // touches the new holder. The lock's Context ends before the release is sent,
 // so guarded work stops before anyone else can start.
-func (l *Lock) Release(ctx context.Context) error {
+func (l *Lock) Release(ctx context.Context) (err error) {
+	if m := l.c.metrics; m != nil {
+		start := l.c.cfg.clock.Now()
+		defer func() { m.operation(OpRelease, start, l.c.cfg.clock.Now(), err) }()
+	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if err := l.Err(); err != nil {
@@ -224,6 +236,9 @@ func (l *Lock) Release(ctx context.Context) error {
 		case apierrors.IsConflict(err) || !definite(err):
 			if ctx.Err() != nil {
 				return fmt.Errorf("kubelock: release %s: %w", l.name, err)
+			}
+			if apierrors.IsConflict(err) {
+				l.c.metrics.conflict(OpRelease)
 			}
 			if !apierrors.IsConflict(err) {
 				_ = back.wait(ctx)
@@ -258,7 +273,7 @@ func (l *Lock) reread(ctx context.Context) error {
 	obj := &locksv1alpha1.DistributedLock{}
 	if err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj); err != nil {
 		if apierrors.IsNotFound(err) {
-			return lost("lock %s was deleted", l.name)
+			return lostWith(LostDeleted, "lock %s was deleted", l.name)
 		}
 		return nil // keep the old object; the next write attempt tells
 	}
@@ -292,7 +307,7 @@ func (l *Lock) finishUnproven(deadline time.Time) bool {
 		return false
 	}
 	l.unproven = true
-	l.finishLocked(lost("could not renew %s before its safe deadline", l.name))
+	l.finishLocked(lostWith(LostDeadline, "could not renew %s before its safe deadline", l.name))
 	return true
 }
 
@@ -310,6 +325,13 @@ func (l *Lock) finishLocked(cause error) {
 	l.cancel(cause)
 	if l.ownsSlot {
 		l.c.slots.give(l.name)
+		if m := l.c.metrics; m != nil {
+			how := ""
+			if !errors.Is(cause, ErrReleased) {
+				how = lostCause(cause)
+			}
+			m.ended(l.c.cfg.clock.Now().Sub(l.acquired), how)
+		}
 	}
 	if errors.Is(cause, ErrLockLost) {
 		l.c.cfg.log.Info("lock lost", "lock", l.name, "token", l.token, "leaseID", l.leaseID, "cause", cause.Error())

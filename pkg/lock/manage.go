@@ -13,12 +13,16 @@ import (
 // ReleaseLease ends the holding leaseID of key for its holder, from a process
 // other than the one that acquired it (the CLI's `release --lease-id`). Like
 // Lock.Release it is idempotent and never touches another holding.
-func (c *Client) ReleaseLease(ctx context.Context, key, leaseID string) error {
+func (c *Client) ReleaseLease(ctx context.Context, key, leaseID string) (err error) {
+	if c.metrics != nil {
+		start := c.cfg.clock.Now()
+		defer func() { c.metrics.operation(OpRelease, start, c.cfg.clock.Now(), err) }()
+	}
 	user, err := c.User(ctx)
 	if err != nil {
 		return err
 	}
-	_, err = c.end(ctx, key, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
+	_, err = c.end(ctx, key, OpRelease, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
 		if h := obj.Status.Holder; h != nil && h.LeaseID == leaseID {
 			obj.EndHolding(locksv1alpha1.EndReasonReleased, user, metav1.NewMicroTime(c.cfg.clock.Now()))
 			return true, nil
@@ -41,7 +45,11 @@ func (c *Client) ReleaseLease(ctx context.Context, key, leaseID string) error {
 // message and the caller as endedBy. The caller needs the force-release verb
 // on distributedlocks; the holder's Done fires at its next renewal. It returns
 // the record of the holding it ended, or nil when the lock was free.
-func (c *Client) ForceRelease(ctx context.Context, key, message string) (*locksv1alpha1.FinishedHolding, error) {
+func (c *Client) ForceRelease(ctx context.Context, key, message string) (f *locksv1alpha1.FinishedHolding, err error) {
+	if c.metrics != nil {
+		start := c.cfg.clock.Now()
+		defer func() { c.metrics.operation(OpForceRelease, start, c.cfg.clock.Now(), err) }()
+	}
 	user, err := c.User(ctx)
 	if err != nil {
 		return nil, err
@@ -49,7 +57,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, message string) (*locksv
 	if len(message) > 256 {
 		return nil, fmt.Errorf("kubelock: the force-release reason is %d characters long; the limit is 256", len(message))
 	}
-	return c.end(ctx, key, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
+	return c.end(ctx, key, OpForceRelease, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
 		if obj.Status.Holder == nil {
 			return false, nil
 		}
@@ -62,7 +70,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, message string) (*locksv
 // end applies edit to the lock and writes it, rereading on conflicts. edit
 // reports whether there is anything to write. It returns the record of the
 // holding that ended, if any.
-func (c *Client) end(ctx context.Context, key string, edit func(*locksv1alpha1.DistributedLock) (bool, error)) (*locksv1alpha1.FinishedHolding, error) {
+func (c *Client) end(ctx context.Context, key, op string, edit func(*locksv1alpha1.DistributedLock) (bool, error)) (*locksv1alpha1.FinishedHolding, error) {
 	name, err := NameForKey(key)
 	if err != nil {
 		return nil, err
@@ -84,6 +92,7 @@ func (c *Client) end(ctx context.Context, key string, edit func(*locksv1alpha1.D
 			r := obj.Status.RecentAcquisitions
 			return &r[len(r)-1], nil
 		case apierrors.IsConflict(err):
+			c.metrics.conflict(op)
 		case definite(err):
 			return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
 		default:

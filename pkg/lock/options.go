@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
 
@@ -37,6 +38,7 @@ type config struct {
 	autoRenew     bool
 	log           logr.Logger
 	clock         clock.WithTicker
+	registerer    prometheus.Registerer
 }
 
 func defaultConfig() config {
@@ -115,6 +117,12 @@ func WithoutAutoRenew() Option { return func(c *config) { c.autoRenew = false } 
 
 // WithLogger sets the logger (default: discard).
 func WithLogger(l logr.Logger) Option { return func(c *config) { c.log = l } }
+
+// WithMetrics records the client's metrics (kubelock_client_*: operation
+// durations and outcomes, wait and hold times, lost locks by cause, retried
+// conflicts, holdings) in reg. Clients sharing reg share the series. Default:
+// no metrics, and no cost on the lock paths.
+func WithMetrics(reg prometheus.Registerer) Option { return func(c *config) { c.registerer = reg } }
 
 // WithClock sets the clock used for deadlines and renew timers (tests).
 func WithClock(clk clock.WithTicker) Option { return func(c *config) { c.clock = clk } }

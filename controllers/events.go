@@ -1,0 +1,133 @@
+package controllers
+
+import (
+	"container/list"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+
+	"github.com/kubelock/kubelock/internal/metrics"
+)
+
+// Defaults of the per-lock Event rate limit.
+const (
+	// DefaultEventBurst is how many Events a lock may emit in a burst.
+	DefaultEventBurst = 20
+	// DefaultEventInterval is how often a lock that used its burst may emit one more Event.
+	DefaultEventInterval = 10 * time.Second
+	// DefaultEventLocks bounds how many locks' buckets are remembered; the least
+	// recently used is forgotten first (and starts again with a full burst).
+	DefaultEventLocks = 10000
+)
+
+// EventLimit configures the per-lock Event rate limit: a token bucket per lock
+// holding up to Burst tokens, refilled with one token every Interval. A zero
+// Burst turns the limit off.
+type EventLimit struct {
+	// Burst is the bucket size; default DefaultEventBurst.
+	Burst int
+	// Interval is the time to earn one token; default DefaultEventInterval.
+	Interval time.Duration
+	// Locks bounds the number of buckets kept (LRU); default DefaultEventLocks.
+	Locks int
+}
+
+// DefaultEventLimit is the limit NewReconciler applies unless told otherwise.
+func DefaultEventLimit() EventLimit {
+	return EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}
+}
+
+// RateLimitedRecorder passes Events on to a recorder unless the object they
+// regard has used up its token bucket, so a hot lock cannot flood the event
+// store. Suppressed Events are counted in
+// kubelock_controller_events_suppressed_total{reason}.
+type RateLimitedRecorder struct {
+	next  events.EventRecorder
+	limit EventLimit
+	clock clock.PassiveClock
+
+	mu      sync.Mutex
+	buckets map[types.NamespacedName]*list.Element // of *bucket
+	lru     *list.List                             // most recently used first
+}
+
+type bucket struct {
+	key    types.NamespacedName
+	tokens float64
+	last   time.Time
+}
+
+// NewRateLimitedRecorder wraps next with the per-object limit l, measured on clk.
+func NewRateLimitedRecorder(next events.EventRecorder, l EventLimit, clk clock.PassiveClock) *RateLimitedRecorder {
+	if l.Interval <= 0 {
+		l.Interval = DefaultEventInterval
+	}
+	if l.Locks <= 0 {
+		l.Locks = DefaultEventLocks
+	}
+	return &RateLimitedRecorder{next: next, limit: l, clock: clk, buckets: map[types.NamespacedName]*list.Element{}, lru: list.New()}
+}
+
+// Eventf implements events.EventRecorder.
+func (r *RateLimitedRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	if !r.allow(regarding) {
+		metrics.EventSuppressed(reason)
+		return
+	}
+	r.next.Eventf(regarding, related, eventtype, reason, action, note, args...)
+}
+
+// allow takes a token from the bucket of obj, if there is one.
+func (r *RateLimitedRecorder) allow(obj runtime.Object) bool {
+	if r.limit.Burst <= 0 {
+		return true
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return true
+	}
+	key := types.NamespacedName{Namespace: m.GetNamespace(), Name: m.GetName()}
+	now := r.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.bucket(key, now)
+	b.tokens = min(float64(r.limit.Burst), b.tokens+float64(now.Sub(b.last))/float64(r.limit.Interval))
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// bucket returns key's bucket, new and full if unknown, and marks it most
+// recently used; it forgets the least recently used bucket beyond the bound.
+func (r *RateLimitedRecorder) bucket(key types.NamespacedName, now time.Time) *bucket {
+	if e, ok := r.buckets[key]; ok {
+		r.lru.MoveToFront(e)
+		b, _ := e.Value.(*bucket) // the list holds only *bucket
+		return b
+	}
+	b := &bucket{key: key, tokens: float64(r.limit.Burst), last: now}
+	r.buckets[key] = r.lru.PushFront(b)
+	if r.lru.Len() > r.limit.Locks {
+		oldest := r.lru.Back()
+		r.lru.Remove(oldest)
+		if ob, ok := oldest.Value.(*bucket); ok {
+			delete(r.buckets, ob.key)
+		}
+	}
+	return b
+}
+
+// tracked is the number of buckets kept (tests).
+func (r *RateLimitedRecorder) tracked() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.buckets)
+}
