@@ -108,6 +108,7 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 		newGetCommand(o), newListCommand(o), newDescribeCommand(o),
 		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
 		newRunCommand(o), newSidecarCommand(o), newVersionCommand(o),
+		newDevCommand(o),
 	)
 	return root
 }

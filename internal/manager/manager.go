@@ -54,6 +54,8 @@ type Options struct {
 	EnableWebhook bool
 	// WebhookPort is the webhook server's HTTPS port.
 	WebhookPort int
+	// WebhookHost is the address the webhook server binds to; empty means all.
+	WebhookHost string
 	// WebhookCertDir holds the serving tls.crt and tls.key.
 	WebhookCertDir string
 	// WebhookControllerUsers may expire holdings and drop waiters; empty means
@@ -121,6 +123,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "Number of locks reconciled in parallel.")
 	fs.BoolVar(&o.EnableWebhook, "enable-webhook", o.EnableWebhook, "Serve the validating admission webhook for DistributedLocks (on every replica, not only the leader).")
 	fs.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "HTTPS port of the admission webhook server.")
+	fs.StringVar(&o.WebhookHost, "webhook-host", o.WebhookHost, "Address the admission webhook server binds to; empty means all addresses.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "Directory with the webhook's serving tls.crt and tls.key; the server starts, and /readyz passes, once they exist.")
 	fs.Var(listFlag{&o.WebhookControllerUsers}, "webhook-controller-users", "Comma-separated user names the webhook lets expire holdings and drop waiters; empty means the controller's own user name (--controller-username, or learned with a SelfSubjectReview).")
 	fs.BoolVar(&o.CertRotation, "cert-rotation", o.CertRotation, "Provision and rotate the webhook's serving certificate in --cert-secret-name, write it to --webhook-cert-dir and keep the caBundle of --webhook-config-name current; turn off when cert-manager issues the certificate.")
@@ -240,12 +243,17 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	r, err := controllers.NewReconciler(mgr.GetClient(), scheme, mgr.GetEventRecorder("kubelock-controller"),
+	ropts := []controllers.Option{
 		controllers.WithExpiryGrace(o.ExpiryGrace),
 		controllers.WithIdleTimeout(o.IdleTimeout),
 		controllers.WithUsername(o.Username),
 		controllers.WithControllerOptions(controller.Options{MaxConcurrentReconciles: o.Concurrency}),
-	)
+	}
+	if clk := testingClock(); clk != nil {
+		log.Info("TESTING ONLY: the controller's wall clock is shifted by the duration in a file", "env", WallClockOffsetFileEnv)
+		ropts = append(ropts, controllers.WithClock(clk))
+	}
+	r, err := controllers.NewReconciler(mgr.GetClient(), scheme, mgr.GetEventRecorder("kubelock-controller"), ropts...)
 	if err != nil {
 		return err
 	}

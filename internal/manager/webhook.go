@@ -178,6 +178,7 @@ type certWaitingServer struct {
 func newWebhookServer(o Options) ctrlwebhook.Server {
 	return &certWaitingServer{
 		Server: ctrlwebhook.NewServer(ctrlwebhook.Options{
+			Host:     o.WebhookHost,
 			Port:     o.WebhookPort,
 			CertDir:  o.WebhookCertDir,
 			CertName: certName,

@@ -1,0 +1,463 @@
+// Package devenv is `kubelock dev`: a local kubelock on a real etcd and
+// kube-apiserver (the control plane `make control-plane` builds), with the
+// CRD installed, the operator (controller and admission webhook) running in
+// this process, users to try the ownership rules with, and a kubeconfig. It
+// runs until its context ends and then stops everything it started.
+package devenv
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/kubelock/kubelock/internal/manager"
+)
+
+// Users of the dev cluster. Each has a client certificate signed by the dev CA.
+const (
+	AdminUser      = "kubelock-dev-admin"
+	ControllerUser = "kubelock-dev-controller"
+	// ReadyLine is printed, alone on its line, once everything is up.
+	ReadyLine = "kubelock dev: ready"
+)
+
+// LockUsers are bound to the lock-user ClusterRole in namespace default;
+// BreakglassUser is one too and may also force-release.
+var (
+	LockUsers      = []string{"alice", "bob"}
+	BreakglassUser = "carol"
+)
+
+// Options configure a dev environment. Ports are on 127.0.0.1.
+type Options struct {
+	// Dir is the data folder: etcd's data, certificates, logs, kubectl links.
+	Dir string
+	// KubeconfigOut is where the admin kubeconfig (with contexts for the
+	// users) is written; empty means Dir/kubeconfig.
+	KubeconfigOut string
+	// Persist keeps etcd's data (and the CA) from the last run; otherwise the
+	// data folder starts fresh.
+	Persist bool
+	// AssetsDir holds etcd, kube-apiserver and kubectl.
+	AssetsDir string
+
+	APIServerPort int
+	EtcdPort      int
+	EtcdPeerPort  int
+	WebhookPort   int
+	// ProbePort and MetricsPort serve the operator's probes and metrics; 0 turns them off.
+	ProbePort   int
+	MetricsPort int
+
+	// StartTimeout bounds each start-up stage.
+	StartTimeout time.Duration
+	// Out receives the ready line and the next steps; Progress, one line per
+	// start-up stage (nil: none).
+	Out      io.Writer
+	Progress io.Writer
+}
+
+// DefaultOptions are the defaults of `kubelock dev`'s flags.
+func DefaultOptions() Options {
+	return Options{
+		Dir:           filepath.Join(".kubelock", "dev"),
+		AssetsDir:     DefaultAssetsDir(),
+		APIServerPort: 16443,
+		EtcdPort:      12379,
+		EtcdPeerPort:  12380,
+		WebhookPort:   19443,
+		StartTimeout:  time.Minute,
+	}
+}
+
+// DefaultAssetsDir is $KUBEBUILDER_ASSETS, else the newest folder under
+// ./bin/k8s (where `make control-plane` builds).
+func DefaultAssetsDir() string {
+	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
+		return dir
+	}
+	dirs, _ := filepath.Glob(filepath.Join("bin", "k8s", "*"))
+	if len(dirs) == 0 {
+		return filepath.Join("bin", "k8s")
+	}
+	return dirs[len(dirs)-1] // Glob sorts
+}
+
+// env is one running dev environment.
+type env struct {
+	o        Options
+	pki      *pki
+	pkiDir   string
+	logDir   string
+	binDir   string
+	children []*child
+	admin    *rest.Config
+
+	operatorLog string
+}
+
+// Run starts the environment, prints the ready line and next steps to o.Out,
+// and blocks until ctx ends or a component fails; it then stops everything it
+// started, in reverse order, and returns the failure, if any.
+func Run(ctx context.Context, o Options) (err error) {
+	e := &env{o: o}
+	if err := e.check(); err != nil {
+		return err
+	}
+	started := time.Now()
+	defer func() { err = errors.Join(err, e.stopChildren()) }()
+	if err := e.prepare(); err != nil {
+		return err
+	}
+	if err := e.startEtcd(ctx); err != nil {
+		return err
+	}
+	if err := e.startAPIServer(ctx); err != nil {
+		return err
+	}
+	if err := e.install(ctx); err != nil {
+		return err
+	}
+
+	// The operator, in this process; its logs go to a file.
+	mgrCtx, stopMgr := context.WithCancel(context.Background())
+	mgrDone := make(chan error, 1)
+	if err := e.startOperator(mgrCtx, mgrDone); err != nil {
+		stopMgr()
+		return err
+	}
+	defer func() {
+		stopMgr()
+		if mErr := <-mgrDone; mErr != nil {
+			err = errors.Join(err, fmt.Errorf("operator: %w", mErr))
+		}
+	}()
+	if err := e.waitOperator(ctx, mgrDone); err != nil {
+		return err
+	}
+	if err := e.registerWebhook(ctx); err != nil {
+		return err
+	}
+	if err := e.writeKubeconfig(); err != nil {
+		return err
+	}
+	e.progress("ready after %s", time.Since(started).Round(10*time.Millisecond))
+	if err := e.printNextSteps(); err != nil {
+		return err
+	}
+
+	failed := make(chan error, len(e.children))
+	for _, c := range e.children {
+		go func() { <-c.done; failed <- c.exited() }()
+	}
+	select {
+	case <-ctx.Done():
+		e.progress("stopping")
+		return nil
+	case err := <-failed:
+		return err
+	case err := <-mgrDone:
+		mgrDone <- nil // the deferred stop reads it again
+		if err == nil {
+			err = errors.New("stopped unexpectedly")
+		}
+		return fmt.Errorf("operator: %w", err)
+	}
+}
+
+func (e *env) progress(format string, args ...any) {
+	if e.o.Progress != nil {
+		_, _ = fmt.Fprintf(e.o.Progress, "kubelock dev: "+format+"\n", args...)
+	}
+}
+
+// check fails early, with one line, on missing binaries and taken ports.
+func (e *env) check() error {
+	o := &e.o
+	if o.Dir == "" {
+		return errors.New("--data-dir must not be empty")
+	}
+	for _, bin := range []string{"etcd", "kube-apiserver", "kubectl"} {
+		p := filepath.Join(o.AssetsDir, bin)
+		if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+			return fmt.Errorf("no %s binary at %s: build the control plane with `make control-plane` (or point --assets-dir or KUBEBUILDER_ASSETS at it)", bin, p)
+		}
+	}
+	ports := []struct {
+		flag, what string
+		port       int
+	}{
+		{"--apiserver-port", "kube-apiserver", o.APIServerPort},
+		{"--etcd-port", "etcd", o.EtcdPort},
+		{"--etcd-peer-port", "etcd peer", o.EtcdPeerPort},
+		{"--webhook-port", "admission webhook", o.WebhookPort},
+		{"--probe-port", "operator probes", o.ProbePort},
+		{"--metrics-port", "operator metrics", o.MetricsPort},
+	}
+	seen := map[int]string{}
+	for i, p := range ports {
+		if p.port == 0 && i >= 4 {
+			continue // optional ones are off
+		}
+		if p.port < 1 || p.port > 65535 {
+			return fmt.Errorf("%s must be in 1..65535, got %d", p.flag, p.port)
+		}
+		if other, dup := seen[p.port]; dup {
+			return fmt.Errorf("%s and %s are both %d: give each its own port", other, p.flag, p.port)
+		}
+		seen[p.port] = p.flag
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
+		if err != nil {
+			return fmt.Errorf("port %d for the %s (%s) is already in use (another kubelock dev?): stop what listens there or choose another port with %s", p.port, p.what, p.flag, p.flag)
+		}
+		_ = ln.Close()
+	}
+	return nil
+}
+
+// prepare makes the data folder: fresh unless Persist (only the entries this
+// package writes are removed, never anything else in the folder).
+func (e *env) prepare() error {
+	o := &e.o
+	abs, err := filepath.Abs(o.Dir)
+	if err != nil {
+		return err
+	}
+	o.Dir = abs
+	if o.KubeconfigOut == "" {
+		o.KubeconfigOut = filepath.Join(o.Dir, "kubeconfig")
+	}
+	if o.KubeconfigOut, err = filepath.Abs(o.KubeconfigOut); err != nil {
+		return err
+	}
+	if o.AssetsDir, err = filepath.Abs(o.AssetsDir); err != nil {
+		return err
+	}
+	e.pkiDir, e.logDir, e.binDir = filepath.Join(o.Dir, "pki"), filepath.Join(o.Dir, "logs"), filepath.Join(o.Dir, "bin")
+	if !o.Persist {
+		for _, p := range []string{filepath.Join(o.Dir, "etcd"), e.pkiDir, e.logDir, e.binDir, filepath.Join(o.Dir, "kubeconfig")} {
+			if err := os.RemoveAll(p); err != nil {
+				return fmt.Errorf("cleaning the data folder: %w", err)
+			}
+		}
+	}
+	for _, d := range []string{o.Dir, e.logDir, e.binDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("creating the data folder: %w", err)
+		}
+	}
+	if e.pki, err = loadOrCreatePKI(e.pkiDir, o.Persist); err != nil {
+		return fmt.Errorf("creating certificates: %w", err)
+	}
+	return nil
+}
+
+func (e *env) startEtcd(ctx context.Context) error {
+	o := &e.o
+	client := fmt.Sprintf("http://127.0.0.1:%d", o.EtcdPort)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", o.EtcdPeerPort)
+	args := []string{
+		"--name=kubelock-dev",
+		"--data-dir=" + filepath.Join(o.Dir, "etcd"),
+		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+		"--initial-cluster=kubelock-dev=" + peer,
+		"--listen-metrics-urls=", // none
+		"--log-level=warn",
+	}
+	if !o.Persist {
+		args = append(args, "--unsafe-no-fsync") // throwaway data: start and write fast
+	}
+	c, err := startChild("etcd", filepath.Join(o.AssetsDir, "etcd"), filepath.Join(e.logDir, "etcd.log"), args...)
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, c)
+	hc := &http.Client{Timeout: time.Second}
+	err = c.waitFor(ctx, "healthy", o.StartTimeout, func(ctx context.Context) error {
+		return httpOK(ctx, hc, client+"/health")
+	})
+	if err != nil {
+		return err
+	}
+	e.progress("etcd up on 127.0.0.1:%d", o.EtcdPort)
+	return nil
+}
+
+func (e *env) startAPIServer(ctx context.Context) error {
+	o := &e.o
+	crt, key, err := e.pki.serving("kube-apiserver")
+	if err != nil {
+		return err
+	}
+	crtPath, keyPath, err := writePair(e.pkiDir, "apiserver.crt", "apiserver.key", crt, key)
+	if err != nil {
+		return err
+	}
+	saPub, saKey, err := serviceAccountKeys(e.pkiDir)
+	if err != nil {
+		return err
+	}
+	server := fmt.Sprintf("https://127.0.0.1:%d", o.APIServerPort)
+	args := []string{
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", o.EtcdPort),
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(o.APIServerPort),
+		"--tls-cert-file=" + crtPath, "--tls-private-key-file=" + keyPath,
+		"--client-ca-file=" + filepath.Join(e.pkiDir, "ca.crt"),
+		"--service-account-issuer=" + server,
+		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--authorization-mode=RBAC",
+		// No controller-manager creates default service accounts here.
+		"--disable-admission-plugins=ServiceAccount",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--cert-dir=" + filepath.Join(e.pkiDir, "apiserver"),
+	}
+	c, err := startChild("kube-apiserver", filepath.Join(o.AssetsDir, "kube-apiserver"), filepath.Join(e.logDir, "kube-apiserver.log"), args...)
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, c)
+
+	adminCrt, adminKey, err := e.pki.client(AdminUser, "system:masters")
+	if err != nil {
+		return err
+	}
+	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.pki.caPEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
+	tlsCfg, err := rest.TLSConfigFor(e.admin)
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+	defer hc.CloseIdleConnections()
+	err = c.waitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
+		return httpOK(ctx, hc, server+"/readyz")
+	})
+	if err != nil {
+		return err
+	}
+	e.progress("kube-apiserver up on %s", server)
+	return nil
+}
+
+// startOperator runs the operator (controller and webhook, no leader
+// election) with the dev CA's serving certificate; it authenticates as
+// ControllerUser, whom the webhook lets expire holdings.
+func (e *env) startOperator(ctx context.Context, done chan<- error) error {
+	o := &e.o
+	crt, key, err := e.pki.serving("kubelock-webhook")
+	if err != nil {
+		return err
+	}
+	certDir := filepath.Join(e.pkiDir, "webhook")
+	if _, _, err := writePair(certDir, "tls.crt", "tls.key", crt, key); err != nil {
+		return err
+	}
+	ctlCrt, ctlKey, err := e.pki.client(ControllerUser, "system:masters")
+	if err != nil {
+		return err
+	}
+	cfg := rest.CopyConfig(e.admin)
+	cfg.CertData, cfg.KeyData, cfg.UserAgent = ctlCrt, ctlKey, "kubelock-dev-operator"
+
+	logf, err := os.OpenFile(filepath.Join(e.logDir, "operator.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logf)))
+
+	mo := manager.DefaultOptions()
+	mo.LeaderElect = false
+	mo.MetricsAddr, mo.ProbeAddr = localAddr(o.MetricsPort), localAddr(o.ProbePort)
+	mo.WebhookHost, mo.WebhookPort, mo.WebhookCertDir = "127.0.0.1", o.WebhookPort, certDir
+	mo.CertRotation = false
+	mo.Username = ControllerUser
+	mo.WebhookControllerUsers = []string{ControllerUser}
+	e.operatorLog = logf.Name()
+	go func() {
+		err := manager.Run(ctx, cfg, mo)
+		_ = logf.Close()
+		done <- err
+	}()
+	return nil
+}
+
+// waitOperator returns once the webhook answers TLS with the certificate the
+// dev CA issued, or the operator stopped.
+func (e *env) waitOperator(ctx context.Context, done chan error) error {
+	o := &e.o
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(e.pki.caPEM)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.WebhookPort))
+	wctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
+		conn, err := d.DialContext(wctx, "tcp", addr)
+		if err == nil {
+			_ = conn.Close()
+			e.progress("operator up: controller and admission webhook on https://%s", addr)
+			return nil
+		}
+		select {
+		case mErr := <-done:
+			done <- mErr
+			return fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
+		case <-wctx.Done():
+			return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, err, e.operatorLog)
+		case <-t.C:
+		}
+	}
+}
+
+func localAddr(port int) string {
+	if port == 0 {
+		return "0"
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
+// stopChildren stops the processes in reverse start order.
+func (e *env) stopChildren() error {
+	var errs []error
+	for i := len(e.children) - 1; i >= 0; i-- {
+		errs = append(errs, e.children[i].stop(20*time.Second))
+	}
+	e.children = nil
+	return errors.Join(errs...)
+}
+
+func httpOK(ctx context.Context, hc *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
+}

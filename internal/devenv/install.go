@@ -1,0 +1,298 @@
+package devenv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	kubelockconfig "github.com/kubelock/kubelock/config"
+	"github.com/kubelock/kubelock/internal/manager"
+)
+
+const (
+	// DemoLock is the sample lock created in namespace default.
+	DemoLock = "demo"
+	// WebhookConfigName is the name config/default gives the webhook configuration.
+	WebhookConfigName = "kubelock-validating-webhook-configuration"
+	lockUserRole      = "kubelock-lock-user"
+	breakglassRole    = "kubelock-breakglass"
+	lastAppliedKey    = "kubectl.kubernetes.io/last-applied-configuration"
+)
+
+func (e *env) client() (client.Client, error) {
+	scheme, err := manager.Scheme()
+	if err != nil {
+		return nil, err
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return client.New(e.admin, client.Options{Scheme: scheme})
+}
+
+// install puts in the CRD, the lock-user and break-glass ClusterRoles, the
+// users' bindings, the sample lock-user RBAC and the demo lock.
+func (e *env) install(ctx context.Context) error {
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	crds, err := readObjects("crd/bases/*.yaml")
+	if err != nil {
+		return err
+	}
+	for _, crd := range crds {
+		if err := createOrUpdate(ctx, c, crd); err != nil {
+			return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
+		}
+	}
+	for _, crd := range crds {
+		if err := waitEstablished(ctx, c, crd.GetName(), e.o.StartTimeout); err != nil {
+			return err
+		}
+	}
+
+	roles, err := readObjects("rbac/lock_user_role.yaml", "rbac/breakglass_role.yaml")
+	if err != nil {
+		return err
+	}
+	for _, r := range roles {
+		if err := createOrUpdate(ctx, c, r); err != nil {
+			return fmt.Errorf("installing ClusterRole %s: %w", r.GetName(), err)
+		}
+	}
+	users := append(append([]string(nil), LockUsers...), BreakglassUser)
+	for _, b := range []struct {
+		name, role string
+		users      []string
+	}{
+		{"kubelock-dev-lock-users", lockUserRole, users},
+		{"kubelock-dev-breakglass", breakglassRole, []string{BreakglassUser}},
+	} {
+		rb := &rbacv1.RoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: b.name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: b.role},
+		}
+		for _, u := range b.users {
+			rb.Subjects = append(rb.Subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: u})
+		}
+		u, err := toUnstructured(rb)
+		if err != nil {
+			return err
+		}
+		if err := createOrUpdate(ctx, c, u); err != nil {
+			return fmt.Errorf("binding %s: %w", b.role, err)
+		}
+	}
+
+	// The sample lock-user RBAC, as `kubectl apply -k config/samples/` would
+	// create it, so applying the samples afterwards is a clean update.
+	samples, err := readObjects("samples/lock_user_rbac.yaml")
+	if err != nil {
+		return err
+	}
+	for _, s := range samples {
+		if err := setLastApplied(s); err != nil {
+			return err
+		}
+		if err := createOrUpdate(ctx, c, s); err != nil {
+			return fmt.Errorf("creating sample %s %s: %w", s.GetKind(), s.GetName(), err)
+		}
+	}
+
+	demo := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "default", Name: DemoLock,
+		Annotations: map[string]string{locksv1alpha1.KeyAnnotation: DemoLock},
+	}}
+	if err := c.Create(ctx, demo); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating lock default/%s: %w", DemoLock, err)
+	}
+	e.progress("installed the DistributedLock CRD, lock users %s, the sample lock-user RBAC and lock default/%s", strings.Join(users, ", "), DemoLock)
+	return nil
+}
+
+// registerWebhook installs config/webhook's generated configuration pointed at
+// the operator's webhook on 127.0.0.1 with the dev CA, and returns once the
+// apiserver enforces it: a dry-run write the webhook must deny is denied.
+func (e *env) registerWebhook(ctx context.Context) error {
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	data, err := kubelockconfig.FS.ReadFile("webhook/manifests.yaml")
+	if err != nil {
+		return err
+	}
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.Unmarshal(data, &vwc); err != nil {
+		return fmt.Errorf("reading the webhook configuration: %w", err)
+	}
+	vwc.Name = WebhookConfigName
+	host := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(e.o.WebhookPort))
+	for i := range vwc.Webhooks {
+		cc := &vwc.Webhooks[i].ClientConfig
+		p := "/"
+		if cc.Service != nil && cc.Service.Path != nil {
+			p = *cc.Service.Path
+		}
+		url := host + p
+		cc.Service, cc.URL, cc.CABundle = nil, &url, e.pki.caPEM
+	}
+	u, err := toUnstructured(&vwc)
+	if err != nil {
+		return err
+	}
+	if err := createOrUpdate(ctx, c, u); err != nil {
+		return fmt.Errorf("registering the webhook: %w", err)
+	}
+
+	// A waiter written in someone else's name passes the CRD's rules and
+	// is denied by the webhook ([kubelock:identity]).
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
+		l := &locksv1alpha1.DistributedLock{}
+		if last = c.Get(ctx, client.ObjectKey{Namespace: "default", Name: DemoLock}, l); last != nil {
+			return false, nil
+		}
+		now := metav1.NowMicro()
+		l.Status.Waiters = append(l.Status.Waiters, locksv1alpha1.Waiter{
+			Identity: "kubelock-dev-probe", User: "kubelock-dev-probe", RequestID: "kubelock-dev-probe",
+			EnqueueTime: now, Deadline: metav1.NewMicroTime(now.Add(time.Minute)),
+		})
+		l.Status.WaiterCount = int32(len(l.Status.Waiters))
+		last = c.Status().Update(ctx, l, client.DryRunAll)
+		if last != nil && strings.Contains(last.Error(), "[kubelock:") {
+			return true, nil
+		}
+		if last == nil {
+			last = errors.New("a write the webhook must deny was admitted")
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the apiserver does not call the admission webhook at %s: %w (operator log: %s)", host, last, e.operatorLog)
+	}
+	e.progress("admission webhook registered and enforced")
+	return nil
+}
+
+// readObjects reads the embedded manifests matching the patterns.
+func readObjects(patterns ...string) ([]*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
+	for _, pat := range patterns {
+		files, err := fs.Glob(kubelockconfig.FS, pat)
+		if err != nil {
+			return nil, err
+		}
+		if len(files) == 0 {
+			return nil, fmt.Errorf("no embedded manifest %s", pat)
+		}
+		for _, f := range files {
+			data, err := kubelockconfig.FS.ReadFile(f)
+			if err != nil {
+				return nil, err
+			}
+			dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+			for {
+				var m map[string]any
+				if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+					break
+				} else if err != nil {
+					return nil, fmt.Errorf("reading %s: %w", path.Join("config", f), err)
+				}
+				if len(m) == 0 {
+					continue
+				}
+				out = append(out, &unstructured.Unstructured{Object: m})
+			}
+		}
+	}
+	return out, nil
+}
+
+// createOrUpdate creates obj, or replaces the existing object's content with it.
+func createOrUpdate(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
+	err := c.Create(ctx, obj.DeepCopy())
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	cur := &unstructured.Unstructured{}
+	cur.SetGroupVersionKind(obj.GroupVersionKind())
+	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
+		return err
+	}
+	upd := obj.DeepCopy()
+	upd.SetResourceVersion(cur.GetResourceVersion())
+	return c.Update(ctx, upd)
+}
+
+func waitEstablished(ctx context.Context, c client.Client, name string, timeout time.Duration) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if last = c.Get(ctx, client.ObjectKey{Name: name}, crd); last != nil {
+			return false, nil
+		}
+		for _, cond := range crd.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		last = errors.New("not established yet")
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("CRD %s: %w", name, errors.Join(err, last))
+	}
+	return nil
+}
+
+func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(u.Object, "status")
+	return u, nil
+}
+
+// setLastApplied records obj as kubectl apply does, so a later apply of the
+// same file computes its patch against it.
+func setLastApplied(obj *unstructured.Unstructured) error {
+	data, err := json.Marshal(obj.Object)
+	if err != nil {
+		return err
+	}
+	ann := obj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[lastAppliedKey] = string(data) + "\n"
+	obj.SetAnnotations(ann)
+	return nil
+}

@@ -1,0 +1,120 @@
+package devenv
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// AdminContext is the kubeconfig's current context; each user in LockUsers
+// and BreakglassUser has a context of the same name.
+const AdminContext = "kubelock-dev"
+
+// writeKubeconfig writes the admin kubeconfig with a context per user, and
+// links kubectl and kubectl-lock into Dir/bin for the PATH of the next steps.
+func (e *env) writeKubeconfig() error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[AdminContext] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.pki.caPEM}
+	add := func(ctxName, user string, crt, key []byte) {
+		kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
+		kc.Contexts[ctxName] = &clientcmdapi.Context{Cluster: AdminContext, AuthInfo: user, Namespace: "default"}
+	}
+	add(AdminContext, AdminUser, e.admin.CertData, e.admin.KeyData)
+	for _, u := range append(append([]string(nil), LockUsers...), BreakglassUser) {
+		crt, key, err := e.pki.client(u)
+		if err != nil {
+			return err
+		}
+		add(u, u, crt, key)
+	}
+	kc.CurrentContext = AdminContext
+	if err := os.MkdirAll(filepath.Dir(e.o.KubeconfigOut), 0o700); err != nil {
+		return err
+	}
+	if err := clientcmd.WriteToFile(*kc, e.o.KubeconfigOut); err != nil {
+		return fmt.Errorf("writing the kubeconfig: %w", err)
+	}
+	if err := os.Chmod(e.o.KubeconfigOut, 0o600); err != nil {
+		return err
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	for link, target := range map[string]string{
+		"kubectl":      filepath.Join(e.o.AssetsDir, "kubectl"),
+		"kubectl-lock": self,
+	} {
+		p := filepath.Join(e.binDir, link)
+		_ = os.Remove(p)
+		if err := os.Symlink(target, p); err != nil {
+			return fmt.Errorf("linking %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// NextSteps are the commands printed after the ready line, in order, with
+// their comments. Commands that need a value from an earlier one's output
+// name it in angle brackets.
+func NextSteps(kubeconfig, binDir string) [][2]string {
+	return [][2]string{
+		{"export KUBECONFIG=" + shellQuote(kubeconfig), ""},
+		{"export PATH=" + shellQuote(binDir) + ":$PATH", "kubectl and the kubectl-lock plugin"},
+		{"kubectl apply -k config/samples/", "from the repository root: sample lock, lock-user RBAC, a Job, a Deployment"},
+		{"kubectl get dlock", "the locks: demo (created for you) and the samples"},
+		{"kubectl lock acquire demo", "as the admin: prints the FENCING TOKEN and LEASE-ID"},
+		{"kubectl lock release demo --lease-id <LEASE-ID>", "only the holder may release"},
+		{"kubectl --context alice get dlock demo", "alice and bob are lock users"},
+		{"kubectl lock acquire demo --lease 5m --context bob", "bob holds demo (plugin flags go after the plugin name)"},
+		{"kubectl lock release demo --lease-id <bob's LEASE-ID> --context alice", "denied: [kubelock:holder-only]"},
+		{"kubectl lock force-release demo --reason trying-break-glass --context carol", "carol has the force-release verb"},
+		{"kubectl lock describe demo", "history, conditions and events"},
+	}
+}
+
+func (e *env) printNextSteps() error {
+	o := &e.o
+	var b strings.Builder
+	fmt.Fprintln(&b, ReadyLine)
+	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "  apiserver\t%s (etcd on 127.0.0.1:%d)\n", e.admin.Host, o.EtcdPort)
+	persist := "fresh at every start; --persist keeps it"
+	if o.Persist {
+		persist = "kept across restarts (--persist)"
+	}
+	fmt.Fprintf(tw, "  data\t%s (%s); logs in %s\n", o.Dir, persist, e.logDir)
+	fmt.Fprintf(tw, "  operator\tcontroller + admission webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)
+	fmt.Fprintf(tw, "  kubeconfig\t%s: contexts %s (admin, current), %s (lock users), %s (lock user + break-glass)\n",
+		o.KubeconfigOut, AdminContext, strings.Join(LockUsers, ", "), BreakglassUser)
+	_ = tw.Flush()
+	fmt.Fprintf(&b, "\nNext steps, in a second shell (Ctrl-C here stops everything):\n")
+	tw = tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
+	for _, s := range NextSteps(o.KubeconfigOut, e.binDir) {
+		if s[1] == "" {
+			fmt.Fprintf(tw, "  %s\n", s[0])
+			continue
+		}
+		fmt.Fprintf(tw, "  %s\t# %s\n", s[0], s[1])
+	}
+	_ = tw.Flush()
+	_, err := fmt.Fprint(o.Out, b.String())
+	return err
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '/' || r == '.' || r == '-' || r == '_' || r == ':' || r == '+' || r == ',' || r == '=' ||
+			(r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9'))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -1,0 +1,10 @@
+//go:build !linux
+
+package devenv
+
+import "syscall"
+
+// sysProcAttr puts a child into its own process group.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}
