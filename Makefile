@@ -67,6 +67,30 @@ $(CONTROL_PLANE_DIR)/kube-apiserver $(CONTROL_PLANE_DIR)/etcd $(CONTROL_PLANE_DI
 test: manifests generate control-plane ## Run all tests against a real kube-apiserver and etcd.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 
+##@ Run
+
+# Flags for `kubelock dev`, e.g. DEV_FLAGS="--persist --apiserver-port 6443".
+DEV_FLAGS ?=
+
+.PHONY: dev
+dev: control-plane install-plugin ## Run kubelock locally (etcd, kube-apiserver, CRD, operator) until Ctrl-C; prints the next steps.
+	$(LOCALBIN)/kubelock dev $(DEV_FLAGS)
+
+##@ Deploy
+
+# The operator image config/default deploys, and the kubectl that applies it
+# (the control plane's, or set KUBECTL=kubectl for your own).
+IMG ?= controller:latest
+KUBECTL ?= $(CONTROL_PLANE_DIR)/kubectl
+
+.PHONY: deploy
+deploy: ## Deploy the operator (config/default, image IMG) to the cluster of the current kubeconfig.
+	$(KUBECTL) kustomize config/default | sed 's|image: controller:latest|image: $(IMG)|' | $(KUBECTL) apply -f -
+
+.PHONY: undeploy
+undeploy: ## Remove what `make deploy` created (the CRD too, and with it every DistributedLock).
+	$(KUBECTL) delete -k config/default --ignore-not-found
+
 ##@ Build
 
 .PHONY: build

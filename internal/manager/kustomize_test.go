@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -77,6 +78,18 @@ func TestKustomizeConfig(t *testing.T) {
 		}
 	}
 
+	// Overlays with the optional components, as a user would write them.
+	withAPF := overlayWith(t, root, []string{"default"}, "apf", "policy", "fenced-objects")
+	apf := render(withAPF)
+	for _, want := range []string{
+		"kind: FlowSchema", "kind: PriorityLevelConfiguration", "name: kubelock-controller-manager\n        namespace: kubelock-system",
+		"kind: ValidatingAdmissionPolicy\n", "kind: ValidatingAdmissionPolicyBinding", "name: kubelock-fenced-objects",
+	} {
+		if !strings.Contains(apf, want) {
+			t.Errorf("config/default with config/apf, config/policy and config/fenced-objects lacks %q", want)
+		}
+	}
+
 	env, err := testenv.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -84,23 +97,87 @@ func TestKustomizeConfig(t *testing.T) {
 	t.Cleanup(func() { _ = env.Stop() })
 	// A server-side dry run does not create the namespace the rest lives in.
 	must(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kubelock-system"}}))
-	manifest := filepath.Join(t.TempDir(), "default.yaml")
-	must(t, os.WriteFile(manifest, []byte(self), 0o600))
 	admin, err := env.AddUser(envtest.User{Name: "kustomize-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := admin.Kubectl()
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.Path = kubectl
-	stdout, stderr, err := k.Run("apply", "--server-side", "--dry-run=server", "-f", manifest)
-	if err != nil {
+	kctl := func(args ...string) (string, error) {
+		k, err := admin.Kubectl()
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.Path = kubectl
+		stdout, stderr, err := k.Run(args...)
 		out, _ := io.ReadAll(stdout)
 		msg, _ := io.ReadAll(stderr)
-		t.Fatalf("the apiserver rejects config/default: %v\n%s\n%s", err, out, msg)
+		return string(out) + string(msg), err
 	}
-	out, _ := io.ReadAll(stdout)
-	t.Logf("server-side dry run of config/default:\n%s", out)
+	dryRun := func(name, manifest string) {
+		t.Helper()
+		file := filepath.Join(t.TempDir(), "manifest.yaml")
+		must(t, os.WriteFile(file, []byte(manifest), 0o600))
+		out, err := kctl("apply", "--server-side", "--dry-run=server", "-f", file)
+		if err != nil {
+			t.Fatalf("the apiserver rejects %s: %v\n%s", name, err, out)
+		}
+		t.Logf("server-side dry run of %s:\n%s", name, out)
+	}
+	dryRun("config/default", self)
+	dryRun("config/default with config/apf, config/policy and config/fenced-objects", apf)
+
+	// cert-manager's kinds need its CRDs; stand-ins that accept any content
+	// let the apiserver check everything else the component changes.
+	stub := filepath.Join(t.TempDir(), "cert-manager-crds.yaml")
+	var crds strings.Builder
+	for _, k := range [][2]string{{"Issuer", "issuers"}, {"Certificate", "certificates"}} {
+		fmt.Fprintf(&crds, `---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: %[2]s.cert-manager.io
+spec:
+  group: cert-manager.io
+  scope: Namespaced
+  names: {kind: %[1]s, plural: %[2]s, singular: %[3]s, listKind: %[1]sList}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+`, k[0], k[1], strings.ToLower(k[0]))
+	}
+	must(t, os.WriteFile(stub, []byte(crds.String()), 0o600))
+	if out, err := kctl("apply", "-f", stub); err != nil {
+		t.Fatalf("stand-in cert-manager CRDs: %v\n%s", err, out)
+	}
+	if out, err := kctl("wait", "--for=condition=Established", "--timeout=60s", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io"); err != nil {
+		t.Fatalf("stand-in cert-manager CRDs: %v\n%s", err, out)
+	}
+	dryRun("config/default with config/certmanager", cm)
+}
+
+// overlayWith writes a kustomization with the given config/ folders as
+// resources and components, and returns its folder.
+func overlayWith(t *testing.T, root string, resources []string, components ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	var b strings.Builder
+	list := func(key string, names []string) {
+		if len(names) == 0 {
+			return
+		}
+		b.WriteString(key + ":\n")
+		for _, n := range names {
+			r, err := filepath.Rel(dir, filepath.Join(root, "config", n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.WriteString("- " + r + "\n")
+		}
+	}
+	list("resources", resources)
+	list("components", components)
+	must(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o600))
+	return dir
 }
