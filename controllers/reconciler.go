@@ -216,6 +216,8 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 	logger := log.FromContext(ctx)
 	if d.expire {
 		metrics.Expired()
+		// The write is the change of holder; its watch event is not reported again.
+		metrics.TransitionObserved(EventExpired)
 		h := lock.Status.Holder
 		logger.Info("lease expired", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
 			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "leaseDurationSeconds", h.LeaseDurationSeconds)
