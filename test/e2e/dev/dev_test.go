@@ -1,0 +1,234 @@
+// Package dev runs `kubelock dev` as a process, follows the next steps it
+// prints with the real kubectl and the kubectl-lock plugin, and checks that
+// SIGTERM leaves no process and no listening port behind.
+package dev
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gbytes"
+	"github.com/onsi/gomega/gexec"
+
+	"github.com/kubelock/kubelock/internal/devenv"
+	"github.com/kubelock/kubelock/internal/testenv"
+)
+
+var kubelock string
+
+func TestDev(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(30 * time.Second)
+	SetDefaultEventuallyPollingInterval(25 * time.Millisecond)
+	RunSpecs(t, "kubelock dev end-to-end suite")
+}
+
+var _ = BeforeSuite(func() {
+	if _, err := os.Stat(filepath.Join(testenv.AssetsDir(), "kubectl")); err != nil {
+		Skip("no control plane build (make control-plane): " + err.Error())
+	}
+	kubelock = filepath.Join(GinkgoT().TempDir(), "kubelock")
+	build := exec.Command("go", "build", "-o", kubelock, "./cmd/kubelock")
+	build.Dir = testenv.RepoRoot()
+	out, err := build.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "go build ./cmd/kubelock: %s", out)
+})
+
+// freePorts returns n ports nothing listens on right now.
+func freePorts(n int) []int {
+	var ports []int
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		Expect(ln.Close()).To(Succeed())
+	}
+	return ports
+}
+
+func devCommand(dataDir string, ports []int, extra ...string) *exec.Cmd {
+	args := []string{"dev", "--data-dir", dataDir, "--assets-dir", testenv.AssetsDir(),
+		"--apiserver-port", strconv.Itoa(ports[0]), "--etcd-port", strconv.Itoa(ports[1]),
+		"--etcd-peer-port", strconv.Itoa(ports[2]), "--webhook-port", strconv.Itoa(ports[3])}
+	cmd := exec.Command(kubelock, append(args, extra...)...)
+	cmd.Dir = testenv.RepoRoot() // the next steps apply config/samples/ from here
+	return cmd
+}
+
+// children are the processes whose parent is pid, from /proc.
+func children(pid int) []int {
+	var out []int
+	entries, err := os.ReadDir("/proc")
+	Expect(err).NotTo(HaveOccurred())
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if ppid, ok := strings.CutPrefix(line, "PPid:"); ok && strings.TrimSpace(ppid) == strconv.Itoa(pid) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// step is one printed next step, without its comment.
+type step struct{ cmd, comment string }
+
+var _ = Describe("kubelock dev", func() {
+	It("starts a local kubelock whose printed next steps work, and leaves nothing behind on SIGTERM", func() {
+		dataDir := filepath.Join(GinkgoT().TempDir(), "dev")
+		ports := freePorts(4)
+		started := time.Now()
+		s, err := gexec.Start(devCommand(dataDir, ports), GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { s.Kill().Wait() })
+		Eventually(s.Out, 2*time.Minute).Should(gbytes.Say(`(?m)^` + regexp.QuoteMeta(devenv.ReadyLine) + `$`))
+		GinkgoWriter.Printf("ready after %s\n", time.Since(started))
+		Eventually(s.Out).Should(gbytes.Say(`kubectl lock describe demo.*\n`))
+		Expect(bytes.Count(s.Out.Contents(), []byte(devenv.ReadyLine))).To(Equal(1))
+
+		// The next steps, as printed.
+		var steps []step
+		sc := bufio.NewScanner(bytes.NewReader(s.Out.Contents()))
+		for inSteps := false; sc.Scan(); {
+			line := sc.Text()
+			if strings.HasPrefix(line, "Next steps") {
+				inSteps = true
+				continue
+			}
+			if !inSteps || strings.TrimSpace(line) == "" {
+				continue
+			}
+			cmd, comment, _ := strings.Cut(line, "#")
+			steps = append(steps, step{strings.TrimSpace(cmd), strings.TrimSpace(comment)})
+		}
+		Expect(steps).NotTo(BeEmpty())
+
+		env := os.Environ()
+		var leaseID string
+		ran := 0
+		for _, st := range steps {
+			By(st.cmd)
+			if v, ok := strings.CutPrefix(st.cmd, "export "); ok {
+				name, value, _ := strings.Cut(v, "=")
+				out, err := exec.Command("sh", "-c", fmt.Sprintf("%s; printf %%s \"$%s\"", st.cmd, name)).Output()
+				Expect(err).NotTo(HaveOccurred())
+				env = append(env, name+"="+string(out))
+				Expect(value).NotTo(BeEmpty())
+				ran++
+				continue
+			}
+			cmdline := strings.NewReplacer("<LEASE-ID>", leaseID, "<bob's LEASE-ID>", leaseID).Replace(st.cmd)
+			cmd := exec.Command("sh", "-c", cmdline)
+			cmd.Env, cmd.Dir = env, testenv.RepoRoot()
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			out := stdout.String() + stderr.String()
+			GinkgoWriter.Printf("$ %s\n%s", cmdline, out)
+			ran++
+			switch {
+			case strings.Contains(st.cmd, "apply -k config/samples/"):
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(out).To(ContainSubstring("distributedlock.locks.kubelock.io/orders-db created"))
+				Expect(out).To(ContainSubstring("rolebinding.rbac.authorization.k8s.io/kubelock-lock-user"))
+			case st.cmd == "kubectl get dlock":
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(out).To(And(ContainSubstring("demo"), ContainSubstring("orders-db")))
+			case strings.Contains(st.cmd, "lock acquire demo"):
+				Expect(err).NotTo(HaveOccurred(), out)
+				// NAME TOKEN LEASE-ID EXPIRES-AT EXPIRES-IN
+				m := regexp.MustCompile(`(?m)^demo\s+([0-9]+)\s+([0-9a-f]{32})\s`).FindStringSubmatch(stdout.String())
+				Expect(m).NotTo(BeNil(), "no token and lease in %q", out)
+				token, _ := strconv.ParseInt(m[1], 10, 64)
+				Expect(token).To(BeNumerically(">", 0))
+				leaseID = m[2]
+			case strings.Contains(st.cmd, "--context alice") && strings.Contains(st.cmd, "release"):
+				Expect(err).To(HaveOccurred(), out)
+				Expect(cmd.ProcessState.ExitCode()).To(Equal(77), out)
+				Expect(stderr.String()).To(ContainSubstring("[kubelock:holder-only]"))
+				Expect(st.comment).To(ContainSubstring("[kubelock:holder-only]"))
+			case strings.Contains(st.cmd, "lock release demo"):
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(out).To(ContainSubstring("released default/demo (lease " + leaseID + ")"))
+			case strings.Contains(st.cmd, "--context alice get dlock demo"):
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(out).To(ContainSubstring("demo"))
+			case strings.Contains(st.cmd, "force-release demo"):
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(out).To(ContainSubstring("ended lease " + leaseID))
+			case st.cmd == "kubectl lock describe demo":
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(out).To(And(ContainSubstring("ForceReleased"), ContainSubstring("carol")))
+			default:
+				Fail("a printed step this test does not know: " + st.cmd)
+			}
+		}
+		Expect(ran).To(Equal(len(steps)))
+
+		By("SIGTERM")
+		kids := children(s.Command.Process.Pid)
+		Expect(kids).To(HaveLen(2), "etcd and kube-apiserver")
+		s.Terminate()
+		Eventually(s, time.Minute).Should(gexec.Exit(0))
+		Expect(s.Err).To(gbytes.Say("stopping"))
+		for _, pid := range kids {
+			// Reaped by kubelock dev: gone from /proc (not even a zombie).
+			_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid)))
+			Expect(os.IsNotExist(err)).To(BeTrue(), "process %d is still there", pid)
+			Expect(syscall.Kill(pid, 0)).To(MatchError(syscall.ESRCH))
+		}
+		for _, p := range ports {
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+			Expect(err).NotTo(HaveOccurred(), "port %d is still taken", p)
+			Expect(ln.Close()).To(Succeed())
+		}
+	})
+
+	It("says in one line which port is taken", func() {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = ln.Close() }()
+		ports := freePorts(4)
+		ports[0] = ln.Addr().(*net.TCPAddr).Port
+		s, err := gexec.Start(devCommand(filepath.Join(GinkgoT().TempDir(), "dev"), ports), GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(s).Should(gexec.Exit(1))
+		Expect(string(s.Err.Contents())).To(Equal(fmt.Sprintf("kubelock: port %d for the kube-apiserver (--apiserver-port) is already in use (another kubelock dev?): stop what listens there or choose another port with --apiserver-port\n", ports[0])))
+		Expect(s.Out.Contents()).To(BeEmpty())
+	})
+
+	It("names make control-plane when the binaries are missing", func() {
+		cmd := devCommand(filepath.Join(GinkgoT().TempDir(), "dev"), freePorts(4), "--assets-dir", GinkgoT().TempDir())
+		s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(s).Should(gexec.Exit(1))
+		lines := strings.Split(strings.TrimSpace(string(s.Err.Contents())), "\n")
+		Expect(lines).To(HaveLen(1))
+		Expect(lines[0]).To(And(HavePrefix("kubelock: no etcd binary at "), ContainSubstring("make control-plane")))
+	})
+})
