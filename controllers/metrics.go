@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"time"
 
 	"github.com/kubelock/kubelock/internal/metrics"
 )
@@ -12,7 +13,11 @@ import (
 // leaderReporter is a manager runnable that needs leader election: the manager
 // starts it when this replica becomes leader (at once without leader
 // election) and stops it when leadership ends.
-type leaderReporter struct{ obs *observations }
+type leaderReporter struct {
+	obs   *observations
+	clock interface{ Now() time.Time }
+	grace time.Duration
+}
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable.
 func (*leaderReporter) NeedLeaderElection() bool { return true }
@@ -20,8 +25,10 @@ func (*leaderReporter) NeedLeaderElection() bool { return true }
 // Start implements manager.Runnable.
 func (l *leaderReporter) Start(ctx context.Context) error {
 	metrics.Leading(true)
+	metrics.SetHoldingSource(func() metrics.HoldingStats { return l.obs.stats(l.clock.Now(), l.grace) })
 	<-ctx.Done()
 	metrics.Leading(false)
+	metrics.SetHoldingSource(nil)
 	// A replica that no longer leads stops reconciling; what it observed no
 	// longer describes the fleet.
 	l.obs.clear()

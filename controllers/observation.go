@@ -53,6 +53,10 @@ type holdingObservation struct {
 	renewMark int64
 	// renewSeen is when this controller first saw renewMark: the lease runs from here.
 	renewSeen time.Time
+	// since is when this controller first saw the holding (metrics only).
+	since time.Time
+	// lease is the holding's lease duration (metrics only).
+	lease time.Duration
 }
 
 // transitionKind names an observed change of holder.
@@ -108,9 +112,13 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 	// 1. The holding: the lease runs from when this controller first saw its last renewal.
 	if h := s.Holder; h != nil {
 		mark := renewMark(h)
-		held := &holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: s.FencingToken, renewMark: mark, renewSeen: now}
-		if p := prev.holding; p != nil && p.leaseID == h.LeaseID && p.renewMark == mark {
-			held.renewSeen = p.renewSeen
+		held := &holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: s.FencingToken,
+			renewMark: mark, renewSeen: now, since: now, lease: seconds(h.LeaseDurationSeconds)}
+		if p := prev.holding; p != nil && p.leaseID == h.LeaseID {
+			held.since = p.since
+			if p.renewMark == mark {
+				held.renewSeen = p.renewSeen
+			}
 		}
 		next.holding = held
 	}
@@ -233,4 +241,21 @@ func (o *observations) clear() {
 		metrics.Hot.Forget(key.Namespace, key.Name)
 	}
 	o.m = nil
+}
+
+// stats summarises the current holdings at now for the holding gauges; grace
+// is the controller's expiry grace. It walks every observation, once per scrape.
+func (o *observations) stats(now time.Time, grace time.Duration) metrics.HoldingStats {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var s metrics.HoldingStats
+	for _, obs := range o.m {
+		h := obs.holding
+		if h == nil || h.lease <= 0 {
+			continue
+		}
+		s.LongestLeases = max(s.LongestLeases, float64(now.Sub(h.since))/float64(h.lease))
+		s.MaxOverdueSeconds = max(s.MaxOverdueSeconds, now.Sub(h.renewSeen.Add(h.lease+grace)).Seconds())
+	}
+	return s
 }

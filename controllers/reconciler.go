@@ -130,7 +130,7 @@ func NewReconciler(c client.Client, scheme *runtime.Scheme, recorder events.Even
 // leadership (kubelock_controller_is_leader).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	metrics.Register()
-	if err := mgr.Add(&leaderReporter{obs: &r.obs}); err != nil {
+	if err := mgr.Add(&leaderReporter{obs: &r.obs, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).

@@ -131,6 +131,8 @@ var (
 
 	// Hot is the tracker behind the per-lock hot-lock series.
 	Hot = NewHotLocks(DefaultHotLocks)
+	// Holdings reports the longest and the most overdue holding at each scrape.
+	Holdings = &holdings{}
 )
 
 // Collectors returns every operator collector, for Register and for tests
@@ -140,7 +142,7 @@ func Collectors() []prometheus.Collector {
 		expirationsTotal, waitersDroppedTotal, idleLocksDeletedTotal, transitionsObservedTotal,
 		waitSeconds, handoffSeconds, queueLength, locksObserved, locksHeld, waiters,
 		reconcileErrorsTotal, writeConflictsTotal, eventsSuppressedTotal, isLeader, leaderChangesTotal,
-		admissionDecisionsTotal, staleTokenRejectionsTotal, Hot,
+		admissionDecisionsTotal, staleTokenRejectionsTotal, Hot, Holdings,
 	}
 }
 

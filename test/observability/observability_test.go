@@ -325,7 +325,7 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		Expect(count(userB, true)).To(Equal(2))
 		Expect(count(adminUser, true)).To(Equal(1))
 		Expect(count(controllerUser, true)).To(BeNumerically(">=", 2)) // the first condition, the expiry
-		Expect(count(userC, false)).To(Equal(1))                        // the denied write is audited too
+		Expect(count(userC, false)).To(Equal(1))                       // the denied write is audited too
 	})
 
 	It("lets kubectl wait for the Held condition", func(ctx SpecContext) {
@@ -431,4 +431,3 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
-
