@@ -174,23 +174,18 @@ func (e *env) registerWebhook(ctx context.Context) error {
 	var last error
 	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		l := &locksv1alpha1.DistributedLock{}
-		if last = c.Get(ctx, client.ObjectKey{Namespace: "default", Name: DemoLock}, l); last != nil {
-			return false, nil
+		if last = c.Get(ctx, client.ObjectKey{Namespace: "default", Name: DemoLock}, l); last == nil {
+			now := metav1.NowMicro()
+			l.Status.Waiters = append(l.Status.Waiters, locksv1alpha1.Waiter{
+				Identity: "kubelock-dev-probe", User: "kubelock-dev-probe", RequestID: "kubelock-dev-probe",
+				EnqueueTime: now, Deadline: metav1.NewMicroTime(now.Add(time.Minute)),
+			})
+			l.Status.WaiterCount = int32(len(l.Status.Waiters))
+			if last = c.Status().Update(ctx, l, client.DryRunAll); last == nil {
+				last = errors.New("a write the webhook must deny was admitted")
+			}
 		}
-		now := metav1.NowMicro()
-		l.Status.Waiters = append(l.Status.Waiters, locksv1alpha1.Waiter{
-			Identity: "kubelock-dev-probe", User: "kubelock-dev-probe", RequestID: "kubelock-dev-probe",
-			EnqueueTime: now, Deadline: metav1.NewMicroTime(now.Add(time.Minute)),
-		})
-		l.Status.WaiterCount = int32(len(l.Status.Waiters))
-		last = c.Status().Update(ctx, l, client.DryRunAll)
-		if last != nil && strings.Contains(last.Error(), "[kubelock:") {
-			return true, nil
-		}
-		if last == nil {
-			last = errors.New("a write the webhook must deny was admitted")
-		}
-		return false, nil
+		return strings.Contains(last.Error(), "[kubelock:"), nil
 	})
 	if err != nil {
 		return fmt.Errorf("the apiserver does not call the admission webhook at %s: %w (operator log: %s)", host, last, e.operatorLog)
@@ -253,16 +248,15 @@ func waitEstablished(ctx context.Context, c client.Client, name string, timeout 
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if last = c.Get(ctx, client.ObjectKey{Name: name}, crd); last != nil {
-			return false, nil
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
+		if last = c.Get(ctx, client.ObjectKey{Name: name}, crd); last == nil {
+			last = errors.New("not established yet")
+			for _, cond := range crd.Status.Conditions {
+				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+					last = nil
+				}
 			}
 		}
-		last = errors.New("not established yet")
-		return false, nil
+		return last == nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("CRD %s: %w", name, errors.Join(err, last))

@@ -48,7 +48,7 @@ func startChild(name, path, logPath string, args ...string) (*child, error) {
 func (c *child) exited() error {
 	select {
 	case <-c.done:
-		return fmt.Errorf("%s exited (%v); last log line: %s (log: %s)", c.name, c.err, lastLine(c.logPath), c.logPath)
+		return fmt.Errorf("%s exited (%w); last log line: %s (log: %s)", c.name, c.err, lastLine(c.logPath), c.logPath)
 	default:
 		return nil
 	}
@@ -93,7 +93,7 @@ func (c *child) waitFor(ctx context.Context, what string, timeout time.Duration,
 			return c.exited()
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("%s not %s after %s: %v (log: %s)", c.name, what, timeout, last, c.logPath)
+				return fmt.Errorf("%s not %s after %s: %w (log: %s)", c.name, what, timeout, last, c.logPath)
 			}
 			return ctx.Err()
 		case <-t.C:

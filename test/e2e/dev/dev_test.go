@@ -55,12 +55,18 @@ func freePorts(n int) []int {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		Expect(err).NotTo(HaveOccurred())
 		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, portOf(ln))
 	}
 	for _, ln := range lns {
 		Expect(ln.Close()).To(Succeed())
 	}
 	return ports
+}
+
+func portOf(ln net.Listener) int {
+	addr, ok := ln.Addr().(*net.TCPAddr)
+	Expect(ok).To(BeTrue())
+	return addr.Port
 }
 
 func devCommand(dataDir string, ports []int, extra ...string) *exec.Cmd {
@@ -214,7 +220,7 @@ var _ = Describe("kubelock dev", func() {
 		Expect(err).NotTo(HaveOccurred())
 		defer func() { _ = ln.Close() }()
 		ports := freePorts(4)
-		ports[0] = ln.Addr().(*net.TCPAddr).Port
+		ports[0] = portOf(ln)
 		s, err := gexec.Start(devCommand(filepath.Join(GinkgoT().TempDir(), "dev"), ports), GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(s).Should(gexec.Exit(1))

@@ -1,0 +1,87 @@
+package devenv
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCheck(t *testing.T) {
+	assets := t.TempDir()
+	for _, b := range []string{"etcd", "kube-apiserver", "kubectl"} {
+		if err := os.WriteFile(filepath.Join(assets, b), []byte("#!/bin/sh\n"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	taken := ln.Addr().(*net.TCPAddr).Port //nolint:errcheck // a TCP listener's address
+
+	base := func() Options {
+		o := DefaultOptions()
+		o.AssetsDir = assets
+		o.APIServerPort, o.EtcdPort, o.EtcdPeerPort, o.WebhookPort = 1, 2, 3, 4 // not checked: see below
+		return o
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Options)
+		want string
+	}{
+		{"missing binaries", func(o *Options) { o.AssetsDir = t.TempDir() }, "no etcd binary at "},
+		{"missing binaries name the build", func(o *Options) { o.AssetsDir = t.TempDir() }, "`make control-plane`"},
+		{"taken port", func(o *Options) { o.WebhookPort = taken }, "is already in use"},
+		{"taken port names its flag", func(o *Options) { o.WebhookPort = taken }, "choose another port with --webhook-port"},
+		{"duplicate ports", func(o *Options) { o.EtcdPort = o.APIServerPort }, "--apiserver-port and --etcd-port are both"},
+		{"port out of range", func(o *Options) { o.EtcdPeerPort = 70000 }, "--etcd-peer-port must be in 1..65535"},
+		{"empty data dir", func(o *Options) { o.Dir = "" }, "--data-dir must not be empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base()
+			// Ports 1..4 need privileges to listen on; give the ones the case
+			// does not set free ports of their own.
+			for _, p := range []*int{&o.APIServerPort, &o.EtcdPort, &o.EtcdPeerPort, &o.WebhookPort} {
+				if *p <= 4 {
+					*p = freePort(t)
+				}
+			}
+			tc.edit(&o)
+			e := &env{o: o}
+			err := e.check()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("check() = %v, want an error with %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("the error is not one line: %q", err)
+			}
+		})
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	return ln.Addr().(*net.TCPAddr).Port //nolint:errcheck // a TCP listener's address
+}
+
+func TestShellQuote(t *testing.T) {
+	for in, want := range map[string]string{
+		"/a/b/.kubelock/dev/kubeconfig": "/a/b/.kubelock/dev/kubeconfig",
+		"/a b/kubeconfig":               "'/a b/kubeconfig'",
+		"/it's":                         `'/it'\''s'`,
+		"":                              "''",
+	} {
+		if got := shellQuote(in); got != want {
+			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
