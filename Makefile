@@ -125,3 +125,14 @@ install-plugin: kubelock ## Install kubelock as the kubectl plugin kubectl-lock 
 	mkdir -p $(PLUGIN_DIR)
 	ln -sf $(LOCALBIN)/kubelock $(PLUGIN_DIR)/kubectl-lock
 	@echo "installed $(PLUGIN_DIR)/kubectl-lock; with $(PLUGIN_DIR) on PATH, run: kubectl lock --help"
+
+##@ Fault injection
+
+# How long the fault-injection soak runs; CI runs `make test-faults FAULTS_SOAK=2m`.
+FAULTS_SOAK ?= 10m
+# Seed of the soak's workload and fault schedule; empty means the clock (the run prints it).
+FAULTS_SEED ?=
+
+.PHONY: test-faults
+test-faults: manifests generate control-plane ## Run the fault-injection suite (test/e2e/faults): 3 etcd members, 2 managers, client processes, faults, history checks, soak.
+	FAULTS_SOAK=$(FAULTS_SOAK) FAULTS_SEED=$(FAULTS_SEED) go test -tags faults -race -count=1 -timeout 90m ./test/e2e/faults/ -v -ginkgo.v

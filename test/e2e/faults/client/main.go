@@ -1,0 +1,403 @@
+//go:build faults
+
+// Command client is the fault-injection suite's lock client: a separate process
+// on pkg/lock that the suite can pause and kill. It reads commands as JSON
+// lines on stdin, answers each on stdout, and records every operation it
+// invokes and every answer, loss and safe deadline it sees in a history file
+// (internal/history), with writes to a PostgreSQL table guarded by pkg/fencing.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/client-go/rest"
+
+	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/pkg/fencing"
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// Command is one line of input.
+type Command struct {
+	ID  int64  `json:"id"`
+	Cmd string `json:"cmd"` // acquire, release, write, loop, stop, cancel, exit
+	Key string `json:"key,omitempty"`
+	Req string `json:"req,omitempty"`
+	Try bool   `json:"try,omitempty"`
+	// Wait bounds an acquire (its WaitTimeout, and its context).
+	Wait time.Duration `json:"wait,omitempty"`
+	// Lease asks for a lease other than the lock's default.
+	Lease time.Duration `json:"lease,omitempty"`
+	// N is the number of writes (write), or per holding (loop).
+	N int `json:"n,omitempty"`
+	// Every spaces writes (write, loop).
+	Every time.Duration `json:"every,omitempty"`
+	// Keys are the keys a loop picks from; Seed seeds its choices.
+	Keys []string `json:"keys,omitempty"`
+	Seed uint64   `json:"seed,omitempty"`
+	// Target is the command ID cancel cancels.
+	Target int64 `json:"target,omitempty"`
+}
+
+// Reply answers a command.
+type Reply struct {
+	ID       int64  `json:"id"`
+	Outcome  string `json:"outcome"`
+	Err      string `json:"err,omitempty"`
+	Lease    string `json:"lease,omitempty"`
+	Req      string `json:"req,omitempty"`
+	Token    int64  `json:"token,omitempty"`
+	Accepted int    `json:"accepted,omitempty"`
+	Stale    int    `json:"stale,omitempty"`
+	Ops      int64  `json:"ops,omitempty"`
+}
+
+type proc struct {
+	name string
+	rec  *history.Recorder
+	lc   *lock.Client
+	db   *pgxpool.Pool
+	g    *fencing.Guard
+
+	outMu sync.Mutex
+	out   *bufio.Writer
+
+	mu      sync.Mutex
+	held    map[string]*lock.Lock
+	cancels map[int64]context.CancelFunc
+	loops   []func() int64
+	seq     int64
+}
+
+func main() {
+	var (
+		server    = flag.String("server", "", "apiserver URL (the fault proxy)")
+		name      = flag.String("name", "", "process name: identity, user agent and history proc")
+		namespace = flag.String("namespace", "default", "namespace of the locks")
+		histPath  = flag.String("history", "", "history file")
+		dsn       = flag.String("pg", "", "PostgreSQL DSN of the protected resource")
+	)
+	flag.Parse()
+	if err := run(*server, *name, *namespace, *histPath, *dsn); err != nil {
+		fmt.Fprintln(os.Stderr, "client:", err)
+		os.Exit(1)
+	}
+}
+
+func run(server, name, namespace, histPath, dsn string) error {
+	rec, err := history.NewRecorder(histPath, name)
+	if err != nil {
+		return err
+	}
+	cfg := &rest.Config{Host: server, UserAgent: name, QPS: -1}
+	lc, err := lock.New(cfg, lock.WithNamespace(namespace), lock.WithIdentity(name))
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	p := &proc{name: name, rec: rec, lc: lc, db: db, g: fencing.NewGuard(db), out: bufio.NewWriter(os.Stdout),
+		held: map[string]*lock.Lock{}, cancels: map[int64]context.CancelFunc{}}
+	if _, err := lc.User(ctx); err != nil { // learn the user once, before any fault
+		return err
+	}
+	p.reply(Reply{ID: 0, Outcome: "ready"})
+	sc := bufio.NewScanner(os.Stdin)
+	var wg sync.WaitGroup
+	for sc.Scan() {
+		var c Command
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			return err
+		}
+		if c.Cmd == "exit" {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.reply(p.do(c))
+		}()
+	}
+	p.mu.Lock()
+	for _, l := range p.held {
+		_ = l.Release(ctx)
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *proc) reply(r Reply) {
+	b, _ := json.Marshal(r)
+	p.outMu.Lock()
+	defer p.outMu.Unlock()
+	_, _ = p.out.Write(append(b, '\n'))
+	_ = p.out.Flush()
+}
+
+func (p *proc) do(c Command) Reply {
+	switch c.Cmd {
+	case "acquire":
+		ctx, cancel := context.WithCancel(context.Background())
+		p.mu.Lock()
+		p.cancels[c.ID] = cancel
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			delete(p.cancels, c.ID)
+			p.mu.Unlock()
+			cancel()
+		}()
+		_, r := p.acquire(ctx, c)
+		r.ID = c.ID
+		return r
+	case "release":
+		return p.release(c)
+	case "write":
+		acc, stale := p.writes(c.Key, c.N, c.Every, false)
+		return Reply{ID: c.ID, Outcome: history.OK, Accepted: acc, Stale: stale}
+	case "cancel":
+		p.mu.Lock()
+		cancel := p.cancels[c.Target]
+		p.mu.Unlock()
+		if cancel == nil {
+			return Reply{ID: c.ID, Outcome: history.Failed, Err: "no such command in flight"}
+		}
+		cancel()
+		return Reply{ID: c.ID, Outcome: history.OK}
+	case "loop":
+		return p.loop(c)
+	case "stop":
+		p.mu.Lock()
+		loops := p.loops
+		p.loops = nil
+		p.mu.Unlock()
+		var n int64
+		for _, stop := range loops {
+			n += stop()
+		}
+		return Reply{ID: c.ID, Outcome: history.OK, Ops: n}
+	}
+	return Reply{ID: c.ID, Outcome: history.Failed, Err: "unknown command " + c.Cmd}
+}
+
+func outcome(err error) string {
+	switch {
+	case err == nil:
+		return history.OK
+	case errors.Is(err, lock.ErrLocked):
+		return history.Locked
+	case errors.Is(err, lock.ErrLockLost):
+		return history.Lost
+	case errors.Is(err, lock.ErrTimeout):
+		return history.Timeout
+	case errors.Is(err, context.Canceled):
+		return history.Canceled
+	}
+	return history.Failed
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// acquire runs one Acquire or TryAcquire and records it; a holding is watched
+// for its safe deadline and its loss until it ends.
+func (p *proc) acquire(ctx context.Context, c Command) (*lock.Lock, Reply) {
+	req := c.Req
+	if req == "" {
+		req = fmt.Sprintf("%s-%d-%d", p.name, time.Now().UnixNano(), rand.Uint64())
+	}
+	var opts []lock.AcquireOption
+	opts = append(opts, lock.RequestID(req))
+	if c.Lease > 0 {
+		opts = append(opts, lock.LeaseDuration(c.Lease))
+	}
+	wait := c.Wait
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	id := p.rec.NextID()
+	p.rec.Record(history.Event{Op: history.OpAcquire, Phase: history.Invoke, ID: id, Key: c.Key, Req: req, Try: c.Try})
+	var (
+		l   *lock.Lock
+		err error
+	)
+	if c.Try {
+		tctx, cancel := context.WithTimeout(ctx, wait)
+		l, err = p.lc.TryAcquire(tctx, c.Key, opts...)
+		cancel()
+	} else {
+		l, err = p.lc.Acquire(ctx, c.Key, append(opts, lock.WaitTimeout(wait))...)
+	}
+	e := history.Event{Op: history.OpAcquire, Phase: history.Return, ID: id, Key: c.Key, Req: req, Outcome: outcome(err), Err: errText(err)}
+	if err == nil {
+		e.Lease, e.Token, e.Deadline = l.LeaseID(), l.FencingToken(), history.MonoAt(l.ExpiresAt())
+	}
+	p.rec.Record(e)
+	if err != nil {
+		return nil, Reply{Outcome: e.Outcome, Err: e.Err, Req: req}
+	}
+	p.mu.Lock()
+	p.held[c.Key] = l
+	p.mu.Unlock()
+	go p.watch(l)
+	return l, Reply{Outcome: history.OK, Lease: l.LeaseID(), Token: l.FencingToken(), Req: req}
+}
+
+// watch records every extension of the safe deadline, and the loss.
+func (p *proc) watch(l *lock.Lock) {
+	last := l.ExpiresAt()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.Done():
+			if err := l.Err(); errors.Is(err, lock.ErrLockLost) {
+				p.rec.Record(history.Event{Op: history.OpLost, Phase: history.Point, Key: l.Key(), Lease: l.LeaseID(), Token: l.FencingToken(), Outcome: history.Lost, Err: err.Error(), Deadline: history.MonoAt(l.ExpiresAt())})
+			}
+			p.mu.Lock()
+			if p.held[l.Key()] == l {
+				delete(p.held, l.Key())
+			}
+			p.mu.Unlock()
+			return
+		case <-t.C:
+			if d := l.ExpiresAt(); d.After(last) {
+				last = d
+				p.rec.Record(history.Event{Op: history.OpDeadline, Phase: history.Point, Key: l.Key(), Lease: l.LeaseID(), Deadline: history.MonoAt(d)})
+			}
+		}
+	}
+}
+
+func (p *proc) release(c Command) Reply {
+	p.mu.Lock()
+	l := p.held[c.Key]
+	p.mu.Unlock()
+	if l == nil {
+		return Reply{ID: c.ID, Outcome: history.Failed, Err: "not held: " + c.Key}
+	}
+	err := p.releaseLock(l)
+	return Reply{ID: c.ID, Outcome: outcome(err), Err: errText(err), Lease: l.LeaseID()}
+}
+
+func (p *proc) releaseLock(l *lock.Lock) error {
+	id := p.rec.NextID()
+	p.rec.Record(history.Event{Op: history.OpRelease, Phase: history.Invoke, ID: id, Key: l.Key(), Lease: l.LeaseID(), Token: l.FencingToken()})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	err := l.Release(ctx)
+	cancel()
+	p.rec.Record(history.Event{Op: history.OpRelease, Phase: history.Return, ID: id, Key: l.Key(), Lease: l.LeaseID(), Outcome: outcome(err), Err: errText(err)})
+	p.mu.Lock()
+	if p.held[l.Key()] == l {
+		delete(p.held, l.Key())
+	}
+	p.mu.Unlock()
+	return err
+}
+
+// writes makes n fenced writes with the token of the holding of key. With
+// check, it stops once the holding is lost; without, it writes blindly, as a
+// process paused between its check and its write would.
+func (p *proc) writes(key string, n int, every time.Duration, check bool) (accepted, stale int) {
+	p.mu.Lock()
+	l := p.held[key]
+	p.mu.Unlock()
+	if l == nil {
+		return 0, 0
+	}
+	for i := 0; i < n; i++ {
+		if i > 0 && every > 0 {
+			time.Sleep(every) // pacing of the workload, not synchronisation
+		}
+		if check && l.Err() != nil {
+			return accepted, stale
+		}
+		switch p.write(l) {
+		case history.OK:
+			accepted++
+		case history.Stale:
+			stale++
+		}
+	}
+	return accepted, stale
+}
+
+func (p *proc) write(l *lock.Lock) string {
+	p.mu.Lock()
+	p.seq++
+	seq := p.seq
+	p.mu.Unlock()
+	id := p.rec.NextID()
+	p.rec.Record(history.Event{Op: history.OpWrite, Phase: history.Invoke, ID: id, Key: l.Key(), Lease: l.LeaseID(), Token: l.FencingToken()})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := p.g.Do(ctx, l.Key(), l.FencingToken(), func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO faults_writes (lock_key, token, proc, seq, t) VALUES ($1, $2, $3, $4, $5)`, l.Key(), l.FencingToken(), p.name, seq, history.Mono())
+		return err
+	})
+	o := history.OK
+	switch {
+	case errors.Is(err, fencing.ErrStaleToken):
+		o = history.Stale
+	case err != nil:
+		o = history.Failed
+	}
+	p.rec.Record(history.Event{Op: history.OpWrite, Phase: history.Return, ID: id, Key: l.Key(), Lease: l.LeaseID(), Token: l.FencingToken(), Outcome: o, Err: errText(err)})
+	return o
+}
+
+// loop runs a workload in the background until stop: pick a key, acquire it
+// (a TryAcquire one time in four), make N checked writes, release.
+func (p *proc) loop(c Command) Reply {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var ops int64
+	rng := rand.New(rand.NewPCG(c.Seed, 0x6661756c7473))
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			key := c.Keys[rng.IntN(len(c.Keys))]
+			try := rng.IntN(4) == 0
+			l, r := p.acquire(ctx, Command{Key: key, Try: try, Wait: c.Wait, Lease: c.Lease})
+			ops++
+			if r.Outcome != history.OK {
+				if r.Outcome != history.Locked {
+					// the control plane is failing: back off a little (pacing, not synchronisation)
+					select {
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+				continue
+			}
+			a, s := p.writes(key, c.N, c.Every, true)
+			ops += int64(a + s)
+			if l.Err() == nil {
+				_ = p.releaseLock(l)
+				ops++
+			}
+		}
+	}()
+	p.mu.Lock()
+	p.loops = append(p.loops, func() int64 { cancel(); <-done; return ops })
+	p.mu.Unlock()
+	return Reply{ID: c.ID, Outcome: history.OK}
+}

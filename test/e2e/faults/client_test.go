@@ -1,0 +1,134 @@
+//go:build faults
+
+package faults
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/kubelock/kubelock/internal/history"
+)
+
+// Command and Reply mirror test/e2e/faults/client.
+type Command struct {
+	ID     int64         `json:"id"`
+	Cmd    string        `json:"cmd"`
+	Key    string        `json:"key,omitempty"`
+	Req    string        `json:"req,omitempty"`
+	Try    bool          `json:"try,omitempty"`
+	Wait   time.Duration `json:"wait,omitempty"`
+	Lease  time.Duration `json:"lease,omitempty"`
+	N      int           `json:"n,omitempty"`
+	Every  time.Duration `json:"every,omitempty"`
+	Keys   []string      `json:"keys,omitempty"`
+	Seed   uint64        `json:"seed,omitempty"`
+	Target int64         `json:"target,omitempty"`
+}
+
+type Reply struct {
+	ID       int64  `json:"id"`
+	Outcome  string `json:"outcome"`
+	Err      string `json:"err,omitempty"`
+	Lease    string `json:"lease,omitempty"`
+	Req      string `json:"req,omitempty"`
+	Token    int64  `json:"token,omitempty"`
+	Accepted int    `json:"accepted,omitempty"`
+	Stale    int    `json:"stale,omitempty"`
+	Ops      int64  `json:"ops,omitempty"`
+}
+
+// lockClient is one client process.
+type lockClient struct {
+	*process
+	hist string
+
+	mu      sync.Mutex
+	nextID  int64
+	waiting map[int64]chan Reply
+	wmu     sync.Mutex
+}
+
+// newClient starts a client process named name (unique in the suite) in the
+// scenario's namespace, talking to the apiserver through the fault proxy.
+func newClient(name string) *lockClient {
+	hist := filepath.Join(workDir, "history", name+".jsonl")
+	c := &lockClient{hist: hist, waiting: map[int64]chan Reply{0: make(chan Reply, 1)}}
+	c.process = newProcess(name, clientBin, "--server="+proxy.Config().Host, "--name="+name, "--namespace="+namespace,
+		"--history="+hist, "--pg="+pgDSN)
+	c.onStdout = func(line []byte) {
+		var r Reply
+		if json.Unmarshal(line, &r) != nil {
+			return
+		}
+		c.mu.Lock()
+		ch := c.waiting[r.ID]
+		delete(c.waiting, r.ID)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- r
+		}
+	}
+	must(c.start())
+	histories = append(histories, hist)
+	select {
+	case r := <-c.waiting[0]:
+		Expect(r.Outcome).To(Equal("ready"))
+	case <-time.After(60 * time.Second):
+		Fail(fmt.Sprintf("client %s did not start; see %s", name, c.logPath()))
+	}
+	return c
+}
+
+// send issues cmd and returns the channel its reply arrives on.
+func (c *lockClient) send(cmd Command) (int64, <-chan Reply) {
+	c.mu.Lock()
+	c.nextID++
+	cmd.ID = c.nextID
+	ch := make(chan Reply, 1)
+	c.waiting[cmd.ID] = ch
+	c.mu.Unlock()
+	b, err := json.Marshal(cmd)
+	must(err)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err = c.stdin.Write(append(b, '\n'))
+	must(err)
+	return cmd.ID, ch
+}
+
+// do issues cmd and waits for its reply.
+func (c *lockClient) do(cmd Command) Reply {
+	_, ch := c.send(cmd)
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(2 * time.Minute):
+		Fail(fmt.Sprintf("client %s: no reply to %+v", c.name, cmd))
+	}
+	return Reply{}
+}
+
+// killClient kills c and records when, so the checks end its holdings then.
+func killClient(c *lockClient) int64 {
+	t := c.kill()
+	testRec.Record(history.Event{Proc: c.name, Op: history.OpKill, Phase: history.Point, T: t})
+	return t
+}
+
+// exit asks c to release what it holds and exit, and waits.
+func (c *lockClient) exit() {
+	c.wmu.Lock()
+	_, _ = c.stdin.Write([]byte(`{"cmd":"exit"}` + "\n"))
+	c.wmu.Unlock()
+	select {
+	case <-c.exitedCh():
+	case <-time.After(30 * time.Second):
+		killClient(c)
+	}
+}

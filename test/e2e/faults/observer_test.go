@@ -1,0 +1,124 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/history"
+)
+
+// observer reads every watched lock directly from the apiserver (as an admin,
+// not through the fault proxy) every 100ms. Each read is a porcupine
+// operation (an early expiry shows up as a read of a free lock before its
+// holder's safe deadline), and the holders and finished holdings it sees feed
+// the request-ID check (I6) and the expiry timings.
+type observer struct {
+	rec    *history.Recorder
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu   sync.Mutex
+	keys map[string]bool
+	seen map[string]bool
+	// ended maps a lease to when it was first seen finished, and why.
+	ended map[string]endSeen
+	// lastHeld maps a lease to the send time of the last read that saw it held.
+	lastHeld map[string]int64
+}
+
+type endSeen struct {
+	t      int64
+	reason locksv1alpha1.EndReason
+	key    string
+}
+
+func newObserver() *observer {
+	path := filepath.Join(workDir, "history", "observer.jsonl")
+	rec, err := history.NewRecorder(path, "observer")
+	must(err)
+	histories = append(histories, path)
+	ctx, cancel := context.WithCancel(context.Background())
+	o := &observer{rec: rec, cancel: cancel, done: make(chan struct{}), keys: map[string]bool{}, seen: map[string]bool{},
+		ended: map[string]endSeen{}, lastHeld: map[string]int64{}}
+	go o.run(ctx)
+	return o
+}
+
+func (o *observer) watch(key string)   { o.mu.Lock(); o.keys[key] = true; o.mu.Unlock() }
+func (o *observer) unwatch(key string) { o.mu.Lock(); delete(o.keys, key); o.mu.Unlock() }
+
+func (o *observer) stop() { o.cancel(); <-o.done }
+
+func (o *observer) run(ctx context.Context) {
+	defer close(o.done)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		o.mu.Lock()
+		keys := make([]string, 0, len(o.keys))
+		for k := range o.keys {
+			keys = append(keys, k)
+		}
+		o.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, k := range keys {
+			wg.Add(1)
+			go func() { defer wg.Done(); o.read(ctx, k) }()
+		}
+		wg.Wait()
+	}
+}
+
+func (o *observer) read(ctx context.Context, key string) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	sent := history.Mono()
+	l := &locksv1alpha1.DistributedLock{}
+	if err := admin.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l); err != nil {
+		return
+	}
+	now := history.Mono()
+	s := l.Status
+	e := history.Event{Op: history.OpServer, Phase: history.Return, Key: key, Token: s.FencingToken, Deadline: sent, T: now}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if h := s.Holder; h != nil {
+		e.Lease, e.Req = h.LeaseID, h.RequestID
+		o.lastHeld[h.LeaseID] = sent
+	}
+	o.rec.Record(e)
+	for _, f := range s.RecentAcquisitions {
+		if o.seen[f.LeaseID] {
+			continue
+		}
+		o.seen[f.LeaseID] = true
+		o.ended[f.LeaseID] = endSeen{t: now, reason: f.EndReason, key: key}
+		o.rec.Record(history.Event{Op: history.OpServer, Phase: history.Point, Key: key, Lease: f.LeaseID, Req: f.RequestID, Token: f.FencingToken, Reason: string(f.EndReason), Err: f.EndedBy, T: now})
+	}
+}
+
+// expiries returns the holdings of key prefix seen ended by expiry, with when
+// they were first seen ended and the send time of the last read that still saw them held.
+func (o *observer) expiries(prefix string) map[string][2]int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string][2]int64{}
+	for lease, e := range o.ended {
+		if e.reason == locksv1alpha1.EndReasonExpired && hasPrefix(e.key, prefix) {
+			out[lease] = [2]int64{e.t, o.lastHeld[lease]}
+		}
+	}
+	return out
+}

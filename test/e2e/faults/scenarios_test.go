@@ -1,0 +1,470 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/faultproxy"
+	"github.com/kubelock/kubelock/internal/history"
+)
+
+func getLock(ctx context.Context, key string) *locksv1alpha1.DistributedLock {
+	l := &locksv1alpha1.DistributedLock{}
+	Eventually(func() error {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		return admin.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l)
+	}).Should(Succeed())
+	return l
+}
+
+// acquireOK acquires key with c and returns the reply, failing unless it succeeded.
+func acquireOK(c *lockClient, key string, wait time.Duration) Reply {
+	r := c.do(Command{Cmd: "acquire", Key: key, Wait: wait})
+	ExpectWithOffset(1, r.Outcome).To(Equal(history.OK), "%s acquire %s: %s", c.name, key, r.Err)
+	return r
+}
+
+// lostAt is the time c recorded that its holding lease was lost, 0 if not.
+func lostAt(c *lockClient, lease string) int64 {
+	evs, err := history.ReadFiles(c.hist)
+	Expect(err).NotTo(HaveOccurred())
+	for _, e := range evs {
+		if e.Op == history.OpLost && e.Lease == lease {
+			return e.T
+		}
+	}
+	return 0
+}
+
+// lastDeadline is the last safe deadline c recorded for lease.
+func lastDeadline(c *lockClient, lease string) int64 {
+	evs, err := history.ReadFiles(c.hist)
+	Expect(err).NotTo(HaveOccurred())
+	var d int64
+	for _, e := range evs {
+		if e.Lease == lease && e.Deadline > d && (e.Op == history.OpDeadline || e.Op == history.OpAcquire) {
+			d = e.Deadline
+		}
+	}
+	return d
+}
+
+func unwatch(keys ...string) {
+	for _, k := range keys {
+		obs.unwatch(k)
+	}
+}
+
+func waitLeader() *process {
+	var l *process
+	Eventually(func() *process { l = leader(); return l }).WithTimeout(2 * time.Minute).ShouldNot(BeNil())
+	return l
+}
+
+var _ = Describe("fault scenarios", Ordered, func() {
+	It("1: a client SIGSTOPped past its lease has its late writes rejected, and a successor held the lock meanwhile", func(ctx SpecContext) {
+		key := newLock(ctx, "s1", 3, 2)
+		a, b := newClient("s1-a"), newClient("s1-b")
+		ra := acquireOK(a, key, 10*time.Second)
+		// a writes blindly every 50ms with its token, as a process paused
+		// between its check and its write would.
+		_, wch := a.send(Command{Cmd: "write", Key: key, N: 100, Every: 50 * time.Millisecond})
+		Eventually(func() int { return len(fenceWrites(ctx, "s1")) }).Should(BeNumerically(">=", 3))
+		pausedAt := a.pause()
+		rb := acquireOK(b, key, 30*time.Second)
+		handover := history.Mono() - pausedAt
+		Expect(rb.Token).To(BeNumerically(">", ra.Token))
+		Expect(b.do(Command{Cmd: "write", Key: key, N: 5}).Accepted).To(Equal(5))
+		a.resume()
+		var wr Reply
+		select {
+		case wr = <-wch:
+		case <-time.After(time.Minute):
+			Fail("the paused client's writes never finished")
+		}
+		Expect(wr.Stale).To(BeNumerically(">=", 1), "the paused client's late write must be rejected")
+		Expect(lostAt(a, ra.Lease)).NotTo(BeZero(), "the paused client must learn it lost the lock")
+		Expect(b.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		a.exit()
+		b.exit()
+		unwatch(key)
+		check(ctx, result{Scenario: "1 client paused past its lease", Faults: fmt.Sprintf("SIGSTOP of the writing holder for %s", secs(handover)),
+			Recovery: "successor acquired " + secs(handover) + " after the pause",
+			Notes:    fmt.Sprintf("paused holder's writes: %d accepted before, %d rejected as stale after resuming", wr.Accepted, wr.Stale)}, "s1")
+	})
+
+	It("2: a response dropped after the acquire committed: the retry with the same request ID yields exactly one holding", func(ctx SpecContext) {
+		const rounds = 20
+		key := newLock(ctx, "s2", 3, 2)
+		a := newClient("s2-a")
+		var drop atomic.Bool
+		proxy.SetRule(func(r *http.Request) faultproxy.Action {
+			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/distributedlocks/"+key+"/status") &&
+				strings.HasPrefix(r.UserAgent(), "s2-a") && drop.CompareAndSwap(true, false) {
+				return faultproxy.DropResponse
+			}
+			return faultproxy.Pass
+		})
+		DeferCleanup(func() { proxy.SetRule(nil) })
+		dropped0 := proxy.Dropped()
+		for i := range rounds {
+			req := fmt.Sprintf("s2-req-%d", i)
+			drop.Store(true)
+			r := a.do(Command{Cmd: "acquire", Key: key, Req: req, Wait: 20 * time.Second})
+			Expect(r.Outcome).To(Equal(history.OK), r.Err)
+			Expect(drop.Load()).To(BeFalse(), "the acquire's response was dropped")
+			// The same request again, from another process of the same user: the same holding.
+			a2 := newClient(fmt.Sprintf("s2-a-retry%d", i))
+			r2 := a2.do(Command{Cmd: "acquire", Key: key, Req: req, Try: true, Wait: 10 * time.Second})
+			Expect(r2.Outcome).To(Equal(history.OK), r2.Err)
+			Expect(r2.Lease).To(Equal(r.Lease), "a retry with the same request ID must return the original lease")
+			Expect(r2.Token).To(Equal(r.Token))
+			killClient(a2) // the second handle must not release or renew
+			// Drop the release's response too: it is retried and ends the holding once.
+			drop.Store(true)
+			Expect(a.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+			// After the release, the request ID is over, never a second holding.
+			a3 := newClient(fmt.Sprintf("s2-a-late%d", i))
+			r3 := a3.do(Command{Cmd: "acquire", Key: key, Req: req, Try: true, Wait: 10 * time.Second})
+			Expect(r3.Outcome).To(Equal(history.Lost), "a retry after the release must say the lease is over: %s", r3.Err)
+			a3.exit()
+		}
+		dropped := proxy.Dropped() - dropped0
+		a.exit()
+		unwatch(key)
+		check(ctx, result{Scenario: "2 response lost after commit", Faults: fmt.Sprintf("%d responses dropped after the apiserver committed (%d acquires, %d releases)", dropped, rounds, rounds),
+			Recovery: "immediate (the client's own retry)", Notes: fmt.Sprintf("%d retries with the same request ID returned the original lease, %d late retries said it was over", rounds, rounds)}, "s2")
+	})
+
+	It("3: one etcd member of three down keeps locks working; two down fails closed within bounded time; quorum back resumes", func(ctx SpecContext) {
+		key, held := newLock(ctx, "s3", 3, 2), newLock(ctx, "s3", 3, 2)
+		a, h, c := newClient("s3-a"), newClient("s3-h"), newClient("s3-c")
+		cycle := func(n int) time.Duration {
+			var total time.Duration
+			for range n {
+				start := time.Now()
+				acquireOK(a, key, 20*time.Second)
+				Expect(a.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+				total += time.Since(start)
+			}
+			return total / time.Duration(n)
+		}
+		base := cycle(30)
+		cp.etcd[2].stop()
+		one := cycle(30)
+		GinkgoWriter.Printf("acquire+release cycle: %s with 3 members, %s with 2\n", base, one)
+
+		rh := acquireOK(h, held, 10*time.Second)
+		tokenBefore := getLock(ctx, held).Status.FencingToken
+		lossAt := history.Mono()
+		cp.etcd[1].stop()
+		// Holders: Done fires by the safe deadline (lease minus margin after the last renewal).
+		Eventually(func() int64 { return lostAt(h, rh.Lease) }).WithTimeout(30 * time.Second).ShouldNot(BeZero())
+		doneAfter := lostAt(h, rh.Lease) - lossAt
+		Expect(doneAfter).To(BeNumerically("<=", int64(3*time.Second)), "Done must fire within the lease")
+		// Acquires fail, with an error, within a bounded time.
+		start := time.Now()
+		r := c.do(Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
+		failAfter := time.Since(start)
+		Expect(r.Outcome).NotTo(Equal(history.OK))
+		Expect(failAfter).To(BeNumerically("<", 15*time.Second))
+		GinkgoWriter.Printf("quorum lost: holder's Done after %s; acquire failed after %s with %s: %s\n", secs(doneAfter), failAfter, r.Outcome, r.Err)
+
+		restoredAt := history.Mono()
+		Expect(cp.etcd[1].start()).To(Succeed())
+		Expect(cp.etcd[2].start()).To(Succeed())
+		var rc Reply
+		Eventually(func() string {
+			rc = c.do(Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
+			return rc.Outcome
+		}).WithTimeout(3 * time.Minute).WithPolling(500 * time.Millisecond).Should(Equal(history.OK))
+		recovery := history.Mono() - restoredAt
+		Expect(rc.Token).To(BeNumerically(">", tokenBefore))
+		Expect(rc.Token).To(BeNumerically(">", rh.Token))
+		Expect(c.do(Command{Cmd: "release", Key: held}).Outcome).To(Equal(history.OK))
+		after := cycle(10)
+		a.exit()
+		h.exit()
+		c.exit()
+		unwatch(key, held)
+		check(ctx, result{Scenario: "3 etcd members stopped", Faults: "1 of 3 members stopped; then 2 of 3 (quorum lost); then both restarted",
+			Recovery: fmt.Sprintf("%s from quorum restored to the next acquisition", secs(recovery)),
+			Notes: fmt.Sprintf("acquire+release cycle %s with 3 members, %s with 2, %s after recovery; quorum lost: holder's Done %s after the loss, acquire failed after %s (%s: %s)",
+				base.Round(time.Millisecond), one.Round(time.Millisecond), after.Round(time.Millisecond), secs(doneAfter), failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err))}, "s3")
+	})
+
+	It("4: kube-apiserver SIGKILLed and restarted under load", func(ctx SpecContext) {
+		keys := []string{newLock(ctx, "s4", 3, 2), newLock(ctx, "s4", 3, 2), newLock(ctx, "s4", 3, 2)}
+		var cs []*lockClient
+		for i := range 4 {
+			c := newClient(fmt.Sprintf("s4-c%d", i))
+			c.do(Command{Cmd: "loop", Keys: keys, N: 2, Wait: 5 * time.Second, Seed: uint64(i)})
+			cs = append(cs, c)
+		}
+		Eventually(func() int { return countOK(events("s4")) }).Should(BeNumerically(">=", 20))
+		cp.apiserver.kill()
+		// The apiserver stays down for a scheduled 3s.
+		time.Sleep(3 * time.Second)
+		restart := history.Mono()
+		Expect(cp.apiserver.start()).To(Succeed())
+		Expect(cp.ready(ctx)).To(Succeed())
+		base := countOKAfter(events("s4"), restart)
+		Eventually(func() int { return countOKAfter(events("s4"), restart) }).WithTimeout(2 * time.Minute).Should(BeNumerically(">", base))
+		recovery := firstOKAfter(events("s4"), restart) - restart
+		Eventually(func() int { return countOKAfter(events("s4"), restart) }).WithTimeout(2 * time.Minute).Should(BeNumerically(">=", 20))
+		for _, c := range cs {
+			c.do(Command{Cmd: "stop"})
+			c.exit()
+		}
+		unwatch(keys...)
+		check(ctx, result{Scenario: "4 kube-apiserver killed under load", Faults: "SIGKILL of kube-apiserver with 4 looping clients on 3 locks, down 3s, restarted",
+			Recovery: secs(recovery) + " from restart to the next acquisition"}, "s4")
+	})
+
+	It("5: the leader manager SIGKILLed mid-expiry: the standby takes over, nothing expires early, expiry resumes", func(ctx SpecContext) {
+		var keys []string
+		var holders []*lockClient
+		var leases []string
+		for i := range 3 {
+			k := newLock(ctx, "s5", 3, 2)
+			c := newClient(fmt.Sprintf("s5-h%d", i))
+			leases = append(leases, acquireOK(c, k, 10*time.Second).Lease)
+			keys, holders = append(keys, k), append(holders, c)
+		}
+		old := waitLeader()
+		for _, c := range holders {
+			killClient(c) // the holders crash: their leases now wait for the controller
+		}
+		time.Sleep(time.Second) // scheduled: kill the leader while the expiries are pending
+		killedAt := old.kill()
+		// The standby takes over (after the leader lease) and expires all three.
+		Eventually(func() int { return len(obs.expiries("s5")) }).WithTimeout(2 * time.Minute).Should(Equal(3))
+		exp := obs.expiries("s5")
+		first := int64(0)
+		var margins []string
+		for i, lease := range leases {
+			e, ok := exp[lease]
+			Expect(ok).To(BeTrue())
+			d := lastDeadline(holders[i], lease)
+			Expect(e[1]).To(BeNumerically(">=", d), "lease %s expired before its holder's safe deadline could pass", lease)
+			if first == 0 || e[0] < first {
+				first = e[0]
+			}
+			margins = append(margins, secs(e[1]-d))
+		}
+		newLeader := waitLeader()
+		unwatch(keys...)
+		check(ctx, result{Scenario: "5 leader manager killed mid-expiry", Faults: fmt.Sprintf("SIGKILL of the leader (%s) with 3 crashed holders awaiting expiry", old.name),
+			Recovery: fmt.Sprintf("%s from the kill to the first expiry (by %s)", secs(first-killedAt), newLeader.name),
+			Notes:    fmt.Sprintf("each lease was still seen held %s after its holder's safe deadline", strings.Join(margins, ", "))}, "s5")
+	})
+
+	It("6: with the webhook down every lock write fails closed and nothing changes; back up, service resumes", func(ctx SpecContext) {
+		key := newLock(ctx, "s6", 3, 2)
+		h, c := newClient("s6-h"), newClient("s6-c")
+		rh := acquireOK(h, key, 10*time.Second)
+		for _, m := range managers {
+			m.supervise(false)
+		}
+		downAt := history.Mono()
+		for _, m := range managers {
+			m.kill()
+		}
+		before := getLock(ctx, key)
+		r := c.do(Command{Cmd: "acquire", Key: key, Try: true, Wait: 5 * time.Second})
+		Expect(r.Outcome).NotTo(Equal(history.OK))
+		// The holder cannot renew: its Done fires by its safe deadline.
+		Eventually(func() int64 { return lostAt(h, rh.Lease) }).WithTimeout(30 * time.Second).ShouldNot(BeZero())
+		rr := h.do(Command{Cmd: "release", Key: key})
+		after := getLock(ctx, key)
+		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion), "no lock write may pass while the webhook is down")
+		Expect(after.Status.Holder).NotTo(BeNil())
+		Expect(after.Status.Holder.LeaseID).To(Equal(rh.Lease))
+		upAt := history.Mono()
+		for _, m := range managers {
+			m.supervise(true)
+			Expect(m.start()).To(Succeed())
+		}
+		var rc Reply
+		Eventually(func() string {
+			rc = c.do(Command{Cmd: "acquire", Key: key, Try: true, Wait: 5 * time.Second})
+			return rc.Outcome
+		}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Equal(history.OK))
+		recovery := history.Mono() - upAt
+		Expect(rc.Token).To(BeNumerically(">", rh.Token))
+		Expect(c.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		h.exit()
+		c.exit()
+		unwatch(key)
+		check(ctx, result{Scenario: "6 webhook down", Faults: fmt.Sprintf("both operator replicas (the webhook's only backends) SIGKILLed for %s", secs(upAt-downAt)),
+			Recovery: secs(recovery) + " from restart to the next acquisition",
+			Notes:    fmt.Sprintf("during the outage: acquire %s (%s), renewals failed so the holder's Done fired, its release %s; resourceVersion unchanged", r.Outcome, firstLine(r.Err), rr.Outcome)}, "s6")
+	})
+
+	It("7: waiters cancelled and killed while queued: the queue drains in order without a stuck head beyond handoffTimeoutSeconds", func(ctx SpecContext) {
+		const handoff = 2
+		key := newLock(ctx, "s7", 3, handoff)
+		h := newClient("s7-h")
+		acquireOK(h, key, 10*time.Second)
+		type waiter struct {
+			c  *lockClient
+			id int64
+			ch <-chan Reply
+		}
+		var ws []waiter
+		for i := range 6 {
+			c := newClient(fmt.Sprintf("s7-w%d", i))
+			id, ch := c.send(Command{Cmd: "acquire", Key: key, Wait: 2 * time.Minute})
+			ws = append(ws, waiter{c, id, ch})
+			Eventually(func() int { return len(getLock(ctx, key).Status.Waiters) }).Should(Equal(i + 1))
+		}
+		// w1 cancels, w2 and w4 are killed while queued.
+		ws[1].c.do(Command{Cmd: "cancel", Target: ws[1].id})
+		Expect((<-ws[1].ch).Outcome).To(Equal(history.Canceled))
+		killClient(ws[2].c)
+		killClient(ws[4].c)
+		Eventually(func() int { return len(getLock(ctx, key).Status.Waiters) }).Should(Equal(5 - 1))
+		Expect(h.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		prev := history.Mono()
+		var order []string
+		var gaps []string
+		maxGap := int64(0)
+		for _, i := range []int{0, 3, 5} {
+			var r Reply
+			select {
+			case r = <-ws[i].ch:
+			case <-time.After(time.Minute):
+				Fail(fmt.Sprintf("waiter %d never got the lock", i))
+			}
+			Expect(r.Outcome).To(Equal(history.OK), r.Err)
+			got := history.Mono()
+			gap := got - prev
+			maxGap = max(maxGap, gap)
+			gaps = append(gaps, secs(gap))
+			order = append(order, ws[i].c.name)
+			Expect(ws[i].c.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+			prev = history.Mono()
+		}
+		// A killed head is dropped after handoffTimeoutSeconds (plus the controller's grace and a poll).
+		Expect(maxGap).To(BeNumerically("<=", int64((handoff+4)*time.Second)))
+		Expect(getLock(ctx, key).Status.Waiters).To(BeEmpty())
+		// Acquisition order is queue order.
+		acq := acquisitionOrder(events("s7"))
+		Expect(acq).To(Equal(append([]string{"s7-h"}, order...)))
+		for _, i := range []int{0, 1, 3, 5} {
+			ws[i].c.exit()
+		}
+		h.exit()
+		unwatch(key)
+		check(ctx, result{Scenario: "7 waiters cancelled and killed while queued", Faults: "6 queued waiters: 1 cancelled, 2 SIGKILLed (one of them becomes the head)",
+			Recovery: fmt.Sprintf("longest hand-off %s (handoffTimeoutSeconds %d)", secs(maxGap), handoff),
+			Notes:    fmt.Sprintf("acquired in queue order %v; hand-off gaps %v", order, gaps)}, "s7")
+	})
+
+	It("8: the managers' wall clock jumps forward: no early expiry, since expiry uses observed monotonic time", func(ctx SpecContext) {
+		key, crashedKey := newLock(ctx, "s8", 3, 2), newLock(ctx, "s8", 3, 2)
+		h, x := newClient("s8-h"), newClient("s8-x")
+		rh := acquireOK(h, key, 10*time.Second)
+		rx := acquireOK(x, crashedKey, 10*time.Second)
+		waitLeader()
+		for _, off := range offsets {
+			Expect(os.WriteFile(off, []byte("1h"), 0o644)).To(Succeed())
+		}
+		DeferCleanup(func() {
+			for _, off := range offsets {
+				_ = os.WriteFile(off, []byte("0s"), 0o644)
+			}
+		})
+		jumpedAt := history.Mono()
+		killClient(x)
+		// Three leases long, the live holder keeps its lock and writes.
+		w := h.do(Command{Cmd: "write", Key: key, N: 45, Every: 200 * time.Millisecond})
+		Expect(w.Accepted).To(Equal(45))
+		Expect(lostAt(h, rh.Lease)).To(BeZero(), "a live holder lost its lock after the controller's wall clock jumped")
+		// The crashed holder's lease expires, but not before its safe deadline.
+		Eventually(func() map[string][2]int64 { return obs.expiries("s8") }).Should(HaveKey(rx.Lease))
+		e := obs.expiries("s8")[rx.Lease]
+		d := lastDeadline(x, rx.Lease)
+		Expect(e[1]).To(BeNumerically(">=", d))
+		endTime := getLock(ctx, crashedKey).Status.RecentAcquisitions
+		Expect(endTime).NotTo(BeEmpty())
+		skew := time.Until(endTime[len(endTime)-1].EndTime.Time)
+		// And back.
+		for _, off := range offsets {
+			Expect(os.WriteFile(off, []byte("-1h"), 0o644)).To(Succeed())
+		}
+		w2 := h.do(Command{Cmd: "write", Key: key, N: 30, Every: 200 * time.Millisecond})
+		Expect(w2.Accepted).To(Equal(30))
+		Expect(lostAt(h, rh.Lease)).To(BeZero())
+		Expect(h.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		h.exit()
+		unwatch(key, crashedKey)
+		check(ctx, result{Scenario: "8 manager wall clock jumps", Faults: "both managers' wall clocks +1h, then -1h (monotonic clock untouched)",
+			Recovery: "none needed",
+			Notes: fmt.Sprintf("live holder kept the lock through %s of +1h and 6s of -1h; the crashed holder's lease expired %s after its safe deadline (endTime written %s ahead of real time)",
+				secs(history.Mono()-jumpedAt), secs(e[1]-d), skew.Round(time.Second))}, "s8")
+	})
+})
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return strings.ReplaceAll(s, "|", "/")
+}
+
+func countOK(evs []history.Event) int { return countOKAfter(evs, 0) }
+
+func countOKAfter(evs []history.Event, t int64) int {
+	n := 0
+	for _, e := range evs {
+		if e.Op == history.OpAcquire && e.Phase == history.Return && e.Outcome == history.OK && e.T > t {
+			n++
+		}
+	}
+	return n
+}
+
+func firstOKAfter(evs []history.Event, t int64) int64 {
+	first := int64(0)
+	for _, e := range evs {
+		if e.Op == history.OpAcquire && e.Phase == history.Return && e.Outcome == history.OK && e.T > t && (first == 0 || e.T < first) {
+			first = e.T
+		}
+	}
+	return first
+}
+
+// acquisitionOrder lists the processes in the order their acquisitions returned.
+func acquisitionOrder(evs []history.Event) []string {
+	var acq []history.Event
+	for _, e := range evs {
+		if e.Op == history.OpAcquire && e.Phase == history.Return && e.Outcome == history.OK {
+			acq = append(acq, e)
+		}
+	}
+	sort.Slice(acq, func(i, j int) bool { return acq[i].T < acq[j].T })
+	var out []string
+	for _, e := range acq {
+		out = append(out, e.Proc)
+	}
+	return slices.Compact(out)
+}

@@ -1,0 +1,214 @@
+//go:build faults
+
+// Package faults is kubelock's fault-injection suite: a three-member etcd
+// cluster behind one kube-apiserver, two operator replicas with leader
+// election serving the admission webhook behind a TCP balancer, lock clients
+// as separate processes behind a fault proxy, and a PostgreSQL table guarded
+// by pkg/fencing. Each scenario injects its faults, then checks the recorded
+// histories (internal/history). Run it with `make test-faults`.
+//
+// Environment:
+//
+//	FAULTS_SEED     seed of the soak's workload and fault schedule (default: the clock)
+//	FAULTS_SOAK     duration of the soak (default 10m)
+//	FAULTS_REPORT   where to write the Markdown report (default: the work dir, printed)
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/faultproxy"
+	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/internal/pgtest"
+	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/pkg/fencing"
+)
+
+const namespace = "faults"
+
+var (
+	workDir    string
+	clientBin  string
+	managerBin string
+	cp         *controlPlane
+	admin      client.Client
+	managers   []*process
+	offsets    []string // the managers' wall-clock offset files
+	lb         *balancer
+	proxy      *faultproxy.Proxy
+	pg         *pgtest.Server
+	pgDSN      string
+	testRec    *history.Recorder
+	obs        *observer
+	histories  []string
+)
+
+func TestFaults(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(60 * time.Second)
+	SetDefaultEventuallyPollingInterval(50 * time.Millisecond)
+	RunSpecs(t, "kubelock fault-injection suite")
+}
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	var err error
+	workDir, err = os.MkdirTemp("", "kubelock-faults-")
+	Expect(err).NotTo(HaveOccurred())
+	GinkgoWriter.Printf("work dir (logs, histories): %s\n", workDir)
+	Expect(os.MkdirAll(filepath.Join(workDir, "history"), 0o755)).To(Succeed())
+	DeferCleanup(func() {
+		if !CurrentSpecReport().Failed() && os.Getenv("FAULTS_KEEP") == "" {
+			_ = os.RemoveAll(workDir)
+		}
+	})
+
+	clientBin, managerBin = filepath.Join(workDir, "client"), filepath.Join(workDir, "manager")
+	for bin, pkg := range map[string]string{clientBin: "./test/e2e/faults/client", managerBin: "./cmd/manager"} {
+		args := []string{"build", "-tags", "faults", "-o", bin}
+		if os.Getenv("FAULTS_RACE") != "" {
+			args = append(args, "-race")
+		}
+		build := exec.Command("go", append(args, pkg)...)
+		build.Dir = testenv.RepoRoot()
+		out, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "go build %s: %s", pkg, out)
+	}
+	testRec, err = history.NewRecorder(filepath.Join(workDir, "history", "suite.jsonl"), "suite")
+	Expect(err).NotTo(HaveOccurred())
+	histories = append(histories, filepath.Join(workDir, "history", "suite.jsonl"))
+
+	// PostgreSQL: the protected resource.
+	pg, err = pgtest.Start(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { _ = pg.Stop() })
+	pgDSN, err = pg.CreateDatabase(ctx, "faults")
+	Expect(err).NotTo(HaveOccurred())
+	conn, err := pgx.Connect(ctx, pgDSN)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(fencing.NewGuard(conn).Migrate(ctx)).To(Succeed())
+	_, err = conn.Exec(ctx, `CREATE TABLE faults_writes (id bigserial PRIMARY KEY, lock_key text NOT NULL, token bigint NOT NULL, proc text NOT NULL, seq bigint NOT NULL, t bigint NOT NULL)`)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(conn.Close(ctx)).To(Succeed())
+
+	// Three etcd members and the apiserver.
+	cp = startControlPlane(workDir)
+	DeferCleanup(func() {
+		cp.apiserver.stop()
+		for _, m := range cp.etcd {
+			m.stop()
+		}
+	})
+	Expect(cp.ready(ctx)).To(Succeed())
+	sch, err := manager.Scheme()
+	Expect(err).NotTo(HaveOccurred())
+	admin, err = client.New(cp.admin, client.Options{Scheme: sch})
+	Expect(err).NotTo(HaveOccurred())
+
+	// Two operator replicas behind the balancer the webhook configuration points at.
+	certDir := filepath.Join(workDir, "webhook-certs")
+	cp.pki.servingPair(certDir)
+	kc := kubeconfig(filepath.Join(workDir, "controller.kubeconfig"), cp.userConfig(controllerUser, "system:masters"))
+	var backends []string
+	for i := range 2 {
+		off := filepath.Join(workDir, fmt.Sprintf("clock-offset-%d", i))
+		Expect(os.WriteFile(off, []byte("0s"), 0o644)).To(Succeed())
+		m, port := newManager(fmt.Sprintf("manager%d", i), managerBin, kc, certDir, off)
+		m.supervise(true)
+		managers, offsets = append(managers, m), append(offsets, off)
+		backends = append(backends, fmt.Sprintf("127.0.0.1:%d", port))
+	}
+	lb = newBalancer(backends...)
+	DeferCleanup(lb.close)
+	Expect(cp.install(ctx, admin, "https://"+lb.addr())).To(Succeed())
+	Expect(admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}})).To(Succeed())
+	for _, m := range managers {
+		Expect(m.start()).To(Succeed())
+	}
+	DeferCleanup(func() {
+		for _, m := range managers {
+			m.stop()
+		}
+	})
+	Eventually(leader).WithTimeout(90 * time.Second).ShouldNot(BeNil())
+
+	// The fault proxy, as the lock user, between the clients and the apiserver.
+	proxy, err = faultproxy.New(cp.userConfig(clientUser))
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(proxy.Close)
+
+	obs = newObserver()
+	DeferCleanup(obs.stop)
+	// Every lock write passes the webhook: wait until it answers.
+	Eventually(func(g Gomega) {
+		k := newLock(ctx, "warmup", 3, 1)
+		c := newClient("warmup")
+		defer c.exit()
+		r := c.do(Command{Cmd: "acquire", Key: k, Wait: 10 * time.Second})
+		g.Expect(r.Outcome).To(Equal(history.OK), r.Err)
+		g.Expect(c.do(Command{Cmd: "release", Key: k}).Outcome).To(Equal(history.OK))
+	}).WithTimeout(2 * time.Minute).Should(Succeed())
+}, NodeTimeout(10*time.Minute))
+
+var _ = AfterSuite(func() {
+	writeReport()
+})
+
+// leader is the manager replica whose log says it holds the leader lease since its last start.
+func leader() *process {
+	for _, m := range managers {
+		if !m.running() {
+			continue
+		}
+		b, err := os.ReadFile(m.logPath())
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		if i := strings.LastIndex(s, "==== start"); i >= 0 {
+			s = s[i:]
+		}
+		if strings.Contains(strings.ToLower(s), "successfully acquired lease") {
+			return m
+		}
+	}
+	return nil
+}
+
+var lockCount int
+
+// newLock creates a lock with a unique name from prefix and returns its key.
+func newLock(ctx context.Context, prefix string, leaseSeconds, handoffSeconds int32) string {
+	lockCount++
+	key := fmt.Sprintf("%s-%d", prefix, lockCount)
+	createLock(ctx, key, leaseSeconds, handoffSeconds)
+	obs.watch(key)
+	return key
+}
+
+func createLock(ctx context.Context, key string, leaseSeconds, handoffSeconds int32) {
+	l := &locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Name: key, Namespace: namespace},
+		Spec: locksv1alpha1.DistributedLockSpec{
+			LeaseDurationSeconds: leaseSeconds, MaxLeaseDurationSeconds: 300,
+			MaxWaiters: ptr.To[int32](64), HandoffTimeoutSeconds: handoffSeconds,
+		},
+	}
+	Eventually(func() error { return client.IgnoreAlreadyExists(admin.Create(ctx, l.DeepCopy())) }).Should(Succeed())
+}
