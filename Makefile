@@ -136,3 +136,18 @@ FAULTS_SEED ?=
 .PHONY: test-faults
 test-faults: manifests generate control-plane ## Run the fault-injection suite (test/e2e/faults): 3 etcd members, 2 managers, client processes, faults, history checks, soak.
 	FAULTS_SOAK=$(FAULTS_SOAK) FAULTS_SEED=$(FAULTS_SEED) go test -tags faults -race -count=1 -timeout 90m ./test/e2e/faults/ -v -ginkgo.v
+
+##@ Benchmarks
+
+# Extra flags for test/bench, e.g. BENCH_FLAGS="--rate-scale 0.5 --systems webhook,lease".
+BENCH_FLAGS ?=
+
+.PHONY: bench
+bench: control-plane ## Benchmark kubelock against raw Leases, leader election, etcd and redsync (< 15 min on 2 cores); writes docs/benchmarks.md and plots.
+	hack/install-redis.sh
+	go run ./test/bench $(BENCH_FLAGS)
+
+.PHONY: bench-quick
+bench-quick: control-plane ## The benchmark's smoke-test preset (< 3 min); figures reported, nothing asserted.
+	hack/install-redis.sh
+	go run ./test/bench --quick $(BENCH_FLAGS)

@@ -1,0 +1,739 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/testenv"
+	kwebhook "github.com/kubelock/kubelock/webhook"
+)
+
+const (
+	// controllerUser is the operator's user name (a client certificate in
+	// system:masters); the webhook learns it, the policy gets it patched in.
+	controllerUser = "kubelock-bench-controller"
+	// benchUser is every lock client's user, bound to the lock-user role.
+	benchUser = "kubelock-bench-user"
+	// lockNS holds the seed-mix locks; workNS the other workloads' objects.
+	lockNS  = "bench"
+	leaseNS = "bench-leases"
+	workNS  = "bench-work"
+	// leaderElectionID is the operator's own leader Lease in namespace default.
+	leaderElectionID = "kubelock-manager.locks.kubelock.io"
+	policyName       = "kubelock-distributedlocks"
+	webhookCfgName   = "kubelock-validating-webhook-configuration"
+)
+
+// engine is the admission engine in front of lock writes.
+type engine string
+
+const (
+	engineWebhook engine = "webhook"
+	enginePolicy  engine = "policy"
+	engineNone    engine = "none"
+)
+
+// cluster is everything the benchmark runs against: envtest's etcd and
+// kube-apiserver, the operator binary as a child process serving the webhook
+// with a certificate from our own CA, and a redis-server.
+type cluster struct {
+	dir     string
+	env     *testenv.Env
+	admin   *rest.Config
+	adminCS kubernetes.Interface
+	user    *rest.Config // benchUser, no client-side rate limit
+	etcdURL string
+
+	mgr         *child
+	mgrMetrics  string // http://127.0.0.1:port/metrics
+	webhookCfg  *admissionregistrationv1.ValidatingWebhookConfiguration
+	vap         *admissionregistrationv1.ValidatingAdmissionPolicy
+	vapBinding  *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	redis       *child
+	redisAddr   string
+	probeSerial int
+	logf        func(string, ...any)
+}
+
+func startCluster(ctx context.Context, dir string, logf func(string, ...any)) (c *cluster, err error) {
+	c = &cluster{dir: dir, logf: logf}
+	defer func() {
+		if err != nil {
+			c.stop()
+		}
+	}()
+	logf("control plane: etcd + kube-apiserver from %s", testenv.AssetsDir())
+	if c.env, err = testenv.Start(); err != nil {
+		return c, err
+	}
+	c.etcdURL = c.env.ControlPlane.Etcd.URL.String()
+	c.admin = rest.CopyConfig(c.env.Config)
+	c.admin.QPS, c.admin.Burst = -1, 0
+	if c.adminCS, err = kubernetes.NewForConfig(c.admin); err != nil {
+		return c, err
+	}
+	if c.user, err = c.env.UserConfig(ctx, benchUser); err != nil {
+		return c, err
+	}
+	c.user.QPS = -1
+	// The lock-user role has no Lease verbs; the baselines' user may write Leases.
+	role, binding := leaseRBAC()
+	if err := c.env.Client.Create(ctx, role); err != nil {
+		return c, err
+	}
+	if err := c.env.Client.Create(ctx, binding); err != nil {
+		return c, err
+	}
+	for _, ns := range []string{lockNS, leaseNS, workNS} {
+		if err := c.env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return c, err
+		}
+	}
+	if err := c.startManager(ctx); err != nil {
+		return c, err
+	}
+	if err := c.startRedis(ctx); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func (c *cluster) stop() {
+	if c.redis != nil {
+		_ = c.redis.stop(5 * time.Second)
+	}
+	if c.mgr != nil {
+		_ = c.mgr.stop(10 * time.Second)
+	}
+	if c.env != nil {
+		_ = c.env.Stop()
+	}
+}
+
+// --- the operator ------------------------------------------------------------
+
+// startManager builds ./cmd/manager, issues the webhook's serving certificate
+// from a fresh CA, and runs the binary as production does: leader election on,
+// the webhook served (the certificate from files: --cert-rotation=false).
+func (c *cluster) startManager(ctx context.Context) error {
+	bin := filepath.Join(c.dir, "manager")
+	c.logf("building ./cmd/manager")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/manager")
+	build.Dir = testenv.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/manager: %w\n%s", err, out)
+	}
+	u, err := c.env.AddUser(envtest.User{Name: controllerUser, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return err
+	}
+	kc, err := u.KubeConfig()
+	if err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(c.dir, "manager.kubeconfig")
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		return err
+	}
+	certDir := filepath.Join(c.dir, "webhook-certs")
+	caPEM, err := writeServingCert(certDir)
+	if err != nil {
+		return err
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	webhookPort, metricsPort, probePort := ports[0], ports[1], ports[2]
+	c.mgrMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	if err := c.loadAdmission(caPEM, webhookPort); err != nil {
+		return err
+	}
+	c.mgr, err = startChild("manager", bin, filepath.Join(c.dir, "manager.log"),
+		"--kubeconfig="+kubeconfig,
+		"--leader-elect=true",
+		"--leader-election-namespace=default",
+		"--leader-election-id="+leaderElectionID,
+		"--cert-rotation=false",
+		"--webhook-cert-dir="+certDir,
+		"--webhook-host=127.0.0.1",
+		"--webhook-port="+strconv.Itoa(webhookPort),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
+	)
+	if err != nil {
+		return err
+	}
+	c.logf("operator: pid %d, webhook https://127.0.0.1:%d, log %s", c.mgr.cmd.Process.Pid, webhookPort, c.mgr.logPath)
+	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)
+	if err := c.mgr.waitFor(ctx, "ready", 90*time.Second, func(ctx context.Context) error {
+		return httpOK(ctx, readyz)
+	}); err != nil {
+		return err
+	}
+	return c.mgr.waitFor(ctx, "leader", 90*time.Second, func(ctx context.Context) error {
+		l, err := c.adminCS.CoordinationV1().Leases("default").Get(ctx, leaderElectionID, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			return errors.New("no leader yet")
+		}
+		return nil
+	})
+}
+
+// loadAdmission reads the webhook configuration from config/webhook (url
+// clientConfig to the operator's port, our CA) and the policy from config/policy
+// (the controller's user patched in).
+func (c *cluster) loadAdmission(caPEM []byte, port int) error {
+	root := testenv.RepoRoot()
+	c.webhookCfg = &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := readYAML(filepath.Join(root, "config", "webhook", "manifests.yaml"), c.webhookCfg); err != nil {
+		return err
+	}
+	c.webhookCfg.Name = webhookCfgName
+	for i := range c.webhookCfg.Webhooks {
+		w := &c.webhookCfg.Webhooks[i]
+		path := kwebhook.Path
+		if w.ClientConfig.Service != nil && w.ClientConfig.Service.Path != nil {
+			path = *w.ClientConfig.Service.Path
+		}
+		url := fmt.Sprintf("https://127.0.0.1:%d%s", port, path)
+		w.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM}
+	}
+	dir := filepath.Join(root, "config", "policy")
+	c.vap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := readYAML(filepath.Join(dir, "validating_admission_policy.yaml"), c.vap); err != nil {
+		return err
+	}
+	c.vapBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := readYAML(filepath.Join(dir, "validating_admission_policy_binding.yaml"), c.vapBinding); err != nil {
+		return err
+	}
+	if len(c.vap.Spec.Variables) == 0 || c.vap.Spec.Variables[0].Name != "controllerUser" {
+		return errors.New("config/policy: the first variable is not controllerUser")
+	}
+	c.vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
+	return nil
+}
+
+// activate installs exactly one admission engine (or none) and waits until
+// the apiserver enforces it and, when the webhook is off, stops calling it.
+func (c *cluster) activate(ctx context.Context, e engine) error {
+	cl := c.env.Client
+	if e == engineWebhook {
+		w := c.webhookCfg.DeepCopy()
+		if err := cl.Create(ctx, w); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	} else if err := client.IgnoreNotFound(cl.Delete(ctx, c.webhookCfg.DeepCopy())); err != nil {
+		return err
+	}
+	if e == enginePolicy {
+		for _, o := range []client.Object{c.vap.DeepCopy(), c.vapBinding.DeepCopy()} {
+			if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+		}
+	} else {
+		if err := client.IgnoreNotFound(cl.Delete(ctx, c.vapBinding.DeepCopy())); err != nil {
+			return err
+		}
+		if err := client.IgnoreNotFound(cl.Delete(ctx, c.vap.DeepCopy())); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got, err := c.probe(ctx)
+		if err != nil {
+			return err
+		}
+		if got == e {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("admission engine %s not in force after 60s (probe says %s)", e, got)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if e == engineWebhook {
+		return nil
+	}
+	// The policy answers before webhooks; wait until an admitted write no longer
+	// reaches the webhook at all.
+	for {
+		before, err := c.webhookDecisions(ctx)
+		if err != nil {
+			return err
+		}
+		l, err := c.probeLock(ctx)
+		if err != nil {
+			return err
+		}
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(l), l); err != nil {
+				return err
+			}
+			l.Status.ObservedGeneration++
+			return cl.Status().Update(ctx, l)
+		}); err != nil {
+			return err
+		}
+		after, err := c.webhookDecisions(ctx)
+		if err != nil {
+			return err
+		}
+		if after == before {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the apiserver still calls the webhook 60s after its configuration was deleted")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (c *cluster) probeLock(ctx context.Context) (*locksv1alpha1.DistributedLock, error) {
+	c.probeSerial++
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: fmt.Sprintf("probe-%d", c.probeSerial)}}
+	return l, c.env.Client.Create(ctx, l)
+}
+
+// probe writes a holder in someone else's name and reports who denied it.
+func (c *cluster) probe(ctx context.Context) (engine, error) {
+	l, err := c.probeLock(ctx)
+	if err != nil {
+		return "", err
+	}
+	tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+	if err != nil {
+		return "", err
+	}
+	now := metav1.NowMicro()
+	l.Acquire(locksv1alpha1.LockHolder{Identity: "probe", User: "somebody-else", LeaseID: "probe-lease-000000000000",
+		RequestID: "probe-request", LeaseDurationSeconds: 30, AcquireTime: now, RenewTime: &now}, tok)
+	err = c.env.Client.Status().Update(ctx, l)
+	switch {
+	case err == nil:
+		return engineNone, nil
+	case strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policyName+"'"):
+		return enginePolicy, nil
+	case strings.Contains(err.Error(), `admission webhook "vdistributedlock`):
+		return engineWebhook, nil
+	}
+	return engine("unexpected: " + err.Error()), nil
+}
+
+// webhookDecisions is the operator's count of admission decisions.
+func (c *cluster) webhookDecisions(ctx context.Context) (float64, error) {
+	body, err := httpGet(ctx, c.mgrMetrics)
+	if err != nil {
+		return 0, err
+	}
+	return sumMetric(body, "kubelock_webhook_admission_decisions_total", nil), nil
+}
+
+// --- redis -------------------------------------------------------------------
+
+func (c *cluster) startRedis(ctx context.Context) error {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return errors.New("redis-server not found: run hack/install-redis.sh")
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	c.redisAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	c.redis, err = startChild("redis-server", bin, filepath.Join(c.dir, "redis.log"),
+		"--bind", "127.0.0.1", "--port", strconv.Itoa(ports[0]), "--save", "", "--appendonly", "no",
+		"--dir", c.dir, "--protected-mode", "yes")
+	if err != nil {
+		return err
+	}
+	return c.redis.waitFor(ctx, "answering", 30*time.Second, func(ctx context.Context) error {
+		conn, err := net.DialTimeout("tcp", c.redisAddr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = conn.Close() }()
+		_ = conn.SetDeadline(time.Now().Add(time.Second))
+		if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(line, "+PONG") {
+			return fmt.Errorf("redis answered %q", line)
+		}
+		return nil
+	})
+}
+
+// --- apiserver metrics and profiles ----------------------------------------------
+
+// writeCounts is apiserver_request_total of mutating verbs by "VERB
+// resource[/subresource]".
+type writeCounts map[string]float64
+
+func (w writeCounts) total() float64 {
+	var t float64
+	for _, v := range w {
+		t += v
+	}
+	return t
+}
+
+func (c *cluster) apiserverWrites(ctx context.Context) (writeCounts, error) {
+	body, err := c.adminCS.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w := writeCounts{}
+	sumMetric(body, "apiserver_request_total", func(l map[string]string, v float64) {
+		switch l["verb"] {
+		case "POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION":
+		default:
+			return
+		}
+		k := l["verb"] + " " + l["resource"]
+		if l["subresource"] != "" {
+			k += "/" + l["subresource"]
+		}
+		w[k] += v
+	})
+	return w, nil
+}
+
+// since is the per-second rate of each key between two counts.
+func (w writeCounts) since(before writeCounts, secs float64) writeCounts {
+	out := writeCounts{}
+	for k, v := range w {
+		if d := v - before[k]; d > 0 {
+			out[k] = d / secs
+		}
+	}
+	return out
+}
+
+// apiserverProfile takes a CPU profile of kube-apiserver for d.
+func (c *cluster) apiserverProfile(ctx context.Context, d time.Duration, path string) error {
+	body, err := c.adminCS.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+		Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d + 30*time.Second).DoRaw(ctx)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
+}
+
+// sumMetric calls each with the labels and value of every sample of a
+// Prometheus text-format metric and returns their sum.
+func sumMetric(body []byte, name string, each func(labels map[string]string, v float64)) float64 {
+	var sum float64
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		rest := line[len(name):]
+		labels := map[string]string{}
+		switch {
+		case strings.HasPrefix(rest, "{"):
+			end := strings.LastIndex(rest, "}")
+			if end < 0 {
+				continue
+			}
+			for _, kv := range splitLabels(rest[1:end]) {
+				k, v, ok := strings.Cut(kv, "=")
+				if ok {
+					labels[k] = strings.Trim(v, `"`)
+				}
+			}
+			rest = rest[end+1:]
+		case strings.HasPrefix(rest, " "):
+		default:
+			continue // a longer name with the same prefix
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			continue
+		}
+		if each != nil {
+			each(labels, v)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// splitLabels splits `a="x",b="y,z"` at the commas outside quotes.
+func splitLabels(s string) []string {
+	var out []string
+	inQ, start := false, 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			inQ = !inQ
+		case ',':
+			if !inQ {
+				out = append(out, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// --- helpers -----------------------------------------------------------------
+
+// leaseRBAC lets benchUser use coordination.k8s.io Leases (the baselines).
+func leaseRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
+	const name = "kubelock-bench-leases"
+	return &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{coordinationv1.GroupName}, Resources: []string{"leases"},
+				Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
+		}, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: benchUser}},
+		}
+}
+
+func readYAML(path string, into any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := yaml.UnmarshalStrict(b, into); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// writeServingCert creates a CA and a serving certificate for 127.0.0.1 and
+// localhost signed by it, writes tls.crt and tls.key to dir, and returns the
+// CA certificate (the webhook configuration's caBundle).
+func writeServingCert(dir string) ([]byte, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubelock-bench-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(7 * 24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
+	if err != nil {
+		return nil, err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kubelock-webhook"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(7 * 24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, key.Public(), caKey)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	crtPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	if _, err := tls.X509KeyPair(crtPEM, keyPEM); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), crtPEM, 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), keyPEM, 0o600); err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		addr, ok := l.Addr().(*net.TCPAddr)
+		if !ok {
+			return nil, fmt.Errorf("unexpected listener address %v", l.Addr())
+		}
+		ports = append(ports, addr.Port)
+	}
+	return ports, nil
+}
+
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return buf.Bytes(), nil
+}
+
+func httpOK(ctx context.Context, url string) error {
+	_, err := httpGet(ctx, url)
+	return err
+}
+
+// --- child processes -------------------------------------------------------------
+
+// child is a process the benchmark started, in its own process group, killed
+// with the benchmark (Pdeathsig).
+type child struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+	err     error
+}
+
+func startChild(name, path, logPath string, args ...string) (*child, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	c := &child{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		_ = logf.Close()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+func (c *child) stop(grace time.Duration) error {
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	pid := c.cmd.Process.Pid
+	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	select {
+	case <-c.done:
+		return nil
+	case <-time.After(grace):
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		<-c.done
+		return fmt.Errorf("%s did not stop within %s; killed", c.name, grace)
+	}
+}
+
+func (c *child) waitFor(ctx context.Context, what string, timeout time.Duration, check func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		last = check(cctx)
+		ccancel()
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-c.done:
+			return fmt.Errorf("%s exited (%w); see %s", c.name, c.err, c.logPath)
+		case <-ctx.Done():
+			return fmt.Errorf("%s not %s after %s: %w (log %s)", c.name, what, timeout, last, c.logPath)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

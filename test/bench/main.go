@@ -1,0 +1,502 @@
+// Command bench measures kubelock against the limit of its own stack and
+// against what users would pick instead, on one machine in one run.
+//
+// It starts envtest's etcd and kube-apiserver (the control plane that `make
+// control-plane` builds), the operator binary (go build ./cmd/manager) as a
+// child process with leader election and the validating webhook served with a
+// certificate from a CA it creates, and a redis-server on a free loopback port.
+// kubelock runs with each admission engine in turn — the webhook, the
+// ValidatingAdmissionPolicy from config/policy, none — and the baselines run on
+// the same apiserver, etcd and machine: raw resourceVersion CAS on
+// coordination.k8s.io/v1 Leases, client-go leader election with its default
+// timings, etcd's concurrency.Mutex, and redsync.
+//
+// Workloads (open loop: requests are issued on a schedule and latency is
+// measured from the scheduled time, so queueing counts):
+//
+//  1. seed mix: N lock objects; held locks renewed every lease/3 plus
+//     acquire/release churn at the seed's 1:1:1 ratio, raised step by step
+//     until p99 exceeds the limit or errors appear;
+//  2. uncontended acquire + release at a fixed rate;
+//  3. contended hand-off: K clients on one lock;
+//  4. expiry: a holder dies without releasing; time from its lease's end to
+//     the next holder.
+//
+// The results go to stdout and to docs/benchmarks.md with PNG plots beside it.
+// Run it with `make bench` (default, < 15 min on 2 cores) or `make bench-quick`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	goredislib "github.com/redis/go-redis/v9"
+	"go.uber.org/zap/zapcore"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/testenv"
+)
+
+// System names in the report.
+const (
+	sysWebhook = "kubelock (webhook)"
+	sysPolicy  = "kubelock (policy)"
+	sysNone    = "kubelock (none)"
+	sysLease   = "raw Lease CAS"
+	sysLE      = "client-go leaderelection"
+	sysEtcd    = "etcd Mutex"
+	sysRedis   = "redsync"
+)
+
+type options struct {
+	quick          bool
+	locks          int
+	leaseObjects   int
+	rates          string
+	rateScale      float64
+	stepWarmup     time.Duration
+	stepMeasure    time.Duration
+	p99Limit       time.Duration
+	lease          time.Duration
+	churnHold      time.Duration
+	uncRate        float64
+	uncMeasure     time.Duration
+	handoffK       int
+	handoffHold    time.Duration
+	handoffMeasure time.Duration
+	leMeasure      time.Duration
+	expiryTrials   int
+	expiryLease    time.Duration
+	systems        string
+	workloads      string
+	out            string
+	workDir        string
+	keep           bool
+	profile        bool
+	profileStep    int
+	maxInFlight    int
+	clients        int
+}
+
+func defaults(quick bool) options {
+	o := options{
+		locks: 100000, leaseObjects: 20000, rates: "150,300,600,900,1200,1800,2400", rateScale: 1,
+		stepWarmup: 4 * time.Second, stepMeasure: 12 * time.Second, p99Limit: 200 * time.Millisecond,
+		lease: 30 * time.Second, churnHold: 200 * time.Millisecond,
+		uncRate: 40, uncMeasure: 10 * time.Second,
+		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
+		expiryTrials: 3, expiryLease: 3 * time.Second,
+		systems: "webhook,policy,none,lease,leaderelection,etcd,redis", workloads: "1,2,3,4",
+		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
+	}
+	if quick {
+		o.locks, o.leaseObjects, o.rates = 2000, 2000, "150,300,600"
+		o.stepWarmup, o.stepMeasure = 1500*time.Millisecond, 4*time.Second
+		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 3*time.Second, 4, 3*time.Second, 6*time.Second
+		o.expiryTrials, o.expiryLease = 2, 2*time.Second
+	}
+	return o
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	quick := slices.Contains(args, "--quick") || slices.Contains(args, "-quick") || slices.Contains(args, "--quick=true")
+	o := defaults(quick)
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: go run ./test/bench [flags]
+
+Benchmarks kubelock (webhook, ValidatingAdmissionPolicy and no admission) against
+raw Lease CAS on the same apiserver (the stack's limit), client-go leader election,
+etcd's concurrency.Mutex and redsync, on a control plane and operator it starts
+itself. Needs 'make control-plane' and redis-server (hack/install-redis.sh).
+Writes a Markdown report (stdout and --out) and PNG plots beside --out.
+
+Flags (defaults shown are for a default run; --quick changes them, see below):
+`)
+		fs.PrintDefaults()
+		q := defaults(true)
+		fmt.Fprintf(fs.Output(), "\n--quick presets: --locks %d --lease-objects %d --rates %s --step-warmup %s --step-measure %s --uncontended-measure %s --handoff-clients %d --handoff-measure %s --leaderelection-measure %s --expiry-trials %d --expiry-lease %s (flags given after --quick override them)\n",
+			q.locks, q.leaseObjects, q.rates, q.stepWarmup, q.stepMeasure, q.uncMeasure, q.handoffK, q.handoffMeasure, q.leMeasure, q.expiryTrials, q.expiryLease)
+	}
+	fs.BoolVar(&o.quick, "quick", o.quick, "Smoke-test preset: fewer locks, shorter windows, fewer steps (< 3 min on 2 cores).")
+	fs.IntVar(&o.locks, "locks", o.locks, "N: DistributedLock objects created for the seed mix (creation is timed separately).")
+	fs.IntVar(&o.leaseObjects, "lease-objects", o.leaseObjects, "Lease objects created for the raw-Lease baseline (at most --locks; enough for the held population and the churn).")
+	fs.StringVar(&o.rates, "rates", o.rates, "Seed-mix steps: offered lock writes/s (1/3 acquisitions, 1/3 renewals, 1/3 releases), before --rate-scale.")
+	fs.Float64Var(&o.rateScale, "rate-scale", o.rateScale, "Multiplies every offered rate (seed-mix steps and --uncontended-rate) to fit the machine.")
+	fs.DurationVar(&o.stepWarmup, "step-warmup", o.stepWarmup, "Warm-up before each measured window.")
+	fs.DurationVar(&o.stepMeasure, "step-measure", o.stepMeasure, "Measured window of each seed-mix step.")
+	fs.DurationVar(&o.p99Limit, "p99-limit", o.p99Limit, "A seed-mix step is sustained while p99 stays within this, with no errors and >= 90% of the offered rate completed.")
+	fs.DurationVar(&o.lease, "lease", o.lease, "Lease of the seed mix's held locks; they renew every lease/3.")
+	fs.DurationVar(&o.churnHold, "churn-hold", o.churnHold, "How long a churn acquisition holds its lock before releasing.")
+	fs.Float64Var(&o.uncRate, "uncontended-rate", o.uncRate, "Workload 2: acquire+release pairs/s (before --rate-scale).")
+	fs.DurationVar(&o.uncMeasure, "uncontended-measure", o.uncMeasure, "Workload 2: measured window.")
+	fs.IntVar(&o.handoffK, "handoff-clients", o.handoffK, "Workload 3: K clients contending for one lock.")
+	fs.DurationVar(&o.handoffHold, "handoff-hold", o.handoffHold, "Workload 3: how long each holder keeps the lock.")
+	fs.DurationVar(&o.handoffMeasure, "handoff-measure", o.handoffMeasure, "Workload 3: measured window (kubelock, etcd, redsync).")
+	fs.DurationVar(&o.leMeasure, "leaderelection-measure", o.leMeasure, "Workload 3: measured window for client-go leader election (2 s retry period).")
+	fs.IntVar(&o.expiryTrials, "expiry-trials", o.expiryTrials, "Workload 4: dead holders per system (run in parallel).")
+	fs.DurationVar(&o.expiryLease, "expiry-lease", o.expiryLease, "Workload 4: lease of kubelock's and etcd's dead holder (leader election uses its default 15 s).")
+	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection, etcd, redis.")
+	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry.")
+	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
+	fs.StringVar(&o.workDir, "work-dir", o.workDir, "Folder for logs, certificates and profiles (default: a new temporary folder).")
+	fs.BoolVar(&o.keep, "keep", o.keep, "Keep --work-dir (logs, profiles) after the run.")
+	fs.BoolVar(&o.profile, "profile", o.profile, "CPU-profile kube-apiserver and this client during one seed-mix step of the webhook engine.")
+	fs.IntVar(&o.profileStep, "profile-step", o.profileStep, "Index (from 0) of the seed-mix step of the webhook engine to profile; none when the run stops before it.")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
+	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if o.leaseObjects > o.locks {
+		o.leaseObjects = o.locks
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	// client-go's leader election logs every attempt through klog.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	if err := bench(ctx, o, os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	return 0
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// report is everything the run measured.
+type report struct {
+	opts              options
+	command           string
+	started, finished time.Time
+	loadStart         string
+	loadEnd           string
+	machine           []string
+	created           int
+	createTime        time.Duration
+	leases            int
+	leaseTime         time.Duration
+	mgr               mgrStats
+	mixes             []*mixResult
+	uncontended       []*uncontendedResult
+	handoffs          []*handoffResult
+	expiries          []*expiryResult
+	profiles          []string
+}
+
+type mgrStats struct {
+	rssStart, rssAfterCreate, peak int64
+	cpuCreate                      usage
+	createWall                     time.Duration
+}
+
+func bench(ctx context.Context, o options, argv []string) error {
+	root := testenv.RepoRoot()
+	if err := os.Chdir(root); err != nil {
+		return err
+	}
+	rep := &report{opts: o, started: time.Now(), loadStart: loadAvg(), machine: machineInfo()}
+	rep.command = "go run ./test/bench " + strings.Join(argv[1:], " ")
+	systems := map[string]bool{}
+	for _, s := range strings.Split(o.systems, ",") {
+		systems[strings.TrimSpace(s)] = true
+	}
+	wl := map[string]bool{}
+	for _, s := range strings.Split(o.workloads, ",") {
+		wl[strings.TrimSpace(s)] = true
+	}
+	dir := o.workDir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "kubelock-bench-")
+		if err != nil {
+			return err
+		}
+		dir = d
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if !o.keep {
+		defer func() { _ = os.RemoveAll(dir) }()
+	}
+	logf("load average at start: %s; work dir %s", rep.loadStart, dir)
+
+	c, err := startCluster(ctx, dir, logf)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	mgrProc := proc{name: "manager", pid: c.mgr.cmd.Process.Pid}
+	pw := &procWatch{procs: append([]proc{mgrProc}, childProcs()...)}
+	rep.mgr.rssStart, _ = mgrProc.mem()
+
+	if err := c.activate(ctx, engineWebhook); err != nil {
+		return err
+	}
+	// N lock objects, then the Leases for the baseline.
+	if wl["1"] || wl["2"] {
+		logf("creating %d DistributedLocks in namespace %s", o.locks, lockNS)
+		u0 := pw.snap()
+		rep.createTime, err = createLocks(ctx, c.env.Client, o.locks)
+		if err != nil {
+			return err
+		}
+		rep.created = o.locks
+		// Let the operator's informer and first reconciles settle.
+		time.Sleep(3 * time.Second)
+		rep.mgr.createWall = rep.createTime + 3*time.Second
+		rep.mgr.cpuCreate = pw.snap().since(u0)
+		rep.mgr.rssAfterCreate, _ = mgrProc.mem()
+		logf("created %d locks in %s (%.0f/s); operator RSS %s, CPU %.1fs", o.locks, rep.createTime.Round(time.Millisecond),
+			float64(o.locks)/rep.createTime.Seconds(), mib(rep.mgr.rssAfterCreate), rep.mgr.cpuCreate["manager"])
+		if systems["lease"] {
+			rep.leaseTime, err = createLeases(ctx, c.adminCS, o.leaseObjects)
+			if err != nil {
+				return err
+			}
+			rep.leases = o.leaseObjects
+			logf("created %d Leases in %s", o.leaseObjects, rep.leaseTime.Round(time.Millisecond))
+		}
+	}
+
+	var rates []float64
+	for _, s := range strings.Split(o.rates, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil {
+			return fmt.Errorf("--rates: %w", err)
+		}
+		rates = append(rates, v*o.rateScale)
+	}
+	mix := mixConfig{lease: o.lease, churnHold: o.churnHold, warmup: o.stepWarmup, measure: o.stepMeasure,
+		rates: rates, p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, profileDir: dir}
+	uncRate := o.uncRate * o.rateScale
+	lockPool := newPool(o.locks)
+
+	engines := []struct {
+		key, name string
+		e         engine
+	}{{"webhook", sysWebhook, engineWebhook}, {"policy", sysPolicy, enginePolicy}, {"none", sysNone, engineNone}}
+	for _, en := range engines {
+		if !systems[en.key] || ctx.Err() != nil {
+			continue
+		}
+		logf("admission engine: %s", en.e)
+		if err := c.activate(ctx, en.e); err != nil {
+			return err
+		}
+		kl, err := newKubelockLocker(c.user, lockNS, o.clients)
+		if err != nil {
+			return err
+		}
+		if wl["1"] {
+			m := mix
+			m.holdOnly = en.e == engineWebhook
+			if en.e == engineWebhook && o.profile {
+				m.profileStep = min(o.profileStep, len(rates)-1)
+			}
+			res := runSeedMix(ctx, c, kl, en.name, lockPool, m, pw, logf)
+			rep.mixes = append(rep.mixes, res)
+			for _, s := range res.Steps {
+				rep.profiles = append(rep.profiles, s.Profiles...)
+			}
+		}
+		if wl["2"] {
+			r := runUncontended(ctx, kl, en.name, lockPool, uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			logf("  %-16s uncontended: acquire p50 %v p99 %v, release p99 %v, errors %d", en.name, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Release.P99.Round(time.Millisecond), r.Errors)
+			rep.uncontended = append(rep.uncontended, r)
+		}
+		if wl["3"] {
+			key := "handoff-" + string(en.e)
+			if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key}}); err != nil {
+				return err
+			}
+			fifo, err := watchFIFO(ctx, c, key)
+			if err != nil {
+				return err
+			}
+			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key))
+			r.ServerFIFOViolations, r.ServerFIFOChecked = fifo.result()
+			r.ServerFIFO = true
+			logHandoff(r)
+			rep.handoffs = append(rep.handoffs, r)
+		}
+		if wl["4"] {
+			r := runExpiry(ctx, en.name, o.expiryTrials, o.expiryLease, kubelockExpiryTrial(c, "expiry-"+string(en.e), o.expiryLease))
+			logExpiry(r)
+			rep.expiries = append(rep.expiries, r)
+		}
+	}
+	// Back to the default engine, as a cluster would run.
+	if err := c.activate(ctx, engineWebhook); err != nil {
+		return err
+	}
+
+	userCS, err := kubernetes.NewForConfig(c.user)
+	if err != nil {
+		return err
+	}
+	if systems["lease"] && ctx.Err() == nil {
+		ll, err := newLeaseLocker(c.user, leaseNS, o.clients)
+		if err != nil {
+			return err
+		}
+		leasePool := newPool(o.leaseObjects)
+		if wl["1"] {
+			m := mix
+			m.holdOnly = true
+			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, ll, sysLease, leasePool, m, pw, logf))
+		}
+		if wl["2"] {
+			r := runUncontended(ctx, ll, sysLease, leasePool, uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysLease, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
+			rep.uncontended = append(rep.uncontended, r)
+		}
+	}
+	if systems["leaderelection"] && ctx.Err() == nil {
+		if wl["3"] {
+			r := runHandoff(ctx, sysLE, o.handoffK, o.handoffHold, o.stepWarmup, o.leMeasure, leaderElectionMutex(userCS, "handoff-le"))
+			logHandoff(r)
+			rep.handoffs = append(rep.handoffs, r)
+		}
+		if wl["4"] {
+			r := runExpiry(ctx, sysLE, o.expiryTrials, leLeaseDuration, leaderElectionExpiryTrial(userCS, "expiry-le"))
+			logExpiry(r)
+			rep.expiries = append(rep.expiries, r)
+		}
+	}
+	if systems["etcd"] && ctx.Err() == nil {
+		cli, err := newEtcdClient(c.etcdURL)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = cli.Close() }()
+		if wl["2"] {
+			el, err := newEtcdLocker(cli, o.clients)
+			if err != nil {
+				return err
+			}
+			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			el.close()
+			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysEtcd, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
+			rep.uncontended = append(rep.uncontended, r)
+		}
+		if wl["3"] {
+			var cleanup []func()
+			r := runHandoff(ctx, sysEtcd, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, etcdMutex(cli, "/kubelock-bench/handoff", &cleanup))
+			for _, f := range cleanup {
+				f()
+			}
+			logHandoff(r)
+			rep.handoffs = append(rep.handoffs, r)
+		}
+		if wl["4"] {
+			ttl := max(1, int(o.expiryLease/time.Second))
+			r := runExpiry(ctx, sysEtcd, o.expiryTrials, time.Duration(ttl)*time.Second, etcdExpiryTrial(cli, "/kubelock-bench/expiry", ttl))
+			logExpiry(r)
+			rep.expiries = append(rep.expiries, r)
+		}
+	}
+	if systems["redis"] && ctx.Err() == nil {
+		rc := goredislib.NewClient(&goredislib.Options{Addr: c.redisAddr})
+		defer func() { _ = rc.Close() }()
+		rs := redsync.New(goredis.NewPool(rc))
+		if wl["2"] {
+			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysRedis, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
+			rep.uncontended = append(rep.uncontended, r)
+		}
+		if wl["3"] {
+			r := runHandoff(ctx, sysRedis, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, redisMutex(rs, "kubelock-bench/handoff"))
+			logHandoff(r)
+			rep.handoffs = append(rep.handoffs, r)
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	_, rep.mgr.peak = mgrProc.mem()
+	rep.finished = time.Now()
+	rep.loadEnd = loadAvg()
+	logf("load average at end: %s; took %s", rep.loadEnd, rep.finished.Sub(rep.started).Round(time.Second))
+	md := rep.markdown(o.out)
+	fmt.Print(md)
+	if o.out != "" {
+		if err := rep.write(o.out, md); err != nil {
+			return err
+		}
+		logf("wrote %s", o.out)
+	}
+	return nil
+}
+
+func logHandoff(r *handoffResult) {
+	logf("  %-16s hand-off: %d holdings (%.1f/s), p50 %v p99 %v, overtakes %d/%d, server-side FIFO violations %d/%d, errors %d%s", r.System, r.Holdings, r.PerSecond,
+		r.Handoff.P50.Round(time.Millisecond), r.Handoff.P99.Round(time.Millisecond), r.FIFOViolations, r.FIFOChecked, r.ServerFIFOViolations, r.ServerFIFOChecked, r.Errors, firstKind(r.ErrKinds))
+}
+
+func logExpiry(r *expiryResult) {
+	logf("  %-16s expiry: %d trials, p50 %v max %v, errors %d%s", r.System, r.Trials, r.Expiry.P50.Round(time.Millisecond), r.Expiry.Max.Round(time.Millisecond), r.Errors, firstKind(r.ErrKinds))
+}
+
+func machineInfo() []string {
+	var out []string
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				_, v, _ := strings.Cut(line, ":")
+				out = append(out, "CPU: "+strings.TrimSpace(v))
+				break
+			}
+		}
+	}
+	out = append(out, fmt.Sprintf("cores visible to Go: %d", runtime.NumCPU()))
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "MemTotal:") {
+				f := strings.Fields(line)
+				if len(f) >= 2 {
+					kb, _ := strconv.ParseInt(f[1], 10, 64)
+					out = append(out, "memory: "+mib(kb*1024))
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		out = append(out, "Linux "+strings.TrimSpace(string(b)))
+	}
+	out = append(out, "Go "+runtime.Version())
+	out = append(out, "control plane: "+filepath.Base(testenv.AssetsDir())+" (etcd with its data on the root disk, envtest's flags)")
+	return out
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }

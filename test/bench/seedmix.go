@@ -1,0 +1,368 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// lockName is the i-th seed-mix object (a DistributedLock or a Lease).
+func lockName(i int) string { return fmt.Sprintf("l-%06d", i) }
+
+// createObjects creates n objects with workers in parallel and returns how long it took.
+func createObjects(ctx context.Context, n, workers int, create func(ctx context.Context, i int) error) (time.Duration, error) {
+	start := time.Now()
+	var next atomic.Int64
+	var first error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				for attempt := 0; ; attempt++ {
+					err := create(ctx, i)
+					if err == nil {
+						break
+					}
+					if attempt >= 5 {
+						once.Do(func() { first = fmt.Errorf("creating object %d: %w", i, err) })
+						return
+					}
+					time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), first
+}
+
+func createLocks(ctx context.Context, c client.Client, n int) (time.Duration, error) {
+	return createObjects(ctx, n, 48, func(ctx context.Context, i int) error {
+		err := c.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: lockNS, Name: lockName(i)}})
+		return ignoreExists(err)
+	})
+}
+
+func createLeases(ctx context.Context, cs kubernetes.Interface, n int) (time.Duration, error) {
+	return createObjects(ctx, n, 48, func(ctx context.Context, i int) error {
+		_, err := cs.CoordinationV1().Leases(leaseNS).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: lockName(i)}}, metav1.CreateOptions{})
+		return ignoreExists(err)
+	})
+}
+
+func ignoreExists(err error) error {
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// pool hands out free object indices.
+type pool chan int
+
+func newPool(n int) pool {
+	p := make(pool, n)
+	for _, i := range rand.Perm(n) {
+		p <- i
+	}
+	return p
+}
+
+func (p pool) take() (int, bool) {
+	select {
+	case i := <-p:
+		return i, true
+	default:
+		return 0, false
+	}
+}
+
+// mixConfig shapes the seed mix: the seed's reference workload holds 20,000
+// locks renewed every 10 s of a 30 s lease (2,000 renewals/s) and takes and
+// gives back 2,000 locks/s: one third each of acquisitions, renewals and
+// releases. A step offering R lock writes/s holds R/3 × lease/3 locks.
+type mixConfig struct {
+	lease        time.Duration
+	churnHold    time.Duration
+	warmup       time.Duration
+	measure      time.Duration
+	rates        []float64
+	p99Limit     time.Duration
+	maxInFlight  int
+	holdOnly     bool   // measure a window of renewals only, first
+	profileStep  int    // index of the step to profile; -1 none
+	profileDir   string // where CPU profiles go
+	profilePrefx string
+}
+
+// stepResult is one rate step of the seed mix.
+type stepResult struct {
+	Offered  float64 // lock writes/s offered
+	Held     int
+	Achieved float64 // lock writes/s completed without error in the window
+	All      dist
+	Acquire  dist
+	Renew    dist
+	Release  dist
+	Errors   int
+	ErrKinds map[string]int
+	// Apiserver writes/s (all resources) in the window, and by verb and resource.
+	APIWrites float64
+	APIByKind writeCounts
+	Sustained bool
+	Profiles  []string
+}
+
+type mixResult struct {
+	System string
+	Steps  []stepResult
+	// HoldOnly: held locks renewed at lease/3, no churn.
+	HoldOnly *stepResult
+	// Best is the index of the highest sustained step, -1 if none.
+	Best int
+	CPU  usage
+	Wall time.Duration
+}
+
+// heldLock is a lock of the held population with its renewal goroutine.
+type heldLock struct {
+	idx int
+	h   holding
+}
+
+// runSeedMix runs the rate steps against sys until one is not sustained.
+func runSeedMix(ctx context.Context, c *cluster, sys locker, name string, free pool, cfg mixConfig, pw *procWatch, logf func(string, ...any)) *mixResult {
+	res := &mixResult{System: name, Best: -1}
+	start, cpu0 := time.Now(), pw.snap()
+	defer func() { res.Wall, res.CPU = time.Since(start), pw.snap().since(cpu0) }()
+
+	var cur atomic.Pointer[[3]*recorder] // acquire, renew, release of the current window
+	stop := make(chan struct{})
+	var renewers sync.WaitGroup
+	var held []heldLock
+	renewEvery := cfg.lease / 3
+
+	topUp := func(n int) error {
+		var mu sync.Mutex
+		var failed atomic.Int64
+		var wg sync.WaitGroup
+		need := n - len(held)
+		var next atomic.Int64
+		for range 32 {
+			wg.Go(func() {
+				for next.Add(1) <= int64(need) {
+					idx, ok := free.take()
+					if !ok {
+						failed.Add(1)
+						return
+					}
+					h, err := sys.acquire(ctx, lockName(idx))
+					if err != nil {
+						free <- idx
+						failed.Add(1)
+						continue
+					}
+					mu.Lock()
+					held = append(held, heldLock{idx: idx, h: h})
+					mu.Unlock()
+					renewers.Go(func() {
+						next := time.Now().Add(time.Duration(rand.Int64N(int64(renewEvery))))
+						for {
+							t := time.NewTimer(time.Until(next))
+							select {
+							case <-stop:
+								t.Stop()
+								return
+							case <-t.C:
+							}
+							err := h.renew(ctx)
+							if r := cur.Load(); r != nil {
+								r[1].record(next, err)
+							}
+							next = next.Add(renewEvery)
+						}
+					})
+				}
+			})
+		}
+		wg.Wait()
+		if f := failed.Load(); f > 0 {
+			return fmt.Errorf("%d of %d acquisitions for the held population failed", f, need)
+		}
+		return nil
+	}
+
+	window := func(rate float64, acquireRate float64, profile bool) stepResult {
+		sr := stepResult{Offered: rate, Held: len(held)}
+		ws := time.Now().Add(cfg.warmup)
+		we := ws.Add(cfg.measure)
+		recs := &[3]*recorder{newRecorder(ws, we), newRecorder(ws, we), newRecorder(ws, we)}
+		cur.Store(recs)
+		var w0 writeCounts
+		var profWG sync.WaitGroup
+		w0done := make(chan struct{})
+		go func() {
+			defer close(w0done)
+			time.Sleep(time.Until(ws))
+			w0, _ = c.apiserverWrites(ctx)
+			if profile {
+				sr.Profiles = startProfiles(ctx, c, &profWG, cfg, name)
+			}
+		}()
+		var releases sync.WaitGroup
+		openLoop(ctx, acquireRate, time.Now(), we, cfg.maxInFlight, func(sched time.Time) {
+			idx, ok := free.take()
+			if !ok {
+				recs[0].record(sched, errors.New("no free lock object left (raise --locks)"))
+				return
+			}
+			h, err := sys.acquire(ctx, lockName(idx))
+			recs[0].record(sched, err)
+			if err != nil {
+				free <- idx
+				return
+			}
+			releases.Go(func() {
+				time.Sleep(cfg.churnHold)
+				rs := time.Now()
+				err := h.release(ctx)
+				recs[2].record(rs, err)
+				free <- idx
+			})
+		}, func(sched time.Time) { recs[0].record(sched, errors.New("client-side in-flight limit reached")) })
+		if d := time.Until(we); d > 0 {
+			time.Sleep(d)
+		}
+		w1, _ := c.apiserverWrites(ctx)
+		<-w0done
+		releases.Wait()
+		// Renewals scheduled inside the window may still be running.
+		time.Sleep(min(2*time.Second, renewEvery))
+		profWG.Wait()
+		cur.Store(nil)
+		secs := cfg.measure.Seconds()
+		sr.APIByKind = w1.since(w0, secs)
+		sr.APIWrites = sr.APIByKind.total()
+		acq, acqErr, _ := recs[0].snapshot()
+		ren, renErr, _ := recs[1].snapshot()
+		rel, relErr, _ := recs[2].snapshot()
+		sr.Acquire, sr.Renew, sr.Release = summarize(acq), summarize(ren), summarize(rel)
+		all, errs, kinds := merge(recs[0], recs[1], recs[2])
+		sr.All, sr.Errors, sr.ErrKinds = summarize(all), errs, kinds
+		_ = acqErr + renErr + relErr
+		sr.Achieved = float64(len(all)) / secs
+		sr.Sustained = sr.Errors == 0 && sr.All.P99 <= cfg.p99Limit && sr.Achieved >= 0.9*sr.Offered
+		return sr
+	}
+
+	defer func() {
+		close(stop)
+		renewers.Wait()
+		// Give the held population back.
+		var wg sync.WaitGroup
+		ch := make(chan heldLock)
+		for range 32 {
+			wg.Go(func() {
+				for hl := range ch {
+					_ = hl.h.release(ctx)
+					free <- hl.idx
+				}
+			})
+		}
+		for _, hl := range held {
+			ch <- hl
+		}
+		close(ch)
+		wg.Wait()
+	}()
+
+	for i, rate := range cfg.rates {
+		if ctx.Err() != nil {
+			break
+		}
+		third := rate / 3
+		want := int(third * renewEvery.Seconds())
+		t0 := time.Now()
+		err := topUp(want)
+		// Let the operator work off the burst of new holdings before measuring.
+		time.Sleep(min(time.Since(t0), 2*cfg.warmup))
+		if err != nil {
+			logf("  %s: %v", name, err)
+			res.Steps = append(res.Steps, stepResult{Offered: rate, Held: len(held), Errors: 1, ErrKinds: map[string]int{err.Error(): 1}})
+			break
+		}
+		if i == 0 && cfg.holdOnly {
+			h := window(float64(len(held))/renewEvery.Seconds(), 0, false)
+			res.HoldOnly = &h
+			logf("  %-16s hold only: %d held, %.0f renewals/s, apiserver writes/s %.1f (%.3f per held lock; %s), p99 %v",
+				name, h.Held, h.Achieved, h.APIWrites, h.APIWrites/float64(max(1, h.Held)), h.APIByKind, h.All.P99.Round(time.Millisecond))
+		}
+		sr := window(rate, third, i == cfg.profileStep)
+		res.Steps = append(res.Steps, sr)
+		logf("  %-16s step %d: offered %5.0f writes/s (%5d held) achieved %6.1f p50 %-8v p99 %-8v max %-8v errors %d apiserver writes/s %.0f%s",
+			name, i+1, rate, sr.Held, sr.Achieved, sr.All.P50.Round(time.Millisecond), sr.All.P99.Round(time.Millisecond),
+			sr.All.Max.Round(time.Millisecond), sr.Errors, sr.APIWrites, firstKind(sr.ErrKinds))
+		logf("  %-16s         apiserver writes/s by kind: %s", name, sr.APIByKind)
+		if !sr.Sustained {
+			break
+		}
+		res.Best = i
+	}
+	return res
+}
+
+func firstKind(k map[string]int) string {
+	for s, n := range k {
+		return fmt.Sprintf(" (%d× %s)", n, s)
+	}
+	return ""
+}
+
+// startProfiles takes CPU profiles of kube-apiserver and of this process for
+// the measured window; they are done when wg is.
+func startProfiles(ctx context.Context, c *cluster, wg *sync.WaitGroup, cfg mixConfig, name string) []string {
+	if cfg.profileDir == "" {
+		return nil
+	}
+	api := filepath.Join(cfg.profileDir, cfg.profilePrefx+name+"-apiserver.pprof")
+	self := filepath.Join(cfg.profileDir, cfg.profilePrefx+name+"-client.pprof")
+	d := cfg.measure
+	wg.Go(func() {
+		if err := c.apiserverProfile(ctx, d, api); err != nil {
+			c.logf("apiserver profile: %v", err)
+		}
+	})
+	f, err := os.Create(self)
+	if err == nil {
+		if err := pprof.StartCPUProfile(f); err == nil {
+			wg.Go(func() {
+				time.Sleep(d)
+				pprof.StopCPUProfile()
+				_ = f.Close()
+			})
+		} else {
+			_ = f.Close()
+		}
+	}
+	return []string{api, self}
+}
