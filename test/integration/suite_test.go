@@ -14,12 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
@@ -34,7 +31,7 @@ var (
 	env              *testenv.Env
 	controllerConfig *rest.Config
 	// stopController stops the in-process controller started by startController.
-	stopController context.CancelFunc
+	stopController func()
 	nsCounter      atomic.Int64
 	userCounter    atomic.Int64
 )
@@ -73,25 +70,9 @@ var _ = AfterSuite(func() {
 // startController runs the expiry controller in this process with a short
 // grace, as the operator runs it, against the shared control plane.
 func startController() {
-	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := ctrl.NewManager(controllerConfig, ctrl.Options{
-		Scheme:  env.Scheme,
-		Metrics: metricsserver.Options{BindAddress: "0"},
-	})
+	stop, err := env.RunController(controllerConfig, controllers.WithExpiryGrace(200*time.Millisecond))
 	Expect(err).NotTo(HaveOccurred())
-	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
-		controllers.WithExpiryGrace(200*time.Millisecond),
-		// A restarted controller registers its name again in this process.
-		controllers.WithControllerOptions(controller.Options{SkipNameValidation: ptr.To(true)}))
-	Expect(err).NotTo(HaveOccurred())
-	Expect(r.SetupWithManager(mgr)).To(Succeed())
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(ctx)).To(Succeed())
-	}()
-	stopController = func() { cancel(); <-done }
+	stopController = func() { Expect(stop()).To(Succeed()) }
 }
 
 // newNamespace creates a namespace of its own for one spec.

@@ -18,12 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
@@ -77,26 +74,9 @@ var _ = BeforeSuite(func() {
 // startController runs the controller in this process as the operator does,
 // with a short grace; its metrics go to controller-runtime's registry.
 func startController(cfg *rest.Config) {
-	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-	})
+	stop, err := env.RunController(cfg, controllers.WithExpiryGrace(grace), controllers.WithUsername(controllerUser))
 	Expect(err).NotTo(HaveOccurred())
-	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
-		controllers.WithExpiryGrace(grace),
-		controllers.WithUsername(controllerUser),
-		controllers.WithControllerOptions(controller.Options{SkipNameValidation: ptr.To(true)}))
-	Expect(err).NotTo(HaveOccurred())
-	Expect(r.SetupWithManager(mgr)).To(Succeed())
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(ctx)).To(Succeed())
-	}()
-	DeferCleanup(func() { cancel(); <-done })
+	DeferCleanup(func() { Expect(stop()).To(Succeed()) })
 }
 
 func newNamespace(ctx context.Context) string {

@@ -24,13 +24,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
@@ -83,21 +80,9 @@ var _ = BeforeSuite(func() {
 func startController() {
 	cfg, err := env.ControllerConfig(controllerUser)
 	Expect(err).NotTo(HaveOccurred())
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	stop, err := env.RunController(cfg, controllers.WithExpiryGrace(200*time.Millisecond))
 	Expect(err).NotTo(HaveOccurred())
-	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
-		controllers.WithExpiryGrace(200*time.Millisecond),
-		controllers.WithControllerOptions(controller.Options{SkipNameValidation: ptr.To(true)}))
-	Expect(err).NotTo(HaveOccurred())
-	Expect(r.SetupWithManager(mgr)).To(Succeed())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer GinkgoRecover()
-		defer close(done)
-		Expect(mgr.Start(ctx)).To(Succeed())
-	}()
-	DeferCleanup(func() { cancel(); <-done })
+	DeferCleanup(func() { Expect(stop()).To(Succeed()) })
 }
 
 // user is an authenticated user with a kubeconfig file of its own.
