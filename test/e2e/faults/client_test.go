@@ -58,7 +58,8 @@ type lockClient struct {
 // scenario's namespace, talking to the apiserver through the fault proxy.
 func newClient(name string) *lockClient {
 	hist := filepath.Join(workDir, "history", name+".jsonl")
-	c := &lockClient{hist: hist, waiting: map[int64]chan Reply{0: make(chan Reply, 1)}}
+	ready := make(chan Reply, 1)
+	c := &lockClient{hist: hist, waiting: map[int64]chan Reply{0: ready}}
 	c.process = newProcess(name, clientBin, "--server="+proxy.Config().Host, "--name="+name, "--namespace="+namespace,
 		"--history="+hist, "--pg="+pgDSN)
 	c.onStdout = func(line []byte) {
@@ -77,7 +78,7 @@ func newClient(name string) *lockClient {
 	must(c.start())
 	histories = append(histories, hist)
 	select {
-	case r := <-c.waiting[0]:
+	case r := <-ready:
 		Expect(r.Outcome).To(Equal("ready"))
 	case <-time.After(60 * time.Second):
 		Fail(fmt.Sprintf("client %s did not start; see %s", name, c.logPath()))
