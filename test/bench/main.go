@@ -109,10 +109,10 @@ func defaults(quick bool) options {
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 	}
 	if quick {
-		o.locks, o.leaseObjects, o.rates = 2000, 2000, "150,300,600"
-		o.stepWarmup, o.stepMeasure = 1500*time.Millisecond, 4*time.Second
-		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 3*time.Second, 4, 3*time.Second, 6*time.Second
-		o.expiryTrials, o.expiryLease = 2, 2*time.Second
+		o.locks, o.leaseObjects, o.rates = 2000, 2000, "150,300"
+		o.stepWarmup, o.stepMeasure = time.Second, 3*time.Second
+		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 2500*time.Millisecond, 4, 2500*time.Millisecond, 5*time.Second
+		o.expiryTrials, o.expiryLease = 2, time.Second
 	}
 	return o
 }
@@ -168,11 +168,16 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.IntVar(&o.profileStep, "profile-step", o.profileStep, "Index (from 0) of the seed-mix step of the webhook engine to profile; none when the run stops before it.")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
+	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *summarize != "" {
+		fmt.Print(profileSummary(*summarize))
+		return 0
 	}
 	if o.leaseObjects > o.locks {
 		o.leaseObjects = o.locks
@@ -300,6 +305,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 	mix := mixConfig{lease: o.lease, churnHold: o.churnHold, warmup: o.stepWarmup, measure: o.stepMeasure,
 		rates: rates, p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, profileDir: dir}
 	uncRate := o.uncRate * o.rateScale
+	mix.objects = o.locks
 	lockPool := newPool(o.locks)
 
 	engines := []struct {
@@ -374,6 +380,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		if wl["1"] {
 			m := mix
 			m.holdOnly = true
+			m.objects = o.leaseObjects
 			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, ll, sysLease, leasePool, m, pw, logf))
 		}
 		if wl["2"] {

@@ -416,24 +416,25 @@ func (r *report) plotHandoff(path string) error {
 
 // --- profiles ------------------------------------------------------------------
 
-// costGroups name where CPU goes, by the packages on the stack.
-var costGroups = []struct{ name, match string }{
+// workGroups name kinds of work; a sample counts for the innermost frame
+// that matches one (so the groups partition the samples).
+var workGroups = []struct{ name, match string }{
+	{"garbage collection (background mark workers)", "runtime.gcBgMarkWorker"},
+	{"JSON encoding/decoding", "encoding/json.|sigs.k8s.io/json|serializer/json|json-iterator|pkg/util/json|UnmarshalJSON|MarshalJSON"},
+	{"protobuf encoding/decoding", "google.golang.org/protobuf|gogo/protobuf|serializer/protobuf|.Unmarshal|.Marshal"},
 	{"TLS and crypto", "crypto/"},
-	{"HTTP/2 and net/http serving", "golang.org/x/net/http2|net/http."},
-	{"JSON encoding/decoding", "encoding/json|sigs.k8s.io/json|serializer/json|json-iterator|k8s.io/apimachinery/pkg/util/json"},
-	{"managedFields / server-side apply bookkeeping (structured-merge-diff)", "structured-merge-diff|pkg/util/managedfields"},
-	{"CRD schema: defaulting, pruning, OpenAPI/CEL validation", "apiextensions-apiserver/pkg/apiserver/schema|kube-openapi/pkg/validation|google/cel-go|apiserver/pkg/cel"},
-	{"admission webhook calls", "apiserver/pkg/admission/plugin/webhook"},
+	{"managedFields bookkeeping (structured-merge-diff)", "structured-merge-diff|pkg/util/managedfields"},
+	{"CRD schema: defaulting, pruning, OpenAPI and CEL validation", "apiextensions-apiserver/pkg/apiserver/schema|kube-openapi/pkg/validation|google/cel-go|apiserver/pkg/cel|apiextensions-apiserver/pkg/registry|apiextensions-apiserver/pkg/apiserver"},
+	{"calling the admission webhook", "admission/plugin/webhook"},
 	{"ValidatingAdmissionPolicy", "admission/plugin/policy"},
-	{"etcd client (gRPC)", "go.etcd.io/etcd|google.golang.org/grpc"},
+	{"unstructured objects (maps: copy, convert, access)", "apimachinery/pkg/apis/meta/v1/unstructured|runtime.DeepCopyJSON|DefaultUnstructuredConverter"},
 	{"watch cache and watch fan-out", "apiserver/pkg/storage/cacher"},
-	{"garbage collection", "runtime.gcBgMarkWorker|runtime.gcDrain|runtime.scanobject|runtime.markroot"},
-	{"memory allocation", "runtime.mallocgc"},
-	{"authentication, authorization, audit, priority and fairness filters", "apiserver/pkg/endpoints/filters|apiserver/pkg/server/filters|apiserver/pkg/authorization|apiserver/pkg/authentication|flowcontrol"},
-	{"syscalls (network write/read)", "syscall.Syscall|internal/runtime/syscall|runtime/internal/syscall"},
-	{"client: controller-runtime / client-go request path", "controller-runtime/pkg/client|k8s.io/client-go/rest"},
+	{"etcd client (gRPC)", "go.etcd.io/etcd|google.golang.org/grpc"},
+	{"HTTP/2 framing and network I/O", "golang.org/x/net/http2|net/http.|internal/poll|syscall.|internal/runtime/syscall"},
+	{"request filters: authn, authz, audit, priority and fairness", "apiserver/pkg/endpoints/filters|apiserver/pkg/server/filters|apiserver/pkg/authorization|apiserver/pkg/authentication|flowcontrol"},
 	{"client: pkg/lock", "kubelock/kubelock/pkg/lock"},
-	{"client: deep copies", "DeepCopy"},
+	{"client: controller-runtime and client-go", "controller-runtime/pkg/client|k8s.io/client-go"},
+	{"Go scheduler and runtime", "runtime."},
 }
 
 func profileSummary(path string) string {
@@ -449,39 +450,23 @@ func profileSummary(path string) string {
 	vi := len(prof.SampleType) - 1
 	var total int64
 	flat := map[string]int64{}
-	cum := map[string]int64{}
-	groups := make([]int64, len(costGroups))
-	for _, s := range prof.Sample {
-		v := s.Value[vi]
+	groups := make([]int64, len(workGroups)+1) // the last one: other
+	for _, sm := range prof.Sample {
+		v := sm.Value[vi]
 		total += v
-		seen := map[string]bool{}
-		var stack strings.Builder
-		for li, loc := range s.Location {
-			for k, ln := range loc.Line {
-				if ln.Function == nil {
-					continue
-				}
-				name := ln.Function.Name
-				if li == 0 && k == 0 {
-					flat[name] += v
-				}
-				if !seen[name] {
-					seen[name] = true
-					cum[name] += v
-				}
-				stack.WriteString(name)
-				stack.WriteByte('\n')
-			}
-		}
-		st := stack.String()
-		for gi, g := range costGroups {
-			for _, m := range strings.Split(g.match, "|") {
-				if strings.Contains(st, m) {
-					groups[gi] += v
-					break
+		var frames []string // innermost first
+		for _, loc := range sm.Location {
+			for _, ln := range loc.Line {
+				if ln.Function != nil {
+					frames = append(frames, ln.Function.Name)
 				}
 			}
 		}
+		if len(frames) > 0 {
+			flat[frames[0]] += v
+		}
+		g := classify(frames)
+		groups[g] += v
 	}
 	if total == 0 {
 		return fmt.Sprintf("- %s: empty profile\n", filepath.Base(path))
@@ -494,13 +479,17 @@ func profileSummary(path string) string {
 		v int64
 	}
 	var gs []kv
-	for i, g := range costGroups {
-		if groups[i] > 0 {
-			gs = append(gs, kv{g.name, groups[i]})
+	for i, v := range groups {
+		name := "other"
+		if i < len(workGroups) {
+			name = workGroups[i].name
+		}
+		if v > 0 {
+			gs = append(gs, kv{name, v})
 		}
 	}
 	sort.Slice(gs, func(i, j int) bool { return gs[i].v > gs[j].v })
-	b.WriteString("| where (samples with any frame there; groups overlap) | share |\n|---|---:|\n")
+	b.WriteString("| kind of work (each sample counted once, at its innermost frame that names one) | share |\n|---|---:|\n")
 	for i, g := range gs {
 		if i == 10 {
 			break
@@ -523,6 +512,42 @@ func profileSummary(path string) string {
 	b.WriteString(strings.Join(parts, ", "))
 	b.WriteString("\n\n")
 	return b.String()
+}
+
+// classify returns the index in workGroups of a sample's kind of work
+// (len(workGroups) for other): GC workers first, then the innermost frame that
+// names a group, the runtime's own group only when nothing else does.
+func classify(frames []string) int {
+	for _, f := range frames {
+		if strings.Contains(f, workGroups[0].match) {
+			return 0
+		}
+	}
+	rt := len(workGroups) - 1
+	for _, f := range frames {
+		for gi := 1; gi < rt; gi++ {
+			for _, m := range strings.Split(workGroups[gi].match, "|") {
+				if strings.Contains(f, m) {
+					return gi
+				}
+			}
+		}
+	}
+	if allRuntime(frames) {
+		return rt
+	}
+	return len(workGroups)
+}
+
+// allRuntime reports whether every frame is the Go runtime's (scheduler,
+// GC assists): only then does a sample count as the runtime's own work.
+func allRuntime(frames []string) bool {
+	for _, f := range frames {
+		if !strings.HasPrefix(f, "runtime.") && !strings.HasPrefix(f, "internal/runtime") {
+			return false
+		}
+	}
+	return true
 }
 
 func shortFn(s string) string {

@@ -107,6 +107,7 @@ type mixConfig struct {
 	warmup       time.Duration
 	measure      time.Duration
 	rates        []float64
+	objects      int // lock objects the pool holds
 	p99Limit     time.Duration
 	maxInFlight  int
 	holdOnly     bool   // measure a window of renewals only, first
@@ -302,6 +303,10 @@ func runSeedMix(ctx context.Context, c *cluster, sys locker, name string, free p
 		}
 		third := rate / 3
 		want := int(third * renewEvery.Seconds())
+		if churn := int(third*(cfg.churnHold+cfg.warmup).Seconds()) + 100; want+churn > cfg.objects {
+			logf("  %-16s step %d (%.0f writes/s) needs %d held + ~%d churning locks, more than the %d objects: stopping (raise --locks)", name, i+1, rate, want, churn, cfg.objects)
+			break
+		}
 		t0 := time.Now()
 		err := topUp(want)
 		// Let the operator work off the burst of new holdings before measuring.

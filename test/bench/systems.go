@@ -10,6 +10,7 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -156,7 +157,7 @@ type etcdLocker struct {
 }
 
 func newEtcdClient(url string) (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second})
+	return clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 
 func newEtcdLocker(cli *clientv3.Client, n int) (*etcdLocker, error) {
