@@ -13,9 +13,10 @@ import (
 // its holder was told (or made unable to know) that it lost it, and the last
 // token. The controller's expiry is recorded by nobody; the model allows it
 // before any operation, but only for a holding whose client had already lost
-// it (I5): a "lost" or "kill" operation spans from the holder's last safe
-// deadline to the moment it noticed, so an expiry that ended a holding before
-// its holder's safe deadline makes the history non-linearizable as soon as
+// it (I5): a "lost" operation spans from the holder's last safe deadline to
+// the moment it noticed, and a kill cannot take effect before the killed
+// holder's safe deadline, so an expiry that ended a holding before its
+// holder's safe deadline makes the history non-linearizable as soon as
 // anybody observes or acquires the lock in between.
 
 type kind int
@@ -170,9 +171,10 @@ func short(s string) string {
 
 // Operations turns a history into porcupine operations: acquires and releases
 // from their invoke/return pairs (one without a return never returned: its
-// outcome is unknown), every "lost" and every kill as an abandon of the
-// holding spanning from the holder's last safe deadline to when it happened,
-// and observer reads.
+// outcome is unknown), every "lost" as an abandon of the holding spanning
+// from the holder's last safe deadline (if earlier) to when it noticed, every
+// kill as an abandon no earlier than the killed holder's safe deadline, and
+// observer reads.
 func Operations(events []Event) []porcupine.Operation {
 	type pk struct {
 		proc string
@@ -191,12 +193,19 @@ func Operations(events []Event) []porcupine.Operation {
 		}
 		return clients[p]
 	}
-	abandon := func(proc, key, lease string, t int64) {
-		call := t
-		if d, ok := deadline[lease]; ok && d < call {
-			call = d
+	// A holder that noticed the loss (lost) gave it up by then, or earlier
+	// at its safe deadline. A killed holder stopped acting at once, but its
+	// lease is its own until its safe deadline: nobody may end it before.
+	abandon := func(proc, key, lease string, t int64, killed bool) {
+		call, ret := t, t
+		if d, ok := deadline[lease]; ok {
+			if killed {
+				call, ret = d, max(d, t)
+			} else if d < call {
+				call = d
+			}
 		}
-		ops = append(ops, porcupine.Operation{ClientId: cid(proc), Input: input{Kind: kAbandon, Key: key, Lease: lease}, Call: call, Output: output{Outcome: OK}, Return: t})
+		ops = append(ops, porcupine.Operation{ClientId: cid(proc), Input: input{Kind: kAbandon, Key: key, Lease: lease}, Call: call, Output: output{Outcome: OK}, Return: ret})
 	}
 	ended := map[string]bool{}
 	for _, e := range sorted(events) {
@@ -224,12 +233,12 @@ func Operations(events []Event) []porcupine.Operation {
 			}
 		case OpLost:
 			ended[e.Proc+"/"+e.Lease] = true
-			abandon(e.Proc, e.Key, e.Lease, e.T)
+			abandon(e.Proc, e.Key, e.Lease, e.T, false)
 		case OpKill:
 			for _, a := range held[e.Proc] {
 				if !ended[e.Proc+"/"+a.Lease] {
 					ended[e.Proc+"/"+a.Lease] = true
-					abandon(e.Proc, a.Key, a.Lease, e.T)
+					abandon(e.Proc, a.Key, a.Lease, e.T, true)
 				}
 			}
 		case OpServer:

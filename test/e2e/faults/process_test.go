@@ -38,8 +38,8 @@ type process struct {
 	supervised bool
 	restarts   int
 	cmd        *exec.Cmd
-	exited chan struct{}
-	paused bool
+	exited     chan struct{}
+	paused     bool
 }
 
 func newProcess(name, bin string, args ...string) *process {
