@@ -52,11 +52,16 @@ func (b *balancer) forward(c net.Conn) {
 		if err != nil {
 			continue
 		}
-		defer up.Close()
-		done := make(chan struct{}, 2)
-		go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-		go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-		<-done
+		pipe(c, up)
 		return
 	}
+}
+
+// pipe copies both ways until one side ends, then closes up.
+func pipe(c, up net.Conn) {
+	defer up.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
 }
