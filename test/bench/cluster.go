@@ -255,6 +255,9 @@ func (c *cluster) loadAdmission(caPEM []byte, port int) error {
 // activate installs exactly one admission engine (or none) and waits until
 // the apiserver enforces it and, when the webhook is off, stops calling it.
 func (c *cluster) activate(ctx context.Context, e engine) error {
+	if err := c.operatorAlive(); err != nil {
+		return err
+	}
 	cl := c.env.Client
 	if e == engineWebhook {
 		w := c.webhookCfg.DeepCopy()
@@ -327,6 +330,30 @@ func (c *cluster) activate(ctx context.Context, e engine) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// operatorAlive fails when the operator process has exited (it exits when it
+// loses leader election, as in production where its pod would restart).
+func (c *cluster) operatorAlive() error {
+	select {
+	case <-c.mgr.done:
+		return fmt.Errorf("the operator exited (%v); its log %s ends: %s", c.mgr.err, c.mgr.logPath, lastLogLine(c.mgr.logPath))
+	default:
+		return nil
+	}
+}
+
+func lastLogLine(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "-"
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	l := lines[len(lines)-1]
+	if len(l) > 300 {
+		l = l[:300]
+	}
+	return l
 }
 
 func (c *cluster) probeLock(ctx context.Context) (*locksv1alpha1.DistributedLock, error) {

@@ -502,7 +502,7 @@ func machineInfo() []string {
 		out = append(out, "Linux "+strings.TrimSpace(string(b)))
 	}
 	out = append(out, "Go "+runtime.Version())
-	out = append(out, "control plane: "+filepath.Base(testenv.AssetsDir())+" (etcd with its data on the root disk, envtest's flags)")
+	out = append(out, "control plane: "+filepath.Base(testenv.AssetsDir())+" (envtest's flags: one etcd member with --unsafe-no-fsync=true, so etcd commits are not bounded by disk syncs)")
 	return out
 }
 
