@@ -337,7 +337,7 @@ func (c *cluster) activate(ctx context.Context, e engine) error {
 func (c *cluster) operatorAlive() error {
 	select {
 	case <-c.mgr.done:
-		return fmt.Errorf("the operator exited (%v); its log %s ends: %s", c.mgr.err, c.mgr.logPath, lastLogLine(c.mgr.logPath))
+		return fmt.Errorf("the operator exited (%w); its log %s ends: %s", c.mgr.err, c.mgr.logPath, lastLogLine(c.mgr.logPath))
 	default:
 		return nil
 	}
