@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,8 +37,9 @@ type DB interface {
 // Isolation: at READ COMMITTED (PostgreSQL's default) concurrent writers of one
 // lock queue on the fence row and each sees the token the previous one
 // committed. At REPEATABLE READ and SERIALIZABLE the later of two concurrent
-// writers gets a serialization failure instead; Guard retries those a few times
-// with a fresh transaction, so callers see either success or ErrStaleToken.
+// writers gets a serialization failure instead; Guard retries those (up to 30
+// times, after a random growing pause) in a fresh transaction, so callers see
+// success or ErrStaleToken.
 type Guard struct {
 	db      DB
 	txOpts  pgx.TxOptions
@@ -52,7 +55,7 @@ func WithTxOptions(o pgx.TxOptions) GuardOption { return func(g *Guard) { g.txOp
 
 // NewGuard returns a Guard on db.
 func NewGuard(db DB, opts ...GuardOption) *Guard {
-	g := &Guard{db: db, retries: 5}
+	g := &Guard{db: db, retries: 30}
 	for _, o := range opts {
 		o(g)
 	}
@@ -72,10 +75,17 @@ func (g *Guard) Do(ctx context.Context, lock string, token int64, fn func(pgx.Tx
 	for attempt := 0; ; attempt++ {
 		err := g.do(ctx, lock, token, fn)
 		var pgErr *pgconn.PgError
-		if attempt < g.retries && errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
-			continue // serialization failure or deadlock: the transaction did nothing
+		if attempt >= g.retries || !errors.As(err, &pgErr) || (pgErr.Code != "40001" && pgErr.Code != "40P01") {
+			return g.metrics.observe(err)
 		}
-		return g.metrics.observe(err)
+		// A serialization failure or deadlock: the transaction did nothing.
+		// Back off a random, growing while so contending writers spread out.
+		pause := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
+		select {
+		case <-ctx.Done():
+			return g.metrics.observe(err)
+		case <-time.After(pause):
+		}
 	}
 }
 
