@@ -40,6 +40,11 @@ type Options struct {
 	LeaderElectionNamespace string
 	// LeaderElectionID is the name of the leader Lease.
 	LeaderElectionID string
+	// LeaseDuration, RenewDeadline and RetryPeriod are the leader election's
+	// timings (client-go's defaults: 15s, 10s, 2s). Shorter ones let a standby
+	// take over sooner; longer ones ride out apiserver latency without losing
+	// leadership. A new leader never expires a lease early either way.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// ExpiryGrace is added to every lease before the controller expires it.
 	ExpiryGrace time.Duration
 	// IdleTimeout is how long an auto-created lock may stay idle before deletion.
@@ -94,6 +99,9 @@ func DefaultOptions() Options {
 		ProbeAddr:        ":8081",
 		LeaderElect:      true,
 		LeaderElectionID: "kubelock-manager.locks.kubelock.io",
+		LeaseDuration:    15 * time.Second,
+		RenewDeadline:    10 * time.Second,
+		RetryPeriod:      2 * time.Second,
 		ExpiryGrace:      controllers.DefaultExpiryGrace,
 		IdleTimeout:      controllers.DefaultIdleTimeout,
 		Concurrency:      4,
@@ -117,6 +125,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica expires leases and moves queues.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease; empty means the pod's own namespace (required out of cluster).")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader Lease.")
+	fs.DurationVar(&o.LeaseDuration, "leader-election-lease-duration", o.LeaseDuration, "How long a standby waits after the leader's last renewal before it takes over.")
+	fs.DurationVar(&o.RenewDeadline, "leader-election-renew-deadline", o.RenewDeadline, "How long the leader keeps trying to renew before it gives up leadership; must be below the lease duration.")
+	fs.DurationVar(&o.RetryPeriod, "leader-election-retry-period", o.RetryPeriod, "How often candidates try to acquire or renew the leader Lease; must be below the renew deadline.")
 	fs.DurationVar(&o.ExpiryGrace, "expiry-grace", o.ExpiryGrace, "Grace added to a holder's lease before the controller expires it, measured from the last renewal the controller observed.")
 	fs.DurationVar(&o.IdleTimeout, "auto-created-idle-timeout", o.IdleTimeout, "Delete locks labeled "+locksv1alpha1.AutoCreatedLabel+"=true once they stayed free with an empty queue this long.")
 	fs.StringVar(&o.Username, "controller-username", o.Username, "User name written to recentAcquisitions[].endedBy on expiry; empty means learn it with a SelfSubjectReview.")
@@ -150,6 +161,9 @@ func (o *Options) Validate() error {
 	}
 	if o.LeaderElect && o.LeaderElectionID == "" {
 		errs = append(errs, errors.New("--leader-election-id must not be empty with --leader-elect"))
+	}
+	if o.LeaderElect && !(0 < o.RetryPeriod && o.RetryPeriod < o.RenewDeadline && o.RenewDeadline < o.LeaseDuration) {
+		errs = append(errs, fmt.Errorf("leader election needs 0 < retry period (%s) < renew deadline (%s) < lease duration (%s)", o.RetryPeriod, o.RenewDeadline, o.LeaseDuration))
 	}
 	if o.EnableWebhook {
 		if o.WebhookPort < 1 || o.WebhookPort > 65535 {
@@ -235,6 +249,9 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectionNamespace,
+		LeaseDuration:           &o.LeaseDuration,
+		RenewDeadline:           &o.RenewDeadline,
+		RetryPeriod:             &o.RetryPeriod,
 		// Safe because the process exits right after the manager stops, and a
 		// new leader starts with no observations, so it never expires early.
 		LeaderElectionReleaseOnCancel: true,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -120,6 +121,12 @@ func TestRunElectsLeaderAndReconciles(t *testing.T) {
 	})
 	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "wired"}}
 	if err := env.Client.Create(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	// The controller leaves a never-used lock alone; a status a client wrote
+	// without observedGeneration is one it brings up to date.
+	meta.SetStatusCondition(&l.Status.Conditions, metav1.Condition{Type: locksv1alpha1.ConditionHeld, Status: metav1.ConditionFalse, Reason: locksv1alpha1.ReasonReleased, Message: "free"})
+	if err := env.Client.Status().Update(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	poll("the leader to reconcile a lock", func(ctx context.Context) (bool, error) {

@@ -305,9 +305,27 @@ func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLoc
 	return next, nil
 }
 
-// giveUp leaves the queue after the wait ended and says why. Leaving uses its
-// own short deadline, since ctx is already over.
+// giveUp leaves the queue after the wait ended and says why.
 func (a *attempt) giveUp(ctx context.Context, last error) error {
+	if a.wait {
+		a.leaveQueue(ctx)
+	}
+	err := waitErr(ctx)
+	switch {
+	case last == nil:
+		return err
+	case !a.wait:
+		// TryAcquire never waits for the lock: running out of time means the
+		// apiserver (or admission) did not answer; say that first.
+		return fmt.Errorf("kubelock: no answer from the apiserver before the deadline: %w (%w)", last, err)
+	default:
+		return fmt.Errorf("%w (last error: %w)", err, last)
+	}
+}
+
+// leaveQueue removes this request's queue entry, if any. It uses its own short
+// deadline, since ctx is already over; TryAcquire never queues and skips it.
+func (a *attempt) leaveQueue(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	for {
@@ -322,11 +340,6 @@ func (a *attempt) giveUp(ctx context.Context, last error) error {
 			break
 		}
 	}
-	err := waitErr(ctx)
-	if last != nil {
-		return fmt.Errorf("%w (last error: %w)", err, last)
-	}
-	return err
 }
 
 func waitErr(ctx context.Context) error {

@@ -89,11 +89,9 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 	It("counts acquire, contention, expiry, force-release and a denied write exactly", func(ctx SpecContext) {
 		ns = newNamespace(ctx)
 		newLock(ctx, ns, key, locksv1alpha1.DistributedLockSpec{})
-		// The controller has seen the lock (its first status write) before anything happens.
-		Eventually(func(g Gomega) {
-			g.Expect(getLock(ctx, ns, key).Status.Conditions).NotTo(BeEmpty())
-		}).Should(Succeed())
-		Expect(manager("kubelock_controller_locks", nil)).To(Equal(1.0))
+		// The controller has seen the lock before anything happens. It writes
+		// nothing to a lock nobody used; its fleet gauge shows it observed it.
+		Eventually(func() float64 { return manager("kubelock_controller_locks", nil) }).Should(Equal(1.0))
 
 		clientReg = prometheus.NewPedanticRegistry()
 		withMetrics := []lock.Option{lock.WithMetrics(clientReg), lock.WithoutAutoRenew()}
@@ -215,8 +213,8 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		} {
 			Expect(manager(c.name, c.l)).To(Equal(c.want), "%s%v", c.name, c.l)
 		}
-		// Allowed: 8 writes of the script, plus the controller's own (conditions, the expiry).
-		Expect(manager("kubelock_webhook_admission_decisions_total", labels{"outcome": "allowed"})).To(BeNumerically(">=", 9))
+		// Allowed: 8 writes of the script, plus at least the controller's expiry.
+		Expect(manager("kubelock_webhook_admission_decisions_total", labels{"outcome": "allowed"})).To(BeNumerically(">=", 8))
 
 		By("the client registry")
 		for _, c := range []struct {
@@ -324,16 +322,13 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		Eventually(func() int { return count(userA, true) }).Should(Equal(4))
 		Expect(count(userB, true)).To(Equal(2))
 		Expect(count(adminUser, true)).To(Equal(1))
-		Expect(count(controllerUser, true)).To(BeNumerically(">=", 2)) // the first condition, the expiry
+		Expect(count(controllerUser, true)).To(BeNumerically(">=", 1)) // the expiry
 		Expect(count(userC, false)).To(Equal(1))                       // the denied write is audited too
 	})
 
 	It("lets kubectl wait for the Held condition", func(ctx SpecContext) {
 		const name = "waited"
 		newLock(ctx, ns, name, locksv1alpha1.DistributedLockSpec{})
-		Eventually(func(g Gomega) {
-			g.Expect(getLock(ctx, ns, name).Status.Conditions).NotTo(BeEmpty())
-		}).Should(Succeed())
 		u, err := env.AddUser(envtest.User{Name: "kubectl-user", Groups: []string{"system:masters"}}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		kubeconfig, err := u.KubeConfig()
