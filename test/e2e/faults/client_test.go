@@ -5,6 +5,7 @@ package faults
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"path/filepath"
 	"sync"
 	"time"
@@ -15,34 +16,6 @@ import (
 	"github.com/kubelock/kubelock/internal/history"
 )
 
-// Command and Reply mirror test/e2e/faults/client.
-type Command struct {
-	ID     int64         `json:"id"`
-	Cmd    string        `json:"cmd"`
-	Key    string        `json:"key,omitempty"`
-	Req    string        `json:"req,omitempty"`
-	Try    bool          `json:"try,omitempty"`
-	Wait   time.Duration `json:"wait,omitempty"`
-	Lease  time.Duration `json:"lease,omitempty"`
-	N      int           `json:"n,omitempty"`
-	Every  time.Duration `json:"every,omitempty"`
-	Keys   []string      `json:"keys,omitempty"`
-	Seed   uint64        `json:"seed,omitempty"`
-	Target int64         `json:"target,omitempty"`
-}
-
-type Reply struct {
-	ID       int64  `json:"id"`
-	Outcome  string `json:"outcome"`
-	Err      string `json:"err,omitempty"`
-	Lease    string `json:"lease,omitempty"`
-	Req      string `json:"req,omitempty"`
-	Token    int64  `json:"token,omitempty"`
-	Accepted int    `json:"accepted,omitempty"`
-	Stale    int    `json:"stale,omitempty"`
-	Ops      int64  `json:"ops,omitempty"`
-}
-
 // lockClient is one client process.
 type lockClient struct {
 	*process
@@ -50,7 +23,7 @@ type lockClient struct {
 
 	mu      sync.Mutex
 	nextID  int64
-	waiting map[int64]chan Reply
+	waiting map[int64]chan wire.Reply
 	wmu     sync.Mutex
 }
 
@@ -58,12 +31,12 @@ type lockClient struct {
 // scenario's namespace, talking to the apiserver through the fault proxy.
 func newClient(name string) *lockClient {
 	hist := filepath.Join(workDir, "history", name+".jsonl")
-	ready := make(chan Reply, 1)
-	c := &lockClient{hist: hist, waiting: map[int64]chan Reply{0: ready}}
+	ready := make(chan wire.Reply, 1)
+	c := &lockClient{hist: hist, waiting: map[int64]chan wire.Reply{0: ready}}
 	c.process = newProcess(name, clientBin, "--server="+proxy.Config().Host, "--name="+name, "--namespace="+namespace,
 		"--history="+hist, "--pg="+pgDSN)
 	c.onStdout = func(line []byte) {
-		var r Reply
+		var r wire.Reply
 		if json.Unmarshal(line, &r) != nil {
 			return
 		}
@@ -87,11 +60,11 @@ func newClient(name string) *lockClient {
 }
 
 // send issues cmd and returns the channel its reply arrives on.
-func (c *lockClient) send(cmd Command) (int64, <-chan Reply) {
+func (c *lockClient) send(cmd wire.Command) (int64, <-chan wire.Reply) {
 	c.mu.Lock()
 	c.nextID++
 	cmd.ID = c.nextID
-	ch := make(chan Reply, 1)
+	ch := make(chan wire.Reply, 1)
 	c.waiting[cmd.ID] = ch
 	c.mu.Unlock()
 	b, err := json.Marshal(cmd)
@@ -104,7 +77,7 @@ func (c *lockClient) send(cmd Command) (int64, <-chan Reply) {
 }
 
 // do issues cmd and waits for its reply.
-func (c *lockClient) do(cmd Command) Reply {
+func (c *lockClient) do(cmd wire.Command) wire.Reply {
 	_, ch := c.send(cmd)
 	select {
 	case r := <-ch:
@@ -112,7 +85,7 @@ func (c *lockClient) do(cmd Command) Reply {
 	case <-time.After(2 * time.Minute):
 		Fail(fmt.Sprintf("client %s: no reply to %+v", c.name, cmd))
 	}
-	return Reply{}
+	return wire.Reply{}
 }
 
 // killClient kills c and records when, so the checks end its holdings then.

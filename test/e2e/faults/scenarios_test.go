@@ -5,6 +5,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"net/http"
 	"os"
 	"slices"
@@ -33,8 +34,8 @@ func getLock(ctx context.Context, key string) *locksv1alpha1.DistributedLock {
 }
 
 // acquireOK acquires key with c and returns the reply, failing unless it succeeded.
-func acquireOK(c *lockClient, key string, wait time.Duration) Reply {
-	r := c.do(Command{Cmd: "acquire", Key: key, Wait: wait})
+func acquireOK(c *lockClient, key string, wait time.Duration) wire.Reply {
+	r := c.do(wire.Command{Cmd: "acquire", Key: key, Wait: wait})
 	ExpectWithOffset(1, r.Outcome).To(Equal(history.OK), "%s acquire %s: %s", c.name, key, r.Err)
 	return r
 }
@@ -83,15 +84,15 @@ var _ = Describe("fault scenarios", func() {
 		ra := acquireOK(a, key, 10*time.Second)
 		// a writes blindly every 50ms with its token, as a process paused
 		// between its check and its write would.
-		_, wch := a.send(Command{Cmd: "write", Key: key, N: 100, Every: 50 * time.Millisecond})
+		_, wch := a.send(wire.Command{Cmd: "write", Key: key, N: 100, Every: 50 * time.Millisecond})
 		Eventually(func() int { return len(fenceWrites(ctx, "s1")) }).Should(BeNumerically(">=", 3))
 		pausedAt := a.pause()
 		rb := acquireOK(b, key, 30*time.Second)
 		handover := history.Mono() - pausedAt
 		Expect(rb.Token).To(BeNumerically(">", ra.Token))
-		Expect(b.do(Command{Cmd: "write", Key: key, N: 5}).Accepted).To(Equal(5))
+		Expect(b.do(wire.Command{Cmd: "write", Key: key, N: 5}).Accepted).To(Equal(5))
 		a.resume()
-		var wr Reply
+		var wr wire.Reply
 		select {
 		case wr = <-wch:
 		case <-time.After(time.Minute):
@@ -99,7 +100,7 @@ var _ = Describe("fault scenarios", func() {
 		}
 		Expect(wr.Stale).To(BeNumerically(">=", 1), "the paused client's late write must be rejected")
 		Expect(lostAt(a, ra.Lease)).NotTo(BeZero(), "the paused client must learn it lost the lock")
-		Expect(b.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		Expect(b.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 		a.exit()
 		b.exit()
 		unwatch(key)
@@ -125,22 +126,22 @@ var _ = Describe("fault scenarios", func() {
 		for i := range rounds {
 			req := fmt.Sprintf("s2-req-%d", i)
 			drop.Store(true)
-			r := a.do(Command{Cmd: "acquire", Key: key, Req: req, Wait: 20 * time.Second})
+			r := a.do(wire.Command{Cmd: "acquire", Key: key, Req: req, Wait: 20 * time.Second})
 			Expect(r.Outcome).To(Equal(history.OK), r.Err)
 			Expect(drop.Load()).To(BeFalse(), "the acquire's response was dropped")
 			// The same request again, from another process of the same user: the same holding.
 			a2 := newClient(fmt.Sprintf("s2-a-retry%d", i))
-			r2 := a2.do(Command{Cmd: "acquire", Key: key, Req: req, Try: true, Wait: 10 * time.Second})
+			r2 := a2.do(wire.Command{Cmd: "acquire", Key: key, Req: req, Try: true, Wait: 10 * time.Second})
 			Expect(r2.Outcome).To(Equal(history.OK), r2.Err)
 			Expect(r2.Lease).To(Equal(r.Lease), "a retry with the same request ID must return the original lease")
 			Expect(r2.Token).To(Equal(r.Token))
 			killClient(a2) // the second handle must not release or renew
 			// Drop the release's response too: it is retried and ends the holding once.
 			drop.Store(true)
-			Expect(a.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+			Expect(a.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 			// After the release, the request ID is over, never a second holding.
 			a3 := newClient(fmt.Sprintf("s2-a-late%d", i))
-			r3 := a3.do(Command{Cmd: "acquire", Key: key, Req: req, Try: true, Wait: 10 * time.Second})
+			r3 := a3.do(wire.Command{Cmd: "acquire", Key: key, Req: req, Try: true, Wait: 10 * time.Second})
 			Expect(r3.Outcome).To(Equal(history.Lost), "a retry after the release must say the lease is over: %s", r3.Err)
 			a3.exit()
 		}
@@ -159,7 +160,7 @@ var _ = Describe("fault scenarios", func() {
 			for range n {
 				start := time.Now()
 				acquireOK(a, key, 20*time.Second)
-				Expect(a.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+				Expect(a.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 				total += time.Since(start)
 			}
 			return total / time.Duration(n)
@@ -179,7 +180,7 @@ var _ = Describe("fault scenarios", func() {
 		Expect(doneAfter).To(BeNumerically("<=", int64(3*time.Second)), "Done must fire within the lease")
 		// Acquires fail, with an error, within a bounded time.
 		start := time.Now()
-		r := c.do(Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
+		r := c.do(wire.Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
 		failAfter := time.Since(start)
 		Expect(r.Outcome).NotTo(Equal(history.OK))
 		Expect(failAfter).To(BeNumerically("<", 15*time.Second))
@@ -188,15 +189,15 @@ var _ = Describe("fault scenarios", func() {
 		restoredAt := history.Mono()
 		Expect(cp.etcd[1].start()).To(Succeed())
 		Expect(cp.etcd[2].start()).To(Succeed())
-		var rc Reply
+		var rc wire.Reply
 		Eventually(func() string {
-			rc = c.do(Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
+			rc = c.do(wire.Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
 			return rc.Outcome
 		}).WithTimeout(3 * time.Minute).WithPolling(500 * time.Millisecond).Should(Equal(history.OK))
 		recovery := history.Mono() - restoredAt
 		Expect(rc.Token).To(BeNumerically(">", tokenBefore))
 		Expect(rc.Token).To(BeNumerically(">", rh.Token))
-		Expect(c.do(Command{Cmd: "release", Key: held}).Outcome).To(Equal(history.OK))
+		Expect(c.do(wire.Command{Cmd: "release", Key: held}).Outcome).To(Equal(history.OK))
 		after := cycle(10)
 		a.exit()
 		h.exit()
@@ -213,7 +214,7 @@ var _ = Describe("fault scenarios", func() {
 		var cs []*lockClient
 		for i := range 4 {
 			c := newClient(fmt.Sprintf("s4-c%d", i))
-			c.do(Command{Cmd: "loop", Keys: keys, N: 2, Wait: 5 * time.Second, Seed: uint64(i)})
+			c.do(wire.Command{Cmd: "loop", Keys: keys, N: 2, Wait: 5 * time.Second, Seed: uint64(i)})
 			cs = append(cs, c)
 		}
 		Eventually(func() int { return countOK(events("s4")) }).Should(BeNumerically(">=", 20))
@@ -228,7 +229,7 @@ var _ = Describe("fault scenarios", func() {
 		recovery := firstOKAfter(events("s4"), restart) - restart
 		Eventually(func() int { return countOKAfter(events("s4"), restart) }).WithTimeout(2 * time.Minute).Should(BeNumerically(">=", 20))
 		for _, c := range cs {
-			c.do(Command{Cmd: "stop"})
+			c.do(wire.Command{Cmd: "stop"})
 			c.exit()
 		}
 		unwatch(keys...)
@@ -287,13 +288,13 @@ var _ = Describe("fault scenarios", func() {
 		}
 		before, freeBefore := getLock(ctx, key), getLock(ctx, free)
 		start := time.Now()
-		r := c.do(Command{Cmd: "acquire", Key: free, Try: true, Wait: 5 * time.Second})
+		r := c.do(wire.Command{Cmd: "acquire", Key: free, Try: true, Wait: 5 * time.Second})
 		failAfter := time.Since(start)
 		Expect(r.Outcome).NotTo(Equal(history.OK))
 		Expect(r.Err).To(ContainSubstring("webhook"))
 		// The holder cannot renew: its Done fires by its safe deadline.
 		Eventually(func() int64 { return lostAt(h, rh.Lease) }).WithTimeout(30 * time.Second).ShouldNot(BeZero())
-		rr := h.do(Command{Cmd: "release", Key: key})
+		rr := h.do(wire.Command{Cmd: "release", Key: key})
 		after := getLock(ctx, key)
 		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion), "no lock write may pass while the webhook is down")
 		Expect(getLock(ctx, free).ResourceVersion).To(Equal(freeBefore.ResourceVersion))
@@ -304,14 +305,14 @@ var _ = Describe("fault scenarios", func() {
 			m.supervise(true)
 			Expect(m.start()).To(Succeed())
 		}
-		var rc Reply
+		var rc wire.Reply
 		Eventually(func() string {
-			rc = c.do(Command{Cmd: "acquire", Key: key, Try: true, Wait: 5 * time.Second})
+			rc = c.do(wire.Command{Cmd: "acquire", Key: key, Try: true, Wait: 5 * time.Second})
 			return rc.Outcome
 		}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Equal(history.OK))
 		recovery := history.Mono() - upAt
 		Expect(rc.Token).To(BeNumerically(">", rh.Token))
-		Expect(c.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		Expect(c.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 		h.exit()
 		c.exit()
 		unwatch(key)
@@ -329,29 +330,29 @@ var _ = Describe("fault scenarios", func() {
 		type waiter struct {
 			c  *lockClient
 			id int64
-			ch <-chan Reply
+			ch <-chan wire.Reply
 		}
 		var ws []waiter
 		for i := range 6 {
 			c := newClient(fmt.Sprintf("s7-w%d", i))
-			id, ch := c.send(Command{Cmd: "acquire", Key: key, Wait: 2 * time.Minute})
+			id, ch := c.send(wire.Command{Cmd: "acquire", Key: key, Wait: 2 * time.Minute})
 			ws = append(ws, waiter{c, id, ch})
 			Eventually(func() int { return len(getLock(ctx, key).Status.Waiters) }).Should(Equal(i + 1))
 		}
 		// w1 cancels, w2 and w4 are killed while queued.
-		ws[1].c.do(Command{Cmd: "cancel", Target: ws[1].id})
+		ws[1].c.do(wire.Command{Cmd: "cancel", Target: ws[1].id})
 		Expect((<-ws[1].ch).Outcome).To(Equal(history.Canceled))
 		killClient(ws[2].c)
 		killClient(ws[4].c)
 		// The cancelled waiter leaves the queue itself; the killed ones stay until the controller drops them.
 		Eventually(func() int { return len(getLock(ctx, key).Status.Waiters) }).Should(Equal(5))
-		Expect(h.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		Expect(h.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 		prev := history.Mono()
 		var order []string
 		var gaps []string
 		maxGap := int64(0)
 		for _, i := range []int{0, 3, 5} {
-			var r Reply
+			var r wire.Reply
 			select {
 			case r = <-ws[i].ch:
 			case <-time.After(time.Minute):
@@ -363,7 +364,7 @@ var _ = Describe("fault scenarios", func() {
 			maxGap = max(maxGap, gap)
 			gaps = append(gaps, secs(gap))
 			order = append(order, ws[i].c.name)
-			Expect(ws[i].c.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+			Expect(ws[i].c.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 			prev = history.Mono()
 		}
 		// A killed head is dropped after handoffTimeoutSeconds (plus the controller's grace and a poll).
@@ -399,7 +400,7 @@ var _ = Describe("fault scenarios", func() {
 		jumpedAt := history.Mono()
 		killClient(x)
 		// Three leases long, the live holder keeps its lock and writes.
-		w := h.do(Command{Cmd: "write", Key: key, N: 45, Every: 200 * time.Millisecond})
+		w := h.do(wire.Command{Cmd: "write", Key: key, N: 45, Every: 200 * time.Millisecond})
 		Expect(w.Accepted).To(Equal(45))
 		Expect(lostAt(h, rh.Lease)).To(BeZero(), "a live holder lost its lock after the controller's wall clock jumped")
 		// The crashed holder's lease expires, but not before its safe deadline.
@@ -414,10 +415,10 @@ var _ = Describe("fault scenarios", func() {
 		for _, off := range offsets {
 			Expect(os.WriteFile(off, []byte("-1h"), 0o644)).To(Succeed())
 		}
-		w2 := h.do(Command{Cmd: "write", Key: key, N: 30, Every: 200 * time.Millisecond})
+		w2 := h.do(wire.Command{Cmd: "write", Key: key, N: 30, Every: 200 * time.Millisecond})
 		Expect(w2.Accepted).To(Equal(30))
 		Expect(lostAt(h, rh.Lease)).To(BeZero())
-		Expect(h.do(Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		Expect(h.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 		h.exit()
 		unwatch(key, crashedKey)
 		check(ctx, result{Scenario: "8 manager wall clock jumps", Faults: "both managers' wall clocks +1h, then -1h (monotonic clock untouched)",

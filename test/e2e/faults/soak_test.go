@@ -4,6 +4,7 @@ package faults
 
 import (
 	"fmt"
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -49,7 +50,7 @@ var _ = Describe("soak", Ordered, func() {
 		startClient := func() *lockClient {
 			clientN++
 			c := newClient(fmt.Sprintf("soak-c%d", clientN))
-			c.do(Command{Cmd: "loop", Keys: keys, N: 2, Wait: 5 * time.Second, Seed: rng.Uint64()})
+			c.do(wire.Command{Cmd: "loop", Keys: keys, N: 2, Wait: 5 * time.Second, Seed: rng.Uint64()})
 			return c
 		}
 		var cs []*lockClient
@@ -144,7 +145,7 @@ var _ = Describe("soak", Ordered, func() {
 		}
 		var ops int64
 		for _, c := range cs {
-			ops += c.do(Command{Cmd: "stop"}).Ops
+			ops += c.do(wire.Command{Cmd: "stop"}).Ops
 			c.exit()
 		}
 		unwatch(keys...)

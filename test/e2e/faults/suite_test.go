@@ -17,6 +17,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,9 +161,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		k := newLock(ctx, "warmup", 3, 1)
 		c := newClient("warmup")
 		defer c.exit()
-		r := c.do(Command{Cmd: "acquire", Key: k, Wait: 10 * time.Second})
+		r := c.do(wire.Command{Cmd: "acquire", Key: k, Wait: 10 * time.Second})
 		g.Expect(r.Outcome).To(Equal(history.OK), r.Err)
-		g.Expect(c.do(Command{Cmd: "release", Key: k}).Outcome).To(Equal(history.OK))
+		g.Expect(c.do(wire.Command{Cmd: "release", Key: k}).Outcome).To(Equal(history.OK))
 	}).WithTimeout(2 * time.Minute).Should(Succeed())
 }, NodeTimeout(10*time.Minute))
 

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -27,41 +28,6 @@ import (
 	"github.com/kubelock/kubelock/pkg/fencing"
 	"github.com/kubelock/kubelock/pkg/lock"
 )
-
-// Command is one line of input.
-type Command struct {
-	ID  int64  `json:"id"`
-	Cmd string `json:"cmd"` // acquire, release, write, loop, stop, cancel, exit
-	Key string `json:"key,omitempty"`
-	Req string `json:"req,omitempty"`
-	Try bool   `json:"try,omitempty"`
-	// Wait bounds an acquire (its WaitTimeout, and its context).
-	Wait time.Duration `json:"wait,omitempty"`
-	// Lease asks for a lease other than the lock's default.
-	Lease time.Duration `json:"lease,omitempty"`
-	// N is the number of writes (write), or per holding (loop).
-	N int `json:"n,omitempty"`
-	// Every spaces writes (write, loop).
-	Every time.Duration `json:"every,omitempty"`
-	// Keys are the keys a loop picks from; Seed seeds its choices.
-	Keys []string `json:"keys,omitempty"`
-	Seed uint64   `json:"seed,omitempty"`
-	// Target is the command ID cancel cancels.
-	Target int64 `json:"target,omitempty"`
-}
-
-// Reply answers a command.
-type Reply struct {
-	ID       int64  `json:"id"`
-	Outcome  string `json:"outcome"`
-	Err      string `json:"err,omitempty"`
-	Lease    string `json:"lease,omitempty"`
-	Req      string `json:"req,omitempty"`
-	Token    int64  `json:"token,omitempty"`
-	Accepted int    `json:"accepted,omitempty"`
-	Stale    int    `json:"stale,omitempty"`
-	Ops      int64  `json:"ops,omitempty"`
-}
 
 type proc struct {
 	name string
@@ -115,11 +81,11 @@ func run(server, name, namespace, histPath, dsn string) error {
 	if _, err := lc.User(ctx); err != nil { // learn the user once, before any fault
 		return err
 	}
-	p.reply(Reply{ID: 0, Outcome: "ready"})
+	p.reply(wire.Reply{ID: 0, Outcome: "ready"})
 	sc := bufio.NewScanner(os.Stdin)
 	var wg sync.WaitGroup
 	for sc.Scan() {
-		var c Command
+		var c wire.Command
 		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
 			return err
 		}
@@ -140,7 +106,7 @@ func run(server, name, namespace, histPath, dsn string) error {
 	return nil
 }
 
-func (p *proc) reply(r Reply) {
+func (p *proc) reply(r wire.Reply) {
 	b, _ := json.Marshal(r)
 	p.outMu.Lock()
 	defer p.outMu.Unlock()
@@ -148,7 +114,7 @@ func (p *proc) reply(r Reply) {
 	_ = p.out.Flush()
 }
 
-func (p *proc) do(c Command) Reply {
+func (p *proc) do(c wire.Command) wire.Reply {
 	switch c.Cmd {
 	case "acquire":
 		ctx, cancel := context.WithCancel(context.Background())
@@ -168,16 +134,16 @@ func (p *proc) do(c Command) Reply {
 		return p.release(c)
 	case "write":
 		acc, stale := p.writes(c.Key, c.N, c.Every, false)
-		return Reply{ID: c.ID, Outcome: history.OK, Accepted: acc, Stale: stale}
+		return wire.Reply{ID: c.ID, Outcome: history.OK, Accepted: acc, Stale: stale}
 	case "cancel":
 		p.mu.Lock()
 		cancel := p.cancels[c.Target]
 		p.mu.Unlock()
 		if cancel == nil {
-			return Reply{ID: c.ID, Outcome: history.Failed, Err: "no such command in flight"}
+			return wire.Reply{ID: c.ID, Outcome: history.Failed, Err: "no such command in flight"}
 		}
 		cancel()
-		return Reply{ID: c.ID, Outcome: history.OK}
+		return wire.Reply{ID: c.ID, Outcome: history.OK}
 	case "loop":
 		return p.loop(c)
 	case "stop":
@@ -189,9 +155,9 @@ func (p *proc) do(c Command) Reply {
 		for _, stop := range loops {
 			n += stop()
 		}
-		return Reply{ID: c.ID, Outcome: history.OK, Ops: n}
+		return wire.Reply{ID: c.ID, Outcome: history.OK, Ops: n}
 	}
-	return Reply{ID: c.ID, Outcome: history.Failed, Err: "unknown command " + c.Cmd}
+	return wire.Reply{ID: c.ID, Outcome: history.Failed, Err: "unknown command " + c.Cmd}
 }
 
 func outcome(err error) string {
@@ -219,7 +185,7 @@ func errText(err error) string {
 
 // acquire runs one Acquire or TryAcquire and records it; a holding is watched
 // for its safe deadline and its loss until it ends.
-func (p *proc) acquire(ctx context.Context, c Command) (*lock.Lock, Reply) {
+func (p *proc) acquire(ctx context.Context, c wire.Command) (*lock.Lock, wire.Reply) {
 	req := c.Req
 	if req == "" {
 		req = fmt.Sprintf("%s-%d-%d", p.name, time.Now().UnixNano(), rand.Uint64())
@@ -252,13 +218,13 @@ func (p *proc) acquire(ctx context.Context, c Command) (*lock.Lock, Reply) {
 	}
 	p.rec.Record(e)
 	if err != nil {
-		return nil, Reply{Outcome: e.Outcome, Err: e.Err, Req: req}
+		return nil, wire.Reply{Outcome: e.Outcome, Err: e.Err, Req: req}
 	}
 	p.mu.Lock()
 	p.held[c.Key] = l
 	p.mu.Unlock()
 	go p.watch(l)
-	return l, Reply{Outcome: history.OK, Lease: l.LeaseID(), Token: l.FencingToken(), Req: req}
+	return l, wire.Reply{Outcome: history.OK, Lease: l.LeaseID(), Token: l.FencingToken(), Req: req}
 }
 
 // watch records every extension of the safe deadline, and the loss.
@@ -287,15 +253,15 @@ func (p *proc) watch(l *lock.Lock) {
 	}
 }
 
-func (p *proc) release(c Command) Reply {
+func (p *proc) release(c wire.Command) wire.Reply {
 	p.mu.Lock()
 	l := p.held[c.Key]
 	p.mu.Unlock()
 	if l == nil {
-		return Reply{ID: c.ID, Outcome: history.Failed, Err: "not held: " + c.Key}
+		return wire.Reply{ID: c.ID, Outcome: history.Failed, Err: "not held: " + c.Key}
 	}
 	err := p.releaseLock(l)
-	return Reply{ID: c.ID, Outcome: outcome(err), Err: errText(err), Lease: l.LeaseID()}
+	return wire.Reply{ID: c.ID, Outcome: outcome(err), Err: errText(err), Lease: l.LeaseID()}
 }
 
 func (p *proc) releaseLock(l *lock.Lock) error {
@@ -366,7 +332,7 @@ func (p *proc) write(l *lock.Lock) string {
 
 // loop runs a workload in the background until stop: pick a key, acquire it
 // (a TryAcquire one time in four), make N checked writes, release.
-func (p *proc) loop(c Command) Reply {
+func (p *proc) loop(c wire.Command) wire.Reply {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var ops int64
@@ -376,7 +342,7 @@ func (p *proc) loop(c Command) Reply {
 		for ctx.Err() == nil {
 			key := c.Keys[rng.IntN(len(c.Keys))]
 			try := rng.IntN(4) == 0
-			l, r := p.acquire(ctx, Command{Key: key, Try: try, Wait: c.Wait, Lease: c.Lease})
+			l, r := p.acquire(ctx, wire.Command{Key: key, Try: try, Wait: c.Wait, Lease: c.Lease})
 			ops++
 			if r.Outcome != history.OK {
 				if r.Outcome != history.Locked {
@@ -399,5 +365,5 @@ func (p *proc) loop(c Command) Reply {
 	p.mu.Lock()
 	p.loops = append(p.loops, func() int64 { cancel(); <-done; return ops })
 	p.mu.Unlock()
-	return Reply{ID: c.ID, Outcome: history.OK}
+	return wire.Reply{ID: c.ID, Outcome: history.OK}
 }

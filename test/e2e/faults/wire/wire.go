@@ -1,0 +1,43 @@
+//go:build faults
+
+// Package wire is the line protocol between the fault-injection suite and its
+// client processes (test/e2e/faults/client): one JSON Command per input line,
+// one JSON Reply per output line.
+package wire
+
+import "time"
+
+// Command is one line of input.
+type Command struct {
+	ID  int64  `json:"id"`
+	Cmd string `json:"cmd"` // acquire, release, write, loop, stop, cancel, exit
+	Key string `json:"key,omitempty"`
+	Req string `json:"req,omitempty"`
+	Try bool   `json:"try,omitempty"`
+	// Wait bounds an acquire (its WaitTimeout, and its context).
+	Wait time.Duration `json:"wait,omitempty"`
+	// Lease asks for a lease other than the lock's default.
+	Lease time.Duration `json:"lease,omitempty"`
+	// N is the number of writes (write), or per holding (loop).
+	N int `json:"n,omitempty"`
+	// Every spaces writes (write, loop).
+	Every time.Duration `json:"every,omitempty"`
+	// Keys are the keys a loop picks from; Seed seeds its choices.
+	Keys []string `json:"keys,omitempty"`
+	Seed uint64   `json:"seed,omitempty"`
+	// Target is the command ID cancel cancels.
+	Target int64 `json:"target,omitempty"`
+}
+
+// Reply answers a command.
+type Reply struct {
+	ID       int64  `json:"id"`
+	Outcome  string `json:"outcome"`
+	Err      string `json:"err,omitempty"`
+	Lease    string `json:"lease,omitempty"`
+	Req      string `json:"req,omitempty"`
+	Token    int64  `json:"token,omitempty"`
+	Accepted int    `json:"accepted,omitempty"`
+	Stale    int    `json:"stale,omitempty"`
+	Ops      int64  `json:"ops,omitempty"`
+}
