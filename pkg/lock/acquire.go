@@ -134,7 +134,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				if errors.Is(err, ErrNotFound) || definite(err) {
 					return nil, err
 				}
-				last = err
+				last = keepCause(last, err)
 				_ = back.wait(ctx)
 				continue
 			}
@@ -168,7 +168,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				if a.unknownAt < 0 {
 					a.unknownAt = obj.Status.Transitions
 				}
-				last = err
+				last = keepCause(last, err)
 				_ = back.wait(ctx)
 			}
 			obj = nil
@@ -189,7 +189,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			case apierrors.IsConflict(err):
 				a.c.metrics.conflict(a.op())
 			default:
-				last = err
+				last = keepCause(last, err)
 				_ = back.wait(ctx)
 			}
 			obj = nil
@@ -340,6 +340,16 @@ func (a *attempt) leaveQueue(ctx context.Context) {
 			break
 		}
 	}
+}
+
+// keepCause returns err as the last error worth reporting, unless it is only
+// the caller's deadline cutting a request short: then the error before it (a
+// webhook that failed, an apiserver that refused) says more.
+func keepCause(last, err error) error {
+	if last != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return last
+	}
+	return err
 }
 
 func waitErr(ctx context.Context) error {
