@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kubelock/kubelock/internal/proc"
+
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -104,7 +106,7 @@ type env struct {
 	pkiDir   string
 	logDir   string
 	binDir   string
-	children []*child
+	children []*proc.Child
 	admin    *rest.Config
 
 	operatorLog string
@@ -162,7 +164,7 @@ func Run(ctx context.Context, o Options) (err error) {
 
 	failed := make(chan error, len(e.children))
 	for _, c := range e.children {
-		go func() { <-c.done; failed <- c.exited() }()
+		go func() { <-c.Done(); failed <- c.Exited() }()
 	}
 	select {
 	case <-ctx.Done():
@@ -282,13 +284,13 @@ func (e *env) startEtcd(ctx context.Context) error {
 	if !o.Persist {
 		args = append(args, "--unsafe-no-fsync") // throwaway data: start and write fast
 	}
-	c, err := startChild("etcd", filepath.Join(o.AssetsDir, "etcd"), filepath.Join(e.logDir, "etcd.log"), args...)
+	c, err := proc.Start("etcd", filepath.Join(o.AssetsDir, "etcd"), filepath.Join(e.logDir, "etcd.log"), args...)
 	if err != nil {
 		return err
 	}
 	e.children = append(e.children, c)
 	hc := &http.Client{Timeout: time.Second}
-	err = c.waitFor(ctx, "healthy", o.StartTimeout, func(ctx context.Context) error {
+	err = c.WaitFor(ctx, "healthy", o.StartTimeout, func(ctx context.Context) error {
 		return httpOK(ctx, hc, client+"/health")
 	})
 	if err != nil {
@@ -329,7 +331,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 		"--profiling=false",
 		"--cert-dir=" + filepath.Join(e.pkiDir, "apiserver"),
 	}
-	c, err := startChild("kube-apiserver", filepath.Join(o.AssetsDir, "kube-apiserver"), filepath.Join(e.logDir, "kube-apiserver.log"), args...)
+	c, err := proc.Start("kube-apiserver", filepath.Join(o.AssetsDir, "kube-apiserver"), filepath.Join(e.logDir, "kube-apiserver.log"), args...)
 	if err != nil {
 		return err
 	}
@@ -346,7 +348,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	}
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	defer hc.CloseIdleConnections()
-	err = c.waitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
+	err = c.WaitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
 		return httpOK(ctx, hc, server+"/readyz")
 	})
 	if err != nil {
@@ -439,7 +441,7 @@ func localAddr(port int) string {
 func (e *env) stopChildren() error {
 	var errs []error
 	for i := len(e.children) - 1; i >= 0; i-- {
-		errs = append(errs, e.children[i].stop(20*time.Second))
+		errs = append(errs, e.children[i].Stop(20*time.Second))
 	}
 	e.children = nil
 	return errors.Join(errs...)

@@ -21,8 +21,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	childproc "github.com/kubelock/kubelock/internal/proc"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -78,12 +79,12 @@ type cluster struct {
 	user    *rest.Config // benchUser, no client-side rate limit
 	etcdURL string
 
-	mgr         *child
+	mgr         *childproc.Child
 	mgrMetrics  string // http://127.0.0.1:port/metrics
 	webhookCfg  *admissionregistrationv1.ValidatingWebhookConfiguration
 	vap         *admissionregistrationv1.ValidatingAdmissionPolicy
 	vapBinding  *admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	redis       *child
+	redis       *childproc.Child
 	redisAddr   string
 	probeSerial int
 	logf        func(string, ...any)
@@ -134,10 +135,10 @@ func startCluster(ctx context.Context, dir string, logf func(string, ...any)) (c
 
 func (c *cluster) stop() {
 	if c.redis != nil {
-		_ = c.redis.stop(5 * time.Second)
+		_ = c.redis.Stop(5 * time.Second)
 	}
 	if c.mgr != nil {
-		_ = c.mgr.stop(10 * time.Second)
+		_ = c.mgr.Stop(10 * time.Second)
 	}
 	if c.env != nil {
 		_ = c.env.Stop()
@@ -183,7 +184,7 @@ func (c *cluster) startManager(ctx context.Context) error {
 	if err := c.loadAdmission(caPEM, webhookPort); err != nil {
 		return err
 	}
-	c.mgr, err = startChild("manager", bin, filepath.Join(c.dir, "manager.log"),
+	c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"),
 		"--kubeconfig="+kubeconfig,
 		"--leader-elect=true",
 		"--leader-election-namespace=default",
@@ -198,14 +199,14 @@ func (c *cluster) startManager(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.logf("operator: pid %d, webhook https://127.0.0.1:%d, log %s", c.mgr.cmd.Process.Pid, webhookPort, c.mgr.logPath)
+	c.logf("operator: pid %d, webhook https://127.0.0.1:%d, log %s", c.mgr.Pid(), webhookPort, c.mgr.LogPath)
 	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)
-	if err := c.mgr.waitFor(ctx, "ready", 90*time.Second, func(ctx context.Context) error {
+	if err := c.mgr.WaitFor(ctx, "ready", 90*time.Second, func(ctx context.Context) error {
 		return httpOK(ctx, readyz)
 	}); err != nil {
 		return err
 	}
-	return c.mgr.waitFor(ctx, "leader", 90*time.Second, func(ctx context.Context) error {
+	return c.mgr.WaitFor(ctx, "leader", 90*time.Second, func(ctx context.Context) error {
 		l, err := c.adminCS.CoordinationV1().Leases("default").Get(ctx, leaderElectionID, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -336,24 +337,11 @@ func (c *cluster) activate(ctx context.Context, e engine) error {
 // loses leader election, as in production where its pod would restart).
 func (c *cluster) operatorAlive() error {
 	select {
-	case <-c.mgr.done:
-		return fmt.Errorf("the operator exited (%w); its log %s ends: %s", c.mgr.err, c.mgr.logPath, lastLogLine(c.mgr.logPath))
+	case <-c.mgr.Done():
+		return fmt.Errorf("the operator exited: %w", c.mgr.Exited())
 	default:
 		return nil
 	}
-}
-
-func lastLogLine(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "-"
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	l := lines[len(lines)-1]
-	if len(l) > 300 {
-		l = l[:300]
-	}
-	return l
 }
 
 func (c *cluster) probeLock(ctx context.Context) (*locksv1alpha1.DistributedLock, error) {
@@ -408,13 +396,13 @@ func (c *cluster) startRedis(ctx context.Context) error {
 		return err
 	}
 	c.redisAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
-	c.redis, err = startChild("redis-server", bin, filepath.Join(c.dir, "redis.log"),
+	c.redis, err = childproc.Start("redis-server", bin, filepath.Join(c.dir, "redis.log"),
 		"--bind", "127.0.0.1", "--port", strconv.Itoa(ports[0]), "--save", "", "--appendonly", "no",
 		"--dir", c.dir, "--protected-mode", "yes")
 	if err != nil {
 		return err
 	}
-	return c.redis.waitFor(ctx, "answering", 30*time.Second, func(ctx context.Context) error {
+	return c.redis.WaitFor(ctx, "answering", 30*time.Second, func(ctx context.Context) error {
 		conn, err := net.DialTimeout("tcp", c.redisAddr, time.Second)
 		if err != nil {
 			return err
@@ -691,76 +679,4 @@ func httpGet(ctx context.Context, url string) ([]byte, error) {
 func httpOK(ctx context.Context, url string) error {
 	_, err := httpGet(ctx, url)
 	return err
-}
-
-// --- child processes -------------------------------------------------------------
-
-// child is a process the benchmark started, in its own process group, killed
-// with the benchmark (Pdeathsig).
-type child struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	done    chan struct{}
-	err     error
-}
-
-func startChild(name, path, logPath string, args ...string) (*child, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	c := &child{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	go func() {
-		c.err = cmd.Wait()
-		_ = logf.Close()
-		close(c.done)
-	}()
-	return c, nil
-}
-
-func (c *child) stop(grace time.Duration) error {
-	select {
-	case <-c.done:
-		return nil
-	default:
-	}
-	pid := c.cmd.Process.Pid
-	_ = syscall.Kill(-pid, syscall.SIGTERM)
-	select {
-	case <-c.done:
-		return nil
-	case <-time.After(grace):
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		<-c.done
-		return fmt.Errorf("%s did not stop within %s; killed", c.name, grace)
-	}
-}
-
-func (c *child) waitFor(ctx context.Context, what string, timeout time.Duration, check func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var last error
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-		last = check(cctx)
-		ccancel()
-		if last == nil {
-			return nil
-		}
-		select {
-		case <-c.done:
-			return fmt.Errorf("%s exited (%w); see %s", c.name, c.err, c.logPath)
-		case <-ctx.Done():
-			return fmt.Errorf("%s not %s after %s: %w (log %s)", c.name, what, timeout, last, c.logPath)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }

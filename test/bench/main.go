@@ -261,7 +261,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	defer c.stop()
-	mgrProc := proc{name: "manager", pid: c.mgr.cmd.Process.Pid}
+	mgrProc := proc{name: "manager", pid: c.mgr.Pid()}
 	pw := &procWatch{procs: append([]proc{mgrProc}, childProcs()...)}
 	rep.mgr.rssStart, _ = mgrProc.mem()
 

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package devenv
+package proc
 
 import "syscall"
 
