@@ -63,8 +63,12 @@ $(CONTROL_PLANE_DIR)/kube-apiserver $(CONTROL_PLANE_DIR)/etcd $(CONTROL_PLANE_DI
 	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) hack/build-control-plane.sh
 	@touch $(CONTROL_PLANE_DIR)/kube-apiserver $(CONTROL_PLANE_DIR)/etcd $(CONTROL_PLANE_DIR)/kubectl
 
+.PHONY: test-deps
+test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL server, from Debian's packages).
+	hack/install-postgres.sh
+
 .PHONY: test
-test: manifests generate control-plane ## Run all tests against a real kube-apiserver and etcd.
+test: manifests generate control-plane test-deps ## Run all tests against a real kube-apiserver and etcd.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 
 ##@ Run
