@@ -117,10 +117,12 @@ func metaEntries() []TableEntry {
 		Entry("a lock user with patch adds the force-delete annotation to a held lock (merge patch)", metaHostile{state: metaHeld, by: "mallory",
 			do: metaPatch(types.MergePatchType, forceTrue), want: []string{forceDeleteDenied("mallory")}}),
 		Entry("a lock user with patch adds the force-delete annotation (JSON patch)", metaHostile{state: free, by: "mallory",
-			do: metaPatch(types.JSONPatchType, []map[string]any{{"op": "add", "path": "/metadata/annotations", "value": map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}}}),
+			do:   metaPatch(types.JSONPatchType, []map[string]any{{"op": "add", "path": "/metadata/annotations", "value": map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}}}),
 			want: []string{forceDeleteDenied("mallory")}}),
 		Entry("a lock user with update adds the force-delete annotation (update)", metaHostile{state: metaHeld, by: "mallory",
-			do:   metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Annotations = map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"} }),
+			do: metaUpdate(func(l *locksv1alpha1.DistributedLock) {
+				l.Annotations = map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}
+			}),
 			want: []string{forceDeleteDenied("mallory")}}),
 		Entry("a lock user changes force-delete from false to true", metaHostile{state: metaHeldNotForced, by: "mallory",
 			do: metaPatch(types.MergePatchType, forceTrue), want: []string{forceDeleteDenied("mallory")}}),

@@ -50,9 +50,7 @@ const (
 	metaPolicyName        = policyName + "-metadata"
 	breakglassRole        = "kubelock-breakglass"
 	deleterRole           = "kubelock-test-lock-deleter"
-	// editorRole is what the attack of issue 13 assumed lock users have on the
-	// main resource: everything but force-release.
-	editorRole = "kubelock-test-lock-editor"
+	editorRole            = "kubelock-test-lock-editor"           // what issue 13's attack assumed lock users have: all but force-release
 	webhookDenied         = `admission webhook "vdistributedlock` // .kubelock.io (status) or -meta.kubelock.io
 	// policyDenied names either policy: kubelock-distributedlocks (status) or
 	// kubelock-distributedlocks-metadata (create, update, delete).
@@ -418,7 +416,7 @@ func (s state) build(ctx context.Context, ns string) client.ObjectKey {
 			Namespace: ns, Name: fmt.Sprintf("lock-%d", lockCounter.Add(1)),
 			Annotations: s.annotations, Finalizers: s.finalizers,
 		},
-		Spec:       s.spec,
+		Spec: s.spec,
 	}
 	Expect(env.Client.Create(ctx, l)).To(Succeed())
 	key := client.ObjectKeyFromObject(l)
