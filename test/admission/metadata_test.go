@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"strings"
 
 	"github.com/google/go-cmp/cmp"
 	. "github.com/onsi/ginkgo/v2"
@@ -164,6 +166,24 @@ func metaEntries() []TableEntry {
 	}
 }
 
+// metaMessages[entry][engine] is the denial of each hostile entry, for the
+// comparison of the two engines' words.
+var metaMessages = map[string]map[engine]string{}
+
+var (
+	metaNamespaceRE = regexp.MustCompile(`meta-(webhook|policy)-[a-z0-9]+`)
+	metaLockRE      = regexp.MustCompile(`\b(squat|lock)-[0-9]+\b`)
+)
+
+// metaDenial is the rule text of a denial, with the engine's wrapping, the
+// namespace and the lock's name taken out.
+func metaDenial(err error) string {
+	m := err.Error()
+	m = m[strings.Index(m, "[kubelock:"):]
+	m = metaNamespaceRE.ReplaceAllString(m, "NS")
+	return metaLockRE.ReplaceAllString(m, "LOCK")
+}
+
 var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 	It("gives lock users only the lock-user role of config/rbac", func(ctx SpecContext) {
 		shipped := &rbacv1.ClusterRole{}
@@ -206,6 +226,11 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 					Expect(err.Error()).To(ContainSubstring(denialPrefix(e)), "the engine under test said it")
 					GinkgoWriter.Printf("%s engine: %v\n", e, err)
 					AddReportEntry("message", err.Error(), ReportEntryVisibilityNever)
+					entry := CurrentSpecReport().LeafNodeText
+					if metaMessages[entry] == nil {
+						metaMessages[entry] = map[engine]string{}
+					}
+					metaMessages[entry][e] = metaDenial(err)
 
 					if h.create {
 						err := env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{})
@@ -308,6 +333,22 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 			})
 		})
 	}
+
+	It("words each denial the same in both engines", func() {
+		compared := 0
+		for entry, m := range metaMessages {
+			w, p := m[engineWebhook], m[enginePolicy]
+			if w == "" || p == "" {
+				continue // one engine was focused out
+			}
+			compared++
+			// The policy says the first failing rule; the webhook says every
+			// failing rule, the same first one included.
+			Expect(w).To(ContainSubstring(strings.TrimSuffix(p, "]")), entry)
+			Expect(w[:len("[kubelock:")+12]).To(Equal(p[:len("[kubelock:")+12]), entry)
+		}
+		Expect(compared).To(BeNumerically(">=", 10), "hostile entries denied by both engines")
+	})
 })
 
 // randomSuffix is unique within the suite.
