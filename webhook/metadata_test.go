@@ -1,12 +1,14 @@
 package webhook
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
@@ -245,5 +247,34 @@ func TestSpecDefaultsMatchCRD(t *testing.T) {
 	// What the apiserver fills in equals the list: a defaulted spec is default.
 	if bad := nonDefault(autoCreated()); len(bad) != 0 {
 		t.Fatalf("a defaulted spec is not default: %v", bad)
+	}
+}
+
+// TestPolicySpecDefaultsMatch holds the policy's copy of the defaults
+// (config/policy, variables specFields and specDefaults) to specDefaults.
+func TestPolicySpecDefaultsMatch(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "config", "policy", "metadata_validating_admission_policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := yaml.UnmarshalStrict(b, vap); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	for _, v := range vap.Spec.Variables {
+		vars[v.Name] = v.Expression
+	}
+	var fields, pairs []string
+	for _, d := range specDefaults {
+		fields = append(fields, "'"+d.field+"'")
+		pairs = append(pairs, fmt.Sprintf("'%s': %d", d.field, d.value))
+	}
+	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	if got, want := norm(vars["specFields"]), "["+strings.Join(fields, ", ")+"]"; got != want {
+		t.Errorf("policy specFields = %s, want %s", got, want)
+	}
+	if got, want := norm(vars["specDefaults"]), "{"+strings.Join(pairs, ", ")+"}"; got != want {
+		t.Errorf("policy specDefaults = %s, want %s", got, want)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -80,6 +81,17 @@ func createAs(spec locksv1alpha1.DistributedLockSpec, meta func(*metav1.ObjectMe
 	}
 }
 
+// applyMeta server-side applies metadata to the lock at key as u.
+func applyMeta(meta map[string]any) func(context.Context, *user, client.ObjectKey) error {
+	return func(ctx context.Context, u *user, key client.ObjectKey) error {
+		meta["namespace"], meta["name"] = key.Namespace, key.Name
+		obj := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": locksv1alpha1.GroupVersion.String(), "kind": "DistributedLock", "metadata": meta,
+		}}
+		return u.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(u.name+"-apply"), client.ForceOwnership)
+	}
+}
+
 func deleteAs(ctx context.Context, u *user, key client.ObjectKey) error {
 	return u.c.Delete(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}})
 }
@@ -125,6 +137,9 @@ func metaEntries() []TableEntry {
 			do: metaUpdate(func(l *locksv1alpha1.DistributedLock) {
 				l.Annotations = map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}
 			}),
+			want: []string{forceDeleteDenied("mallory")}}),
+		Entry("a lock user with patch server-side applies the force-delete annotation", metaHostile{state: metaHeld, by: "mallory",
+			do:   applyMeta(map[string]any{"annotations": map[string]any{locksv1alpha1.ForceDeleteAnnotation: "true"}}),
 			want: []string{forceDeleteDenied("mallory")}}),
 		Entry("a lock user changes force-delete from false to true", metaHostile{state: metaHeldNotForced, by: "mallory",
 			do: metaPatch(types.MergePatchType, forceTrue), want: []string{forceDeleteDenied("mallory")}}),
