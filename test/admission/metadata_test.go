@@ -193,8 +193,9 @@ var (
 // metaDenial is the rule text of a denial, with the engine's wrapping, the
 // namespace and the lock's name taken out.
 func metaDenial(err error) string {
-	m := err.Error()
-	m = m[strings.Index(m, "[kubelock:"):]
+	_, m, found := strings.Cut(err.Error(), "[kubelock:")
+	Expect(found).To(BeTrue(), "no rule tag in %v", err)
+	m = "[kubelock:" + m
 	m = metaNamespaceRE.ReplaceAllString(m, "NS")
 	return metaLockRE.ReplaceAllString(m, "LOCK")
 }
