@@ -118,7 +118,7 @@ func ValidateMetadataUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Met
 }
 
 func forceDeleteDenial(namespace, value string, a MetaActor) *field.Error {
-	return deny(forceDeletePath, RuleForceDelete, "user %q may not set the %s annotation (to %q): it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s",
+	return deny(forceDeletePath, RuleForceDelete, "user %q may not set the %s annotation (to \"%s\"): it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s",
 		a.Username, locksv1alpha1.ForceDeleteAnnotation, value, locksv1alpha1.ForceReleaseVerb, namespace)
 }
 
