@@ -20,16 +20,18 @@ import (
 // Path is where the webhook server serves the lock validator.
 const Path = "/validate-locks-kubelock-io-v1alpha1-distributedlock"
 
-// Two registrations of one handler: status writes, and deletes. Spec edits are
-// not intercepted, so `kubectl apply` of locks never waits for (or on) the webhook.
+// Two registrations of one handler: status writes, and the main resource's
+// CREATE, UPDATE and DELETE. The matchConditions keep spec edits away from the
+// webhook, so `kubectl apply` of locks never waits for (or on) it: an UPDATE is
+// sent only when it changes finalizers or the force-delete annotation.
 // +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks/status,verbs=update,versions=v1alpha1,name=vdistributedlock.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
-// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks,verbs=delete,versions=v1alpha1,name=vdistributedlock-delete.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
+// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks,verbs=create;update;delete,versions=v1alpha1,name=vdistributedlock-meta.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"metadata-rules","expression":"request.operation != 'UPDATE' || object.metadata.?finalizers.orValue([]) != oldObject.metadata.?finalizers.orValue([]) || object.metadata.?annotations[?'locks.kubelock.io/force-delete'] != oldObject.metadata.?annotations[?'locks.kubelock.io/force-delete']"}]}`
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // Validator is the admission handler for DistributedLocks.
 type Validator struct {
 	decoder admission.Decoder
-	// sar creates SubjectAccessReviews for the force-release verb.
+	// sar creates SubjectAccessReviews for the force-release and update verbs.
 	sar client.Client
 	// controllers are the user names allowed to expire holdings and drop waiters.
 	controllers map[string]bool
@@ -56,9 +58,12 @@ func (v *Validator) Handle(ctx context.Context, req admission.Request) admission
 		return v.handleStatus(ctx, req)
 	case req.Operation == admissionv1.Delete && req.SubResource == "":
 		return v.handleDelete(ctx, req)
+	case req.Operation == admissionv1.Create && req.SubResource == "":
+		return v.handleCreate(ctx, req)
+	case req.Operation == admissionv1.Update && req.SubResource == "":
+		return v.handleMetadataUpdate(ctx, req)
 	default:
-		// Spec edits cannot touch status (the status subresource resets it) and
-		// the CRD's own rules bound them; creates start without status.
+		// Nothing else is registered.
 		observe("", true)
 		return admission.Allowed("")
 	}
@@ -99,27 +104,88 @@ func (v *Validator) handleDelete(ctx context.Context, req admission.Request) adm
 	return respond(ValidateDelete(oldObj, a))
 }
 
+// handleCreate asks the apiserver only what the lock's contents make relevant:
+// a default lock (what pkg/lock auto-creates) costs no SubjectAccessReview.
+func (v *Validator) handleCreate(ctx context.Context, req admission.Request) admission.Response {
+	obj := &locksv1alpha1.DistributedLock{}
+	if err := v.decoder.DecodeRaw(req.Object, obj); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	a, err := v.metaActor(ctx, req, CreateChecks(obj))
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return respond(ValidateCreate(obj, a))
+}
+
+func (v *Validator) handleMetadataUpdate(ctx context.Context, req admission.Request) admission.Response {
+	oldObj, newObj := &locksv1alpha1.DistributedLock{}, &locksv1alpha1.DistributedLock{}
+	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if err := v.decoder.DecodeRaw(req.Object, newObj); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if !MetadataChanged(oldObj, newObj) {
+		// A spec or label edit (the matchConditions normally keep it away).
+		observe("", true)
+		return admission.Allowed("")
+	}
+	a, err := v.metaActor(ctx, req, UpdateChecks(oldObj, newObj))
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return respond(ValidateMetadataUpdate(oldObj, newObj, a))
+}
+
+// metaActor is the writer with the SubjectAccessReviews c asks for.
+func (v *Validator) metaActor(ctx context.Context, req admission.Request, c MetaChecks) (MetaActor, error) {
+	a := MetaActor{Actor: v.actor(req.UserInfo)}
+	var err error
+	if c.ForceRelease {
+		if a.CanForceRelease, err = v.can(ctx, req, locksv1alpha1.ForceReleaseVerb); err != nil {
+			return a, err
+		}
+	}
+	if c.Update {
+		if a.CanUpdate, err = v.can(ctx, req, UpdateVerb); err != nil {
+			return a, err
+		}
+	}
+	return a, nil
+}
+
 func (v *Validator) actor(u authenticationv1.UserInfo) Actor {
 	return Actor{Username: u.Username, Extra: extra(u.Extra), IsController: v.controllers[u.Username]}
 }
 
 // canForceRelease asks the apiserver whether u has the force-release verb on lock.
 func (v *Validator) canForceRelease(ctx context.Context, u authenticationv1.UserInfo, lock *locksv1alpha1.DistributedLock) (bool, error) {
+	return v.sarAllowed(ctx, u, lock.Namespace, lock.Name, locksv1alpha1.ForceReleaseVerb)
+}
+
+// can asks the apiserver whether the request's user has verb on the request's lock.
+func (v *Validator) can(ctx context.Context, req admission.Request, verb string) (bool, error) {
+	return v.sarAllowed(ctx, req.UserInfo, req.Namespace, req.Name, verb)
+}
+
+// sarAllowed asks with a SubjectAccessReview whether u has verb on lock namespace/name.
+func (v *Validator) sarAllowed(ctx context.Context, u authenticationv1.UserInfo, namespace, name, verb string) (bool, error) {
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User:   u.Username,
 		UID:    u.UID,
 		Groups: u.Groups,
 		Extra:  sarExtra(u.Extra),
 		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: lock.Namespace,
-			Verb:      locksv1alpha1.ForceReleaseVerb,
+			Namespace: namespace,
+			Verb:      verb,
 			Group:     locksv1alpha1.GroupVersion.Group,
 			Resource:  "distributedlocks",
-			Name:      lock.Name,
+			Name:      name,
 		},
 	}}
 	if err := v.sar.Create(ctx, sar); err != nil {
-		return false, fmt.Errorf("webhook: checking the force-release verb with a SubjectAccessReview: %w", err)
+		return false, fmt.Errorf("webhook: checking the %s verb with a SubjectAccessReview: %w", verb, err)
 	}
 	return sar.Status.Allowed, nil
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -46,10 +47,14 @@ const (
 	// defaultControllerExpr is the policy's controllerUser variable as shipped.
 	defaultControllerExpr = "'system:serviceaccount:kubelock-system:kubelock-controller-manager'"
 	policyName            = "kubelock-distributedlocks"
+	metaPolicyName        = policyName + "-metadata"
 	breakglassRole        = "kubelock-breakglass"
 	deleterRole           = "kubelock-test-lock-deleter"
-	webhookDenied         = `admission webhook "vdistributedlock` // .kubelock.io (status) or -delete.kubelock.io
-	policyDenied          = "ValidatingAdmissionPolicy '" + policyName + "'"
+	editorRole            = "kubelock-test-lock-editor"           // what issue 13's attack assumed lock users have: all but force-release
+	webhookDenied         = `admission webhook "vdistributedlock` // .kubelock.io (status) or -meta.kubelock.io
+	// policyDenied names either policy: kubelock-distributedlocks (status) or
+	// kubelock-distributedlocks-metadata (create, update, delete).
+	policyDenied = "ValidatingAdmissionPolicy '" + policyName
 	// podSA is a service account whose bound token names its pod (impersonated).
 	podSA = "system:serviceaccount:apps:worker"
 )
@@ -58,6 +63,7 @@ const (
 type user struct {
 	name string
 	c    client.Client
+	cfg  *rest.Config
 }
 
 var (
@@ -72,6 +78,10 @@ var (
 	stopWebhook     func()
 
 	alice, bob, carol, dave, ctlr, breakglass, deleter, podUser *user
+	// mallory is a lock user who was also given the editor role; lockadmin has
+	// only the editor role's verbs (an administrator of locks); operator has
+	// the editor and the break-glass roles.
+	mallory, lockadmin, operator *user
 
 	lockCounter atomic.Int64
 )
@@ -121,6 +131,17 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	deleter = newUser(ctx, "deleter")
 	bindClusterRole(ctx, deleterRole, rbacv1.UserKind, "deleter")
 
+	Expect(env.Client.Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: editorRole},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks"},
+			Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
+	})).To(Succeed())
+	mallory, lockadmin, operator = newUser(ctx, "mallory"), newUser(ctx, "lockadmin"), newUser(ctx, "operator")
+	for _, u := range []*user{mallory, lockadmin, operator} {
+		bindClusterRole(ctx, editorRole, rbacv1.UserKind, u.name)
+	}
+	bindClusterRole(ctx, breakglassRole, rbacv1.UserKind, operator.name)
+
 	// A pod's service account: its bound token carries the pod's name and UID.
 	bindClusterRole(ctx, testenv.LockUserRole, rbacv1.UserKind, podSA)
 	imp := rest.CopyConfig(env.Config)
@@ -128,7 +149,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
 		kwebhook.ExtraPodName: {"worker-0"}, kwebhook.ExtraPodUID: {"uid-worker-0"},
 	}}
-	podUser = &user{name: podSA, c: newClient(imp)}
+	podUser = &user{name: podSA, c: newClient(imp), cfg: imp}
 
 	stopWebhook = startWebhookServer()
 	DeferCleanup(func() { stopWebhook() })
@@ -146,7 +167,7 @@ func newUser(ctx context.Context, name string) *user {
 	cfg, err := env.UserConfig(ctx, name)
 	Expect(err).NotTo(HaveOccurred())
 	cfg.QPS = -1
-	return &user{name: name, c: newClient(cfg)}
+	return &user{name: name, c: newClient(cfg), cfg: cfg}
 }
 
 func bindClusterRole(ctx context.Context, role, kind, name string) {
@@ -212,20 +233,23 @@ func activate(ctx context.Context, e engine) {
 			Expect(client.IgnoreNotFound(env.Client.Delete(ctx, w.DeepCopy()))).To(Succeed())
 		}
 	}
-	vap, binding := policyObjects()
+	objs := policyObjects()
 	if e == enginePolicy {
-		for _, o := range []client.Object{vap, binding} {
+		for _, o := range objs {
 			if err := env.Client.Create(ctx, o); !apierrors.IsAlreadyExists(err) {
 				Expect(err).NotTo(HaveOccurred())
 			}
 		}
 	} else {
-		Expect(client.IgnoreNotFound(env.Client.Delete(ctx, binding))).To(Succeed())
-		Expect(client.IgnoreNotFound(env.Client.Delete(ctx, vap))).To(Succeed())
+		for _, o := range slices.Backward(objs) {
+			Expect(client.IgnoreNotFound(env.Client.Delete(ctx, o))).To(Succeed())
+		}
 	}
 	ns := namespace(ctx, "probe")
 	// A forged holder: denied by whichever engine is on, stored when none is.
 	Eventually(func() engine { return probe(ctx, ns) }).Should(Equal(e))
+	// The main resource's rules: the second policy, or the second webhook.
+	Eventually(func() engine { return probeMeta(ctx, ns) }).Should(Equal(e))
 	if e != engineWebhook {
 		// The policy runs before webhooks, so also wait until the apiserver
 		// stops calling the webhook at all.
@@ -240,8 +264,9 @@ func activate(ctx context.Context, e engine) {
 	}
 }
 
-// policyObjects reads config/policy and puts the test's controller user in.
-func policyObjects() (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+// policyObjects reads config/policy (both policies, each before its binding)
+// and puts the test's controller user in.
+func policyObjects() []client.Object {
 	dir := filepath.Join(testenv.RepoRoot(), "config", "policy")
 	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
 	readYAML(filepath.Join(dir, "validating_admission_policy.yaml"), vap)
@@ -251,7 +276,15 @@ func policyObjects() (*admissionregistrationv1.ValidatingAdmissionPolicy, *admis
 	Expect(vap.Spec.Variables[0].Expression).To(Equal(defaultControllerExpr))
 	vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
 	Expect(binding.Spec.PolicyName).To(Equal(vap.Name))
-	return vap, binding
+	Expect(vap.Name).To(Equal(policyName))
+
+	meta := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	readYAML(filepath.Join(dir, "metadata_validating_admission_policy.yaml"), meta)
+	metaBinding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	readYAML(filepath.Join(dir, "metadata_validating_admission_policy_binding.yaml"), metaBinding)
+	Expect(meta.Name).To(Equal(metaPolicyName))
+	Expect(metaBinding.Spec.PolicyName).To(Equal(meta.Name))
+	return []client.Object{vap, binding, meta, metaBinding}
 }
 
 // probe writes a holder in someone else's name and reports who denied it.
@@ -260,7 +293,21 @@ func probe(ctx context.Context, ns string) engine {
 	tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
 	Expect(err).NotTo(HaveOccurred())
 	l.Acquire(holder("somebody-else", 1), tok)
-	err = env.Client.Status().Update(ctx, l)
+	return denier(env.Client.Status().Update(ctx, l))
+}
+
+// probeMeta creates (dry run) a lock with a forged force-delete annotation
+// as a lock user and reports who denied it.
+func probeMeta(ctx context.Context, ns string) engine {
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{
+		Namespace: ns, Name: fmt.Sprintf("probe-%d", lockCounter.Add(1)),
+		Annotations: map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"},
+	}}
+	return denier(alice.c.Create(ctx, l, client.DryRunAll))
+}
+
+// denier says which engine denied a write that every engine denies.
+func denier(err error) engine {
 	switch {
 	case err == nil:
 		return engineNone
@@ -357,15 +404,19 @@ type state struct {
 	holder string
 	// waiters name the users queueing in this order (request number 1 each).
 	waiters []string
-	// annotations are set by the administrator.
+	// annotations and finalizers are set by the administrator.
 	annotations map[string]string
+	finalizers  []string
 }
 
 // build creates the lock in ns and brings it into state s.
 func (s state) build(ctx context.Context, ns string) client.ObjectKey {
 	l := &locksv1alpha1.DistributedLock{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("lock-%d", lockCounter.Add(1)), Annotations: s.annotations},
-		Spec:       s.spec,
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: ns, Name: fmt.Sprintf("lock-%d", lockCounter.Add(1)),
+			Annotations: s.annotations, Finalizers: s.finalizers,
+		},
+		Spec: s.spec,
 	}
 	Expect(env.Client.Create(ctx, l)).To(Succeed())
 	key := client.ObjectKeyFromObject(l)
@@ -385,7 +436,7 @@ func (s state) build(ctx context.Context, ns string) client.ObjectKey {
 // who is the user called name; table entries name users because they are
 // built before BeforeSuite creates them.
 func who(name string) *user {
-	for _, u := range []*user{alice, bob, carol, dave, ctlr, breakglass, deleter, podUser} {
+	for _, u := range []*user{alice, bob, carol, dave, ctlr, breakglass, deleter, podUser, mallory, lockadmin, operator} {
 		if u.name == name {
 			return u
 		}

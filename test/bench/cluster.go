@@ -88,6 +88,8 @@ type cluster struct {
 	redisAddr   string
 	probeSerial int
 	logf        func(string, ...any)
+	metaVap     *admissionregistrationv1.ValidatingAdmissionPolicy // the main resource's policy (create, delete)
+	metaBinding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
 func startCluster(ctx context.Context, dir string, logf func(string, ...any)) (c *cluster, err error) {
@@ -250,7 +252,12 @@ func (c *cluster) loadAdmission(caPEM []byte, port int) error {
 		return errors.New("config/policy: the first variable is not controllerUser")
 	}
 	c.vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
-	return nil
+	c.metaVap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := readYAML(filepath.Join(dir, "metadata_validating_admission_policy.yaml"), c.metaVap); err != nil {
+		return err
+	}
+	c.metaBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	return readYAML(filepath.Join(dir, "metadata_validating_admission_policy_binding.yaml"), c.metaBinding)
 }
 
 // activate installs exactly one admission engine (or none) and waits until
@@ -269,12 +276,17 @@ func (c *cluster) activate(ctx context.Context, e engine) error {
 		return err
 	}
 	if e == enginePolicy {
-		for _, o := range []client.Object{c.vap.DeepCopy(), c.vapBinding.DeepCopy()} {
+		for _, o := range []client.Object{c.vap.DeepCopy(), c.vapBinding.DeepCopy(), c.metaVap.DeepCopy(), c.metaBinding.DeepCopy()} {
 			if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 				return err
 			}
 		}
 	} else {
+		for _, o := range []client.Object{c.metaBinding.DeepCopy(), c.metaVap.DeepCopy()} {
+			if err := client.IgnoreNotFound(cl.Delete(ctx, o)); err != nil {
+				return err
+			}
+		}
 		if err := client.IgnoreNotFound(cl.Delete(ctx, c.vapBinding.DeepCopy())); err != nil {
 			return err
 		}

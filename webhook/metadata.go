@@ -1,0 +1,211 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// Rules of the main resource (CREATE, UPDATE and DELETE of distributedlocks;
+// DESIGN.md "Hardening"). RuleHeldDelete (rules.go) also covers finalizers here.
+const (
+	// RuleForceDelete: adding or changing the force-delete annotation needs the force-release verb.
+	RuleForceDelete Rule = "force-delete"
+	// RuleCreate: a creator without update on distributedlocks creates only
+	// locks with the default spec, no finalizers and no force-delete annotation.
+	RuleCreate Rule = "create"
+)
+
+// UpdateVerb is the RBAC verb on distributedlocks that makes a user an
+// administrator of locks: it may create them with any spec.
+const UpdateVerb = "update"
+
+// MetaActor is an Actor with the answers of the SubjectAccessReviews the
+// main-resource rules need. Callers compute each only when MetaChecks says so.
+type MetaActor struct {
+	Actor
+	// CanUpdate: the update verb on distributedlocks.
+	CanUpdate bool
+}
+
+// MetaChecks says which SubjectAccessReviews a main-resource write needs.
+type MetaChecks struct {
+	ForceRelease bool
+	Update       bool
+}
+
+// specDefault is a spec field's default in the CRD (api/v1alpha1 markers).
+type specDefault struct {
+	field string
+	value int64
+}
+
+// specDefaults lists every spec field with its CRD default, in the order
+// denials name them; config/policy's metadata policy has the same list, and
+// TestSpecDefaultsMatchCRD holds it to the CRD. maxWaitersPerUser and
+// maxWaitSeconds are the queue bounds of issue 13 (helper "status"): listing
+// them before they exist costs nothing and keeps lock users' creates working
+// once they do.
+var specDefaults = []specDefault{
+	{"leaseDurationSeconds", 30},
+	{"maxLeaseDurationSeconds", 300},
+	{"maxWaiters", 128},
+	{"handoffTimeoutSeconds", 10},
+	{"maxWaitersPerUser", 16},
+	{"maxWaitSeconds", 3600},
+}
+
+var (
+	metadataPath    = field.NewPath("metadata")
+	finalizersPath  = metadataPath.Child("finalizers")
+	forceDeletePath = metadataPath.Child("annotations").Key(locksv1alpha1.ForceDeleteAnnotation)
+	specPath        = field.NewPath("spec")
+)
+
+// MetadataChanged reports whether an UPDATE of the main resource touches what
+// the main-resource rules guard (finalizers, the force-delete annotation).
+// Every other edit (spec, labels, other annotations) is admitted unchecked.
+// The webhook's matchConditions and the policy's say the same in CEL.
+func MetadataChanged(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
+	o, had := oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation]
+	n, has := newObj.Annotations[locksv1alpha1.ForceDeleteAnnotation]
+	return !slices.Equal(oldObj.Finalizers, newObj.Finalizers) || had != has || o != n
+}
+
+// CreateChecks says which SubjectAccessReviews ValidateCreate needs for lock.
+func CreateChecks(lock *locksv1alpha1.DistributedLock) MetaChecks {
+	_, annotated := lock.Annotations[locksv1alpha1.ForceDeleteAnnotation]
+	return MetaChecks{ForceRelease: annotated, Update: len(nonDefault(lock)) > 0}
+}
+
+// UpdateChecks says which SubjectAccessReviews ValidateMetadataUpdate needs.
+func UpdateChecks(oldObj, newObj *locksv1alpha1.DistributedLock) MetaChecks {
+	return MetaChecks{ForceRelease: forceDeleteSet(oldObj, newObj) || heldFinalizerRemoval(oldObj, newObj)}
+}
+
+// ValidateCreate checks creating lock by a.
+func ValidateCreate(lock *locksv1alpha1.DistributedLock, a MetaActor) field.ErrorList {
+	var errs field.ErrorList
+	if v, ok := lock.Annotations[locksv1alpha1.ForceDeleteAnnotation]; ok && !a.CanForceRelease {
+		errs = append(errs, forceDeleteDenial(lock.Namespace, v, a))
+	}
+	if bad := nonDefault(lock); len(bad) > 0 && !a.CanUpdate {
+		errs = append(errs, deny(specPath, RuleCreate, "user %q may create a lock only with the default spec, no finalizers and no %s annotation (anything else needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s); lock %s sets %s",
+			a.Username, locksv1alpha1.ForceDeleteAnnotation, UpdateVerb, lock.Namespace, lock.Name, strings.Join(bad, ", ")))
+	}
+	return errs
+}
+
+// ValidateMetadataUpdate checks an UPDATE of the main resource, oldObj → newObj, by a.
+func ValidateMetadataUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a MetaActor) field.ErrorList {
+	var errs field.ErrorList
+	if forceDeleteSet(oldObj, newObj) && !a.CanForceRelease {
+		errs = append(errs, forceDeleteDenial(newObj.Namespace, newObj.Annotations[locksv1alpha1.ForceDeleteAnnotation], a))
+	}
+	if heldFinalizerRemoval(oldObj, newObj) && !a.CanForceRelease {
+		h := oldObj.Status.Holder
+		errs = append(errs, deny(finalizersPath, RuleHeldDelete, "lock %s is held by %s (lease %s); removing its finalizers %s is a delete: release it first, or annotate it %s=true, or use an account with the %q verb",
+			oldObj.Name, h.User, h.LeaseID, strings.Join(removedFinalizers(oldObj, newObj), ", "), locksv1alpha1.ForceDeleteAnnotation, locksv1alpha1.ForceReleaseVerb))
+	}
+	return errs
+}
+
+func forceDeleteDenial(namespace, value string, a MetaActor) *field.Error {
+	return deny(forceDeletePath, RuleForceDelete, "user %q may not set the %s annotation (to \"%s\"): it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s",
+		a.Username, locksv1alpha1.ForceDeleteAnnotation, value, locksv1alpha1.ForceReleaseVerb, namespace)
+}
+
+// forceDeleteSet: the write adds the annotation or changes its value.
+// Removing it only makes deleting harder, so it is not guarded.
+func forceDeleteSet(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
+	n, ok := newObj.Annotations[locksv1alpha1.ForceDeleteAnnotation]
+	if !ok {
+		return false
+	}
+	o, had := oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation]
+	return !had || o != n
+}
+
+// heldFinalizerRemoval: the write removes a finalizer of a held lock that is
+// not already marked for forced deletion. The last finalizer's removal
+// completes a pending delete, so it is a delete of the held lock.
+func heldFinalizerRemoval(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
+	return oldObj.Status.Holder != nil &&
+		oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" &&
+		len(removedFinalizers(oldObj, newObj)) > 0
+}
+
+func removedFinalizers(oldObj, newObj *locksv1alpha1.DistributedLock) []string {
+	var out []string
+	for _, f := range oldObj.Finalizers {
+		if !slices.Contains(newObj.Finalizers, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// nonDefault lists what a lock user may not create: spec fields that differ
+// from their defaults (in specDefaults' order, then unknown fields sorted),
+// finalizers and the force-delete annotation. The spec is compared as JSON, the
+// form the policy sees, so a field this package does not know still counts.
+func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
+	var out []string
+	spec, err := specJSON(lock.Spec)
+	if err != nil {
+		// Unreadable is not default: only administrators pass.
+		return []string{fmt.Sprintf("spec (unreadable: %v)", err)}
+	}
+	known := map[string]bool{}
+	for _, d := range specDefaults {
+		known[d.field] = true
+		if v, ok := spec[d.field]; ok && v.String() != fmt.Sprint(d.value) {
+			out = append(out, fmt.Sprintf("spec.%s=%s (default %d)", d.field, v, d.value))
+		}
+	}
+	var unknown []string
+	for k, v := range spec {
+		if !known[k] {
+			unknown = append(unknown, fmt.Sprintf("spec.%s=%s", k, v))
+		}
+	}
+	sort.Strings(unknown)
+	out = append(out, unknown...)
+	if len(lock.Finalizers) > 0 {
+		out = append(out, "metadata.finalizers")
+	}
+	if _, ok := lock.Annotations[locksv1alpha1.ForceDeleteAnnotation]; ok {
+		out = append(out, "annotation "+locksv1alpha1.ForceDeleteAnnotation)
+	}
+	return out
+}
+
+// specJSON is spec as the apiserver stores it: field name → JSON value.
+func specJSON(spec locksv1alpha1.DistributedLockSpec) (map[string]json.Number, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var raw map[string]any
+	if err := d.Decode(&raw); err != nil {
+		return nil, err
+	}
+	out := make(map[string]json.Number, len(raw))
+	for k, v := range raw {
+		if n, ok := v.(json.Number); ok {
+			out[k] = n
+		} else {
+			out[k] = json.Number(fmt.Sprint(v))
+		}
+	}
+	return out, nil
+}

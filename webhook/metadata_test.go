@@ -1,0 +1,280 @@
+package webhook
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+const (
+	finalizer = "example.com/keep"
+	forceKey  = locksv1alpha1.ForceDeleteAnnotation
+)
+
+// defaulted is l as admission sees it after the apiserver applied the CRD's defaults.
+func defaulted(l *locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedLock {
+	l.Spec = locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: ptr(128), HandoffTimeoutSeconds: 10}
+	return l
+}
+
+// autoCreated is what pkg/lock creates on first use.
+func autoCreated() *locksv1alpha1.DistributedLock {
+	l := defaulted(free())
+	l.Labels = map[string]string{locksv1alpha1.AutoCreatedLabel: "true"}
+	l.Annotations = map[string]string{locksv1alpha1.KeyAnnotation: "orders/4711"}
+	return l
+}
+
+func ptr(v int32) *int32 { return &v }
+
+func with(l *locksv1alpha1.DistributedLock, edit func(*locksv1alpha1.DistributedLock)) *locksv1alpha1.DistributedLock {
+	edit(l)
+	return l
+}
+
+func annotate(v string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[forceKey] = v
+	}
+}
+
+func finalize(fs ...string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) { l.Finalizers = fs }
+}
+
+// expectRules checks errs against the wanted rules ("" = allowed), in order.
+func expectRules(t *testing.T, errs field.ErrorList, want ...Rule) {
+	t.Helper()
+	var got []Rule
+	for _, e := range errs {
+		got = append(got, ruleOf(e))
+	}
+	if len(want) == 0 {
+		want = nil
+	}
+	if strings.Join(rulesStrings(got), ",") != strings.Join(rulesStrings(want), ",") {
+		t.Fatalf("rules %v (%v), want %v", got, errs.ToAggregate(), want)
+	}
+}
+
+func rulesStrings(rs []Rule) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = string(r)
+	}
+	return out
+}
+
+func TestValidateCreate(t *testing.T) {
+	user := MetaActor{Actor: Actor{Username: alice}}
+	admin := MetaActor{Actor: Actor{Username: "admin"}, CanUpdate: true}
+	operator := MetaActor{Actor: Actor{Username: "op", CanForceRelease: true}}
+	cases := []struct {
+		name   string
+		lock   *locksv1alpha1.DistributedLock
+		actor  MetaActor
+		checks MetaChecks
+		want   []Rule
+	}{
+		{name: "auto-created lock by a lock user", lock: autoCreated(), actor: user},
+		{name: "spec left out by a lock user", lock: free(), actor: user},
+		{name: "other labels and annotations", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
+			l.Labels = map[string]string{"team": "a"}
+			l.Annotations = map[string]string{"note": "x"}
+		}), actor: user},
+		{name: "lease 3600 by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
+			l.Spec.LeaseDurationSeconds, l.Spec.MaxLeaseDurationSeconds = 3600, 3600
+		}), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "maxWaiters 0 by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr(0) }),
+			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "hand-off 3600 by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) { l.Spec.HandoffTimeoutSeconds = 3600 }),
+			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "finalizer by a lock user", lock: with(autoCreated(), finalize(finalizer)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "force-delete annotation by a lock user", lock: with(autoCreated(), annotate("true")), actor: user,
+			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleForceDelete, RuleCreate}},
+		{name: "any spec and a finalizer by an administrator", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
+			l.Spec.LeaseDurationSeconds, l.Spec.MaxWaiters, l.Finalizers = 3600, ptr(0), []string{finalizer}
+		}), actor: admin, checks: MetaChecks{Update: true}},
+		{name: "force-delete annotation by an administrator without force-release", lock: with(autoCreated(), annotate("true")), actor: admin,
+			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleForceDelete}},
+		{name: "force-delete annotation by an operator without update", lock: with(autoCreated(), annotate("true")), actor: operator,
+			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleCreate}},
+		{name: "force-delete annotation by an operator with update", lock: with(autoCreated(), annotate("true")),
+			actor: MetaActor{Actor: operator.Actor, CanUpdate: true}, checks: MetaChecks{ForceRelease: true, Update: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := CreateChecks(tc.lock); got != tc.checks {
+				t.Fatalf("CreateChecks = %+v, want %+v", got, tc.checks)
+			}
+			expectRules(t, ValidateCreate(tc.lock, tc.actor), tc.want...)
+		})
+	}
+}
+
+func TestCreateMessageNamesWhatIsNotDefault(t *testing.T) {
+	l := with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
+		l.Spec.LeaseDurationSeconds, l.Spec.MaxWaiters, l.Spec.HandoffTimeoutSeconds = 3600, ptr(0), 3600
+		l.Finalizers = []string{finalizer}
+		annotate("true")(l)
+	})
+	errs := ValidateCreate(l, MetaActor{Actor: Actor{Username: alice}})
+	want := `[kubelock:create] user "alice" may create a lock only with the default spec, no finalizers and no locks.kubelock.io/force-delete annotation ` +
+		`(anything else needs the "update" verb on distributedlocks.locks.kubelock.io in namespace ns); lock l sets ` +
+		`spec.leaseDurationSeconds=3600 (default 30), spec.maxWaiters=0 (default 128), spec.handoffTimeoutSeconds=3600 (default 10), ` +
+		`metadata.finalizers, annotation locks.kubelock.io/force-delete`
+	if len(errs) != 2 || errs[1].Detail != want {
+		t.Fatalf("got %v\nwant %s", errs.ToAggregate(), want)
+	}
+	wantForce := `[kubelock:force-delete] user "alice" may not set the locks.kubelock.io/force-delete annotation (to "true"): ` +
+		`it needs the "force-release" verb on distributedlocks.locks.kubelock.io in namespace ns`
+	if errs[0].Detail != wantForce {
+		t.Fatalf("got %s\nwant %s", errs[0].Detail, wantForce)
+	}
+}
+
+func TestValidateMetadataUpdate(t *testing.T) {
+	mallory := MetaActor{Actor: Actor{Username: "mallory"}}
+	operator := MetaActor{Actor: Actor{Username: "op", CanForceRelease: true}}
+	heldFinalized := func() *locksv1alpha1.DistributedLock { return with(heldBy(alice), finalize(finalizer, "other/f")) }
+	cases := []struct {
+		name    string
+		old     *locksv1alpha1.DistributedLock
+		edit    func(*locksv1alpha1.DistributedLock)
+		actor   MetaActor
+		changed bool
+		checks  MetaChecks
+		want    []Rule
+	}{
+		{name: "spec edit", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Spec.LeaseDurationSeconds = 60 }, actor: mallory},
+		{name: "other annotation", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Annotations = map[string]string{"x": "y"} }, actor: mallory},
+		{name: "add force-delete to a held lock", old: heldBy(alice), edit: annotate("true"), actor: mallory,
+			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete}},
+		{name: "add force-delete to a free lock", old: free(), edit: annotate("true"), actor: mallory,
+			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete}},
+		{name: "change force-delete", old: with(heldBy(alice), annotate("false")), edit: annotate("true"), actor: mallory,
+			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete}},
+		{name: "add force-delete with the verb", old: heldBy(alice), edit: annotate("true"), actor: operator,
+			changed: true, checks: MetaChecks{ForceRelease: true}},
+		{name: "remove force-delete", old: with(heldBy(alice), annotate("true")), edit: func(l *locksv1alpha1.DistributedLock) { delete(l.Annotations, forceKey) },
+			actor: mallory, changed: true},
+		{name: "remove a finalizer of a held lock", old: heldFinalized(), edit: finalize("other/f"), actor: mallory,
+			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleHeldDelete}},
+		{name: "remove all finalizers of a held lock", old: heldFinalized(), edit: finalize(), actor: mallory,
+			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleHeldDelete}},
+		{name: "remove a finalizer of a held lock and add force-delete", old: heldFinalized(), edit: func(l *locksv1alpha1.DistributedLock) {
+			finalize()(l)
+			annotate("true")(l)
+		}, actor: mallory, changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete, RuleHeldDelete}},
+		{name: "remove a finalizer of a held lock with the verb", old: heldFinalized(), edit: finalize(), actor: operator,
+			changed: true, checks: MetaChecks{ForceRelease: true}},
+		{name: "remove a finalizer of a held lock marked for forced deletion", old: with(heldFinalized(), annotate("true")), edit: finalize(),
+			actor: mallory, changed: true},
+		{name: "remove a finalizer of a free lock", old: with(free(), finalize(finalizer)), edit: finalize(), actor: mallory, changed: true},
+		{name: "add a finalizer to a held lock", old: heldBy(alice), edit: finalize(finalizer), actor: mallory, changed: true},
+		{name: "reorder finalizers of a held lock", old: heldFinalized(), edit: finalize("other/f", finalizer), actor: mallory, changed: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			next := tc.old.DeepCopy()
+			tc.edit(next)
+			if got := MetadataChanged(tc.old, next); got != tc.changed {
+				t.Fatalf("MetadataChanged = %v, want %v", got, tc.changed)
+			}
+			if got := UpdateChecks(tc.old, next); got != tc.checks {
+				t.Fatalf("UpdateChecks = %+v, want %+v", got, tc.checks)
+			}
+			expectRules(t, ValidateMetadataUpdate(tc.old, next, tc.actor), tc.want...)
+		})
+	}
+}
+
+func TestHeldFinalizerMessage(t *testing.T) {
+	old := with(heldBy(alice), finalize(finalizer))
+	errs := ValidateMetadataUpdate(old, with(old.DeepCopy(), finalize()), MetaActor{Actor: Actor{Username: "mallory"}})
+	want := `[kubelock:held-delete] lock l is held by alice (lease lease-a); removing its finalizers example.com/keep is a delete: ` +
+		`release it first, or annotate it locks.kubelock.io/force-delete=true, or use an account with the "force-release" verb`
+	if len(errs) != 1 || errs[0].Detail != want {
+		t.Fatalf("got %v\nwant %s", errs.ToAggregate(), want)
+	}
+}
+
+// TestSpecDefaultsMatchCRD holds specDefaults (and so the policy's copy, which
+// test/admission proves equal) to the generated CRD: every spec field of the
+// CRD has its default in the list.
+func TestSpecDefaultsMatchCRD(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "config", "crd", "bases", "locks.kubelock.io_distributedlocks.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(b, crd); err != nil {
+		t.Fatal(err)
+	}
+	defaults := map[string]int64{}
+	for _, d := range specDefaults {
+		defaults[d.field] = d.value
+	}
+	for _, v := range crd.Spec.Versions {
+		props := v.Schema.OpenAPIV3Schema.Properties["spec"].Properties
+		if len(props) == 0 {
+			t.Fatalf("%s: no spec properties", v.Name)
+		}
+		for name, p := range props {
+			want, ok := defaults[name]
+			if !ok {
+				t.Errorf("%s: spec.%s is not in specDefaults (webhook/metadata.go) nor in the policy's specDefaults", v.Name, name)
+				continue
+			}
+			if p.Default == nil || string(p.Default.Raw) != strconv.FormatInt(want, 10) {
+				t.Errorf("%s: spec.%s defaults to %v in the CRD, %d in specDefaults", v.Name, name, p.Default, want)
+			}
+		}
+	}
+	// What the apiserver fills in equals the list: a defaulted spec is default.
+	if bad := nonDefault(autoCreated()); len(bad) != 0 {
+		t.Fatalf("a defaulted spec is not default: %v", bad)
+	}
+}
+
+// TestPolicySpecDefaultsMatch holds the policy's copy of the defaults
+// (config/policy, variables specFields and specDefaults) to specDefaults.
+func TestPolicySpecDefaultsMatch(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "config", "policy", "metadata_validating_admission_policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := yaml.UnmarshalStrict(b, vap); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{}
+	for _, v := range vap.Spec.Variables {
+		vars[v.Name] = v.Expression
+	}
+	var fields, pairs []string
+	for _, d := range specDefaults {
+		fields = append(fields, "'"+d.field+"'")
+		pairs = append(pairs, fmt.Sprintf("'%s': %d", d.field, d.value))
+	}
+	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	if got, want := norm(vars["specFields"]), "["+strings.Join(fields, ", ")+"]"; got != want {
+		t.Errorf("policy specFields = %s, want %s", got, want)
+	}
+	if got, want := norm(vars["specDefaults"]), "{"+strings.Join(pairs, ", ")+"}"; got != want {
+		t.Errorf("policy specDefaults = %s, want %s", got, want)
+	}
+}
