@@ -43,6 +43,9 @@ func Main(args []string) int {
 
 // Run is Main with explicit streams, for tests.
 func Run(ctx context.Context, args []string, s Streams) int {
+	if len(args) > 1 && args[1] == guardCommand {
+		return runGuard(args[2:], s)
+	}
 	cmd := newRootCommand(s)
 	if len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "kubectl-") {
 		// Started by kubectl as a plugin: help and usage say "kubectl lock".
