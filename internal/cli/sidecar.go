@@ -42,10 +42,17 @@ it again whenever it is lost. While held, the fencing token is in --token-file
   GET /healthz   200 while the process runs
   GET /readyz    200 only while the lock is held, else 503 (active/passive pods)
 
-are served on --listen. On SIGTERM or SIGINT it stops being ready, releases
-the lock and exits 0. Run it as a Kubernetes native sidecar (an initContainer
-with restartPolicy: Always) and point the pod's readinessProbe at /readyz.
-The token file's default is /run/kubelock/<name>/token.`,
+are served on --listen (default ` + DefaultSidecarListen + `: the pod's containers only). On
+SIGTERM or SIGINT it stops being ready, releases the lock and exits 0. Run it
+as a Kubernetes native sidecar (an initContainer with restartPolicy: Always)
+with exec probes, "kubelock probe readyz" as the readinessProbe and "kubelock
+probe healthz" as the livenessProbe. The token file's default is
+/run/kubelock/<name>/token.
+
+It exits on bad flags, a missing lock (without --create) and refusals by RBAC.
+Denials that depend on the lock's state — a kubelock admission rule or the
+lock's validation (exit code 77 elsewhere) — are logged and retried with
+back-off, as are unreachable apiservers: they change when the lock does.`,
 		Args: exactArgs(1, "one KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key := args[0]

@@ -80,6 +80,14 @@ var _ = Describe("kubelock sidecar", func() {
 
 		code, _ := get("/healthz")
 		Expect(code).To(Equal(http.StatusOK))
+		// The exec probes of the sample: kubelock probe against the sidecar's address.
+		probe := func(what string) *gexec.Session {
+			return kl(other, ns, "probe", what, "--listen", strings.TrimPrefix(base, "http://"))
+		}
+		Expect(probe("healthz")).To(gexec.Exit(0))
+		notReady := probe("readyz")
+		Expect(notReady).To(gexec.Exit(icli.ExitError))
+		Expect(stderrLines(notReady)).To(ConsistOf(ContainSubstring("503 Service Unavailable: lock not held")))
 		Eventually(func() int {
 			q := view().Queue
 			if q == nil {
@@ -107,6 +115,7 @@ var _ = Describe("kubelock sidecar", func() {
 			return v.Token
 		}
 		first := agree()
+		Expect(probe("readyz")).To(gexec.Exit(0))
 		firstLease := view().LeaseID
 
 		// Lost (force-released): the sidecar queues again and takes the lock with a higher token.
