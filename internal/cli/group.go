@@ -15,6 +15,7 @@ const guardCommand = "__run-guard"
 // process dies, even by SIGKILL; elsewhere the command is this process's child.
 type group struct {
 	pgid   int
+	guard  int           // the guard's pid, 0 without one
 	exited chan struct{} // closed once the command ended; then ws or err is set
 	ws     syscall.WaitStatus
 	err    error // the command's status is unknown (its guard died)

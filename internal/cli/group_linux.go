@@ -84,7 +84,7 @@ func startGroup(path string, argv, env []string, s Streams) (*group, error) {
 		}
 		return nil, errors.New("the run guard ended before it started the command")
 	}
-	g := &group{pgid: pgid, exited: make(chan struct{}), done: stop}
+	g := &group{pgid: pgid, guard: guard.Process.Pid, exited: make(chan struct{}), done: stop}
 	go g.watchGuard(lines, statusR)
 	return g, nil
 }
