@@ -48,7 +48,7 @@ func runGuard(args []string, s Streams) int {
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
 	if err != nil {
-		_, _ = fmt.Fprintf(status, "error %s\n", err)
+		_, _ = fmt.Fprintf(status, "error %s\n", printable(err.Error())) // one line, whatever the path holds
 		return ExitCommandNotExecutable
 	}
 	pgid := p.Pid

@@ -121,6 +121,7 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 	defer g.finish()
 	var (
 		lostErr  error
+		lost     = l.Done() // nil once handled: a closed channel is always ready
 		killAt   <-chan time.Time
 		deadline time.Time // when the group gets SIGKILL, once it got SIGTERM
 	)
@@ -130,8 +131,9 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 			if sig, ok := s.(syscall.Signal); ok {
 				g.signal(sig)
 			}
-		case <-l.Done():
-			if lostErr == nil && !errors.Is(context.Cause(l.Context()), lock.ErrReleased) {
+		case <-lost:
+			lost = nil
+			if !errors.Is(context.Cause(l.Context()), lock.ErrReleased) {
 				lostErr = context.Cause(l.Context())
 				now := time.Now()
 				deadline = graceUntil(now, grace, l.ExpiresAt())
