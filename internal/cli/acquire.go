@@ -179,8 +179,8 @@ func newReleaseCommand(o *options) *cobra.Command {
 				return notFound(err, c.Namespace(), key, false)
 			}
 			name, _ := lock.NameForKey(key)
-			_, err = fmt.Fprintf(o.streams.Out, "released %s/%s (lease %s)\n", c.Namespace(), name, leaseID)
-			return err
+			printf(o.streams.Out, "released %s/%s (lease %s)\n", c.Namespace(), name, leaseID)
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&leaseID, "lease-id", "", "the lease to release, as printed by acquire (required)")
@@ -214,12 +214,12 @@ lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
 			}
 			name, _ := lock.NameForKey(key)
 			if ended == nil {
-				_, err = fmt.Fprintf(o.streams.Out, "%s/%s was not held; nothing to release\n", c.Namespace(), name)
-				return err
+				printf(o.streams.Out, "%s/%s was not held; nothing to release\n", c.Namespace(), name)
+				return nil
 			}
-			_, err = fmt.Fprintf(o.streams.Out, "force-released %s/%s: ended lease %s of %s (token %d)\n",
+			printf(o.streams.Out, "force-released %s/%s: ended lease %s of %s (token %d)\n",
 				c.Namespace(), name, ended.LeaseID, ended.Identity, ended.FencingToken)
-			return err
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the lock's history and event (required, at most 256 characters)")
@@ -276,8 +276,8 @@ func (p *progress) drawLocked() {
 	if h := p.q.Holder; h != nil {
 		holder = "held by " + h.Identity
 	}
-	line := fmt.Sprintf("waiting for %s: position %d of %d, %s, %s elapsed", p.name, p.q.Position, p.q.Waiters, holder,
-		duration.HumanDuration(time.Since(p.start)))
+	line := printable(fmt.Sprintf("waiting for %s: position %d of %d, %s, %s elapsed", p.name, p.q.Position, p.q.Waiters, holder,
+		duration.HumanDuration(time.Since(p.start))))
 	if p.tty {
 		_, _ = fmt.Fprintf(p.w, "\r\x1b[K%s", line)
 	} else {

@@ -22,9 +22,9 @@ const (
 	ExitOK = 0
 	// ExitError: any failure not listed below.
 	ExitError = 1
-	// ExitUsage: bad flags or arguments, an invalid key or lease (also one the
-	// apiserver rejects as invalid, such as a lease above the lock's maximum),
-	// --wait beyond its bound, or no usable kubeconfig (sysexits EX_USAGE).
+	// ExitUsage: bad flags or arguments (an invalid key, a lease or --wait out
+	// of bounds), checked before anything is sent, or no usable kubeconfig
+	// (sysexits EX_USAGE). An answer of the apiserver is never a usage error.
 	ExitUsage = 64
 	// ExitNotFound: the lock (or the lease to release) does not exist (EX_NOINPUT).
 	ExitNotFound = 66
@@ -34,8 +34,11 @@ const (
 	ExitNotAcquired = 73
 	// ExitLockLost: the lock was lost while held; `run` stopped its command (EX_TEMPFAIL).
 	ExitLockLost = 75
-	// ExitPermission: the apiserver or admission denied the request (EX_NOPERM).
-	ExitPermission = 77
+	// ExitDenied: the apiserver refused the request: RBAC or authentication
+	// (401/403), admission (403, a "[kubelock:<rule>]" message) or the CRD's
+	// validation rules (422 Invalid, e.g. a lease above the lock's maximum)
+	// (EX_NOPERM).
+	ExitDenied = 77
 	// ExitCommandNotFound and ExitCommandNotExecutable: `run` could not start its command (as in a shell).
 	ExitCommandNotExecutable = 126
 	ExitCommandNotFound      = 127
@@ -45,17 +48,18 @@ const (
 var exitCodesHelp = fmt.Sprintf(`Exit codes:
   %3d  ok (run: the command's own exit code, 128+N if signal N ended it)
   %3d  other error
-  %3d  usage: bad flags or arguments, invalid key or lease (e.g. above the lock's maximum),
-       --wait beyond its bound, no usable kubeconfig
+  %3d  usage: bad flags or arguments (invalid key, lease or --wait out of bounds),
+       no usable kubeconfig
   %3d  lock or lease not found
   %3d  apiserver unreachable or unavailable
   %3d  could not acquire: held by another holder, wait timed out, or queue full
   %3d  lock lost while held (run: the command was stopped)
-  %3d  permission denied (RBAC or admission)
+  %3d  denied by the apiserver: RBAC, admission (a [kubelock:<rule>] message) or
+       the lock's validation rules (e.g. a lease above the lock's maximum)
   %3d  run: command not executable
   %3d  run: command not found`,
 	ExitOK, ExitError, ExitUsage, ExitNotFound, ExitUnreachable, ExitNotAcquired,
-	ExitLockLost, ExitPermission, ExitCommandNotExecutable, ExitCommandNotFound)
+	ExitLockLost, ExitDenied, ExitCommandNotExecutable, ExitCommandNotFound)
 
 // exitError carries an exit code, and a message unless it is silent.
 type exitError struct {
@@ -94,14 +98,20 @@ func exitCode(err error) int {
 		return ExitNotAcquired
 	case errors.Is(err, lock.ErrNotFound), apierrors.IsNotFound(err):
 		return ExitNotFound
-	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
-		return ExitPermission
-	case apierrors.IsInvalid(err), clientcmd.IsConfigurationInvalid(err), clientcmd.IsEmptyConfig(err):
+	case denied(err):
+		return ExitDenied
+	case clientcmd.IsConfigurationInvalid(err), clientcmd.IsEmptyConfig(err):
 		return ExitUsage
 	case unreachable(err):
 		return ExitUnreachable
 	}
 	return ExitError
+}
+
+// denied reports answers of the apiserver that refuse the request as it was
+// sent: authentication, authorization, admission and the CRD's validation.
+func denied(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsInvalid(err)
 }
 
 // unreachable reports errors that mean no apiserver answered, or it answered
@@ -136,11 +146,12 @@ func notFound(err error, ns, key string, canCreate bool) error {
 }
 
 // oneLine is err as a single line for stderr: pkg/lock's nested "kubelock: "
-// prefixes collapsed, newlines folded, one "kubelock: " prefix in front.
+// prefixes collapsed, newlines folded, control characters escaped (errors
+// quote identities and messages from the lock), one "kubelock: " prefix in front.
 func oneLine(err error) string {
 	msg := strings.Join(strings.Fields(err.Error()), " ")
 	msg = strings.ReplaceAll(msg, ": kubelock: ", ": ")
 	msg = strings.TrimPrefix(msg, "kubelock: ")
 	msg = strings.TrimPrefix(msg, "error: ")
-	return "kubelock: " + msg
+	return "kubelock: " + printable(msg)
 }

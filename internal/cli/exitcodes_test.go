@@ -11,9 +11,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 )
@@ -33,8 +35,10 @@ func TestExitCode(t *testing.T) {
 		{"queue full", lock.ErrQueueFull, ExitNotAcquired},
 		{"not found", fmt.Errorf("%w: default/x", lock.ErrNotFound), ExitNotFound},
 		{"api not found", apierrors.NewNotFound(gr, "x"), ExitNotFound},
-		{"forbidden", apierrors.NewForbidden(gr, "x", errors.New("no")), ExitPermission},
-		{"unauthorized", apierrors.NewUnauthorized("who"), ExitPermission},
+		{"forbidden", apierrors.NewForbidden(gr, "x", errors.New("no")), ExitDenied},
+		{"unauthorized", apierrors.NewUnauthorized("who"), ExitDenied},
+		{"admission", admissionDenial(gr), ExitDenied},
+		{"invalid (the CRD's rules)", crdDenial(gr), ExitDenied},
 		{"unavailable", apierrors.NewServiceUnavailable("etcd"), ExitUnreachable},
 		{"refused", fmt.Errorf("learning the user: %w", refused), ExitUnreachable},
 		{"usage", usageErrorf("bad"), ExitUsage},
@@ -78,6 +82,8 @@ func TestArgumentErrorsNeedNoServer(t *testing.T) {
 		{[]string{"release", "x"}, ExitUsage, "--lease-id is required"},
 		{[]string{"force-release", "x"}, ExitUsage, "--reason is required"},
 		{[]string{"run", "x", "true"}, ExitUsage, "KEY -- CMD"},
+		{[]string{"probe", "ready"}, ExitUsage, "expected readyz or healthz"},
+		{[]string{"probe"}, ExitUsage, "expected readyz or healthz"},
 		{[]string{"run", "x", "--", "/does/not/exist"}, ExitCommandNotFound, "no such file"},
 		{[]string{"get", "x", "--kubeconfig", filepath.Join(os.TempDir(), "kubelock-missing-kubeconfig")}, ExitUsage, "no usable Kubernetes configuration"},
 	}
@@ -113,5 +119,62 @@ func TestWriteTokenFileReplaces(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Dir(path))
 	if len(entries) != 1 {
 		t.Errorf("temporary files left behind: %v", entries)
+	}
+}
+
+func admissionDenial(gr schema.GroupResource) error {
+	return apierrors.NewForbidden(gr, "x", errors.New(`admission webhook "vdistributedlock.kubelock.io" denied the request: `+
+		`status.holder: Forbidden: [kubelock:holder-only] only the holder's user may release it`))
+}
+
+func crdDenial(gr schema.GroupResource) error {
+	return apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "DistributedLock"}, "x", field.ErrorList{
+		field.Invalid(field.NewPath("status", "holder", "leaseDurationSeconds"), 600, "must not exceed spec.maxLeaseDurationSeconds"),
+	})
+}
+
+func TestSidecarPermanent(t *testing.T) {
+	gr := schema.GroupResource{Group: "locks.kubelock.io", Resource: "distributedlocks"}
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"usage", usageErrorf("bad"), true},
+		{"not found", fmt.Errorf("%w: default/x", lock.ErrNotFound), true},
+		{"RBAC", apierrors.NewForbidden(gr, "x", errors.New(`User "u" cannot update resource "distributedlocks/status"`)), true},
+		{"unauthorized", apierrors.NewUnauthorized("who"), true},
+		{"admission rule", fmt.Errorf("acquire: %w", admissionDenial(gr)), false},
+		{"CRD rule", fmt.Errorf("acquire: %w", crdDenial(gr)), false},
+		{"unreachable", apierrors.NewServiceUnavailable("etcd"), false},
+		{"other", errors.New("boom"), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := permanent(tc.err); got != tc.want {
+				t.Errorf("permanent(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestGraceUntil(t *testing.T) {
+	cases := []struct {
+		name     string
+		grace    time.Duration
+		leaseEnd time.Duration // from now
+		want     time.Duration // from now
+	}{
+		{"grace first", 10 * time.Second, time.Minute, 10 * time.Second},
+		{"lease first", time.Hour, 3 * time.Second, 3 * time.Second},
+		{"lease already over", 10 * time.Second, -time.Second, 0},
+		{"no grace", 0, time.Minute, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := graceUntil(now, tc.grace, now.Add(tc.leaseEnd)); !got.Equal(now.Add(tc.want)) {
+				t.Errorf("graceUntil = now%+v, want now%+v", got.Sub(now), tc.want)
+			}
+		})
 	}
 }

@@ -111,7 +111,7 @@ func (o *options) list(ctx context.Context, all bool) error {
 			if all {
 				_, err = fmt.Fprintln(o.streams.ErrOut, "No locks found.")
 			} else {
-				_, err = fmt.Fprintf(o.streams.ErrOut, "No locks found in namespace %s.\n", ns)
+				printf(o.streams.ErrOut, "No locks found in namespace %s.\n", ns)
 			}
 			return err
 		}

@@ -1,35 +1,27 @@
 package cli
 
 import (
-	"os/exec"
 	"syscall"
 	"time"
 )
 
-// group is run's command in a process group of its own, so signals reach
-// everything it started, grandchildren included.
-type group struct {
-	cmd    *exec.Cmd
-	pgid   int
-	exited chan struct{} // closed once cmd.Wait returned
-}
+// guardCommand, as kubelock's first argument, makes it run's guard process
+// (runGuard); it is not a command of the CLI and appears in no help.
+const guardCommand = "__run-guard"
 
-func startGroup(path string, argv, env []string, s Streams) (*group, error) {
-	becomeSubreaper()
-	cmd := &exec.Cmd{
-		Path: path, Args: argv, Env: env,
-		Stdin: s.In, Stdout: s.Out, Stderr: s.ErrOut,
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	g := &group{cmd: cmd, pgid: cmd.Process.Pid, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait() // the exit status is in cmd.ProcessState
-		close(g.exited)
-	}()
-	return g, nil
+// group is run's command in a process group of its own, so signals reach
+// everything it started, grandchildren included. On Linux a guard process
+// (see guard_linux.go) starts the command and kills the group when this
+// process dies, even by SIGKILL; elsewhere the command is this process's child.
+type group struct {
+	pgid   int
+	guard  int           // the guard's pid, 0 without one
+	exited chan struct{} // closed once the command ended; then ws or err is set
+	ws     syscall.WaitStatus
+	err    error // the command's status is unknown (its guard died)
+	// done lets go of the group once it is empty: the guard exits. Nil
+	// without a guard.
+	done func()
 }
 
 // signal sends sig to every process of the group.
@@ -70,15 +62,38 @@ func (g *group) drain(killAt time.Time) {
 	}
 }
 
+// finish lets the guard go (it SIGKILLs whatever is still in the group).
+func (g *group) finish() {
+	if g.done != nil {
+		g.done()
+		g.done = nil
+	}
+}
+
 // exitCode is the command's exit code as an error for Run (nil for 0), 128+N
 // when signal N ended it, as shells report it.
 func (g *group) exitCode() error {
-	st := g.cmd.ProcessState
-	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return withCode(128+int(ws.Signal()), nil)
-	}
-	if code := st.ExitCode(); code != 0 {
-		return withCode(code, nil)
+	switch {
+	case g.err != nil:
+		return withCode(ExitError, g.err)
+	case g.ws.Signaled():
+		return withCode(128+int(g.ws.Signal()), nil)
+	case g.ws.ExitStatus() != 0:
+		return withCode(g.ws.ExitStatus(), nil)
 	}
 	return nil
+}
+
+// graceUntil is when the group gets SIGKILL after a SIGTERM at now: grace
+// later, but never after the lease's safe deadline, so that nothing of the
+// command runs once someone else could hold the lock.
+func graceUntil(now time.Time, grace time.Duration, leaseEnd time.Time) time.Time {
+	at := now.Add(grace)
+	if leaseEnd.Before(at) {
+		at = leaseEnd
+	}
+	if at.Before(now) {
+		return now
+	}
+	return at
 }

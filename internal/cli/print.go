@@ -116,7 +116,7 @@ func printLockTable(w io.Writer, locks []locksv1alpha1.DistributedLock, now time
 		head = append(head, "KEY")
 	}
 	head = append(head, "HOLDER", "TOKEN", "EXPIRES-IN", "WAITERS", "AGE")
-	_, _ = fmt.Fprintln(tw, strings.Join(head, "\t"))
+	printRow(tw, "", head...)
 	for i := range locks {
 		l := &locks[i]
 		var row []string
@@ -133,7 +133,7 @@ func printLockTable(w io.Writer, locks []locksv1alpha1.DistributedLock, now time
 		}
 		row = append(row, holder, strconv.FormatInt(l.Status.FencingToken, 10), expiresIn(l, now),
 			strconv.Itoa(len(l.Status.Waiters)), age(l.CreationTimestamp.Time, now))
-		_, _ = fmt.Fprintln(tw, strings.Join(row, "\t"))
+		printRow(tw, "", row...)
 	}
 	return tw.Flush()
 }
@@ -158,7 +158,7 @@ func until(t time.Time, now time.Time) string {
 // table when they could not be read.
 func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1.Event, eventsNote string, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	p := func(format string, args ...any) { _, _ = fmt.Fprintf(tw, format+"\n", args...) }
+	p := func(format string, args ...any) { printf(tw, format+"\n", args...) }
 	secs := func(s int32) string { return (time.Duration(s) * time.Second).String() }
 	p("Name:\t%s", l.Name)
 	p("Namespace:\t%s", l.Namespace)
@@ -201,41 +201,40 @@ func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1
 	}
 
 	section(w, "Queue", len(l.Status.Waiters), func(tw *tabwriter.Writer) {
-		_, _ = fmt.Fprintln(tw, "  POSITION\tIDENTITY\tUSER\tWAITING\tGIVES UP\tREQUEST-ID")
+		printRow(tw, "  ", "POSITION", "IDENTITY", "USER", "WAITING", "GIVES UP", "REQUEST-ID")
 		for i, q := range l.Status.Waiters {
-			_, _ = fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\n", i+1, q.Identity, q.User,
+			printRow(tw, "  ", strconv.Itoa(i+1), q.Identity, q.User,
 				duration.HumanDuration(now.Sub(q.EnqueueTime.Time)), until(q.Deadline.Time, now), q.RequestID)
 		}
 	})
 	section(w, "Recent acquisitions (oldest first)", len(l.Status.RecentAcquisitions), func(tw *tabwriter.Writer) {
-		_, _ = fmt.Fprintln(tw, "  TOKEN\tIDENTITY\tENDED\tREASON\tBY\tLEASE-ID\tMESSAGE")
+		printRow(tw, "  ", "TOKEN", "IDENTITY", "ENDED", "REASON", "BY", "LEASE-ID", "MESSAGE")
 		for _, f := range l.Status.RecentAcquisitions {
-			_, _ = fmt.Fprintf(tw, "  %d\t%s\t%s ago\t%s\t%s\t%s\t%s\n", f.FencingToken, f.Identity,
-				duration.HumanDuration(now.Sub(f.EndTime.Time)), f.EndReason, f.EndedBy, f.LeaseID, orDash(f.Message))
+			printRow(tw, "  ", strconv.FormatInt(f.FencingToken, 10), f.Identity,
+				duration.HumanDuration(now.Sub(f.EndTime.Time))+" ago", string(f.EndReason), f.EndedBy, f.LeaseID, orDash(f.Message))
 		}
 	})
 	section(w, "Conditions", len(l.Status.Conditions), func(tw *tabwriter.Writer) {
-		_, _ = fmt.Fprintln(tw, "  TYPE\tSTATUS\tREASON\tSINCE\tMESSAGE")
+		printRow(tw, "  ", "TYPE", "STATUS", "REASON", "SINCE", "MESSAGE")
 		for _, c := range l.Status.Conditions {
-			_, _ = fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason,
+			printRow(tw, "  ", c.Type, string(c.Status), c.Reason,
 				duration.HumanDuration(now.Sub(c.LastTransitionTime.Time)), orDash(c.Message))
 		}
 	})
 	if eventsNote != "" {
-		_, err := fmt.Fprintf(w, "%s%s\n", label("Events"), eventsNote)
-		return err
+		printf(w, "%s%s\n", label("Events"), eventsNote)
+		return nil
 	}
 	sort.SliceStable(events, func(i, j int) bool { return eventTime(&events[i]).Before(eventTime(&events[j])) })
 	section(w, "Events", len(events), func(tw *tabwriter.Writer) {
-		_, _ = fmt.Fprintln(tw, "  TYPE\tREASON\tAGE\tFROM\tMESSAGE")
+		printRow(tw, "  ", "TYPE", "REASON", "AGE", "FROM", "MESSAGE")
 		for i := range events {
 			e := &events[i]
 			from := e.ReportingController
 			if from == "" {
 				from = e.Source.Component
 			}
-			_, _ = fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", e.Type, e.Reason,
-				age(eventTime(e), now), orDash(from), strings.TrimSpace(e.Message))
+			printRow(tw, "  ", e.Type, e.Reason, age(eventTime(e), now), orDash(from), strings.TrimSpace(e.Message))
 		}
 	})
 	return nil
@@ -292,8 +291,8 @@ func printLease(w io.Writer, format string, v leaseView, now time.Time) error {
 		return printData(w, format, v)
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
-	_, _ = fmt.Fprintln(tw, "NAME\tTOKEN\tLEASE-ID\tEXPIRES-AT\tEXPIRES-IN")
-	_, _ = fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", v.Name, v.FencingToken, v.LeaseID,
+	printRow(tw, "", "NAME", "TOKEN", "LEASE-ID", "EXPIRES-AT", "EXPIRES-IN")
+	printRow(tw, "", v.Name, strconv.FormatInt(v.FencingToken, 10), v.LeaseID,
 		v.ExpiresAt.UTC().Format(time.RFC3339), duration.HumanDuration(v.ExpiresAt.Sub(now)))
 	return tw.Flush()
 }

@@ -43,6 +43,9 @@ func Main(args []string) int {
 
 // Run is Main with explicit streams, for tests.
 func Run(ctx context.Context, args []string, s Streams) int {
+	if len(args) > 1 && args[1] == guardCommand {
+		return runGuard(args[2:], s)
+	}
 	cmd := newRootCommand(s)
 	if len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "kubectl-") {
 		// Started by kubectl as a plugin: help and usage say "kubectl lock".
@@ -107,7 +110,7 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	root.AddCommand(
 		newGetCommand(o), newListCommand(o), newDescribeCommand(o),
 		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
-		newRunCommand(o), newSidecarCommand(o), newVersionCommand(o),
+		newRunCommand(o), newSidecarCommand(o), newProbeCommand(o), newVersionCommand(o),
 		newDevCommand(o),
 	)
 	return root

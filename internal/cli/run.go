@@ -41,11 +41,14 @@ group with ` + EnvFencingToken + `, ` + EnvLeaseID + `, ` + EnvLock + ` (namespa
 
 SIGINT, SIGTERM and SIGHUP are forwarded to the whole process group. If the
 lock is lost, the whole group (the command and everything it started) gets
-SIGTERM, and SIGKILL after --grace; run then exits with 75. When CMD exits by
-itself, whatever it left running in its group is stopped the same way before
-the lock is released, so nothing of CMD runs unprotected. run exits with CMD's
-exit code (128+N if signal N ended it). Processes that leave the group
-(setsid, double-fork daemons) are not followed.`,
+SIGTERM, and SIGKILL after --grace or when the lease's safe deadline passes,
+whichever comes first; run then exits with 75. When CMD exits by itself,
+whatever it left running in its group is stopped the same way before the lock
+is released, so nothing of CMD runs unprotected. run exits with CMD's exit code
+(128+N if signal N ended it). On Linux the group never outlives run: a small
+guard process (kubelock itself) starts CMD and SIGKILLs the group as soon as
+run dies, even by SIGKILL; the lease then expires. Processes that leave the
+group (setsid, double-fork daemons) are not followed.`,
 		Example: `  kubelock run nightly-report --wait 10m -- ./report.sh --full
   kubelock run orders-db --lease 30s --grace 5s -- sh -c 'migrate --token "$KUBELOCK_FENCING_TOKEN"'`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -62,7 +65,7 @@ exit code (128+N if signal N ended it). Processes that leave the group
 		},
 	}
 	f.add(cmd.Flags(), lock.DefaultMaxWait, true)
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long the command's process group has after SIGTERM before SIGKILL")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long the command's process group has after SIGTERM before SIGKILL (never beyond the lease's safe deadline)")
 	return cmd
 }
 
@@ -115,8 +118,10 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 		return withCode(ExitCommandNotExecutable, fmt.Errorf("starting %q: %w", argv[0], err))
 	}
 
+	defer g.finish()
 	var (
 		lostErr  error
+		lost     = l.Done() // nil once handled: a closed channel is always ready
 		killAt   <-chan time.Time
 		deadline time.Time // when the group gets SIGKILL, once it got SIGTERM
 	)
@@ -126,14 +131,16 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 			if sig, ok := s.(syscall.Signal); ok {
 				g.signal(sig)
 			}
-		case <-l.Done():
-			if lostErr == nil && !errors.Is(context.Cause(l.Context()), lock.ErrReleased) {
+		case <-lost:
+			lost = nil
+			if !errors.Is(context.Cause(l.Context()), lock.ErrReleased) {
 				lostErr = context.Cause(l.Context())
+				now := time.Now()
+				deadline = graceUntil(now, grace, l.ExpiresAt())
 				_, _ = fmt.Fprintf(o.streams.ErrOut, "%s; sending SIGTERM to %q and its process group (SIGKILL in %s)\n",
-					oneLine(lostErr), argv[0], grace)
+					oneLine(lostErr), argv[0], deadline.Sub(now).Round(time.Millisecond))
 				g.signal(syscall.SIGTERM)
-				deadline = time.Now().Add(grace)
-				killAt = time.After(grace)
+				killAt = time.After(deadline.Sub(now))
 			}
 		case <-killAt:
 			g.signal(syscall.SIGKILL)
@@ -144,12 +151,15 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 	// The command is gone; stop what it left in its group before the lock goes.
 	if g.alive() {
 		if lostErr == nil {
-			_, _ = fmt.Fprintf(o.streams.ErrOut, "kubelock: %q exited and left processes in its group; sending them SIGTERM (SIGKILL in %s)\n", argv[0], grace)
+			now := time.Now()
+			deadline = graceUntil(now, grace, l.ExpiresAt())
+			_, _ = fmt.Fprintf(o.streams.ErrOut, "kubelock: %q exited and left processes in its group; sending them SIGTERM (SIGKILL in %s)\n",
+				argv[0], deadline.Sub(now).Round(time.Millisecond))
 			g.signal(syscall.SIGTERM)
-			deadline = time.Now().Add(grace)
 		}
 		g.drain(deadline)
 	}
+	g.finish()
 	if lostErr != nil {
 		return withCode(ExitLockLost, nil)
 	}

@@ -11,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 )
@@ -40,10 +42,17 @@ it again whenever it is lost. While held, the fencing token is in --token-file
   GET /healthz   200 while the process runs
   GET /readyz    200 only while the lock is held, else 503 (active/passive pods)
 
-are served on --listen. On SIGTERM or SIGINT it stops being ready, releases
-the lock and exits 0. Run it as a Kubernetes native sidecar (an initContainer
-with restartPolicy: Always) and point the pod's readinessProbe at /readyz.
-The token file's default is /run/kubelock/<name>/token.`,
+are served on --listen (default ` + DefaultSidecarListen + `: the pod's containers only). On
+SIGTERM or SIGINT it stops being ready, releases the lock and exits 0. Run it
+as a Kubernetes native sidecar (an initContainer with restartPolicy: Always)
+with exec probes, "kubelock probe readyz" as the readinessProbe and "kubelock
+probe healthz" as the livenessProbe. The token file's default is
+/run/kubelock/<name>/token.
+
+It exits on bad flags, a missing lock (without --create) and refusals by RBAC.
+Denials that depend on the lock's state — a kubelock admission rule or the
+lock's validation (exit code 77 elsewhere) — are logged and retried with
+back-off, as are unreachable apiservers: they change when the lock does.`,
 		Args: exactArgs(1, "one KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key := args[0]
@@ -159,7 +168,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 	go func() { _ = srv.Serve(ln) }()
 	defer func() { _ = srv.Close() }()
 	logf := func(format string, args ...any) {
-		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s kubelock sidecar: %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s kubelock sidecar: %s\n", time.Now().UTC().Format(time.RFC3339), printable(fmt.Sprintf(format, args...)))
 	}
 	logf("serving on http://%s (lock %s/%s, token file %s)", ln.Addr(), c.Namespace(), name, tokenFile)
 
@@ -185,6 +194,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 			back = min(max(2*back, time.Second), 30*time.Second)
 			logf("acquire failed, retrying in %s: %s", back, oneLine(err))
 			_ = sleepCtx(ctx, back) // a cancelled ctx ends the loop above
+			continue
 		}
 		back = 0
 		if err := writeTokenFile(tokenFile, l.FencingToken()); err != nil {
@@ -223,13 +233,29 @@ func (f *acquireFlags) options(onQueue func(lock.QueueStatus)) []lock.AcquireOpt
 	return opts
 }
 
-// permanent errors make the sidecar exit: retrying cannot help.
+// permanent errors make the sidecar exit (in a pod, the kubelet restarts it
+// with its back-off, visibly): bad flags, and a missing lock or credentials
+// and RBAC that someone must fix for this pod. A denial that depends on the
+// lock's state is not permanent: admission ("[kubelock:<rule>]", e.g. a full
+// per-user queue, a lock being deleted) and the CRD's validation (422, e.g. a
+// lock left unwritable by someone else's entries until the controller or an
+// administrator repairs it) change when the lock does, so the sidecar keeps
+// retrying with back-off and logs each denial.
 func permanent(err error) bool {
+	if lockStateDenial(err) {
+		return false
+	}
 	switch exitCode(err) {
-	case ExitNotFound, ExitPermission, ExitUsage:
+	case ExitNotFound, ExitDenied, ExitUsage:
 		return true
 	}
 	return false
+}
+
+// lockStateDenial reports a refusal that depends on the lock's state rather
+// than on who asks: a kubelock admission rule, or the CRD's validation.
+func lockStateDenial(err error) bool {
+	return apierrors.IsInvalid(err) || (apierrors.IsForbidden(err) && strings.Contains(err.Error(), "[kubelock:"))
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

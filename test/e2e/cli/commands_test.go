@@ -17,6 +17,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	icli "github.com/kubelock/kubelock/internal/cli"
 	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/pkg/lock"
 )
 
 type leaseJSON struct {
@@ -116,6 +117,36 @@ var _ = Describe("kubelock commands", func() {
 		Expect(list.Out).To(gbytes.Say(`orders-42-[0-9a-f]{12}\s+orders/42\s+` + u.name))
 	})
 
+	It("escapes control and format characters of a lock's key in get, list, describe and errors", func() {
+		u := lockUser(ctx)
+		// An escape sequence that would clear the screen and set the terminal's
+		// title, and a right-to-left override; keys may hold any character.
+		key := "orders\x1b[2J\x1b]0;owned\x07\u202e42"
+		const shown = `orders\x1b[2J\x1b]0;owned\x07\u202e42`
+		Expect(kl(u, ns, "acquire", key, "--create")).To(gexec.Exit(0))
+		name, err := lock.NameForKey(key)
+		Expect(err).NotTo(HaveOccurred())
+		dumpLockOnFailure(ctx, ns, name)
+		for _, args := range [][]string{{"get", key}, {"list"}, {"get"}, {"describe", key}} {
+			s := kl(u, ns, args...)
+			Expect(s).To(gexec.Exit(0), "%v: %s", args, s.Err.Contents())
+			out := string(s.Out.Contents())
+			Expect(out).To(ContainSubstring(shown), "%v", args)
+			Expect(out).NotTo(ContainSubstring("\x1b"), "%v", args)
+			Expect(out).NotTo(ContainSubstring("\u202e"), "%v", args)
+		}
+		// JSON keeps the key exact (the encoder escapes it).
+		js := kl(u, ns, "get", key, "-o", "json")
+		Expect(js).To(gexec.Exit(0))
+		var obj locksv1alpha1.DistributedLock
+		Expect(json.Unmarshal(js.Out.Contents(), &obj)).To(Succeed())
+		Expect(obj.Annotations[locksv1alpha1.KeyAnnotation]).To(Equal(key))
+		// An error that quotes the key.
+		busy := kl(lockUser(ctx), ns, "acquire", key)
+		Expect(busy).To(gexec.Exit(icli.ExitNotAcquired))
+		Expect(string(busy.Err.Contents())).NotTo(ContainSubstring("\x1b"))
+	})
+
 	It("runs as a kubectl plugin found on PATH", func() {
 		newLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{})
 		u := lockUser(ctx)
@@ -159,15 +190,20 @@ var _ = Describe("kubelock commands", func() {
 		}, icli.ExitUsage, "limit is 1024"),
 		Entry("no permission to read locks", func(string) (user, []string) {
 			return nobody(), []string{"get", "jobs"}
-		}, icli.ExitPermission, "forbidden"),
+		}, icli.ExitDenied, "forbidden"),
 		Entry("no permission to force-release", func(ns string) (user, []string) {
 			u := lockUser(context.Background())
 			ExpectWithOffset(1, kl(u, ns, "acquire", "jobs")).To(gexec.Exit(0))
 			return u, []string{"force-release", "jobs", "--reason", "trying my luck"}
-		}, icli.ExitPermission, "force-release"),
-		Entry("lease above the lock's maximum", func(string) (user, []string) {
+		}, icli.ExitDenied, "force-release"),
+		Entry("lease above the lock's maximum (the CRD's rule, 422)", func(string) (user, []string) {
 			return lockUser(context.Background()), []string{"acquire", "jobs", "--lease", "1h"}
-		}, icli.ExitUsage, "must not exceed spec.maxLeaseDurationSeconds"),
+		}, icli.ExitDenied, "must not exceed spec.maxLeaseDurationSeconds"),
+		Entry("release of someone else's lease (admission, 403)", func(ns string) (user, []string) {
+			holder := kl(lockUser(context.Background()), ns, "acquire", "jobs", "-o", "json")
+			ExpectWithOffset(1, holder).To(gexec.Exit(0))
+			return lockUser(context.Background()), []string{"release", "jobs", "--lease-id", parseLease(holder).LeaseID}
+		}, icli.ExitDenied, "[kubelock:"),
 		Entry("unreachable apiserver", func(string) (user, []string) {
 			return user{name: "x", kubeconfig: unreachableKubeconfig()}, []string{"acquire", "jobs"}
 		}, icli.ExitUnreachable, "connection refused"),

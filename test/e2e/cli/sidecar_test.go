@@ -14,9 +14,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gbytes"
 	"github.com/onsi/gomega/gexec"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	icli "github.com/kubelock/kubelock/internal/cli"
 )
 
 // sidecarView is the JSON of the sidecar's /v1/lock.
@@ -78,6 +80,14 @@ var _ = Describe("kubelock sidecar", func() {
 
 		code, _ := get("/healthz")
 		Expect(code).To(Equal(http.StatusOK))
+		// The exec probes of the sample: kubelock probe against the sidecar's address.
+		probe := func(what string) *gexec.Session {
+			return kl(other, ns, "probe", what, "--listen", strings.TrimPrefix(base, "http://"))
+		}
+		Expect(probe("healthz")).To(gexec.Exit(0))
+		notReady := probe("readyz")
+		Expect(notReady).To(gexec.Exit(icli.ExitError))
+		Expect(stderrLines(notReady)).To(ConsistOf(ContainSubstring("503 Service Unavailable: lock not held")))
 		Eventually(func() int {
 			q := view().Queue
 			if q == nil {
@@ -105,6 +115,7 @@ var _ = Describe("kubelock sidecar", func() {
 			return v.Token
 		}
 		first := agree()
+		Expect(probe("readyz")).To(gexec.Exit(0))
 		firstLease := view().LeaseID
 
 		// Lost (force-released): the sidecar queues again and takes the lock with a higher token.
@@ -123,5 +134,35 @@ var _ = Describe("kubelock sidecar", func() {
 		Expect(last.LeaseID).To(Equal(lastLease))
 		Expect(last.EndReason).To(Equal(locksv1alpha1.EndReasonReleased))
 		Expect(tokenFile).NotTo(BeAnExistingFile())
+	})
+
+	It("keeps retrying while the lock's rules deny it, and takes the lock once they allow it", func() {
+		ctx := context.Background()
+		ns := newNamespace(ctx)
+		newLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{})
+		dumpLockOnFailure(ctx, ns, "leader")
+		tokenFile := filepath.Join(GinkgoT().TempDir(), "token")
+		// A lease above the lock's maximum: the CRD's rule answers 422.
+		sc := start(lockUser(ctx), ns, "sidecar", "leader", "--lease", "10m", "--listen", "127.0.0.1:0", "--token-file", tokenFile)
+		Eventually(sc.Err).Should(gbytes.Say(`acquire failed, retrying in 1s: .*must not exceed spec.maxLeaseDurationSeconds`))
+		Eventually(sc.Err).Should(gbytes.Say(`acquire failed, retrying in 2s`))
+		Expect(sc.ExitCode()).To(Equal(-1), "the sidecar is still running")
+
+		l := getLock(ctx, ns, "leader")
+		l.Spec.MaxLeaseDurationSeconds = 600
+		Expect(env.Client.Update(ctx, l)).To(Succeed())
+		Eventually(tokenFile).Should(BeAnExistingFile())
+		Expect(getLock(ctx, ns, "leader").Status.Holder).NotTo(BeNil())
+		sc.Signal(syscall.SIGTERM)
+		Eventually(sc).Should(gexec.Exit(0))
+	})
+
+	It("exits with the denied code when RBAC refuses it", func() {
+		ctx := context.Background()
+		ns := newNamespace(ctx)
+		newLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{})
+		sc := kl(nobody(), ns, "sidecar", "leader", "--listen", "127.0.0.1:0", "--token-file", filepath.Join(GinkgoT().TempDir(), "token"))
+		Expect(sc).To(gexec.Exit(icli.ExitDenied))
+		Expect(string(sc.Err.Contents())).To(ContainSubstring("forbidden"))
 	})
 })

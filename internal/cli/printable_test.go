@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+func TestPrintable(t *testing.T) {
+	cases := []struct {
+		name, in, want string
+	}{
+		{"plain", "worker-7d9f", "worker-7d9f"},
+		{"empty", "", ""},
+		{"unicode letters stay", "zürich-日本-🔒", "zürich-日本-🔒"},
+		{"backslash stays", `C:\tmp\x1b`, `C:\tmp\x1b`},
+		{"spaces stay", "stuck job, ticket 42", "stuck job, ticket 42"},
+		{"CSI colour", "\x1b[31mred\x1b[0m", `\x1b[31mred\x1b[0m`},
+		{"OSC title", "\x1b]0;pwned\x07", `\x1b]0;pwned\x07`},
+		{"clear screen", "a\x1b[2Jb", `a\x1b[2Jb`},
+		{"newline", "a\nb", `a\x0ab`},
+		{"tab", "a\tb", `a\x09b`},
+		{"carriage return", "ok\rforged", `ok\x0dforged`},
+		{"NUL", "a\x00b", `a\x00b`},
+		{"DEL", "a\x7fb", `a\x7fb`},
+		{"C1 CSI", "a\u009b31mb", `a\x9b31mb`},
+		{"right-to-left override", "alice\u202eecila", `alice\u202eecila`},
+		{"zero width space", "ali\u200bce", `ali\u200bce`},
+		{"byte order mark", "\ufeffalice", `\ufeffalice`},
+		{"line separator", "a\u2028b", `a\u2028b`},
+		{"paragraph separator", "a\u2029b", `a\u2029b`},
+		{"tag character (plane 14)", "a\U000e0041b", `a\U000e0041b`},
+		{"invalid UTF-8", "a\xffb\xc3", `a\xffb\xc3`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := printable(tc.in)
+			if got != tc.want {
+				t.Errorf("printable(%q) = %q, want %q", tc.in, got, tc.want)
+			}
+			if again := printable(got); again != got {
+				t.Errorf("printable is not idempotent: %q then %q", got, again)
+			}
+			if isPrintable(tc.in) != (got == tc.in) {
+				t.Errorf("isPrintable(%q) = %v, but printable changed it: %v", tc.in, isPrintable(tc.in), got != tc.in)
+			}
+		})
+	}
+}
+
+// TestPrintableLeavesNothingUnsafe checks every rune of the BMP and the supplementary planes' format characters.
+func TestPrintableLeavesNothingUnsafe(t *testing.T) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if r >= 0xd800 && r <= 0xdfff {
+			continue // surrogates are not valid in UTF-8
+		}
+		out := printable(string(r))
+		for _, o := range out {
+			if unicode.IsControl(o) || unicode.In(o, unicode.Cf, unicode.Zl, unicode.Zp) || o == utf8.RuneError && r != utf8.RuneError {
+				t.Fatalf("printable(%U) = %q still holds %U", r, out, o)
+			}
+		}
+	}
+}
+
+func TestPrintfAndRow(t *testing.T) {
+	var b bytes.Buffer
+	printf(&b, "held by %s (%v) token %d: %v\n", "a\x1b[2Jb", errors.New("boom\x07"), 7, stringer("x\u202ey"))
+	printRow(&b, "  ", "one\ttwo", "three\n")
+	want := "held by a\\x1b[2Jb (boom\\x07) token 7: x\\u202ey\n  one\\x09two\tthree\\x0a\n"
+	if b.String() != want {
+		t.Errorf("got %q, want %q", b.String(), want)
+	}
+}
+
+type stringer string
+
+func (s stringer) String() string { return string(s) }
+
+func TestOneLineEscapes(t *testing.T) {
+	err := errors.New("kubelock: lock jobs is held by \x1b]0;pwned\x07evil\u202e (user bob)\nnext")
+	got := oneLine(err)
+	want := `kubelock: lock jobs is held by \x1b]0;pwned\x07evil\u202e (user bob) next`
+	if got != want {
+		t.Errorf("oneLine = %q, want %q", got, want)
+	}
+}
+
+// hostile is a lock whose every name another writer could choose carries
+// escape sequences; the table and describe views show none of them raw.
+func hostile() locksv1alpha1.DistributedLock {
+	l := fixtures()[0]
+	const esc = "\x1b[2J\x1b]0;owned\x07"
+	l.Annotations = map[string]string{locksv1alpha1.KeyAnnotation: "orders" + esc + "\u202e"}
+	h := l.Status.Holder
+	h.Identity, h.User, h.PodName, h.LeaseID, h.RequestID = "worker"+esc, "bob\r\nforged", "pod\u200b", "lease\t1", "req\x00"
+	l.Status.Waiters[0].Identity, l.Status.Waiters[0].User, l.Status.Waiters[0].RequestID = "w\x1b[31m", "u\u2028", "r\x7f"
+	f := &l.Status.RecentAcquisitions[1]
+	f.Identity, f.EndedBy, f.LeaseID, f.Message = "old\x1bc", "oncall\u202e", "id\x9b", "stuck\x1b[1A\x1b[2K job"
+	l.Status.Conditions[0].Message = "held by worker" + esc
+	return l
+}
+
+func TestHostileNamesAreEscapedInTables(t *testing.T) {
+	l := hostile()
+	events := []corev1.Event{{Type: corev1.EventTypeNormal, Reason: "Acquired\x1b[8m", Message: "acquired by worker\x1b]0;x\x07",
+		ReportingController: "ctl\u202e", EventTime: metav1.NewMicroTime(now.Add(-1))}}
+	var b bytes.Buffer
+	if err := printLockTable(&b, []locksv1alpha1.DistributedLock{l}, now, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := describeLock(&b, &l, events, "", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := describeLock(&b, &l, nil, "<cannot list events: \x1b[5m>", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := printLease(&b, "table", leaseView{Name: "n\x1b", LeaseID: "l\u202e", ExpiresAt: now}, now); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, r := range out {
+		if r != '\n' && (unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)) {
+			t.Fatalf("output holds %U raw:\n%s", r, out)
+		}
+	}
+	for _, want := range []string{`worker\x1b[2J\x1b]0;owned\x07`, `orders\x1b[2J\x1b]0;owned\x07\u202e`, `bob\x0d\x0aforged`,
+		`pod\u200b`, `lease\x091`, `req\x00`, `w\x1b[31m`, `u\u2028`, `r\x7f`, `old\x1bc`, `oncall\u202e`, `id\x9b`,
+		`stuck\x1b[1A\x1b[2K job`, `Acquired\x1b[8m`, `acquired by worker\x1b]0;x\x07`, `ctl\u202e`, `<cannot list events: \x1b[5m>`,
+		`n\x1b`, `l\u202e`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %s:\n%s", want, out)
+		}
+	}
+	golden(t, "describe_hostile.golden", func() []byte {
+		var d bytes.Buffer
+		_ = describeLock(&d, &l, events, "", now)
+		return d.Bytes()
+	}())
+}
