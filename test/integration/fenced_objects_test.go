@@ -144,7 +144,9 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 			{"annotation removal", func() error {
 				return patch(alice, `{"metadata":{"annotations":{"locks.kubelock.io/fenced-by":null}}}`)
 			}},
-			{"delete", func() error { return alice.c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}}) }},
+			{"delete", func() error {
+				return alice.c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})
+			}},
 		}
 		for _, r := range routes {
 			By("alice: " + r.name)
