@@ -40,9 +40,9 @@ const (
 	WebhookConfigName = "kubelock-validating-webhook-configuration"
 	// FencedWebhookConfigName is the name config/fenced-objects gives its webhook configuration.
 	FencedWebhookConfigName = "kubelock-fenced-objects"
-	lockUserRole      = "kubelock-lock-user"
-	breakglassRole    = "kubelock-breakglass"
-	lastAppliedKey    = "kubectl.kubernetes.io/last-applied-configuration"
+	lockUserRole            = "kubelock-lock-user"
+	breakglassRole          = "kubelock-breakglass"
+	lastAppliedKey          = "kubectl.kubernetes.io/last-applied-configuration"
 )
 
 func (e *env) client() (client.Client, error) {
