@@ -8,6 +8,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -206,7 +207,13 @@ func onlyWriterErrors(errs field.ErrorList) bool {
 	return len(errs) > 0
 }
 
-// FencedValidator is the admission handler for objects fenced by a lock.
+// The fenced-object validator reads the namespace of a refused DELETE.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+
+// FencedValidator is the admission handler for objects fenced by a lock. It
+// reads the guarding locks, asks SubjectAccessReviews, and reads the
+// namespace of a refused DELETE (a namespace being deleted is emptied by the
+// namespace controller, which holds no lock).
 type FencedValidator struct {
 	decoder admission.Decoder
 	reader  client.Reader
@@ -257,6 +264,18 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 		}
 		errs = ValidateFencedWrite(req.Operation, oldObj, newObj, lock, a)
 	}
+	if len(errs) > 0 && req.Operation == admissionv1.Delete {
+		// The namespace controller empties a namespace that is being deleted;
+		// nobody can create in it any more, so its fenced objects may go.
+		terminating, err := v.namespaceTerminating(ctx, req.Namespace)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		if terminating {
+			observe("", true)
+			return admission.Allowed("namespace " + req.Namespace + " is being deleted")
+		}
+	}
 	for _, e := range errs {
 		if ruleOf(e) == RuleStaleToken {
 			metrics.StaleTokenRejected(req.Namespace + "/" + name)
@@ -287,6 +306,15 @@ func (v *FencedValidator) readLock(ctx context.Context, ns, name string) (Fenced
 		return FencedLock{}, fmt.Errorf("webhook: reading lock %s/%s: %w", ns, name, err)
 	}
 	return FencedLockOf(l), nil
+}
+
+// namespaceTerminating reports whether ns is being deleted.
+func (v *FencedValidator) namespaceTerminating(ctx context.Context, ns string) (bool, error) {
+	n := &corev1.Namespace{}
+	if err := v.reader.Get(ctx, client.ObjectKey{Name: ns}, n); err != nil {
+		return false, fmt.Errorf("webhook: reading namespace %s: %w", ns, err)
+	}
+	return n.DeletionTimestamp != nil, nil
 }
 
 // canForceRelease asks whether the writer has the force-release verb on the guarding lock.

@@ -190,6 +190,11 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		By("carol (force-release) recreates with the current token")
 		Expect(carol.c.Create(ctx, fencedCM(third.FencingToken(), "carol recreates"))).To(Succeed())
 		Expect(stored().Data["mode"]).To(Equal("carol recreates"))
+
+		By("a namespace being deleted may be emptied by anyone who may delete (the namespace controller holds no lock)")
+		refused(webhook.RuleFencedWriter, func() error { return bob.c.Delete(ctx, cm) }, "does not hold")
+		Expect(env.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		Expect(bob.c.Delete(ctx, cm)).To(Succeed())
 	})
 })
 
