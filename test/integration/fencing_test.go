@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/pgtest"
@@ -181,5 +182,17 @@ var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 		Expect(code).To(Equal(http.StatusForbidden))
 		Expect(body).To(ContainSubstring("does not guard this resource"))
 		Expect(served).To(Equal([]int64{t2, t2}))
+	})
+
+	It("says why while its watch of the lock cannot list it", func(ctx SpecContext) {
+		u, err := env.AddUser(envtest.User{Name: "no-lock-rights"}, nil)
+		Expect(err).NotTo(HaveOccurred())
+		v, err := fencing.NewAPIVerifierForConfig(u.Config(), fencing.WithSyncTimeout(time.Second))
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(v.Close)
+		err = v.Verify(ctx, fencing.LockRef{Namespace: "default", Name: "orders-db"}, 1)
+		Expect(errors.Is(err, fencing.ErrNotSynced)).To(BeTrue(), "got %v", err)
+		Expect(errors.Is(err, fencing.ErrNotIssued)).To(BeFalse())
+		Expect(err.Error()).To(ContainSubstring("forbidden"))
 	})
 })
