@@ -7,9 +7,13 @@ import (
 	"strconv"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -20,8 +24,12 @@ import (
 // FencedPath is where the webhook server serves the fenced-object validator.
 const FencedPath = "/validate-fenced-object"
 
-// Annotations of Kubernetes objects protected by a lock's fencing token.
+// Label and annotations of Kubernetes objects protected by a lock's fencing token.
 const (
+	// FencedLabel=true selects the object for the fenced-objects webhook
+	// (config/fenced-objects). The apiserver calls the webhook when the old or
+	// the new object carries it, so removing it is checked too.
+	FencedLabel = "locks.kubelock.io/fenced"
 	// FencedByAnnotation names the lock (in the object's namespace) that guards the object.
 	FencedByAnnotation = "locks.kubelock.io/fenced-by"
 	// FencingTokenAnnotation carries the writer's token; the stored value is the
@@ -29,82 +37,301 @@ const (
 	FencingTokenAnnotation = "locks.kubelock.io/fencing-token"
 )
 
-// RuleStaleToken is the fenced-object rule: a fenced object accepts only tokens
-// at least as high as the highest it accepted, and never above the lock's current token.
-const RuleStaleToken Rule = "stale-token"
+// The fenced-object rules (DESIGN.md "Hardening", "Fenced Kubernetes objects").
+const (
+	// RuleStaleToken: every write of a fenced object carries the guarding
+	// lock's current token, at least the highest the object accepted.
+	RuleStaleToken Rule = "stale-token"
+	// RuleFencedWriter: the write comes from the user (and pod) holding the
+	// guarding lock, or from a user with the force-release verb on it.
+	RuleFencedWriter Rule = "fenced-writer"
+	// RuleFencedBy: one write never moves an object from one guarding lock to another.
+	RuleFencedBy Rule = "fenced-by"
+)
 
-// ValidateFencedUpdate checks an update of an object that carries the
-// fenced-by annotation. lockToken is the guarding lock's status.fencingToken
-// (-1 when the lock does not exist). Pure.
-func ValidateFencedUpdate(oldObj, newObj metav1.Object, lockToken int64) error {
-	lock := oldObj.GetAnnotations()[FencedByAnnotation]
-	if lock == "" {
-		return nil
+var (
+	fencedByPath = field.NewPath("metadata", "annotations").Key(FencedByAnnotation)
+	fenceTokPath = field.NewPath("metadata", "annotations").Key(FencingTokenAnnotation)
+)
+
+// FencedLock is what the fenced-object rules need of the guarding lock.
+type FencedLock struct {
+	// Exists is false when the lock was not found.
+	Exists bool
+	// Token is status.fencingToken, the latest token the lock issued.
+	Token int64
+	// HolderUser and HolderPodUID describe the current holding ("" when free).
+	HolderUser   string
+	HolderPodUID string
+}
+
+// FencedLockOf reads a lock's state for the fenced-object rules.
+func FencedLockOf(l *locksv1alpha1.DistributedLock) FencedLock {
+	f := FencedLock{Exists: true, Token: l.Status.FencingToken}
+	if h := l.Status.Holder; h != nil {
+		f.HolderUser, f.HolderPodUID = h.User, h.PodUID
 	}
-	tag := fmt.Sprintf("[kubelock:%s] ", RuleStaleToken)
-	raw, ok := newObj.GetAnnotations()[FencingTokenAnnotation]
-	if !ok {
-		return fmt.Errorf("%sobject is fenced by lock %q: the update must carry the %s annotation with the holder's fencing token", tag, lock, FencingTokenAnnotation)
-	}
-	token, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || token <= 0 {
-		return fmt.Errorf("%sannotation %s=%q is not a positive integer", tag, FencingTokenAnnotation, raw)
-	}
-	if prev, ok := oldObj.GetAnnotations()[FencingTokenAnnotation]; ok {
-		if highest, err := strconv.ParseInt(prev, 10, 64); err == nil && token < highest {
-			return fmt.Errorf("%sstale fencing token %d for lock %q: this object already accepted token %d", tag, token, lock, highest)
+	return f
+}
+
+// GuardingLock is the name of the lock that guards a write of a fenced
+// object: the old object's fenced-by annotation, else the new one's ("" when
+// neither is fenced). oldObj is nil for CREATE, newObj for DELETE.
+func GuardingLock(oldObj, newObj metav1.Object) string {
+	if oldObj != nil {
+		if l := oldObj.GetAnnotations()[FencedByAnnotation]; l != "" {
+			return l
 		}
 	}
-	if lockToken < 0 {
-		return fmt.Errorf("%sobject is fenced by lock %q, which does not exist", tag, lock)
+	if newObj != nil {
+		return newObj.GetAnnotations()[FencedByAnnotation]
 	}
-	if token > lockToken {
-		return fmt.Errorf("%sfencing token %d was never issued: lock %q is at token %d", tag, token, lock, lockToken)
+	return ""
+}
+
+// ValidateFencedWrite checks one write (CREATE, UPDATE or DELETE) of an object
+// that is, or becomes, fenced by a lock; oldObj is nil for CREATE, newObj for
+// DELETE. The write must carry the lock's current token (a DELETE carries
+// none, so the object's stored token must be the current one: the holder
+// stamps the object with an update, then deletes it), be at least the highest
+// the object accepted, and come from the holder's user and pod, or from a
+// user with force-release (a.CanForceRelease). A token carried over from
+// someone else's write therefore authorises nobody. Messages never show the
+// lock's current token. Pure.
+func ValidateFencedWrite(op admissionv1.Operation, oldObj, newObj metav1.Object, lock FencedLock, a Actor) field.ErrorList {
+	name := GuardingLock(oldObj, newObj)
+	if name == "" {
+		return nil
+	}
+	if oldObj != nil && newObj != nil {
+		o, n := oldObj.GetAnnotations()[FencedByAnnotation], newObj.GetAnnotations()[FencedByAnnotation]
+		if o != "" && n != "" && o != n {
+			return field.ErrorList{deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, FencedByAnnotation, n)}
+		}
+	}
+	token, err := fencedToken(op, oldObj, newObj, name)
+	if err != nil {
+		return field.ErrorList{err}
+	}
+	if err := checkHighest(oldObj, name, token); err != nil {
+		return field.ErrorList{err}
+	}
+	if err := checkCurrent(op, lock, name, token); err != nil {
+		return field.ErrorList{err}
+	}
+	if err := checkWriter(lock, name, a); err != nil {
+		return field.ErrorList{err}
 	}
 	return nil
 }
 
-// FencedValidator is the admission handler for objects fenced by a lock.
+// fencedToken reads the write's token: the new object's annotation, or for
+// a DELETE the token stored on the object.
+func fencedToken(op admissionv1.Operation, oldObj, newObj metav1.Object, lock string) (int64, *field.Error) {
+	obj := newObj
+	if op == admissionv1.Delete {
+		obj = oldObj
+	}
+	raw, ok := obj.GetAnnotations()[FencingTokenAnnotation]
+	switch {
+	case !ok && op == admissionv1.Delete:
+		return 0, deny(fenceTokPath, RuleStaleToken, "the object is fenced by lock %q and stores no token: to delete it, the lock's holder first writes its token into the %s annotation, then deletes", lock, FencingTokenAnnotation)
+	case !ok:
+		return 0, deny(fenceTokPath, RuleStaleToken, "the object is fenced by lock %q: every write (create, update, delete, also removing the fence) must carry the holder's fencing token in the %s annotation", lock, FencingTokenAnnotation)
+	}
+	token, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || token <= 0 {
+		return 0, deny(fenceTokPath, RuleStaleToken, "annotation %s=%q is not a positive integer", FencingTokenAnnotation, raw)
+	}
+	return token, nil
+}
+
+// checkHighest: the token is at least the highest the object accepted from
+// this lock (stored on the old object).
+func checkHighest(oldObj metav1.Object, lock string, token int64) *field.Error {
+	if oldObj == nil || oldObj.GetAnnotations()[FencedByAnnotation] != lock {
+		return nil
+	}
+	highest, err := strconv.ParseInt(oldObj.GetAnnotations()[FencingTokenAnnotation], 10, 64)
+	if err == nil && token < highest {
+		return deny(fenceTokPath, RuleStaleToken, "stale fencing token %d for lock %q: this object already accepted token %d", token, lock, highest)
+	}
+	return nil
+}
+
+// checkCurrent: the token is the lock's current one, without saying which
+// that is (the writer may not be its holder).
+func checkCurrent(op admissionv1.Operation, lock FencedLock, name string, token int64) *field.Error {
+	switch {
+	case !lock.Exists:
+		return deny(fenceTokPath, RuleStaleToken, "the object is fenced by lock %q, which does not exist: no token is current", name)
+	case token > lock.Token:
+		return deny(fenceTokPath, RuleStaleToken, "fencing token %d was never issued by lock %q", token, name)
+	case token < lock.Token && op == admissionv1.Delete:
+		return deny(fenceTokPath, RuleStaleToken, "the object's stored token %d is not the current token of lock %q: the current holder writes its token into the object first, then deletes it", token, name)
+	case token < lock.Token:
+		return deny(fenceTokPath, RuleStaleToken, "fencing token %d is not the current token of lock %q: a later holding of the lock began", token, name)
+	}
+	return nil
+}
+
+// checkWriter: the writer is the current holder's user (and pod), or may force-release.
+func checkWriter(lock FencedLock, name string, a Actor) *field.Error {
+	if a.CanForceRelease {
+		return nil
+	}
+	switch {
+	case lock.HolderUser == "":
+		return deny(fenceTokPath, RuleFencedWriter, "lock %q is not held: only its holder (or a user with the %s verb on it) writes the objects it fences", name, locksv1alpha1.ForceReleaseVerb)
+	case lock.HolderUser != a.Username:
+		return deny(fenceTokPath, RuleFencedWriter, "user %q does not hold lock %q: only the holder's user (or a user with the %s verb on the lock) writes the objects it fences; a token carried over from another writer authorises nobody", a.Username, name, locksv1alpha1.ForceReleaseVerb)
+	case lock.HolderPodUID != "" && !samePod(a, lock.HolderPodUID):
+		return deny(fenceTokPath, RuleFencedWriter, "lock %q is held from another pod of user %q: only the holding pod writes the objects it fences", name, a.Username)
+	}
+	return nil
+}
+
+func samePod(a Actor, podUID string) bool {
+	v := a.Extra[ExtraPodUID]
+	return len(v) == 1 && v[0] == podUID
+}
+
+// onlyWriterErrors reports whether errs fail only because of the writer, so
+// that the force-release verb would let the write pass.
+func onlyWriterErrors(errs field.ErrorList) bool {
+	for _, e := range errs {
+		if ruleOf(e) != RuleFencedWriter {
+			return false
+		}
+	}
+	return len(errs) > 0
+}
+
+// The fenced-object validator reads the namespace of a refused DELETE.
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+
+// FencedValidator is the admission handler for objects fenced by a lock. It
+// reads the guarding locks, asks SubjectAccessReviews, and reads the
+// namespace of a refused DELETE (a namespace being deleted is emptied by the
+// namespace controller, which holds no lock).
 type FencedValidator struct {
 	decoder admission.Decoder
 	reader  client.Reader
+	sar     sarCreator
 }
 
-// NewFencedValidator returns the handler; reader reads the guarding locks.
+// sarCreator creates SubjectAccessReviews (any client.Client).
+type sarCreator interface {
+	Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error
+}
+
+// NewFencedValidator returns the handler. reader reads the guarding locks and
+// should read the apiserver, not a cache (the rule compares with the lock's
+// current token). When reader can also create objects (any client.Client, as
+// the manager's API reader is), it asks SubjectAccessReviews for the
+// force-release verb; otherwise no writer counts as having it.
 func NewFencedValidator(decoder admission.Decoder, reader client.Reader) *FencedValidator {
 	metrics.Register()
-	return &FencedValidator{decoder: decoder, reader: reader}
+	v := &FencedValidator{decoder: decoder, reader: reader}
+	v.sar, _ = reader.(sarCreator)
+	return v
 }
 
-// Handle validates one update of a possibly fenced object.
+// Handle validates one CREATE, UPDATE or DELETE of a possibly fenced object.
 func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	if req.Operation != admissionv1.Update {
-		return admission.Allowed("")
-	}
-	oldObj, newObj := &unstructured.Unstructured{}, &unstructured.Unstructured{}
-	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
+	oldObj, err := v.decodeIf(req.Operation != admissionv1.Create, req.OldObject.Raw)
+	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	if err := v.decoder.DecodeRaw(req.Object, newObj); err != nil {
+	newObj, err := v.decodeIf(req.Operation != admissionv1.Delete, req.Object.Raw)
+	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	name := oldObj.GetAnnotations()[FencedByAnnotation]
+	name := GuardingLock(oldObj, newObj)
 	if name == "" {
+		observe("", true)
 		return admission.Allowed("")
 	}
-	lockToken := int64(-1)
-	lock := &locksv1alpha1.DistributedLock{}
-	switch err := v.reader.Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: name}, lock); {
-	case err == nil:
-		lockToken = lock.Status.FencingToken
-	case !apierrors.IsNotFound(err):
+	lock, err := v.readLock(ctx, req.Namespace, name)
+	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	if err := ValidateFencedUpdate(oldObj, newObj, lockToken); err != nil {
-		observe(RuleStaleToken, false)
-		metrics.StaleTokenRejected(req.Namespace + "/" + name)
-		return admission.Denied(err.Error())
+	a := Actor{Username: req.UserInfo.Username, Extra: extra(req.UserInfo.Extra)}
+	errs := ValidateFencedWrite(req.Operation, oldObj, newObj, lock, a)
+	if onlyWriterErrors(errs) && v.sar != nil {
+		if a.CanForceRelease, err = v.canForceRelease(ctx, req, name); err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		errs = ValidateFencedWrite(req.Operation, oldObj, newObj, lock, a)
 	}
-	observe("", true)
-	return admission.Allowed("")
+	if len(errs) > 0 && req.Operation == admissionv1.Delete {
+		// The namespace controller empties a namespace that is being deleted;
+		// nobody can create in it any more, so its fenced objects may go.
+		terminating, err := v.namespaceTerminating(ctx, req.Namespace)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		if terminating {
+			observe("", true)
+			return admission.Allowed("namespace " + req.Namespace + " is being deleted")
+		}
+	}
+	for _, e := range errs {
+		if ruleOf(e) == RuleStaleToken {
+			metrics.StaleTokenRejected(req.Namespace + "/" + name)
+		}
+	}
+	return respond(errs)
+}
+
+// decodeIf decodes raw when the operation has that object; nil otherwise
+// (an untyped nil, so that callers can test for it).
+func (v *FencedValidator) decodeIf(has bool, raw []byte) (metav1.Object, error) {
+	if !has || len(raw) == 0 {
+		return nil, nil
+	}
+	u := &unstructured.Unstructured{}
+	if err := v.decoder.DecodeRaw(runtime.RawExtension{Raw: raw}, u); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+func (v *FencedValidator) readLock(ctx context.Context, ns, name string) (FencedLock, error) {
+	l := &locksv1alpha1.DistributedLock{}
+	switch err := v.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, l); {
+	case apierrors.IsNotFound(err):
+		return FencedLock{}, nil
+	case err != nil:
+		return FencedLock{}, fmt.Errorf("webhook: reading lock %s/%s: %w", ns, name, err)
+	}
+	return FencedLockOf(l), nil
+}
+
+// namespaceTerminating reports whether ns is being deleted.
+func (v *FencedValidator) namespaceTerminating(ctx context.Context, ns string) (bool, error) {
+	n := &corev1.Namespace{}
+	if err := v.reader.Get(ctx, client.ObjectKey{Name: ns}, n); err != nil {
+		return false, fmt.Errorf("webhook: reading namespace %s: %w", ns, err)
+	}
+	return n.DeletionTimestamp != nil, nil
+}
+
+// canForceRelease asks whether the writer has the force-release verb on the guarding lock.
+func (v *FencedValidator) canForceRelease(ctx context.Context, req admission.Request, lock string) (bool, error) {
+	u := req.UserInfo
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: u.Username, UID: u.UID, Groups: u.Groups, Extra: sarExtra(u.Extra),
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: req.Namespace,
+			Verb:      locksv1alpha1.ForceReleaseVerb,
+			Group:     locksv1alpha1.GroupVersion.Group,
+			Resource:  "distributedlocks",
+			Name:      lock,
+		},
+	}}
+	if err := v.sar.Create(ctx, sar); err != nil {
+		return false, fmt.Errorf("webhook: checking the force-release verb with a SubjectAccessReview: %w", err)
+	}
+	return sar.Status.Allowed, nil
 }

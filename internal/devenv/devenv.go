@@ -154,6 +154,9 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err := e.registerWebhook(ctx); err != nil {
 		return err
 	}
+	if err := e.registerFencedObjects(ctx); err != nil {
+		return err
+	}
 	if err := e.writeKubeconfig(); err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,6 +30,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	kubelockconfig "github.com/kubelock/kubelock/config"
 	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/webhook"
 )
 
 const (
@@ -36,9 +38,11 @@ const (
 	DemoLock = "demo"
 	// WebhookConfigName is the name config/default gives the webhook configuration.
 	WebhookConfigName = "kubelock-validating-webhook-configuration"
-	lockUserRole      = "kubelock-lock-user"
-	breakglassRole    = "kubelock-breakglass"
-	lastAppliedKey    = "kubectl.kubernetes.io/last-applied-configuration"
+	// FencedWebhookConfigName is the name config/fenced-objects gives its webhook configuration.
+	FencedWebhookConfigName = "kubelock-fenced-objects"
+	lockUserRole            = "kubelock-lock-user"
+	breakglassRole          = "kubelock-breakglass"
+	lastAppliedKey          = "kubectl.kubernetes.io/last-applied-configuration"
 )
 
 func (e *env) client() (client.Client, error) {
@@ -142,31 +146,9 @@ func (e *env) registerWebhook(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	data, err := kubelockconfig.FS.ReadFile("webhook/manifests.yaml")
+	host, err := e.installWebhookConfig(ctx, c, "webhook/manifests.yaml", WebhookConfigName)
 	if err != nil {
 		return err
-	}
-	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
-	if err := yaml.Unmarshal(data, &vwc); err != nil {
-		return fmt.Errorf("reading the webhook configuration: %w", err)
-	}
-	vwc.Name = WebhookConfigName
-	host := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(e.o.WebhookPort))
-	for i := range vwc.Webhooks {
-		cc := &vwc.Webhooks[i].ClientConfig
-		p := "/"
-		if cc.Service != nil && cc.Service.Path != nil {
-			p = *cc.Service.Path
-		}
-		url := host + p
-		cc.Service, cc.URL, cc.CABundle = nil, &url, e.pki.caPEM
-	}
-	u, err := toUnstructured(&vwc)
-	if err != nil {
-		return err
-	}
-	if err := createOrUpdate(ctx, c, u); err != nil {
-		return fmt.Errorf("registering the webhook: %w", err)
 	}
 
 	// A waiter written in someone else's name passes the CRD's rules and
@@ -191,6 +173,104 @@ func (e *env) registerWebhook(ctx context.Context) error {
 		return fmt.Errorf("the apiserver does not call the admission webhook at %s: %w (operator log: %s)", host, last, e.operatorLog)
 	}
 	e.progress("admission webhook registered and enforced")
+	return nil
+}
+
+// installWebhookConfig installs the embedded webhook configuration file as
+// name, every webhook pointed at the operator on 127.0.0.1 with the dev CA,
+// and returns that address.
+func (e *env) installWebhookConfig(ctx context.Context, c client.Client, file, name string) (string, error) {
+	data, err := kubelockconfig.FS.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.Unmarshal(data, &vwc); err != nil {
+		return "", fmt.Errorf("reading the webhook configuration %s: %w", file, err)
+	}
+	vwc.Name, vwc.Annotations = name, nil // no cert-manager here
+	host := "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(e.o.WebhookPort))
+	for i := range vwc.Webhooks {
+		cc := &vwc.Webhooks[i].ClientConfig
+		p := "/"
+		if cc.Service != nil && cc.Service.Path != nil {
+			p = *cc.Service.Path
+		}
+		url := host + p
+		cc.Service, cc.URL, cc.CABundle = nil, &url, e.pki.caPEM
+	}
+	u, err := toUnstructured(&vwc)
+	if err != nil {
+		return "", err
+	}
+	if err := createOrUpdate(ctx, c, u); err != nil {
+		return "", fmt.Errorf("registering the webhook configuration %s: %w", name, err)
+	}
+	return host, nil
+}
+
+// registerFencedObjects installs config/fenced-objects for ConfigMaps (as
+// FencedWebhookConfigName), lets the dev users write ConfigMaps in namespace
+// default, and returns once the apiserver enforces it: a dry-run create of a
+// fenced ConfigMap without a token is denied.
+func (e *env) registerFencedObjects(ctx context.Context) error {
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	host, err := e.installWebhookConfig(ctx, c, "fenced-objects/webhook.yaml", FencedWebhookConfigName)
+	if err != nil {
+		return err
+	}
+	if err := bindConfigMapWriters(ctx, c); err != nil {
+		return err
+	}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
+		probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Namespace: "default", Name: "kubelock-dev-probe",
+			Labels:      map[string]string{webhook.FencedLabel: "true"},
+			Annotations: map[string]string{webhook.FencedByAnnotation: DemoLock},
+		}}
+		if last = c.Create(ctx, probe, client.DryRunAll); last == nil {
+			last = errors.New("a fenced ConfigMap without a token was admitted")
+		}
+		return strings.Contains(last.Error(), "[kubelock:"+string(webhook.RuleStaleToken)+"]"), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the apiserver does not call the fenced-objects webhook at %s: %w (operator log: %s)", host, last, e.operatorLog)
+	}
+	e.progress("fenced-objects webhook registered for ConfigMaps labelled %s=true", webhook.FencedLabel)
+	return nil
+}
+
+// bindConfigMapWriters lets the lock users and the break-glass user write
+// ConfigMaps in namespace default, so they can try fenced objects.
+func bindConfigMapWriters(ctx context.Context, c client.Client) error {
+	const name = "kubelock-dev-configmap-writers"
+	role := &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"},
+			Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
+	}
+	rb := &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+	}
+	for _, u := range append(append([]string(nil), LockUsers...), BreakglassUser) {
+		rb.Subjects = append(rb.Subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: u})
+	}
+	for _, obj := range []runtime.Object{role, rb} {
+		u, err := toUnstructured(obj)
+		if err != nil {
+			return err
+		}
+		if err := createOrUpdate(ctx, c, u); err != nil {
+			return fmt.Errorf("creating %s %s: %w", u.GetKind(), name, err)
+		}
+	}
 	return nil
 }
 

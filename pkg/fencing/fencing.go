@@ -6,6 +6,18 @@
 // A lease decides when someone else may take a lock; only the resource can
 // stop a paused former holder's late write. Use Guard (PostgreSQL) when the
 // operation itself is SQL, Middleware and Transport for HTTP services.
+//
+// A resource also accepts only tokens the lock issued, as Chubby's
+// CheckSequencer does: `highest accepted <= token <= the lock's current
+// status.fencingToken`. A Verifier checks the upper bound (APIVerifier reads
+// the lock from the apiserver through a cached watch of that one lock), so a
+// forged token such as 2^63-1 is refused (ErrNotIssued) and raises nothing:
+// the rightful holder is still accepted. The resource names the locks that
+// guard it in its own configuration (Fence.Locks, Guard.Do's lock argument);
+// a request's header only picks among them. A token is not a credential:
+// anyone who may read the lock can read it, so authenticate callers too.
+//
+// MemoryStore keeps the highest token in memory (one replica, tests).
 package fencing
 
 import (

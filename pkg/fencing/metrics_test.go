@@ -12,18 +12,19 @@ import (
 )
 
 // TestMetricsCountStaleTokens: the Middleware on a counted store counts each
-// stale-token refusal once, and nothing else.
+// stale-token refusal once, and nothing else (not a never-issued token).
 func TestMetricsCountStaleTokens(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := Middleware(m.Store(NewMemoryStore()), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	f := Fence{Locks: map[string]LockRef{"orders": ordersLock}, Verifier: issued{ordersLock: 5}, Store: m.Store(NewMemoryStore())}
+	h := Middleware(f, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	for _, tc := range []struct {
 		token string
 		code  int
-	}{{"5", http.StatusNoContent}, {"4", http.StatusConflict}, {"5", http.StatusNoContent}, {"3", http.StatusConflict}, {"x", http.StatusBadRequest}} {
+	}{{"5", http.StatusNoContent}, {"4", http.StatusConflict}, {"5", http.StatusNoContent}, {"3", http.StatusConflict}, {"x", http.StatusBadRequest}, {"6", http.StatusForbidden}} {
 		r := httptest.NewRequest(http.MethodPost, "/", nil)
 		r.Header.Set(HeaderLock, "orders")
 		r.Header.Set(HeaderToken, tc.token)

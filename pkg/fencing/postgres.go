@@ -40,11 +40,17 @@ type DB interface {
 // writers gets a serialization failure instead; Guard retries those (up to 30
 // times, after a random growing pause) in a fresh transaction, so callers see
 // success or ErrStaleToken.
+//
+// With WithVerifier, Do also refuses a token the lock never issued (above
+// its current token) before it touches the fence: a forged token raises
+// nothing. Without one, Guard trusts the token it is given, which suits only
+// tests and callers that took the token from their own holding.
 type Guard struct {
-	db      DB
-	txOpts  pgx.TxOptions
-	retries int
-	metrics *Metrics
+	verifier Verifier
+	db       DB
+	txOpts   pgx.TxOptions
+	retries  int
+	metrics  *Metrics
 }
 
 // GuardOption configures a Guard.
@@ -52,6 +58,11 @@ type GuardOption func(*Guard)
 
 // WithTxOptions sets the transaction options (isolation level) of Do.
 func WithTxOptions(o pgx.TxOptions) GuardOption { return func(g *Guard) { g.txOpts = o } }
+
+// WithVerifier makes Do check with v that the guarding lock issued each
+// token; Do's lock argument is then the lock's "namespace/name" (ParseLockRef),
+// which is also the fence row's key.
+func WithVerifier(v Verifier) GuardOption { return func(g *Guard) { g.verifier = v } }
 
 // NewGuard returns a Guard on db.
 func NewGuard(db DB, opts ...GuardOption) *Guard {
@@ -70,8 +81,13 @@ func (g *Guard) Migrate(ctx context.Context) error {
 
 // Do runs fn in one transaction that first raises the lock's fence to token.
 // A lower token rolls back before fn runs and returns a *StaleTokenError; an
-// error from fn rolls everything back, the fence included.
+// error from fn rolls everything back, the fence included. With a verifier, a
+// token the lock never issued returns a *NotIssuedError before any
+// transaction begins (issuance never goes back, so checking it first is safe).
 func (g *Guard) Do(ctx context.Context, lock string, token int64, fn func(pgx.Tx) error) error {
+	if err := g.verify(ctx, lock, token); err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		err := g.do(ctx, lock, token, fn)
 		var pgErr *pgconn.PgError
@@ -87,6 +103,17 @@ func (g *Guard) Do(ctx context.Context, lock string, token int64, fn func(pgx.Tx
 		case <-time.After(pause):
 		}
 	}
+}
+
+func (g *Guard) verify(ctx context.Context, lock string, token int64) error {
+	if g.verifier == nil {
+		return nil
+	}
+	ref, err := ParseLockRef(lock)
+	if err != nil {
+		return err
+	}
+	return g.metrics.observe(g.verifier.Verify(ctx, ref, token))
 }
 
 func (g *Guard) do(ctx context.Context, lock string, token int64, fn func(pgx.Tx) error) (err error) {

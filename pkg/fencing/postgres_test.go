@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -165,5 +166,32 @@ func TestGuardUnderConcurrentWriters(t *testing.T) {
 			}
 			t.Logf("%s: %d accepted, %d rejected as stale", iso, accepted, rejected)
 		})
+	}
+}
+
+// TestGuardWithVerifierRefusesUnissuedTokens: a token above the lock's current
+// one is refused before the fence is touched, so the holder is still accepted.
+func TestGuardWithVerifierRefusesUnissuedTokens(t *testing.T) {
+	ctx := t.Context()
+	const current = 40
+	v := fencing.VerifierFunc(func(_ context.Context, lock fencing.LockRef, token int64) error {
+		if token > current {
+			return &fencing.NotIssuedError{Lock: lock, Token: token, Reason: "the token is above the lock's current token"}
+		}
+		return nil
+	})
+	g, pool := newGuard(t, fencing.WithVerifier(v))
+	if err := g.Do(ctx, "shop/stock", 1<<63-1, write(9, 1<<63-1)); !errors.Is(err, fencing.ErrNotIssued) {
+		t.Fatalf("a forged token: err = %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kubelock_fence`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the forged token left %d fence rows (%v)", n, err)
+	}
+	if err := g.Do(ctx, "shop/stock", current, write(1, current)); err != nil {
+		t.Fatalf("the holder after a forged token: %v", err)
+	}
+	if err := g.Do(ctx, "stock", current, write(1, current)); err == nil || !strings.Contains(err.Error(), "namespace/name") {
+		t.Fatalf("a lock without namespace: err = %v", err)
 	}
 }

@@ -2,72 +2,219 @@ package integration
 
 import (
 	"context"
+	"math"
+	"net"
 	"strconv"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	kubelockconfig "github.com/kubelock/kubelock/config"
+	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/webhook"
 )
 
+// installFencedObjectsWebhook registers config/fenced-objects/webhook.yaml as
+// shipped (CREATE, UPDATE, DELETE of labelled ConfigMaps), pointed at the
+// suite's webhook server.
+func installFencedObjectsWebhook(ctx context.Context) {
+	data, err := kubelockconfig.FS.ReadFile("fenced-objects/webhook.yaml")
+	Expect(err).NotTo(HaveOccurred())
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	Expect(yaml.Unmarshal(data, vwc)).To(Succeed())
+	o := &env.WebhookInstallOptions
+	url := "https://" + net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort)) + webhook.FencedPath
+	vwc.Annotations = nil
+	for i := range vwc.Webhooks {
+		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: o.LocalServingCAData}
+	}
+	Expect(env.Client.Create(ctx, vwc)).To(Succeed())
+}
+
 var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 	BeforeAll(func(ctx SpecContext) {
-		Expect(env.FencedObjectsWebhook(ctx)).To(Succeed())
+		installFencedObjectsWebhook(ctx)
 	})
 
-	It("accepts equal and higher tokens and refuses stale, missing and unissued ones", func(ctx SpecContext) {
+	// One lock, three holdings: alice, then bob (alice is now a stale holder),
+	// with carol holding the force-release verb.
+	It("refuses every route of a stale holder or a non-holder; the holder and a force-release user pass", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		newLock(ctx, ns, "config-writer", locksv1alpha1.DistributedLockSpec{})
-		c, _ := newClient(ctx, ns)
-		first, err := c.Acquire(ctx, "config-writer")
+		type writer struct {
+			name string
+			c    client.Client
+			lk   *lock.Client
+		}
+		newWriter := func() writer {
+			cfg, name := userConfig(ctx)
+			c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+			Expect(err).NotTo(HaveOccurred())
+			lk, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity(name))
+			Expect(err).NotTo(HaveOccurred())
+			return writer{name, c, lk}
+		}
+		alice, bob, carol := newWriter(), newWriter(), newWriter()
+		grant(ctx, ns, "configmaps", []string{"", "get", "list", "create", "update", "patch", "delete"}, alice.name, bob.name, carol.name)
+		grant(ctx, ns, "breakglass", []string{locksv1alpha1.GroupVersion.Group, locksv1alpha1.ForceReleaseVerb}, carol.name)
+
+		key := client.ObjectKey{Namespace: ns, Name: "settings"}
+		fencedCM := func(token int64, mode string) *corev1.ConfigMap {
+			return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+				Namespace: ns, Name: key.Name,
+				Labels:      map[string]string{webhook.FencedLabel: "true"},
+				Annotations: map[string]string{webhook.FencedByAnnotation: "config-writer", webhook.FencingTokenAnnotation: strconv.FormatInt(token, 10)},
+			}, Data: map[string]string{"mode": mode}}
+		}
+		stored := func() *corev1.ConfigMap {
+			cm := &corev1.ConfigMap{}
+			Expect(env.Client.Get(ctx, key, cm)).To(Succeed())
+			return cm
+		}
+		patch := func(w writer, p string) error {
+			return w.c.Patch(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}}, client.RawPatch(types.MergePatchType, []byte(p)))
+		}
+		apply := func(w writer, ann map[string]any) error {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "v1", "kind": "ConfigMap",
+				"metadata": map[string]any{"namespace": ns, "name": key.Name,
+					"labels": map[string]any{webhook.FencedLabel: "true"}, "annotations": ann},
+				"data": map[string]any{"mode": "applied by " + w.name},
+			}}
+			return w.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(w.name), client.ForceOwnership)
+		}
+		// refused asserts a denial with the rule's tag that left the object as it was.
+		refused := func(rule webhook.Rule, write func() error, contains ...string) {
+			GinkgoHelper()
+			before := &corev1.ConfigMap{}
+			errGet := env.Client.Get(ctx, key, before)
+			err := write()
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "got %v", err)
+			Expect(err.Error()).To(ContainSubstring("[kubelock:%s]", rule))
+			for _, c := range contains {
+				Expect(err.Error()).To(ContainSubstring(c))
+			}
+			after := &corev1.ConfigMap{}
+			errAfter := env.Client.Get(ctx, key, after)
+			Expect(apierrors.IsNotFound(errAfter)).To(Equal(apierrors.IsNotFound(errGet)))
+			if errGet == nil {
+				Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
+			}
+		}
+
+		By("alice holds the lock and creates the fenced ConfigMap with her token")
+		first, err := alice.lk.Acquire(ctx, "config-writer")
 		Expect(err).NotTo(HaveOccurred())
+		t1 := first.FencingToken()
+		Expect(alice.c.Create(ctx, fencedCM(t1, "by alice"))).To(Succeed())
+		Expect(patch(alice, `{"data":{"mode":"alice again"}}`)).To(Succeed())
 		Expect(first.Release(ctx)).To(Succeed())
-		second, err := c.Acquire(ctx, "config-writer")
+
+		By("bob holds it now; alice is a stale holder")
+		second, err := bob.lk.Acquire(ctx, "config-writer")
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { _ = second.Release(context.Background()) })
+		t2 := second.FencingToken()
+		hidden := strconv.FormatInt(t2, 10) // never shown to a non-holder
 
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-			Namespace: ns, Name: "settings",
-			Labels:      map[string]string{"locks.kubelock.io/fenced": "true"},
-			Annotations: map[string]string{webhook.FencedByAnnotation: "config-writer"},
-		}, Data: map[string]string{"mode": "initial"}}
-		Expect(env.Client.Create(ctx, cm)).To(Succeed())
+		refused(webhook.RuleStaleToken, func() error { return patch(alice, `{"data":{"mode":"alice, data only"}}`) },
+			"is not the current token of lock \"config-writer\"")
+		Expect(patch(bob, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":"`+hidden+`"}},"data":{"mode":"by bob"}}`)).To(Succeed())
 
-		write := func(token *int64, mode string) error {
-			cur := &corev1.ConfigMap{}
-			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(cm), cur)).To(Succeed())
-			delete(cur.Annotations, webhook.FencingTokenAnnotation)
-			if token != nil {
-				cur.Annotations[webhook.FencingTokenAnnotation] = strconv.FormatInt(*token, 10)
-			}
-			cur.Data["mode"] = mode
-			return env.Client.Update(ctx, cur)
+		// The stored token is now bob's: carried over, it authorises nobody else.
+		routes := []struct {
+			name  string
+			write func() error
+		}{
+			{"data-only patch", func() error { return patch(alice, `{"data":{"mode":"alice, data only"}}`) }},
+			{"server-side apply", func() error {
+				return apply(alice, map[string]any{webhook.FencedByAnnotation: "config-writer"})
+			}},
+			{"label removal", func() error { return patch(alice, `{"metadata":{"labels":{"locks.kubelock.io/fenced":null}}}`) }},
+			{"annotation removal", func() error {
+				return patch(alice, `{"metadata":{"annotations":{"locks.kubelock.io/fenced-by":null}}}`)
+			}},
+			{"delete", func() error {
+				return alice.c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}})
+			}},
 		}
-		stored := func() string {
-			cur := &corev1.ConfigMap{}
-			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(cm), cur)).To(Succeed())
-			return cur.Data["mode"]
+		for _, r := range routes {
+			By("alice: " + r.name)
+			refused(webhook.RuleFencedWriter, r.write, "does not hold lock \"config-writer\"")
 		}
-		t1, t2 := first.FencingToken(), second.FencingToken()
-		Expect(write(&t2, "by the current holder")).To(Succeed())
-		Expect(write(&t2, "again, equal token")).To(Succeed())
+		By("alice: server-side apply with her own (stale) token")
+		refused(webhook.RuleStaleToken, func() error {
+			return apply(alice, map[string]any{webhook.FencedByAnnotation: "config-writer", webhook.FencingTokenAnnotation: strconv.FormatInt(t1, 10)})
+		}, "stale fencing token")
+		By("bob: a forged token is refused without revealing the lock's token")
+		err = patch(bob, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":"`+strconv.FormatInt(math.MaxInt64, 10)+`"}}}`)
+		Expect(err).To(MatchError(ContainSubstring("was never issued by lock \"config-writer\"")))
+		Expect(err.Error()).NotTo(MatchRegexp(`\b%s\b`, hidden))
+		Expect(stored().Annotations[webhook.FencingTokenAnnotation]).To(Equal(hidden))
 
-		err = write(&t1, "by the former holder")
-		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "got %v", err)
-		Expect(err.Error()).To(ContainSubstring("stale fencing token %d for lock \"config-writer\": this object already accepted token %d", t1, t2))
-		Expect(stored()).To(Equal("again, equal token"))
+		By("the holder's server-side apply, and carol's update with the current token, pass")
+		Expect(apply(bob, map[string]any{webhook.FencedByAnnotation: "config-writer", webhook.FencingTokenAnnotation: hidden})).To(Succeed())
+		Expect(patch(carol, `{"data":{"mode":"fixed by carol (force-release)"}}`)).To(Succeed())
+		refused(webhook.RuleStaleToken, func() error {
+			return patch(carol, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":null}}}`)
+		}, "must carry the holder's fencing token")
 
-		err = write(nil, "without a token")
-		Expect(err).To(MatchError(ContainSubstring("must carry the " + webhook.FencingTokenAnnotation)))
+		By("the holder deletes; recreating is refused to the stale holder and to a copied token")
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}}
+		Expect(bob.c.Delete(ctx, cm)).To(Succeed())
+		refused(webhook.RuleStaleToken, func() error { return alice.c.Create(ctx, fencedCM(t1, "alice recreates")) }, "is not the current token")
+		refused(webhook.RuleFencedWriter, func() error { return alice.c.Create(ctx, fencedCM(t2, "alice recreates")) }, "does not hold")
+		Expect(bob.c.Create(ctx, fencedCM(t2, "bob recreates"))).To(Succeed())
 
-		forged := t2 + 1000
-		err = write(&forged, "with a forged token")
-		Expect(err).To(MatchError(ContainSubstring("was never issued")))
-		Expect(stored()).To(Equal("again, equal token"))
+		By("alice holds again: bob's delete is stale; alice stamps the object with her token, then deletes")
+		Expect(second.Release(ctx)).To(Succeed())
+		third, err := alice.lk.Acquire(ctx, "config-writer")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = third.Release(context.Background()) })
+		t3 := strconv.FormatInt(third.FencingToken(), 10)
+		refused(webhook.RuleStaleToken, func() error { return bob.c.Delete(ctx, cm) }, "is not the current token")
+		refused(webhook.RuleStaleToken, func() error { return alice.c.Delete(ctx, cm) }, "writes its token into the object first")
+		Expect(patch(alice, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":"`+t3+`"}}}`)).To(Succeed())
+		Expect(alice.c.Delete(ctx, cm)).To(Succeed())
+
+		By("carol (force-release) recreates with the current token")
+		Expect(carol.c.Create(ctx, fencedCM(third.FencingToken(), "carol recreates"))).To(Succeed())
+		Expect(stored().Data["mode"]).To(Equal("carol recreates"))
+
+		By("a namespace being deleted may be emptied by anyone who may delete (the namespace controller holds no lock)")
+		refused(webhook.RuleFencedWriter, func() error { return bob.c.Delete(ctx, cm) }, "does not hold")
+		Expect(env.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		Expect(bob.c.Delete(ctx, cm)).To(Succeed())
 	})
 })
+
+// grant binds users to a Role in ns with one rule: rule[0] is the API group,
+// the rest are verbs (on configmaps for group "", on distributedlocks otherwise).
+func grant(ctx context.Context, ns, name string, rule []string, users ...string) {
+	res := "configmaps"
+	if rule[0] != "" {
+		res = "distributedlocks"
+	}
+	Expect(env.Client.Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{rule[0]}, Resources: []string{res}, Verbs: rule[1:]}},
+	})).To(Succeed())
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+	}
+	for _, u := range users {
+		rb.Subjects = append(rb.Subjects, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: u})
+	}
+	Expect(env.Client.Create(ctx, rb)).To(Succeed())
+}
