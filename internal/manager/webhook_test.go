@@ -360,11 +360,14 @@ func checkWebhookRefusesStrangers(t *testing.T, o Options, caBundle []byte) {
 	for _, c := range []struct {
 		name   string
 		scheme string
-		certs  []tls.Certificate
-	}{{"plain HTTP", "http", nil}, {"TLS without a client certificate", "https", nil}, {"a client certificate of another CA", "https", []tls.Certificate{stranger}}} {
-		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-			TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: c.certs, MinVersion: tls.VersionTLS12},
-		}}
+		cert   *tls.Certificate
+	}{{"plain HTTP", "http", nil}, {"TLS without a client certificate", "https", nil}, {"a client certificate of another CA", "https", &stranger}} {
+		cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		if c.cert != nil {
+			// Sent whatever CAs the server asks for.
+			cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.cert, nil }
+		}
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
 		resp, err := hc.Post(c.scheme+"://"+path, "application/json", strings.NewReader(review)) //nolint:noctx // a local test endpoint
 		if err != nil {
 			t.Logf("%s: refused: %v", c.name, err)
