@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -29,9 +30,7 @@ var _ = Describe("a malformed lock", func() {
 			l.Status.Waiters = []locksv1alpha1.Waiter{waiter("req-queued", time.Now(), time.Hour)}
 			l.Status.WaiterCount = 1
 		})
-		plant(ctx, bad, func(status map[string]any) {
-			status["waiters"].([]any)[0].(map[string]any)["enqueueTime"] = "2026-01-01T00:00:00Z" // no microseconds
-		})
+		plant(ctx, bad, "enqueueTime", "2026-01-01T00:00:00Z") // no microseconds
 		decodeErrors := func() float64 {
 			v, err := metrics.Read(ctrlmetrics.Registry, "kubelock_controller_lock_decode_errors_total", map[string]string{"namespace": ns})
 			Expect(err).NotTo(HaveOccurred())
@@ -56,9 +55,7 @@ var _ = Describe("a malformed lock", func() {
 		Eventually(decodeErrors).Should(BeNumerically("==", 1))
 
 		By("malforming it again while the controller watches: a lower-case t")
-		plant(ctx, bad, func(status map[string]any) {
-			status["waiters"].([]any)[0].(map[string]any)["deadline"] = "2099-01-01t00:00:00.000000Z"
-		})
+		plant(ctx, bad, "deadline", "2099-01-01t00:00:00.000000Z")
 		expires("abandoned-2", "lease-abandoned-000002")
 		Eventually(decodeErrors).Should(BeNumerically("==", 2))
 		Consistently(decodeErrors, 2*time.Second).Should(BeNumerically("==", 2), "one count per malformed resourceVersion, not per reconcile")
@@ -69,12 +66,20 @@ var _ = Describe("a malformed lock", func() {
 	})
 })
 
-// plant rewrites the stored status of the lock at key in etcd, then waits
+// plant sets field of the lock's first waiter to value in etcd, then waits
 // until the apiserver serves the rewritten object (which typed clients cannot
 // decode any more).
-func plant(ctx context.Context, key types.NamespacedName, change func(status map[string]any)) {
+func plant(ctx context.Context, key types.NamespacedName, field, value string) {
 	gr := locksv1alpha1.GroupVersion.WithResource("distributedlocks").GroupResource()
-	Expect(env.RewriteStored(ctx, gr, key, func(obj map[string]any) { change(obj["status"].(map[string]any)) })).To(Succeed())
+	Expect(env.RewriteStored(ctx, gr, key, func(obj map[string]any) {
+		waiters, _, err := unstructured.NestedSlice(obj, "status", "waiters")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(waiters).NotTo(BeEmpty())
+		w, ok := waiters[0].(map[string]any)
+		Expect(ok).To(BeTrue())
+		w[field] = value
+		Expect(unstructured.SetNestedSlice(obj, waiters, "status", "waiters")).To(Succeed())
+	})).To(Succeed())
 	Eventually(func() error { return env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{}) }).
 		Should(MatchError(ContainSubstring("parsing time")))
 }

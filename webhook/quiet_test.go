@@ -17,7 +17,9 @@ import (
 
 type fixed admission.Response
 
-func (f fixed) Handle(context.Context, admission.Request) admission.Response { return admission.Response(f) }
+func (f fixed) Handle(context.Context, admission.Request) admission.Response {
+	return admission.Response(f)
+}
 
 func TestQuietKeepsDenialsAndHidesErrors(t *testing.T) {
 	secret := `parsing time "2026-01-01T00:00:00Z": lock token 4711`
