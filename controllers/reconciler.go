@@ -62,6 +62,10 @@ type Reconciler struct {
 	events   EventLimit
 
 	obs observations
+	// reader reads locks as unstructured objects (see decode.go): the
+	// manager's cache once SetupWithManager ran, the client before.
+	reader    client.Reader
+	malformed malformedLocks
 
 	userMu   sync.Mutex
 	username string
@@ -106,6 +110,7 @@ func NewReconciler(c client.Client, scheme *runtime.Scheme, recorder events.Even
 	for _, o := range opts {
 		o(r)
 	}
+	r.reader = c
 	switch {
 	case c == nil:
 		return nil, errors.New("controllers: a client is required")
@@ -133,8 +138,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(&leaderReporter{obs: &r.obs, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return err
 	}
+	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
+	r.reader = mgr.GetCache()
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&locksv1alpha1.DistributedLock{}).
+		For(newUnstructuredLock()).
 		Named(ControllerName).
 		WithOptions(r.ctrlOpts).
 		Complete(r)
@@ -147,15 +154,19 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // Reconcile brings one lock up to date with the controller's observations.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	// 1. Read the lock from the cache; forget locks that are gone.
-	lock := &locksv1alpha1.DistributedLock{}
-	if err := r.client.Get(ctx, req.NamespacedName, lock); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.obs.forget(req.NamespacedName)
-			return ctrl.Result{}, nil
-		}
+	// 1. Read the lock from the cache; forget locks that are gone, and leave
+	// alone one that does not decode (logged and counted by readLock).
+	lock, ok, err := r.readLock(ctx, req.NamespacedName)
+	switch {
+	case apierrors.IsNotFound(err):
+		r.obs.forget(req.NamespacedName)
+		r.malformed.forget(req.NamespacedName)
+		return ctrl.Result{}, nil
+	case err != nil:
 		metrics.ReconcileError(metrics.StepGet)
 		return ctrl.Result{}, err
+	case !ok:
+		return ctrl.Result{}, nil
 	}
 	now := r.clock.Now()
 

@@ -317,8 +317,13 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	admission, err := e.webhookClientAuth()
+	if err != nil {
+		return err
+	}
 	server := fmt.Sprintf("https://127.0.0.1:%d", o.APIServerPort)
 	args := []string{
+		"--admission-control-config-file=" + admission, // a client certificate for webhooks
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", o.EtcdPort),
 		"--bind-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(o.APIServerPort),
@@ -392,6 +397,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	mo.MetricsAddr, mo.ProbeAddr = localAddr(o.MetricsPort), localAddr(o.ProbePort)
 	mo.WebhookHost, mo.WebhookPort, mo.WebhookCertDir = "127.0.0.1", o.WebhookPort, certDir
 	mo.CertRotation = false
+	mo.WebhookClientCAFile = e.webhookClientCAFile() // only the apiserver is answered
 	mo.Username = ControllerUser
 	mo.WebhookControllerUsers = []string{ControllerUser}
 	e.operatorLog = logf.Name()

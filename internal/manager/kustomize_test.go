@@ -45,6 +45,11 @@ func TestKustomizeConfig(t *testing.T) {
 		"failurePolicy: Fail", "sideEffects: None",
 		"name: kubelock-webhook-server-cert", "name: kubelock-cert-rotation",
 		"--cert-rotation=true", "containerPort: 9443", "emptyDir:",
+		// Quiet servers: metrics over HTTPS for the reader role only, and the
+		// webhook configurations and Secret the operator writes named.
+		"--metrics-secure=true", "name: kubelock-metrics-reader", "- /metrics",
+		"resourceNames:\n  - kubelock-fenced-objects\n  - kubelock-validating-webhook-configuration",
+		"resourceNames:\n  - kubelock-webhook-server-cert",
 	} {
 		if !strings.Contains(self, want) {
 			t.Errorf("config/default lacks %q", want)

@@ -3,21 +3,30 @@ package manager
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/testenv"
@@ -29,7 +38,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		t.Fatalf("--help exited %d", code)
 	}
 	for _, flag := range []string{
-		"metrics-bind-address", "health-probe-bind-address", "leader-elect", "leader-election-namespace",
+		"metrics-bind-address", "metrics-secure", "metrics-cert-dir", "webhook-client-ca-file", "health-probe-bind-address", "leader-elect", "leader-election-namespace",
 		"leader-election-id", "expiry-grace", "auto-created-idle-timeout", "controller-username",
 		"concurrency", "kubeconfig", "zap-log-level",
 		"enable-webhook", "webhook-port", "webhook-cert-dir", "webhook-controller-users", "cert-rotation",
@@ -81,7 +90,7 @@ func TestRunElectsLeaderAndReconciles(t *testing.T) {
 	t.Cleanup(func() { _ = env.Stop() })
 
 	opts := DefaultOptions()
-	opts.MetricsAddr = "0"
+	opts.MetricsAddr = freeAddr(t) // HTTPS with authn/authz, the default
 	opts.ProbeAddr = freeAddr(t)
 	opts.LeaderElectionNamespace = "default"
 	opts.EnableWebhook = false // TestWebhook* cover it
@@ -133,6 +142,84 @@ func TestRunElectsLeaderAndReconciles(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(l), l)
 		return err == nil && l.Status.ObservedGeneration == l.Generation, nil
 	})
+
+	checkMetricsNeedAuthnAndAuthz(ctx, t, env, opts.MetricsAddr, poll)
+}
+
+// checkMetricsNeedAuthnAndAuthz scrapes the manager's metrics as
+// config/prometheus does (HTTPS, a service account's bearer token bound to
+// config/rbac's kubelock-metrics-reader) and checks that nobody else gets them.
+func checkMetricsNeedAuthnAndAuthz(ctx context.Context, t *testing.T, env *testenv.Env, addr string, poll func(string, func(context.Context) (bool, error))) {
+	t.Helper()
+	role := &rbacv1.ClusterRole{}
+	readManifest(t, filepath.Join("config", "rbac", "metrics_reader_role.yaml"), role)
+	must(t, env.Client.Create(ctx, role))
+	token := func(sa string) string {
+		t.Helper()
+		must(t, env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: sa}}))
+		cs, err := kubernetes.NewForConfig(env.Config)
+		must(t, err)
+		tr, err := cs.CoreV1().ServiceAccounts("default").CreateToken(ctx, sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		must(t, err)
+		return tr.Status.Token
+	}
+	scraper, other := token("scraper"), token("not-a-scraper")
+	must(t, env.Client.Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "scraper-reads-metrics"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: "scraper"}},
+	}))
+	url := "https://" + addr + "/metrics"
+	// The certificate is self-signed, as config/prometheus' insecureSkipVerify expects.
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed on purpose
+	scrape := func(bearer string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		must(t, err)
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	var body string
+	poll("metrics for the scraper's token", func(context.Context) (bool, error) {
+		var code int
+		code, body = scrape(scraper)
+		return code == http.StatusOK, nil
+	})
+	if !strings.Contains(body, "kubelock_controller_is_leader 1") {
+		t.Errorf("the scraper's metrics lack kubelock_controller_is_leader 1:\n%.2000s", body)
+	}
+	for _, c := range []struct {
+		who    string
+		bearer string
+		want   int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		// The TokenReview of a token that is no JWT errors: controller-runtime answers 500.
+		{"a forged token", "forged", 0},
+		{"a token without the role", other, http.StatusForbidden},
+	} {
+		if code, body := scrape(c.bearer); (c.want != 0 && code != c.want) || code < 400 || strings.Contains(body, "kubelock_") {
+			t.Errorf("metrics with %s: got %d %.200q, want %d without metrics", c.who, code, body, c.want)
+		}
+	}
+	if code, body := get("http://" + addr + "/metrics"); code == http.StatusOK || strings.Contains(body, "kubelock_") {
+		t.Errorf("metrics over plain HTTP: got %d %.200q, want no metrics", code, body)
+	}
+}
+
+// readManifest decodes the one object in file (under the repository root).
+func readManifest(t *testing.T, file string, into any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), file))
+	must(t, err)
+	must(t, sigsyaml.Unmarshal(data, into))
 }
 
 func freeAddr(t *testing.T) string {

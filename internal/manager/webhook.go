@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -24,6 +25,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -36,8 +38,20 @@ import (
 // serving pair in (created empty by config/webhook; only in the operator's
 // namespace) and the webhook configuration whose caBundle it keeps current.
 //
-// +kubebuilder:rbac:groups="",namespace=system,resources=secrets,verbs=get;list;watch;update
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=get;list;watch;update;patch
+// (The rotator's cache lists and watches the namespace's Secrets; it reads and
+// writes only --cert-secret-name, config/webhook's kubelock-webhook-server-cert.)
+//
+// +kubebuilder:rbac:groups="",namespace=system,resources=secrets,verbs=list;watch
+// +kubebuilder:rbac:groups="",namespace=system,resources=secrets,resourceNames=kubelock-webhook-server-cert,verbs=get;update
+//
+// The rotator's informer lists and watches webhook configurations cluster-wide
+// (RBAC cannot restrict list/watch by name without a field selector), but it
+// reads and writes only the two it is configured with: config/default's names,
+// --webhook-config-name and --fenced-webhook-config-name (an overlay that
+// renames them must also patch the ClusterRole's resourceNames).
+//
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,verbs=list;watch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingwebhookconfigurations,resourceNames=kubelock-validating-webhook-configuration;kubelock-fenced-objects,verbs=get;update
 
 const (
 	certName = "tls.crt"
@@ -79,10 +93,11 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 		return err
 	}
 	srv := mgr.GetWebhookServer() // adds the server to the manager
-	srv.Register(webhook.Path, &admission.Webhook{Handler: v})
+	// Quiet: an error answer never quotes the object or the stored lock.
+	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
 	// Fenced objects (config/fenced-objects, optional) compare against the
 	// lock's current token: read it from the apiserver, not from the cache.
-	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.NewFencedValidator(admission.NewDecoder(mgr.GetScheme()), mgr.GetAPIReader())})
+	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(mgr.GetScheme()), mgr.GetAPIReader()))})
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return err
 	}
@@ -170,12 +185,29 @@ func webhookControllerUsers(ctx context.Context, r *controllers.Reconciler, o Op
 // certWaitingServer is the webhook server, started only once its certificate
 // files exist: cert-controller writes the Secret a moment after start, and a
 // mounted cert-manager Secret may still be empty. Until then /readyz fails.
+//
+// The server speaks TLS only (controller-runtime listens with tls.Listen; a
+// plain-HTTP request gets Go's fixed "400 Client sent an HTTP request to an
+// HTTPS server" and never reaches a handler). With a client CA it also
+// completes the handshake only with clients holding a certificate that CA signed.
 type certWaitingServer struct {
 	ctrlwebhook.Server
 	dir string
+	// clientAuth is set when client certificates are required.
+	clientAuth bool
+	// serving is set once the certificate exists and the server starts.
+	serving atomic.Bool
 }
 
-func newWebhookServer(o Options) ctrlwebhook.Server {
+func newWebhookServer(o Options) (*certWaitingServer, error) {
+	opts := []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }}
+	if o.EnableWebhook && o.WebhookClientCAFile != "" {
+		opt, err := requireClientCerts(o.WebhookClientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, opt)
+	}
 	return &certWaitingServer{
 		Server: ctrlwebhook.NewServer(ctrlwebhook.Options{
 			Host:     o.WebhookHost,
@@ -183,9 +215,45 @@ func newWebhookServer(o Options) ctrlwebhook.Server {
 			CertDir:  o.WebhookCertDir,
 			CertName: certName,
 			KeyName:  keyName,
-			TLSOpts:  []func(*tls.Config){func(c *tls.Config) { c.MinVersion = tls.VersionTLS12 }},
+			TLSOpts:  opts,
 		}),
-		dir: o.WebhookCertDir,
+		dir:        o.WebhookCertDir,
+		clientAuth: o.WebhookClientCAFile != "",
+	}, nil
+}
+
+// requireClientCerts makes the TLS handshake require a client certificate
+// signed by a CA in file. (controller-runtime's ClientCAName does the same
+// for a file inside the serving certificate's directory; this one may live
+// anywhere, e.g. a ConfigMap mount next to the self-rotated emptyDir.)
+func requireClientCerts(file string) (func(*tls.Config), error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading --webhook-client-ca-file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("--webhook-client-ca-file %s holds no PEM certificate", file)
+	}
+	return func(c *tls.Config) {
+		c.ClientCAs = pool
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+	}, nil
+}
+
+// StartedChecker reports readiness. controller-runtime's check dials the
+// server without a client certificate, which a server that requires one
+// refuses (and logs, at every probe); then the check is that the serving
+// certificate exists and the server was started.
+func (s *certWaitingServer) StartedChecker() healthz.Checker {
+	if !s.clientAuth {
+		return s.Server.StartedChecker()
+	}
+	return func(*http.Request) error {
+		if !s.serving.Load() {
+			return errors.New("webhook server has not been started yet")
+		}
+		return nil
 	}
 }
 
@@ -206,6 +274,8 @@ func (s *certWaitingServer) Start(ctx context.Context) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	s.serving.Store(true)
+	defer s.serving.Store(false)
 	return s.Server.Start(ctx)
 }
 

@@ -2,11 +2,17 @@ package manager
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -18,14 +24,18 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/testenv"
@@ -101,6 +111,9 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	opts.CertExtraDNSNames = []string{"localhost"}
 	opts.ExpiryGrace = 200 * time.Millisecond
 	opts.skipNameValidation = true // other tests in this process run a manager too
+	// The test apiserver presents a client certificate to webhooks (testenv's
+	// AdmissionConfiguration); the webhook requires it.
+	opts.WebhookClientCAFile = env.WebhookClientCAFile
 
 	// What config/webhook ships: the namespace, the empty Secret and the
 	// generated webhook configuration (here pointing at this process).
@@ -118,12 +131,10 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	must(t, env.Client.Create(ctx, fenced))
 
 	// The controller's own user: the webhook must learn it (SelfSubjectReview)
-	// without --webhook-controller-users.
+	// without --webhook-controller-users. It has exactly the permissions
+	// config/rbac grants (resourceNames included), not an administrator's.
 	const controllerUser = "kubelock-test-controller"
-	ctrlCfg, err := env.ControllerConfig(controllerUser)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctrlCfg := managerUserConfig(ctx, t, env, controllerUser, opts.CertSecretNamespace, opts.LeaderElectionNamespace)
 	var runErr error
 	done := make(chan struct{})
 	go func() {
@@ -184,6 +195,7 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 		}
 	}
 	checkServingCert(t, opts, ca)
+	checkWebhookRefusesStrangers(t, opts, ca)
 	t.Logf("webhook ready with a self-issued certificate %s after the test began (control-plane start included)", time.Since(start).Round(time.Millisecond))
 
 	alice, bob := userClient(ctx, t, env, "alice"), userClient(ctx, t, env, "bob")
@@ -293,6 +305,96 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	if err := env.Client.Update(ctx, cm); err == nil || !strings.Contains(err.Error(), "[kubelock:"+string(webhook.RuleStaleToken)+"]") {
 		t.Fatalf("an untokened update of a fenced ConfigMap: got %v, want a [kubelock:%s] denial", err, webhook.RuleStaleToken)
 	}
+}
+
+// managerUserConfig is a connection as user, bound to what config/rbac grants
+// the operator: the generated ClusterRole and Role (role.yaml, with
+// resourceNames) and the leader-election Role, in the given namespaces.
+func managerUserConfig(ctx context.Context, t *testing.T, env *testenv.Env, user, operatorNS, leaderNS string) *rest.Config {
+	t.Helper()
+	u, err := env.AddUser(envtest.User{Name: user}, nil)
+	must(t, err)
+	subject := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}}
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "rbac", "role.yaml"))
+	must(t, err)
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var meta metav1.TypeMeta
+		must(t, sigsyaml.Unmarshal([]byte(doc), &meta))
+		switch meta.Kind {
+		case "ClusterRole":
+			var role rbacv1.ClusterRole
+			must(t, sigsyaml.Unmarshal([]byte(doc), &role))
+			must(t, env.Client.Create(ctx, &role))
+			must(t, env.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role.Name}, Subjects: subject,
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name}}))
+		case "Role":
+			var role rbacv1.Role
+			must(t, sigsyaml.Unmarshal([]byte(doc), &role))
+			bindRole(ctx, t, env, &role, operatorNS, subject)
+		}
+	}
+	var election rbacv1.Role
+	readManifest(t, filepath.Join("config", "rbac", "leader_election_role.yaml"), &election)
+	bindRole(ctx, t, env, &election, leaderNS, subject)
+	return u.Config()
+}
+
+func bindRole(ctx context.Context, t *testing.T, env *testenv.Env, role *rbacv1.Role, ns string, subject []rbacv1.Subject) {
+	t.Helper()
+	role.Namespace = ns
+	must(t, env.Client.Create(ctx, role))
+	must(t, env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role.Name}, Subjects: subject,
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}}))
+}
+
+// checkWebhookRefusesStrangers posts an AdmissionReview to the webhook as
+// anyone but the apiserver: over plain HTTP, over TLS without a client
+// certificate, and with a certificate of another CA. None gets an answer from
+// the webhook: the handshake fails (or Go's fixed plain-HTTP 400).
+func checkWebhookRefusesStrangers(t *testing.T, o Options, caBundle []byte) {
+	t.Helper()
+	review := `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","kind":{"group":"locks.kubelock.io","version":"v1alpha1","kind":"DistributedLock"},"resource":{"group":"locks.kubelock.io","version":"v1alpha1","resource":"distributedlocks"},"subResource":"status","namespace":"default","name":"guarded","operation":"UPDATE","userInfo":{"username":"mallory"},"object":{},"oldObject":{}}}`
+	path := fmt.Sprintf("localhost:%d%s", o.WebhookPort, webhook.Path)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caBundle)
+	stranger := selfSignedClientCert(t)
+	for _, c := range []struct {
+		name   string
+		scheme string
+		cert   *tls.Certificate
+	}{{"plain HTTP", "http", nil}, {"TLS without a client certificate", "https", nil}, {"a client certificate of another CA", "https", &stranger}} {
+		cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		if c.cert != nil {
+			// Sent whatever CAs the server asks for.
+			cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.cert, nil }
+		}
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+		resp, err := hc.Post(c.scheme+"://"+path, "application/json", strings.NewReader(review)) //nolint:noctx // a local test endpoint
+		if err != nil {
+			t.Logf("%s: refused: %v", c.name, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if c.scheme == "https" || resp.StatusCode != http.StatusBadRequest || strings.Contains(string(body), "response") {
+			t.Errorf("%s: the webhook answered %d %q", c.name, resp.StatusCode, body)
+		}
+	}
+}
+
+// selfSignedClientCert is a client certificate no cluster CA signed.
+func selfSignedClientCert(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: testenv.WebhookClientCN},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	must(t, err)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // checkServingCert verifies the files the webhook serves chain to caBundle and

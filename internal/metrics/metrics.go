@@ -96,6 +96,12 @@ var (
 		Name: "reconcile_errors_total",
 		Help: "Reconciles that returned an error, by step (get, username, write_status, delete).",
 	}, []string{"step"})
+	// One series per namespace that ever held a malformed lock: bounded by namespaces.
+	lockDecodeErrorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: ControllerSubsystem,
+		Name: "lock_decode_errors_total",
+		Help: "Versions of DistributedLocks the controller could not decode (e.g. a time Go's metav1 types do not parse) and left alone, by namespace; each malformed resourceVersion counts once.",
+	}, []string{"namespace"})
 	writeConflictsTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: ControllerSubsystem,
 		Name: "write_conflicts_total",
@@ -141,7 +147,7 @@ func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		expirationsTotal, waitersDroppedTotal, idleLocksDeletedTotal, transitionsObservedTotal,
 		waitSeconds, handoffSeconds, queueLength, locksObserved, locksHeld, waiters,
-		reconcileErrorsTotal, writeConflictsTotal, eventsSuppressedTotal, isLeader, leaderChangesTotal,
+		reconcileErrorsTotal, lockDecodeErrorsTotal, writeConflictsTotal, eventsSuppressedTotal, isLeader, leaderChangesTotal,
 		admissionDecisionsTotal, staleTokenRejectionsTotal, Hot, Holdings,
 	}
 }
@@ -211,6 +217,10 @@ func b2f(b bool) float64 {
 
 // ReconcileError counts a reconcile that returned an error at step.
 func ReconcileError(step string) { reconcileErrorsTotal.WithLabelValues(step).Inc() }
+
+// LockDecodeError counts a version of a lock in namespace that the controller
+// could not decode.
+func LockDecodeError(namespace string) { lockDecodeErrorsTotal.WithLabelValues(namespace).Inc() }
 
 // WriteConflict counts a controller write that lost a race.
 func WriteConflict() { writeConflictsTotal.Inc() }

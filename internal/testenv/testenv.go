@@ -35,6 +35,13 @@ type Env struct {
 	Client client.Client
 	// Scheme knows the built-in types and the kubelock API.
 	Scheme *k8sruntime.Scheme
+	// WebhookClientCA is the PEM CA of the client certificate the apiserver
+	// presents to every admission webhook; WebhookClientCAFile holds it.
+	// Webhook servers of the suites require it (StartWebhook does).
+	WebhookClientCA     []byte
+	WebhookClientCAFile string
+
+	webhookAuth *webhookClientAuth
 }
 
 // Start starts etcd and kube-apiserver, installs the CRDs from config/crd/bases
@@ -54,6 +61,12 @@ func Start(opts ...Option) (*Env, error) {
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: AssetsDir(),
 	}
+	auth, err := newWebhookClientAuth()
+	if err != nil {
+		return nil, err
+	}
+	// Options come after, so a suite may still replace the admission configuration.
+	WithAPIServerArgs("admission-control-config-file", auth.admissionFile)(env)
 	for _, o := range opts {
 		o(env)
 	}
@@ -62,19 +75,29 @@ func Start(opts ...Option) (*Env, error) {
 		// envtest leaves etcd and kube-apiserver running when a later step
 		// (installing CRDs or webhooks) fails.
 		_ = env.Stop()
+		_ = os.RemoveAll(auth.dir)
 		return nil, fmt.Errorf("starting the control plane from %s (build it with 'make control-plane'): %w", env.BinaryAssetsDirectory, err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		_ = env.Stop()
+	e := &Env{Environment: env, Config: cfg, Scheme: scheme,
+		WebhookClientCA: auth.caPEM, WebhookClientCAFile: auth.caFile, webhookAuth: auth}
+	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		_ = e.Stop()
 		return nil, err
 	}
-	e := &Env{Environment: env, Config: cfg, Client: c, Scheme: scheme}
 	if err := e.installLockUserRole(context.Background()); err != nil {
-		_ = env.Stop()
+		_ = e.Stop()
 		return nil, err
 	}
 	return e, nil
+}
+
+// Stop stops the control plane and removes its files.
+func (e *Env) Stop() error {
+	err := e.Environment.Stop()
+	if e.webhookAuth != nil {
+		_ = os.RemoveAll(e.webhookAuth.dir)
+	}
+	return err
 }
 
 // Option adjusts the envtest environment before it starts.

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -49,9 +51,12 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 	if err != nil {
 		return err
 	}
-	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir})
-	srv.Register(webhook.Path, &admission.Webhook{Handler: v})
-	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client)})
+	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{
+		Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir,
+		TLSOpts: []func(*tls.Config){e.RequireWebhookClientCert},
+	})
+	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
+	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client))})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Start(ctx) }()
 	addr := net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort))
@@ -71,6 +76,16 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 			return fmt.Errorf("testenv: webhook server at %s did not come up: %w", addr, err)
 		}
 	}
+}
+
+// RequireWebhookClientCert makes a webhook server's TLS require the client
+// certificate this control plane's apiserver presents (WebhookClientCA), as
+// the manager's --webhook-client-ca-file does.
+func (e *Env) RequireWebhookClientCert(c *tls.Config) {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(e.WebhookClientCA)
+	c.ClientCAs = pool
+	c.ClientAuth = tls.RequireAndVerifyClientCert
 }
 
 // FencedObjectsWebhook registers the fenced-object rule for ConfigMaps labelled

@@ -196,6 +196,7 @@ func (c *cluster) startManager(ctx context.Context) error {
 		"--webhook-host=127.0.0.1",
 		"--webhook-port="+strconv.Itoa(webhookPort),
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
+		"--metrics-secure=false", // scraped over plain HTTP on loopback
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
 	)
 	if err != nil {

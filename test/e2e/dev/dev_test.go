@@ -6,8 +6,10 @@ package dev
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/kubelock/kubelock/internal/devenv"
 	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/webhook"
 )
 
 var kubelock string
@@ -195,6 +198,15 @@ var _ = Describe("kubelock dev", func() {
 			}
 		}
 		Expect(ran).To(Equal(len(steps)))
+
+		By("posting an AdmissionReview to the webhook as anyone but the apiserver")
+		// The apiserver presents a client certificate of its own CA; nobody else gets past TLS.
+		review := `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"DELETE","namespace":"default","name":"demo"}}`
+		//nolint:gosec // a stranger trusts anyone
+		stranger := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		url := fmt.Sprintf("https://127.0.0.1:%d%s", ports[3], webhook.Path)
+		_, err = stranger.Post(url, "application/json", strings.NewReader(review)) //nolint:noctx // a local test endpoint
+		Expect(err).To(MatchError(ContainSubstring("certificate required")), "the webhook answers only the apiserver")
 
 		By("SIGTERM")
 		kids := children(s.Command.Process.Pid)

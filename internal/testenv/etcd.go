@@ -1,0 +1,65 @@
+package testenv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// etcdPrefix is the kube-apiserver's default --etcd-prefix, which envtest keeps.
+const etcdPrefix = "/registry"
+
+// RewriteStored changes an object as stored in etcd, behind the apiserver's
+// back: no admission, no schema validation. Tests use it to plant objects that
+// no API write could create (e.g. a time the Go types cannot parse), whatever
+// the installed CRD allows. change edits the stored JSON (custom resources are
+// stored as JSON); the write is conditioned on the revision read, and the
+// apiserver's watch delivers the new object to every client.
+func (e *Env) RewriteStored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName, change func(obj map[string]any)) error {
+	if e.ControlPlane.Etcd == nil || e.ControlPlane.Etcd.URL == nil {
+		return errors.New("testenv: no etcd URL")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ControlPlane.Etcd.URL.String()}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = cli.Close() }()
+	path := fmt.Sprintf("%s/%s/%s/%s/%s", etcdPrefix, gr.Group, gr.Resource, key.Namespace, key.Name)
+	if gr.Group == "" {
+		path = fmt.Sprintf("%s/%s/%s/%s", etcdPrefix, gr.Resource, key.Namespace, key.Name)
+	}
+	got, err := cli.Get(ctx, path)
+	if err != nil {
+		return err
+	}
+	if len(got.Kvs) != 1 {
+		return fmt.Errorf("testenv: %s is not stored in etcd", path)
+	}
+	kv := got.Kvs[0]
+	var obj map[string]any
+	if err := json.Unmarshal(kv.Value, &obj); err != nil {
+		return fmt.Errorf("testenv: %s is not stored as JSON: %w", path, err)
+	}
+	change(obj)
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(path), "=", kv.ModRevision)).
+		Then(clientv3.OpPut(path, string(data))).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("testenv: %s changed meanwhile", path)
+	}
+	return nil
+}
