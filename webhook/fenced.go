@@ -227,13 +227,14 @@ type sarCreator interface {
 
 // NewFencedValidator returns the handler. reader reads the guarding locks and
 // should read the apiserver, not a cache (the rule compares with the lock's
-// current token). When reader can also create objects (any client.Client, as
-// the manager's API reader is), it asks SubjectAccessReviews for the
-// force-release verb; otherwise no writer counts as having it.
-func NewFencedValidator(decoder admission.Decoder, reader client.Reader) *FencedValidator {
+// current token); sar creates the SubjectAccessReviews for the force-release
+// verb (nil: nobody counts as having it).
+func NewFencedValidator(decoder admission.Decoder, reader client.Reader, sar client.Client) *FencedValidator {
 	metrics.Register()
 	v := &FencedValidator{decoder: decoder, reader: reader}
-	v.sar, _ = reader.(sarCreator)
+	if sar != nil {
+		v.sar = sar
+	}
 	return v
 }
 

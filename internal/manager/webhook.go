@@ -97,7 +97,7 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
 	// Fenced objects (config/fenced-objects, optional) compare against the
 	// lock's current token: read it from the apiserver, not from the cache.
-	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(mgr.GetScheme()), mgr.GetAPIReader()))})
+	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(mgr.GetScheme()), mgr.GetAPIReader(), mgr.GetClient()))})
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return err
 	}

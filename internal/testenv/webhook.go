@@ -56,7 +56,7 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 		TLSOpts: []func(*tls.Config){e.RequireWebhookClientCert},
 	})
 	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
-	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client))})
+	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client, e.Client))})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Start(ctx) }()
 	addr := net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort))
