@@ -347,6 +347,7 @@ func (r *report) plotRates(path string) error {
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top = true
 	p.Legend.Left = true
+	series := 0
 	for i, m := range r.mixes {
 		var p99, p50 plotter.XYs
 		for _, s := range m.Steps {
@@ -373,6 +374,12 @@ func (r *report) plotRates(path string) error {
 		l2.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		p.Add(l, pts, l2)
 		p.Legend.Add(m.System, l, pts)
+		series++
+	}
+	if series == 0 {
+		// No seed-mix data (workload 1 not run): an empty log-scale plot
+		// panics in gonum/plot, and there is nothing to draw.
+		return nil
 	}
 	limit := plotter.NewFunction(func(float64) float64 { return float64(r.opts.p99Limit) / 1e6 })
 	limit.Color = plotutil.Color(7)
@@ -392,6 +399,7 @@ func (r *report) plotHandoff(path string) error {
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top = true
 	p.Legend.Left = true
+	series := 0
 	for i, h := range r.handoffs {
 		if len(h.Lat) == 0 {
 			continue
@@ -409,6 +417,10 @@ func (r *report) plotHandoff(path string) error {
 		l.Width = vg.Points(1.5)
 		p.Add(l)
 		p.Legend.Add(fmt.Sprintf("%s (n=%d)", h.System, len(s)), l)
+		series++
+	}
+	if series == 0 {
+		return nil // no hand-off data (workload 3 not run)
 	}
 	p.Add(plotter.NewGrid())
 	return p.Save(8*vg.Inch, 5*vg.Inch, path)
