@@ -62,8 +62,9 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint (both modules, with the root's .gola
 	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: verify
-verify: manifests generate ## Regenerate code and manifests; fail on any diff or untracked generated file.
+verify: manifests generate ## Regenerate code and manifests; fail on any diff or untracked generated file, untidy go.mod, or a benchmark-only dependency in pkg/lock.
 	@hack/verify-clean.sh api config
+	@hack/verify-modules.sh
 
 .PHONY: control-plane
 control-plane: $(CONTROL_PLANE_DIR)/kube-apiserver ## Build etcd, kube-apiserver and kubectl from Go modules into ./bin.
