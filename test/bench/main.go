@@ -126,7 +126,10 @@ func run(args []string) int {
 	o := defaults(quick)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: go run ./test/bench [flags]
+		fmt.Fprintf(fs.Output(), `Usage: go -C test/bench run . [flags]
+
+Run from the repository root (test/bench is a Go module of its own); make bench
+and make bench-quick run it this way.
 
 Benchmarks kubelock (webhook, ValidatingAdmissionPolicy and no admission) against
 raw Lease CAS on the same apiserver (the stack's limit), client-go leader election,
@@ -231,7 +234,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	rep := &report{opts: o, started: time.Now(), loadStart: loadAvg(), machine: machineInfo()}
-	rep.command = "go run ./test/bench " + strings.Join(argv[1:], " ")
+	rep.command = strings.TrimSpace("go -C test/bench run . " + strings.Join(argv[1:], " "))
 	systems := map[string]bool{}
 	for _, s := range strings.Split(o.systems, ",") {
 		systems[strings.TrimSpace(s)] = true
