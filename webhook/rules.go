@@ -46,6 +46,17 @@ const (
 	RuleHistory Rule = "history"
 	// RuleHeldDelete: a held lock is deleted only with force.
 	RuleHeldDelete Rule = "held-delete"
+	// RuleBookkeeping: a lock user sets observedGeneration only to generation and
+	// conditions only to the one Held condition in step with the holder.
+	RuleBookkeeping Rule = "bookkeeping"
+	// RuleTimeFormat: every time string in status parses with Go's metav1 types.
+	RuleTimeFormat Rule = "time-format"
+	// RuleWaitBound: a new waiter waits at most spec.maxWaitSeconds.
+	RuleWaitBound Rule = "wait-bound"
+	// RuleLeaseID: an acquisition's leaseID is fresh (not the holder's, not a recent one).
+	RuleLeaseID Rule = "lease-id"
+	// RuleTerminating: a lock being deleted is neither acquired nor queued for.
+	RuleTerminating Rule = "terminating"
 )
 
 // Extra keys a bound service-account token carries.

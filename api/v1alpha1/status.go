@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,9 +45,29 @@ func (l *DistributedLock) IsHeld() bool { return l.Status.Holder != nil }
 // MaxWaiters is spec.maxWaiters with its default applied.
 func (l *DistributedLock) MaxWaiters() int {
 	if l.Spec.MaxWaiters == nil {
-		return 128
+		return DefaultMaxWaiters
 	}
 	return int(*l.Spec.MaxWaiters)
+}
+
+// MaxWaitersPerUser is how many queue entries one user may have:
+// spec.maxWaitersPerUser (default applied), but never more than MaxWaiters.
+func (l *DistributedLock) MaxWaitersPerUser() int {
+	n := DefaultMaxWaitersPerUser
+	if l.Spec.MaxWaitersPerUser != nil {
+		n = int(*l.Spec.MaxWaitersPerUser)
+	}
+	return min(n, l.MaxWaiters())
+}
+
+// MaxWait is spec.maxWaitSeconds with its default applied: the longest a
+// waiter's deadline may lie after its enqueueTime.
+func (l *DistributedLock) MaxWait() time.Duration {
+	s := l.Spec.MaxWaitSeconds
+	if s <= 0 {
+		s = DefaultMaxWaitSeconds
+	}
+	return time.Duration(s) * time.Second
 }
 
 // Acquire makes h the holder and gives it token; the caller computed the token
