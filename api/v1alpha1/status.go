@@ -147,12 +147,29 @@ func (s *DistributedLockStatus) RemoveWaiter(requestID string) bool {
 }
 
 // setHeld keeps the Held condition in step with the holder in the same write.
+// Lock users may write exactly this one condition (admission rule
+// "bookkeeping"), so any other condition goes and the message is bounded.
 func (l *DistributedLock) setHeld(status metav1.ConditionStatus, reason, message string) {
-	meta.SetStatusCondition(&l.Status.Conditions, metav1.Condition{
+	var held []metav1.Condition
+	if c := meta.FindStatusCondition(l.Status.Conditions, ConditionHeld); c != nil {
+		held = append(held, *c)
+	}
+	meta.SetStatusCondition(&held, metav1.Condition{
 		Type:               ConditionHeld,
 		Status:             status,
 		Reason:             reason,
-		Message:            message,
+		Message:            truncate(message, MaxConditionMessage),
 		ObservedGeneration: l.Generation,
 	})
+	l.Status.Conditions = held
+	l.Status.ObservedGeneration = l.Generation
+}
+
+// truncate cuts s to at most n characters (runes), marking the cut with "…".
+func truncate(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
