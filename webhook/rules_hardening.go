@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"encoding/json"
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -87,13 +88,14 @@ func heldInStep(l *locksv1alpha1.DistributedLock) bool {
 		heldReasons[c.Reason] && utf8.RuneCountInString(c.Message) <= locksv1alpha1.MaxConditionMessage
 }
 
-// validateTimes checks that every time in status survives Go's own round trip:
-// marshalled (in UTC) it must parse again. A year-0 time with a positive offset
-// parses but marshals to year -1, which nothing parses (issue 13, class 1).
+// validateTimes checks every decoded time in status as Go will write it back
+// (in UTC): it must match the CRD's pattern, or every later write of the lock
+// by a Go client fails. A year-0 time with a positive offset parses but
+// marshals as year -1 (issue 13, class 1).
 func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
 	var errs field.ErrorList
 	micro := func(p *field.Path, t metav1.MicroTime) {
-		if !microRoundTrips(t) {
+		if b, err := t.MarshalJSON(); err != nil || !validJSONTime(b, ValidMicroTime) {
 			errs = append(errs, deny(p, RuleTimeFormat, msgMicroTime))
 		}
 	}
@@ -111,29 +113,21 @@ func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
 		micro(recentPath.Index(i).Child("endTime"), r.EndTime)
 	}
 	for i, c := range s.Conditions {
-		if !timeRoundTrips(c.LastTransitionTime) {
+		if b, err := c.LastTransitionTime.MarshalJSON(); err != nil || !validJSONTime(b, ValidTime) {
 			errs = append(errs, deny(conditionsPath.Index(i).Child("lastTransitionTime"), RuleTimeFormat, msgTime))
 		}
 	}
 	return errs
 }
 
-func microRoundTrips(t metav1.MicroTime) bool {
-	b, err := t.MarshalJSON()
-	if err != nil {
+// validJSONTime applies valid to a marshalled time; a zero time marshals as
+// null, which the schema's required markers judge, not this rule.
+func validJSONTime(b []byte, valid func(string) bool) bool {
+	var s *string
+	if json.Unmarshal(b, &s) != nil {
 		return false
 	}
-	var back metav1.MicroTime
-	return back.UnmarshalJSON(b) == nil
-}
-
-func timeRoundTrips(t metav1.Time) bool {
-	b, err := t.MarshalJSON()
-	if err != nil {
-		return false
-	}
-	var back metav1.Time
-	return back.UnmarshalJSON(b) == nil
+	return s == nil || valid(*s)
 }
 
 // addedWaiters are the entries of n that o does not have, by requestID.

@@ -81,13 +81,21 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 // describes it, that Go parses and marshals back to a string Go parses again.
 func ValidMicroTime(s string) bool {
 	var t metav1.MicroTime
-	return microTimeRE.MatchString(s) && t.UnmarshalJSON(quote(s)) == nil && microRoundTrips(t)
+	if !microTimeRE.MatchString(s) || t.UnmarshalJSON(quote(s)) != nil {
+		return false
+	}
+	b, err := t.MarshalJSON()
+	return err == nil && t.UnmarshalJSON(b) == nil
 }
 
 // ValidTime is ValidMicroTime for metav1.Time (RFC 3339, optional fraction).
 func ValidTime(s string) bool {
 	var t metav1.Time
-	return timeRE.MatchString(s) && t.UnmarshalJSON(quote(s)) == nil && timeRoundTrips(t)
+	if !timeRE.MatchString(s) || t.UnmarshalJSON(quote(s)) != nil {
+		return false
+	}
+	b, err := t.MarshalJSON()
+	return err == nil && t.UnmarshalJSON(b) == nil
 }
 
 func quote(s string) []byte {

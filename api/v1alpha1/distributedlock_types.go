@@ -50,12 +50,15 @@ const (
 // Patterns of strings in status. metav1.MicroTime marshals exactly six fractional
 // digits and parses only those; metav1.Time parses RFC 3339 with an optional
 // fraction. The CRD's "date-time" format alone accepts times neither parses.
-// Years are 0001..9998: Go marshals times in UTC, and a year-0000 or year-9999
-// time whose offset crosses the year boundary would marshal as year -1 or 10000,
-// which no Go client parses again (so every later write of the lock would fail).
+// Go writes every time back in UTC, so the set the patterns accept must hold
+// the UTC form of each time it accepts, or a lock whose status holds one could
+// no longer be written by any Go client: years 0002..9998 with any offset, and
+// the day on either side (0001-12-31, 9999-01-01) in UTC only. Go's zero time
+// (0001-01-01T00:00:00Z, which it writes as null) and years -1 and 10000 (which
+// it cannot parse) are out of reach.
 const (
-	MicroTimePattern = `^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
-	TimePattern      = `^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+	MicroTimePattern = `^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
+	TimePattern      = `^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?Z)$`
 	// IdentityPattern refuses control and format characters (terminal escapes,
 	// bidi overrides) in names people read.
 	IdentityPattern = `^[^\p{Cc}\p{Cf}]+$`
@@ -175,13 +178,13 @@ type LockHolder struct {
 	// acquireTime is when the holding began, by the holder's clock; informational.
 	// +required
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	AcquireTime metav1.MicroTime `json:"acquireTime"`
 
 	// renewTime is when the holder last renewed, by its clock; informational.
 	// +optional
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
 }
 
@@ -210,14 +213,14 @@ type Waiter struct {
 	// enqueueTime is when the waiter joined the queue; informational.
 	// +required
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	EnqueueTime metav1.MicroTime `json:"enqueueTime"`
 
 	// deadline is when the waiter gives up; the controller removes it afterwards.
 	// It is at most spec.maxWaitSeconds after enqueueTime.
 	// +required
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	Deadline metav1.MicroTime `json:"deadline"`
 
 	// podName is the waiter's pod, when it runs in one.
@@ -261,7 +264,7 @@ type FinishedHolding struct {
 	// endTime is when the holding ended, by the clock of whoever ended it.
 	// +required
 	// +kubebuilder:validation:Type=string
-	// +kubebuilder:validation:Pattern=`^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	EndTime metav1.MicroTime `json:"endTime"`
 
 	// endReason says how the holding ended.
