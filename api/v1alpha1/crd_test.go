@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -563,7 +564,8 @@ var _ = DescribeTable("the apiserver refuses a status string Go cannot read, and
 				field += "." + p
 			}
 		}
-		Expect(err.Error()).To(ContainSubstring(field + " in body should match"))
+		Expect(err.Error()).To(ContainSubstring(field + ": Invalid value: "))
+		Expect(err.Error()).To(ContainSubstring(strings.TrimPrefix(field, "status.") + " in body should match"))
 		after, err := stored(ctx, l.Name)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(after).To(Equal(before), "the stored object changed")
