@@ -207,13 +207,6 @@ func podHeld(user, pod string) *locksv1alpha1.DistributedLock {
 	return l
 }
 
-func withWaiters(l *locksv1alpha1.DistributedLock, ws ...locksv1alpha1.Waiter) *locksv1alpha1.DistributedLock {
-	for _, w := range ws {
-		l.Status.AppendWaiter(w)
-	}
-	return l
-}
-
 func terminating(l *locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedLock {
 	ts := metav1.NewTime(now.Time)
 	l.DeletionTimestamp = &ts
