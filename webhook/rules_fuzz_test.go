@@ -44,7 +44,7 @@ var (
 // time picks instants near now, at odd sub-microsecond offsets, and at the ends
 // of the years Go can write.
 func (s *bytesource) time() metav1.MicroTime {
-	base := pick(s, now.Time,
+	base := pick(s, now.Time, now.Time, now.Time, now.Time, now.Time,
 		time.Date(0, 1, 1, 0, 30, 0, 0, fuzzZones[1]),
 		time.Date(9999, 12, 31, 23, 30, 0, 0, fuzzZones[2]),
 		time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -55,9 +55,10 @@ func (s *bytesource) time() metav1.MicroTime {
 func (s *bytesource) waiter() locksv1alpha1.Waiter {
 	pod := pick(s, fuzzPods...)
 	enq := s.time()
+	wait := pick(s, time.Microsecond, 30*time.Second, time.Minute, 59*time.Minute, time.Hour, time.Hour+time.Microsecond, 0, -time.Second)
 	w := locksv1alpha1.Waiter{Identity: "w", User: pick(s, fuzzUsers...), RequestID: pick(s, fuzzReqs...), EnqueueTime: enq,
-		Deadline: metav1.NewMicroTime(enq.Add(time.Duration(s.intn(8)) * 20 * time.Minute))}
-	if s.bool() {
+		Deadline: metav1.NewMicroTime(enq.Add(wait))}
+	if s.intn(8) == 0 {
 		w.Deadline = s.time()
 	}
 	if pod != "" {
@@ -125,30 +126,52 @@ func (s *bytesource) lock() *locksv1alpha1.DistributedLock {
 }
 
 // mutate applies a few edits to n, mostly the protocol's own transitions, so
-// that many writes are accepted and the oracle has something to judge.
-func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) {
+// that many writes are accepted and the oracle has something to judge. It
+// returns the actor the last transition would come from, if there is one.
+func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) *Actor {
 	st := &n.Status
+	var hint *Actor
 	for range 1 + s.intn(3) {
-		switch s.intn(16) {
-		case 0:
+		switch s.intn(18) {
+		case 0, 16:
 			if st.Holder == nil {
+				h := s.holder()
+				if len(st.Waiters) > 0 && s.intn(4) != 0 {
+					head := st.Waiters[0]
+					h.RequestID, h.User, h.PodName, h.PodUID = head.RequestID, head.User, head.PodName, head.PodUID
+				}
 				token, _ := locksv1alpha1.NextFencingToken(n.ResourceVersion)
-				n.Acquire(*s.holder(), token)
+				n.Acquire(*h, token)
+				hint = actorOf(h.User, h.PodName)
 			}
 		case 1:
-			n.EndHolding(pick(s, locksv1alpha1.EndReasonReleased, locksv1alpha1.EndReasonExpired, locksv1alpha1.EndReasonForceReleased), pick(s, fuzzUsers...), s.time())
-		case 2:
-			if st.Holder != nil {
-				t := s.time()
-				st.Holder.RenewTime = &t
+			if h := st.Holder; h != nil {
+				reason := pick(s, locksv1alpha1.EndReasonReleased, locksv1alpha1.EndReasonExpired, locksv1alpha1.EndReasonForceReleased)
+				hint = actorOf(h.User, h.PodName)
+				switch reason {
+				case locksv1alpha1.EndReasonExpired:
+					hint = &Actor{Username: ctrlr, IsController: true}
+				case locksv1alpha1.EndReasonForceReleased:
+					hint = &Actor{Username: pick(s, fuzzUsers...), CanForceRelease: true}
+				}
+				n.EndHolding(reason, hint.Username, s.time())
 			}
-		case 3:
+		case 2:
+			if h := st.Holder; h != nil {
+				t := s.time()
+				h.RenewTime = &t
+				hint = actorOf(h.User, h.PodName)
+			}
+		case 3, 17:
 			if w := s.waiter(); st.WaiterIndex(w.RequestID) < 0 {
 				st.AppendWaiter(w)
+				hint = actorOf(w.User, w.PodName)
 			}
 		case 4:
 			if len(st.Waiters) > 0 {
-				st.RemoveWaiter(st.Waiters[s.intn(len(st.Waiters))].RequestID)
+				w := st.Waiters[s.intn(len(st.Waiters))]
+				st.RemoveWaiter(w.RequestID)
+				hint = actorOf(w.User, w.PodName)
 			}
 		case 5:
 			st.FencingToken += int64(int8(s.next()))
@@ -188,9 +211,23 @@ func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) {
 			}
 		}
 	}
+	return hint
 }
 
-func (s *bytesource) actor() Actor {
+// actorOf is user writing from pod ("" for none), as a bound token names it.
+func actorOf(user, pod string) *Actor {
+	a := &Actor{Username: user, IsController: user == ctrlr}
+	if pod != "" {
+		a.Extra = map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {"uid-" + pod}}
+	}
+	return a
+}
+
+// actor is mostly the one the transition calls for, else anyone.
+func (s *bytesource) actor(hint *Actor) Actor {
+	if hint != nil && s.intn(4) != 0 {
+		return *hint
+	}
 	a := Actor{Username: pick(s, fuzzUsers...), CanForceRelease: s.intn(4) == 0}
 	a.IsController = a.Username == ctrlr && s.intn(4) != 0
 	if pod := pick(s, fuzzPods...); pod != "" {
@@ -208,8 +245,7 @@ func FuzzValidateStatusUpdate(f *testing.F) {
 		s := &bytesource{b: data}
 		oldObj := s.lock()
 		newObj := oldObj.DeepCopy()
-		s.mutate(newObj)
-		a := s.actor()
+		a := s.actor(s.mutate(newObj))
 		if errs := ValidateStatusUpdate(oldObj, newObj, a); len(errs) > 0 {
 			return
 		}
