@@ -344,6 +344,20 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 	})
 })
 
+// The policy cannot import Go constants; it carries copies that must not drift.
+var _ = Describe("the policy's copies of Go constants", func() {
+	It("has v1alpha1.TimePattern as its timePattern", func() {
+		vap, _ := policyObjects()
+		var expr string
+		for _, v := range vap.Spec.Variables {
+			if v.Name == "timePattern" {
+				expr = v.Expression
+			}
+		}
+		Expect(expr).To(Equal("r'" + locksv1alpha1.TimePattern + "'"))
+	})
+})
+
 func removeWaiter(id string) func(*locksv1alpha1.DistributedLock) {
 	return func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter(id) }
 }
