@@ -62,15 +62,15 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 
 			It("lets another user join after one user added all the entries it may", func(ctx SpecContext) {
 				key := held.build(ctx, ns)
-				max := get(ctx, key).MaxWaitersPerUser()
-				Expect(max).To(Equal(locksv1alpha1.DefaultMaxWaitersPerUser))
-				fills("bob", max)(ctx, key)
-				err := write(ctx, bob, key, enqueue(waiter("bob", max+1)))
-				Expect(err).To(MatchError(ContainSubstring("[kubelock:queue]")))
+				limit := get(ctx, key).MaxWaitersPerUser()
+				Expect(limit).To(Equal(locksv1alpha1.DefaultMaxWaitersPerUser))
+				fills("bob", limit)(ctx, key)
+				err := write(ctx, bob, key, enqueue(waiter("bob", limit+1)))
+				Expect(err).To(MatchError(ContainSubstring("[kubelock:queue] " + msgWaitersPerUser)))
 				Expect(write(ctx, carol, key, enqueue(waiter("carol", 1)))).To(Succeed())
 				l := get(ctx, key)
-				Expect(l.Status.Waiters).To(HaveLen(max + 1))
-				Expect(l.Status.Waiters[max].User).To(Equal("carol"))
+				Expect(l.Status.Waiters).To(HaveLen(limit + 1))
+				Expect(l.Status.Waiters[limit].User).To(Equal("carol"))
 			})
 
 			It("lets the controller expire an abandoned lease after hostile writes were denied", func(ctx SpecContext) {
