@@ -43,6 +43,14 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		return cancelFn, ch
 	}
 
+	// stop ends a background Acquire and waits for it.
+	stop := func(cancel func(), done <-chan error) {
+		cancel()
+		if err := <-done; err != nil {
+			GinkgoWriter.Println("background acquire ended:", err)
+		}
+	}
+
 	It("caps its queue entry's deadline at spec.maxWaitSeconds", func() {
 		newLock(ctx, ns, "capped", locksv1alpha1.DistributedLockSpec{MaxWaitSeconds: 60})
 		holder, _ := newClient(ctx, ns)
@@ -52,7 +60,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 
 		waiter, _ := newClient(ctx, ns)
 		cancel, done := waitFor(waiter, "capped", lock.WaitTimeout(10*time.Minute))
-		defer func() { cancel(); <-done }()
+		defer stop(cancel, done)
 		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, ns, "capped").Status.Waiters }).Should(HaveLen(1))
 		w := getLock(ctx, ns, "capped").Status.Waiters[0]
 		Expect(w.Deadline.Sub(w.EnqueueTime.Time)).To(Equal(time.Minute))
@@ -72,7 +80,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		second, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("second"))
 		Expect(err).NotTo(HaveOccurred())
 		cancel, done := waitFor(first, "shared")
-		defer func() { cancel(); <-done }()
+		defer stop(cancel, done)
 		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(1))
 
 		_, err = second.Acquire(ctx, "shared", lock.WaitTimeout(time.Minute))
@@ -80,7 +88,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 
 		other, _ := newClient(ctx, ns)
 		cancelOther, doneOther := waitFor(other, "shared")
-		defer func() { cancelOther(); <-doneOther }()
+		defer stop(cancelOther, doneOther)
 		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(2))
 	})
 
