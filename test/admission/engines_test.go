@@ -148,6 +148,14 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 				Expect(l.Status.Conditions).To(HaveLen(1))
 				Expect(l.Status.Conditions[0].Status).To(Equal(metav1.ConditionFalse))
 				Expect(l.Status.Conditions[0].Reason).To(Equal(locksv1alpha1.ReasonReleased))
+
+				// The controller may write other conditions; a lock user's
+				// write that leaves them alone stays admitted.
+				Expect(setConditions(heldCond("False", locksv1alpha1.ReasonReleased, nowRFC3339()),
+					map[string]any{"type": "Idle", "status": "True", "reason": "NoHolder", "message": "", "lastTransitionTime": nowRFC3339()},
+				)(ctx, ctlr, key)).To(Succeed())
+				Expect(write(ctx, bob, key, enqueue(waiter("bob", 1)))).To(Succeed())
+				Expect(get(ctx, key).Status.Conditions).To(HaveLen(2))
 			})
 
 			It("admits acquire, renew, enqueue, leaving the queue, release and hand-off by the right users", func(ctx SpecContext) {

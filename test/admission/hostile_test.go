@@ -339,10 +339,23 @@ var otherPodUser = sync.OnceValue(func() *user {
 	return &user{name: podSA, c: newClient(imp)}
 })
 
-// actor is who of the table's users, and the other pod's token.
+// unboundPod names podSA with a token bound to no pod (no pod extra).
+const unboundPod = podSA + "@no-pod"
+
+var unboundPodUser = sync.OnceValue(func() *user {
+	imp := rest.CopyConfig(env.Config)
+	imp.QPS = -1
+	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA}
+	return &user{name: podSA, c: newClient(imp)}
+})
+
+// actor is who of the table's users, and podSA's other tokens.
 func actor(by string) *user {
-	if by == otherPod {
+	switch by {
+	case otherPod:
 		return otherPodUser()
+	case unboundPod:
+		return unboundPodUser()
 	}
 	return who(by)
 }
@@ -527,6 +540,10 @@ func statusHostileEntries() []TableEntry {
 		Entry("a Held condition whose lastTransitionTime has a space for the decimal point", hostile{state: held, by: "alice",
 			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "Z", " 5Z", 1))),
 			want: []string{timeFormat + msgTime}}),
+		Entry("the controller writing a condition whose lastTransitionTime has a lower-case t", hostile{state: held, by: controllerUser,
+			do: setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339()),
+				map[string]any{"type": "Stale", "status": "False", "reason": "Checked", "message": "", "lastTransitionTime": strings.Replace(nowRFC3339(), "T", "t", 1)}),
+			want: []string{timeFormat + msgTime}}),
 		Entry("a Held condition whose lastTransitionTime has no zone", hostile{state: held, by: "alice",
 			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.TrimSuffix(nowRFC3339(), "Z"))),
 			want: []string{"lastTransitionTime in body must be of type date-time"}}),
@@ -582,6 +599,12 @@ func statusHostileEntries() []TableEntry {
 		Entry("leaving another pod's queue entry", hostile{state: held, setup: podWaits, by: otherPod,
 			do:   update(removeWaiter(requestID(podSA, 1))),
 			want: []string{podBinding + msgPodWaiter}}),
+		Entry("renewing a pod's holding with a token bound to no pod", hostile{state: free, setup: podHolds, by: unboundPod,
+			do:   update(renew),
+			want: []string{podBinding + msgPodHolding}}),
+		Entry("a pod queueing without naming its pod", hostile{state: held, by: podSA,
+			do:   update(enqueue(waiter(podSA, 1))),
+			want: []string{podBinding + `waiter.podName "" is not the requesting pod "worker-0"`}}),
 		Entry("a pod acquiring without naming its pod", hostile{state: free, by: podSA,
 			do:   update(acquire(holder(podSA, 1))),
 			want: []string{podBinding + `holder.podName "" is not the requesting pod "worker-0"`}}),
