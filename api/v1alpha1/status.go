@@ -158,18 +158,19 @@ func (l *DistributedLock) setHeld(status metav1.ConditionStatus, reason, message
 		Type:               ConditionHeld,
 		Status:             status,
 		Reason:             reason,
-		Message:            truncate(message, MaxConditionMessage),
+		Message:            ConditionMessage(message),
 		ObservedGeneration: l.Generation,
 	})
 	l.Status.Conditions = held
 	l.Status.ObservedGeneration = l.Generation
 }
 
-// truncate cuts s to at most n characters (runes), marking the cut with "…".
-func truncate(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
+// ConditionMessage is message cut to MaxConditionMessage characters (runes),
+// marking a cut with "…": admission refuses longer Held messages from lock users.
+func ConditionMessage(message string) string {
+	r := []rune(message)
+	if len(r) <= MaxConditionMessage {
+		return message
 	}
-	return string(r[:n-1]) + "…"
+	return string(r[:MaxConditionMessage-1]) + "…"
 }
