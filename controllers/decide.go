@@ -117,6 +117,11 @@ func desiredStatus(lock *locksv1alpha1.DistributedLock, d decision, endedBy stri
 	if c := heldCondition(out); c != nil {
 		meta.SetStatusCondition(&out.Status.Conditions, *c)
 	}
+	// Held is the only condition a lock has; anything else was written
+	// before admission refused it and could fill the list (issue 13).
+	if held := meta.FindStatusCondition(out.Status.Conditions, locksv1alpha1.ConditionHeld); held != nil && len(out.Status.Conditions) > 1 {
+		out.Status.Conditions = []metav1.Condition{*held}
+	}
 	return out
 }
 
@@ -162,6 +167,7 @@ func heldCondition(lock *locksv1alpha1.DistributedLock) *metav1.Condition {
 		c.Reason = locksv1alpha1.ReasonNeverHeld
 		c.Message = "never held"
 	}
+	c.Message = locksv1alpha1.ConditionMessage(c.Message)
 	return &c
 }
 
@@ -197,7 +203,7 @@ func handoffTimeout(lock *locksv1alpha1.DistributedLock) int32 {
 	if lock.Spec.HandoffTimeoutSeconds > 0 {
 		return lock.Spec.HandoffTimeoutSeconds
 	}
-	return 10
+	return locksv1alpha1.DefaultHandoffTimeoutSeconds
 }
 
 func isAutoCreated(lock *locksv1alpha1.DistributedLock) bool {

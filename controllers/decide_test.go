@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -405,6 +406,25 @@ func TestDesiredStatus(t *testing.T) {
 				s := newLock(held("a", 30, clientTime)).Status
 				s.ObservedGeneration = 1
 				s.Conditions = []metav1.Condition{heldCond(metav1.ConditionTrue, "Acquired", "held by worker-a with fencing token 42", 1)}
+				return s
+			}(),
+		},
+		{
+			name: "foreign conditions go and a long Held message is cut to 256 characters",
+			lock: func() *locksv1alpha1.DistributedLock {
+				l := newLock(held("a", 30, clientTime))
+				l.Status.Holder.Identity = strings.Repeat("w", 253)
+				for _, typ := range []string{"Frozen", "Stuck"} {
+					l.Status.Conditions = append(l.Status.Conditions, metav1.Condition{Type: typ, Status: metav1.ConditionTrue, Reason: "Attack"})
+				}
+				return l
+			}(),
+			want: func() locksv1alpha1.DistributedLockStatus {
+				s := newLock(held("a", 30, clientTime)).Status
+				s.Holder.Identity = strings.Repeat("w", 253)
+				s.ObservedGeneration = 1
+				msg := "held by " + strings.Repeat("w", locksv1alpha1.MaxConditionMessage-1-len("held by ")) + "…"
+				s.Conditions = []metav1.Condition{heldCond(metav1.ConditionTrue, "Acquired", msg, 1)}
 				return s
 			}(),
 		},

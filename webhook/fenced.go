@@ -185,15 +185,10 @@ func checkWriter(lock FencedLock, name string, a Actor) *field.Error {
 		return deny(fenceTokPath, RuleFencedWriter, "lock %q is not held: only its holder (or a user with the %s verb on it) writes the objects it fences", name, locksv1alpha1.ForceReleaseVerb)
 	case lock.HolderUser != a.Username:
 		return deny(fenceTokPath, RuleFencedWriter, "user %q does not hold lock %q: only the holder's user (or a user with the %s verb on the lock) writes the objects it fences; a token carried over from another writer authorises nobody", a.Username, name, locksv1alpha1.ForceReleaseVerb)
-	case lock.HolderPodUID != "" && !samePod(a, lock.HolderPodUID):
+	case lock.HolderPodUID != "" && !samePod(lock.HolderPodUID, a):
 		return deny(fenceTokPath, RuleFencedWriter, "lock %q is held from another pod of user %q: only the holding pod writes the objects it fences", name, a.Username)
 	}
 	return nil
-}
-
-func samePod(a Actor, podUID string) bool {
-	v := a.Extra[ExtraPodUID]
-	return len(v) == 1 && v[0] == podUID
 }
 
 // onlyWriterErrors reports whether errs fail only because of the writer, so

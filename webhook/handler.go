@@ -70,6 +70,10 @@ func (v *Validator) Handle(ctx context.Context, req admission.Request) admission
 }
 
 func (v *Validator) handleStatus(ctx context.Context, req admission.Request) admission.Response {
+	// Times Go cannot parse get the rule's denial, not a decode error.
+	if errs := ValidateRawStatusTimes(req.Object.Raw); len(errs) > 0 {
+		return respond(errs)
+	}
 	oldObj, newObj := &locksv1alpha1.DistributedLock{}, &locksv1alpha1.DistributedLock{}
 	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)

@@ -46,6 +46,17 @@ const (
 	RuleHistory Rule = "history"
 	// RuleHeldDelete: a held lock is deleted only with force.
 	RuleHeldDelete Rule = "held-delete"
+	// RuleBookkeeping: a lock user sets observedGeneration only to generation and
+	// conditions only to the one Held condition in step with the holder.
+	RuleBookkeeping Rule = "bookkeeping"
+	// RuleTimeFormat: every time string in status parses with Go's metav1 types.
+	RuleTimeFormat Rule = "time-format"
+	// RuleWaitBound: a new waiter waits at most spec.maxWaitSeconds.
+	RuleWaitBound Rule = "wait-bound"
+	// RuleLeaseID: an acquisition's leaseID is fresh (not the holder's, not a recent one).
+	RuleLeaseID Rule = "lease-id"
+	// RuleTerminating: a lock being deleted is neither acquired nor queued for.
+	RuleTerminating Rule = "terminating"
 )
 
 // Extra keys a bound service-account token carries.
@@ -109,7 +120,10 @@ func ValidateStatusUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor
 	if !(o.Holder != nil && n.Holder == nil) && !equality.Semantic.DeepEqual(o.RecentAcquisitions, n.RecentAcquisitions) {
 		errs = append(errs, deny(recentPath, RuleHistory, "recentAcquisitions changes only when a holding ends, by appending its record"))
 	}
-	return append(errs, validateQueue(o, n, a)...)
+	errs = append(errs, validateQueue(o, n, a)...)
+	errs = append(errs, validateJoin(oldObj, newObj, a)...)
+	errs = append(errs, validateBookkeeping(oldObj, newObj, a)...)
+	return append(errs, validateTimes(n)...)
 }
 
 func validateAcquire(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
@@ -122,7 +136,12 @@ func validateAcquire(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) fie
 	if h.User != a.Username {
 		errs = append(errs, deny(holderPath.Child("user"), RuleIdentity, "holder.user must be the requesting user %q, not %q", a.Username, h.User))
 	}
-	errs = append(errs, validatePod(h, a)...)
+	if oldObj.DeletionTimestamp != nil {
+		errs = append(errs, deny(holderPath, RuleTerminating, msgTerminating))
+	}
+	podName, podUID := a.pod()
+	errs = append(errs, validatePodFields(holderPath, "holder", h.PodName, h.PodUID, a, podName, podUID)...)
+	errs = append(errs, validateFreshLease(o, h)...)
 	// The head is its requestID and its user: requestIDs are visible in
 	// status, so another user could otherwise copy the head's and jump the queue.
 	if len(o.Waiters) > 0 && (o.Waiters[0].RequestID != h.RequestID || o.Waiters[0].User != h.User) {
@@ -134,17 +153,6 @@ func validateAcquire(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) fie
 		errs = append(errs, field.InternalError(tokenPath, err))
 	case n.FencingToken != want:
 		errs = append(errs, deny(tokenPath, RuleFencingToken, "an acquisition's fencingToken must be the lock's resourceVersion + 1 = %d, not %d", want, n.FencingToken))
-	}
-	return errs
-}
-
-func validatePod(h *locksv1alpha1.LockHolder, a Actor) field.ErrorList {
-	var errs field.ErrorList
-	if v := a.Extra[ExtraPodName]; len(v) == 1 && h.PodName != "" && h.PodName != v[0] {
-		errs = append(errs, deny(holderPath.Child("podName"), RulePodBinding, "holder.podName %q is not the requesting pod %q", h.PodName, v[0]))
-	}
-	if v := a.Extra[ExtraPodUID]; len(v) == 1 && h.PodUID != "" && h.PodUID != v[0] {
-		errs = append(errs, deny(holderPath.Child("podUID"), RulePodBinding, "holder.podUID %q is not the requesting pod's UID %q", h.PodUID, v[0]))
 	}
 	return errs
 }
@@ -177,6 +185,9 @@ func validateEnd(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.E
 		if a.Username != h.User {
 			errs = append(errs, deny(holderPath, RuleHolderOnly, "only the holder %q may release lease %s; %q is not the holder (a user with the force-release verb may force-release)", h.User, h.LeaseID, a.Username))
 		}
+		if !samePod(h.PodUID, a) {
+			errs = append(errs, deny(holderPath, RulePodBinding, msgPodHolding))
+		}
 	case locksv1alpha1.EndReasonExpired:
 		if !a.IsController {
 			errs = append(errs, deny(holderPath, RuleControllerOnly, "only the kubelock controller may expire a lease; %q is not the controller", a.Username))
@@ -200,6 +211,9 @@ func validateHeld(o, n *locksv1alpha1.LockHolder, a Actor) field.ErrorList {
 	renewed := !equality.Semantic.DeepEqual(o.RenewTime, n.RenewTime)
 	if renewed && a.Username != o.User {
 		errs = append(errs, deny(holderPath.Child("renewTime"), RuleHolderOnly, "only the holder %q may renew lease %s; %q is not the holder", o.User, o.LeaseID, a.Username))
+	}
+	if renewed && !samePod(o.PodUID, a) {
+		errs = append(errs, deny(holderPath, RulePodBinding, msgPodHolding))
 	}
 	rest, nrest := *o, *n
 	rest.RenewTime, nrest.RenewTime = nil, nil
@@ -246,14 +260,24 @@ func validateQueue(o, n *locksv1alpha1.DistributedLockStatus, a Actor) field.Err
 		acquirer = n.Holder.RequestID
 	}
 	var removedByOthers []string
+	otherPod := false
 	for _, w := range o.Waiters {
-		if newIDs[w.RequestID] || w.User == a.Username || a.IsController || w.RequestID == acquirer {
+		if newIDs[w.RequestID] || a.IsController {
+			continue
+		}
+		if w.User == a.Username || w.RequestID == acquirer {
+			// Its own user (or acquisition) removes it, but a pod's entry
+			// only from that pod: another pod of one account is another waiter.
+			otherPod = otherPod || (w.User == a.Username && !samePod(w.PodUID, a))
 			continue
 		}
 		removedByOthers = append(removedByOthers, fmt.Sprintf("%s (user %s)", w.RequestID, w.User))
 	}
 	if len(removedByOthers) > 0 {
 		errs = append(errs, deny(waitersPath, RuleQueue, "%q may remove only its own queue entries, not %s", a.Username, strings.Join(removedByOthers, ", ")))
+	}
+	if otherPod {
+		errs = append(errs, deny(waitersPath, RulePodBinding, msgPodWaiter))
 	}
 	return errs
 }

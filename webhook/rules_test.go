@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ func holder(user, lease, req string) locksv1alpha1.LockHolder {
 }
 
 func waiter(user, req string) locksv1alpha1.Waiter {
-	return locksv1alpha1.Waiter{Identity: user + "-pod", User: user, RequestID: req, EnqueueTime: now, Deadline: now}
+	return locksv1alpha1.Waiter{Identity: user + "-pod", User: user, RequestID: req, EnqueueTime: now, Deadline: metav1.NewMicroTime(now.Add(time.Minute))}
 }
 
 // heldBy returns a lock held by user with lease "lease-a", at resourceVersion 200.
@@ -185,4 +186,257 @@ func renew(l *locksv1alpha1.DistributedLock) {
 
 func end(reason locksv1alpha1.EndReason, by string) func(*locksv1alpha1.DistributedLock) {
 	return func(l *locksv1alpha1.DistributedLock) { l.EndHolding(reason, by, now) }
+}
+
+func podActor(user, pod string) Actor {
+	return Actor{Username: user, Extra: map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {"uid-" + pod}}}
+}
+
+func podWaiter(user, req, pod string) locksv1alpha1.Waiter {
+	w := waiter(user, req)
+	w.PodName, w.PodUID = pod, "uid-"+pod
+	return w
+}
+
+func podHeld(user, pod string) *locksv1alpha1.DistributedLock {
+	l := free()
+	h := holder(user, "lease-a", "req-a")
+	h.PodName, h.PodUID = pod, "uid-"+pod
+	l.Acquire(h, 101)
+	l.ResourceVersion = "200"
+	return l
+}
+
+func terminating(l *locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedLock {
+	ts := metav1.NewTime(now.Time)
+	l.DeletionTimestamp = &ts
+	return l
+}
+
+func perUser(l *locksv1alpha1.DistributedLock, n int32) *locksv1alpha1.DistributedLock {
+	l.Spec.MaxWaitersPerUser = &n
+	return l
+}
+
+func appendW(ws ...locksv1alpha1.Waiter) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		for _, w := range ws {
+			l.Status.AppendWaiter(w)
+		}
+	}
+}
+
+func acquireAs(user, lease, req string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		token, _ := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		l.Acquire(holder(user, lease, req), token)
+	}
+}
+
+// TestHardeningRules covers the rules of issue 13, each with the case it
+// allows and the one it denies, by exact message.
+func TestHardeningRules(t *testing.T) {
+	later := func(d time.Duration) metav1.MicroTime { return metav1.NewMicroTime(now.Add(d)) }
+	cases := []struct {
+		name  string
+		old   *locksv1alpha1.DistributedLock
+		edit  func(*locksv1alpha1.DistributedLock)
+		actor Actor
+		rule  Rule   // "" = allowed
+		msg   string // part of the denial, when set
+	}{
+		// bookkeeping
+		{name: "observedGeneration set to generation", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 4 }, actor: Actor{Username: alice}},
+		{name: "observedGeneration forged", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 99 }, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgObservedGeneration},
+		{name: "controller sets any observedGeneration", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 3 }, actor: Actor{Username: ctrlr, IsController: true}},
+		{name: "foreign condition", old: free(), edit: addCondition("Frozen", metav1.ConditionTrue, "Attack"), actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
+		{name: "eight foreign conditions", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
+			for i := range locksv1alpha1.MaxConditions {
+				addCondition("C"+string(rune('a'+i)), metav1.ConditionTrue, "Attack")(l)
+			}
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
+		{name: "controller writes another condition", old: free(), edit: addCondition("Degraded", metav1.ConditionTrue, "Whatever"), actor: Actor{Username: ctrlr, IsController: true}},
+		{name: "Held True without a holder", old: free(), edit: addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired), actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
+		{name: "Held False NeverHeld on a free lock", old: free(), edit: addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld), actor: Actor{Username: alice}},
+		{name: "Held with an unknown reason", old: free(), edit: addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, "Whatever"), actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
+		{name: "Held with a long message", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
+			addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld)(l)
+			l.Status.Conditions[0].Message = strings.Repeat("é", locksv1alpha1.MaxConditionMessage+1)
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
+		{name: "Held with 256 characters of message", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
+			addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld)(l)
+			l.Status.Conditions[0].Message = strings.Repeat("é", locksv1alpha1.MaxConditionMessage)
+		}, actor: Actor{Username: alice}},
+		{name: "acquire without the Held condition", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
+			acquireAs(alice, "l1", "r1")(l)
+			l.Status.Conditions = nil
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditionsInStep},
+		{name: "release keeping Held True", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) {
+			c := l.Status.Conditions
+			end(locksv1alpha1.EndReasonReleased, alice)(l)
+			l.Status.Conditions = c
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditionsInStep},
+		{name: "renew keeps conditions", old: heldBy(alice), edit: renew, actor: Actor{Username: alice}},
+		// time-format: the decoded check (the raw one is TestValidateRawStatusTimes)
+		{name: "history time that Go cannot marshal back", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) {
+			l.EndHolding(locksv1alpha1.EndReasonReleased, alice, metav1.NewMicroTime(time.Date(0, 1, 1, 0, 30, 0, 0, time.FixedZone("", 3600))))
+		}, actor: Actor{Username: alice}, rule: RuleTimeFormat, msg: msgMicroTime},
+		// queue
+		{name: "two waiters in one write", old: heldBy(alice), edit: appendW(waiter(bob, "b1"), waiter(bob, "b2")), actor: Actor{Username: bob}, rule: RuleQueue, msg: msgOneWaiterPerWrite},
+		{name: "a user's last allowed entry", old: perUser(heldBy(alice, waiter(bob, "b1")), 2), edit: appendW(waiter(bob, "b2")), actor: Actor{Username: bob}},
+		{name: "a user's entry beyond maxWaitersPerUser", old: perUser(heldBy(alice, waiter(bob, "b1"), waiter(bob, "b2")), 2), edit: appendW(waiter(bob, "b3")), actor: Actor{Username: bob}, rule: RuleQueue, msg: msgWaitersPerUser},
+		{name: "another user joins when one is at its bound", old: perUser(heldBy(alice, waiter(bob, "b1"), waiter(bob, "b2")), 2), edit: appendW(waiter("carol", "c1")), actor: Actor{Username: "carol"}},
+		{name: "maxWaiters below maxWaitersPerUser bounds the user", old: func() *locksv1alpha1.DistributedLock {
+			l := perUser(heldBy(alice, waiter(bob, "b1")), 16)
+			one := int32(1)
+			l.Spec.MaxWaiters = &one
+			return l
+		}(), edit: appendW(waiter(bob, "b2")), actor: Actor{Username: bob}, rule: RuleQueue, msg: msgWaitersPerUser},
+		{name: "the default maxWaitersPerUser is 16", old: func() *locksv1alpha1.DistributedLock {
+			l := heldBy(alice)
+			for i := range locksv1alpha1.DefaultMaxWaitersPerUser {
+				l.Status.AppendWaiter(waiter(bob, "b"+strconv.Itoa(i)))
+			}
+			return l
+		}(), edit: appendW(waiter(bob, "b-last")), actor: Actor{Username: bob}, rule: RuleQueue, msg: msgWaitersPerUser},
+		{name: "a second entry of one pod", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: appendW(podWaiter(bob, "b2", "p0")), actor: podActor(bob, "p0"), rule: RuleQueue, msg: msgWaitersPerPod},
+		{name: "an entry of another pod of the same account", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: appendW(podWaiter(bob, "b2", "p1")), actor: podActor(bob, "p1")},
+		{name: "leaving one's entry", old: heldBy(alice, waiter(bob, "b1")), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: Actor{Username: bob}},
+		// wait-bound
+		{name: "a wait of exactly maxWaitSeconds", old: heldBy(alice), edit: appendW(deadlined(waiter(bob, "b1"), later(time.Hour))), actor: Actor{Username: bob}},
+		{name: "a wait until 2099", old: heldBy(alice), edit: appendW(deadlined(waiter(bob, "b1"), later(time.Hour+time.Microsecond))), actor: Actor{Username: bob}, rule: RuleWaitBound, msg: msgWaitBound},
+		{name: "a deadline at enqueueTime", old: heldBy(alice), edit: appendW(deadlined(waiter(bob, "b1"), now)), actor: Actor{Username: bob}, rule: RuleWaitBound, msg: msgWaitBound},
+		{name: "a deadline before enqueueTime", old: heldBy(alice), edit: appendW(deadlined(waiter(bob, "b1"), later(-time.Second))), actor: Actor{Username: bob}, rule: RuleWaitBound, msg: msgWaitBound},
+		{name: "a wait within a lower maxWaitSeconds", old: maxWaitOf(heldBy(alice), 60), edit: appendW(deadlined(waiter(bob, "b1"), later(time.Minute))), actor: Actor{Username: bob}},
+		{name: "a wait beyond a lower maxWaitSeconds", old: maxWaitOf(heldBy(alice), 60), edit: appendW(deadlined(waiter(bob, "b1"), later(2*time.Minute))), actor: Actor{Username: bob}, rule: RuleWaitBound, msg: msgWaitBound},
+		// pod-binding
+		{name: "a pod acquires without its pod fields", old: free(), edit: acquireAs(bob, "l1", "r1"), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `holder.podUID "" is not the requesting pod's UID "uid-p0"`},
+		{name: "a pod enqueues without its pod fields", old: heldBy(alice), edit: appendW(waiter(bob, "b1")), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `waiter.podUID "" is not the requesting pod's UID "uid-p0"`},
+		{name: "a pod enqueues in another pod's name", old: heldBy(alice), edit: appendW(podWaiter(bob, "b1", "p1")), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `waiter.podName "p1" is not the requesting pod "p0"`},
+		{name: "the holding pod renews", old: podHeld(bob, "p0"), edit: renew, actor: podActor(bob, "p0")},
+		{name: "another pod renews", old: podHeld(bob, "p0"), edit: renew, actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodHolding},
+		{name: "the same user without a pod renews a pod's holding", old: podHeld(bob, "p0"), edit: renew, actor: Actor{Username: bob}, rule: RulePodBinding, msg: msgPodHolding},
+		{name: "another pod releases", old: podHeld(bob, "p0"), edit: end(locksv1alpha1.EndReasonReleased, bob), actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodHolding},
+		{name: "the holding pod releases", old: podHeld(bob, "p0"), edit: end(locksv1alpha1.EndReasonReleased, bob), actor: podActor(bob, "p0")},
+		{name: "the controller expires a pod's holding", old: podHeld(bob, "p0"), edit: end(locksv1alpha1.EndReasonExpired, ctrlr), actor: Actor{Username: ctrlr, IsController: true}},
+		{name: "another pod removes a pod's entry", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodWaiter},
+		{name: "the pod removes its entry", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: podActor(bob, "p0")},
+		{name: "another pod acquires with a pod's head entry", old: queued(podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) {
+			h := holder(bob, "l1", "b1")
+			h.PodName, h.PodUID = "p1", "uid-p1"
+			l.Acquire(h, 101)
+		}, actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodWaiter},
+		{name: "the controller drops a pod's entry", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: Actor{Username: ctrlr, IsController: true}},
+		// lease-id
+		{name: "acquire with a finished leaseID", old: released(), edit: acquireAs(bob, "lease-a", "r2"), actor: Actor{Username: bob}, rule: RuleLeaseID, msg: msgLeaseID},
+		{name: "acquire with a fresh leaseID", old: released(), edit: acquireAs(bob, "lease-b", "r2"), actor: Actor{Username: bob}},
+		// terminating
+		{name: "acquire a terminating lock", old: terminating(free()), edit: acquireAs(alice, "l1", "r1"), actor: Actor{Username: alice}, rule: RuleTerminating, msg: msgTerminating},
+		{name: "join a terminating lock's queue", old: terminating(heldBy(alice)), edit: appendW(waiter(bob, "b1")), actor: Actor{Username: bob}, rule: RuleTerminating, msg: msgTerminating},
+		{name: "release a terminating lock", old: terminating(heldBy(alice)), edit: end(locksv1alpha1.EndReasonReleased, alice), actor: Actor{Username: alice}},
+		{name: "expire a terminating lock", old: terminating(heldBy(alice)), edit: end(locksv1alpha1.EndReasonExpired, ctrlr), actor: Actor{Username: ctrlr, IsController: true}},
+		{name: "leave a terminating lock's queue", old: terminating(heldBy(alice, waiter(bob, "b1"))), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: Actor{Username: bob}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			next := tc.old.DeepCopy()
+			tc.edit(next)
+			errs := ValidateStatusUpdate(tc.old, next, tc.actor)
+			if tc.rule == "" {
+				if len(errs) > 0 {
+					t.Fatalf("denied: %v", errs.ToAggregate())
+				}
+				return
+			}
+			want := "[kubelock:" + string(tc.rule) + "] " + tc.msg
+			if !strings.Contains(errs.ToAggregate().Error(), want) {
+				t.Fatalf("got %v, want a denial with %q", errs.ToAggregate(), want)
+			}
+		})
+	}
+}
+
+func generation(l *locksv1alpha1.DistributedLock, g int64) *locksv1alpha1.DistributedLock {
+	l.Generation = g
+	return l
+}
+
+func addCondition(typ string, status metav1.ConditionStatus, reason string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		l.Status.Conditions = append(l.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, LastTransitionTime: metav1.NewTime(now.Time)})
+	}
+}
+
+func deadlined(w locksv1alpha1.Waiter, d metav1.MicroTime) locksv1alpha1.Waiter {
+	w.Deadline = d
+	return w
+}
+
+func maxWaitOf(l *locksv1alpha1.DistributedLock, s int32) *locksv1alpha1.DistributedLock {
+	l.Spec.MaxWaitSeconds = s
+	return l
+}
+
+func TestValidateRawStatusTimes(t *testing.T) {
+	cases := []struct {
+		name, json string
+		deny       string // "" = allowed, else the path of the denial
+	}{
+		{"Go's own times", `{"status":{"holder":{"acquireTime":"2026-11-29T09:00:00.123456Z","renewTime":"2026-11-29T09:00:01.000000+01:00"},"waiters":[{"enqueueTime":"2026-11-29T09:00:00.000000Z","deadline":"2026-11-29T10:00:00.000000Z"}],"recentAcquisitions":[{"endTime":"2026-11-29T09:00:00.000000Z"}],"conditions":[{"lastTransitionTime":"2026-11-29T09:00:00Z"},{"lastTransitionTime":"2026-11-29T09:00:00.5-02:30"}]}}`, ""},
+		{"no status", `{"metadata":{}}`, ""},
+		{"lower-case t in a condition", `{"status":{"conditions":[{"lastTransitionTime":"2026-11-29t09:00:00Z"}]}}`, "status.conditions[0].lastTransitionTime"},
+		{"lower-case z in a condition", `{"status":{"conditions":[{"lastTransitionTime":"2026-11-29T09:00:00z"}]}}`, "status.conditions[0].lastTransitionTime"},
+		{"local time without zone", `{"status":{"conditions":[{"lastTransitionTime":"2026-11-29T09:00:00"}]}}`, "status.conditions[0].lastTransitionTime"},
+		{"leap second", `{"status":{"conditions":[{"lastTransitionTime":"2026-12-31T23:59:60Z"}]}}`, "status.conditions[0].lastTransitionTime"},
+		{"30 February", `{"status":{"conditions":[{"lastTransitionTime":"2026-02-30T09:00:00Z"}]}}`, "status.conditions[0].lastTransitionTime"},
+		{"year 0 crossing into year -1", `{"status":{"conditions":[{"lastTransitionTime":"0000-01-01T00:30:00+01:00"}]}}`, "status.conditions[0].lastTransitionTime"},
+		{"a number", `{"status":{"conditions":[{"lastTransitionTime":1}]}}`, "status.conditions[0].lastTransitionTime"},
+		{"micro digits missing", `{"status":{"waiters":[{"enqueueTime":"2026-11-29T09:00:00Z","deadline":"2026-11-29T10:00:00.000000Z"}]}}`, "status.waiters[0].enqueueTime"},
+		{"nine fraction digits in a MicroTime", `{"status":{"holder":{"acquireTime":"2026-11-29T09:00:00.123456789Z"}}}`, "status.holder.acquireTime"},
+		{"year 9999 crossing into 10000", `{"status":{"recentAcquisitions":[{"endTime":"9999-12-31T23:30:00.000000-01:00"}]}}`, "status.recentAcquisitions[0].endTime"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := ValidateRawStatusTimes([]byte(tc.json))
+			if tc.deny == "" {
+				if len(errs) > 0 {
+					t.Fatalf("denied: %v", errs.ToAggregate())
+				}
+				return
+			}
+			if len(errs) != 1 || errs[0].Field != tc.deny || !strings.Contains(errs[0].Error(), "[kubelock:time-format] ") {
+				t.Fatalf("got %v, want one time-format denial at %s", errs.ToAggregate(), tc.deny)
+			}
+		})
+	}
+}
+
+// TestTimePatternsMatchGo holds the CRD patterns to Go's parsers: what Go's
+// types marshal is accepted; what they cannot read back is refused.
+func TestTimePatternsMatchGo(t *testing.T) {
+	for _, tm := range []time.Time{
+		time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC),
+		time.Date(2026, 11, 29, 9, 0, 0, 999999999, time.FixedZone("", -9*3600-1800)),
+		time.Date(2, 1, 1, 0, 30, 0, 0, time.FixedZone("", 3600)),
+		time.Date(9998, 12, 31, 23, 30, 0, 0, time.FixedZone("", -3600)),
+		time.Date(9998, 12, 31, 23, 59, 59, 0, time.UTC),
+		time.Now(),
+	} {
+		mb, _ := metav1.NewMicroTime(tm).MarshalJSON()
+		tb, _ := metav1.NewTime(tm).MarshalJSON()
+		ms, ts := strings.Trim(string(mb), `"`), strings.Trim(string(tb), `"`)
+		if !ValidMicroTime(ms) || !microTimeRE.MatchString(ms) {
+			t.Errorf("MicroTime %s refused", ms)
+		}
+		if !ValidTime(ts) || !timeRE.MatchString(ts) {
+			t.Errorf("Time %s refused", ts)
+		}
+	}
+	for _, s := range []string{"2026-11-29t09:00:00.000000Z", "2026-11-29T09:00:00.000000z", "2026-11-29T09:00:00Z", "2026-11-29T09:00:00.0000000Z",
+		"2026-11-29T09:00:60.000000Z", "2026-11-29T09:00:00.000000", "2026-11-29 09:00:00.000000Z", "0000-01-01T00:30:00.000000+01:00", "9999-12-31T23:30:00.000000-01:00",
+		"0001-01-01T00:00:00.000000Z", "0001-12-31T23:00:00.000000+01:00", "9999-01-01T00:00:00.000000+00:00"} {
+		if microTimeRE.MatchString(s) {
+			t.Errorf("MicroTime pattern accepts %s", s)
+		}
+	}
 }

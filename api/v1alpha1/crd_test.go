@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -93,11 +94,39 @@ var _ = Describe("the DistributedLock CRD", func() {
 		l := newLock()
 		l.Spec = locksv1.DistributedLockSpec{}
 		Expect(env.Client.Create(ctx, l)).To(Succeed())
-		want := locksv1.DistributedLockSpec{
-			LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300,
-			MaxWaiters: ptr.To[int32](128), HandoffTimeoutSeconds: 10,
-		}
-		Expect(cmp.Diff(want, l.Spec)).To(BeEmpty(), "spec (-want +got)")
+		Expect(cmp.Diff(defaultSpec(), l.Spec)).To(BeEmpty(), "spec (-want +got)")
+	})
+
+	// The object default of spec must list every field with its own default: a
+	// lock created without spec gets the same spec as one with "spec: {}".
+	It("applies the same defaults to a lock created without spec", func(ctx SpecContext) {
+		u, err := toUnstructured(newLock())
+		Expect(err).NotTo(HaveOccurred())
+		delete(u.Object, "spec")
+		delete(u.Object, "status")
+		Expect(env.Client.Create(ctx, u)).To(Succeed())
+		got := &locksv1.DistributedLock{}
+		Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: u.GetName()}, got)).To(Succeed())
+		Expect(cmp.Diff(defaultSpec(), got.Spec)).To(BeEmpty(), "spec (-want +got)")
+	})
+
+	It("accepts every time Go's MicroTime and Time write, in any zone, and printable identities", func(ctx SpecContext) {
+		l := newLock()
+		Expect(env.Client.Create(ctx, l)).To(Succeed())
+		h := holder("alice", 1)
+		h.Identity = "wörker-1 (Zürich) 東京"
+		h.AcquireTime = metav1.NewMicroTime(time.Date(2, 1, 1, 0, 30, 0, 1000, time.FixedZone("", 3600)))
+		renew := metav1.NewMicroTime(time.Date(9998, 12, 31, 23, 59, 59, 999999000, time.UTC))
+		h.RenewTime = &renew
+		acquire(ctx, env.Client, l, h)
+		u, err := toUnstructured(l)
+		Expect(err).NotTo(HaveOccurred())
+		// Other writers send offsets; Go reads them.
+		Expect(unstructured.SetNestedField(u.Object, "2026-11-29T09:00:00.000000+05:30", "status", "holder", "renewTime")).To(Succeed())
+		Expect(env.Client.Status().Update(ctx, u)).To(Succeed())
+		got := &locksv1.DistributedLock{}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(l), got)).To(Succeed())
+		Expect(got.Status.Holder.RenewTime.Time.Equal(time.Date(2026, 11, 29, 3, 30, 0, 0, time.UTC))).To(BeTrue())
 	})
 
 	It("rejects a status update with a stale resourceVersion with 409 Conflict", func(ctx SpecContext) {
@@ -316,6 +345,14 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		want:   "spec.maxWaiters in body should be less than or equal to 1024"}),
 	Entry("spec: handoff timeout 0", invalidCase{write: create, raw: setSpec("handoffTimeoutSeconds", 0),
 		want: "spec.handoffTimeoutSeconds in body should be greater than or equal to 1"}),
+	Entry("spec: maxWaitersPerUser above the hard cap", invalidCase{write: create, raw: setSpec("maxWaitersPerUser", 1025),
+		want: "spec.maxWaitersPerUser in body should be less than or equal to 1024"}),
+	Entry("spec: negative maxWaitersPerUser", invalidCase{write: create, raw: setSpec("maxWaitersPerUser", -1),
+		want: "spec.maxWaitersPerUser in body should be greater than or equal to 0"}),
+	Entry("spec: maxWaitSeconds 0", invalidCase{write: create, raw: setSpec("maxWaitSeconds", 0),
+		want: "spec.maxWaitSeconds in body should be greater than or equal to 1"}),
+	Entry("spec: maxWaitSeconds above a day", invalidCase{write: create, raw: setSpec("maxWaitSeconds", 86401),
+		want: "spec.maxWaitSeconds in body should be less than or equal to 86400"}),
 	Entry("spec update: lease above max lease", invalidCase{setup: fresh, write: update,
 		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxLeaseDurationSeconds = 20 },
 		want:   "spec.leaseDurationSeconds: Invalid value: spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"}),
@@ -459,4 +496,91 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 			"status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise",
 			"status: Invalid value: a holding that ends must be recorded in recentAcquisitions",
 		}}),
+)
+
+func defaultSpec() locksv1.DistributedLockSpec {
+	return locksv1.DistributedLockSpec{
+		LeaseDurationSeconds:    locksv1.DefaultLeaseDurationSeconds,
+		MaxLeaseDurationSeconds: locksv1.DefaultMaxLeaseDurationSeconds,
+		MaxWaiters:              ptr.To[int32](locksv1.DefaultMaxWaiters),
+		HandoffTimeoutSeconds:   locksv1.DefaultHandoffTimeoutSeconds,
+		MaxWaitersPerUser:       ptr.To[int32](locksv1.DefaultMaxWaitersPerUser),
+		MaxWaitSeconds:          locksv1.DefaultMaxWaitSeconds,
+	}
+}
+
+// setStatus sets one nested status string of the unstructured lock.
+func setStatus(v string, path ...string) func(map[string]any) {
+	return func(u map[string]any) {
+		Expect(setNested(u, v, append([]string{"status"}, path...)...)).To(Succeed())
+	}
+}
+
+// setNested sets a string at path, where a numeric element indexes a list.
+func setNested(u map[string]any, v string, path ...string) error {
+	var cur any = u
+	for i, p := range path {
+		last := i == len(path)-1
+		switch c := cur.(type) {
+		case map[string]any:
+			if last {
+				c[p] = v
+				return nil
+			}
+			cur = c[p]
+		case []any:
+			n, err := strconv.Atoi(p)
+			if err != nil || n >= len(c) {
+				return fmt.Errorf("no element %s", p)
+			}
+			cur = c[n]
+		default:
+			return fmt.Errorf("cannot descend into %T at %s", cur, p)
+		}
+	}
+	return nil
+}
+
+// The CRD's patterns refuse every time string Go's metav1 types cannot read
+// back, and identities with control or format characters, before either
+// admission engine runs (issue 13, classes 1 and 11).
+var _ = DescribeTable("the apiserver refuses a status string Go cannot read, and keeps the lock unchanged",
+	func(ctx SpecContext, value string, path ...string) {
+		l := newLock()
+		Expect(env.Client.Create(ctx, l)).To(Succeed())
+		heldWithWaiters(ctx, l)
+		before, err := stored(ctx, l.Name)
+		Expect(err).NotTo(HaveOccurred())
+		u, err := toUnstructured(l)
+		Expect(err).NotTo(HaveOccurred())
+		setStatus(value, path...)(u.Object)
+		err = env.Client.Status().Update(ctx, u)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
+		field := "status"
+		for _, p := range path {
+			if _, nerr := strconv.Atoi(p); nerr == nil {
+				field += "[" + p + "]"
+			} else {
+				field += "." + p
+			}
+		}
+		Expect(err.Error()).To(ContainSubstring(field + ": Invalid value: "))
+		Expect(err.Error()).To(ContainSubstring(strings.TrimPrefix(field, "status.") + " in body should match"))
+		after, err := stored(ctx, l.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(after).To(Equal(before), "the stored object changed")
+	},
+	Entry("a lower-case t", "2026-11-29t09:00:00.000000Z", "waiters", "0", "enqueueTime"),
+	Entry("a lower-case z", "2026-11-29T09:00:00.000000z", "waiters", "0", "deadline"),
+	Entry("no microseconds", "2026-11-29T09:00:00Z", "waiters", "0", "enqueueTime"),
+	Entry("nanoseconds", "2026-11-29T09:00:00.000000001Z", "holder", "acquireTime"),
+	Entry("a leap second", "2026-12-31T23:59:60.000000Z", "holder", "renewTime"),
+	Entry("local time without a zone", "2026-11-29T09:00:00.000000", "waiters", "1", "deadline"),
+	Entry("year 0 that Go writes back as year -1", "0000-01-01T00:30:00.000000+01:00", "holder", "renewTime"),
+	Entry("Go's zero time, which Go writes back as null", "0001-01-01T00:00:00.000000Z", "waiters", "1", "enqueueTime"),
+	Entry("year 9999 that Go writes back as year 10000", "9999-12-31T23:30:00.000000-01:00", "waiters", "0", "deadline"),
+	Entry("an identity with a terminal escape", "worker-\x1b[2J", "waiters", "0", "identity"),
+	Entry("an identity with a newline", "worker\nroot", "waiters", "1", "identity"),
+	Entry("an identity with a right-to-left override", "worker-\u202egnp.exe", "waiters", "0", "identity"),
+	Entry("an identity with a zero-width space", "work\u200ber", "holder", "identity"),
 )

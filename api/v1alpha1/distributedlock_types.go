@@ -17,16 +17,51 @@ const (
 	ForceReleaseVerb = "force-release"
 )
 
-// Bounds shared by the schema, the client and admission.
+// Bounds shared by the schema, the client and admission. The kubebuilder markers
+// below cannot name constants; TestSchemaMatchesConstants keeps the two in step.
 const (
 	// MaxWaitersLimit is the hard cap on status.waiters whatever spec.maxWaiters says.
 	MaxWaitersLimit = 1024
 	// MaxRecentAcquisitions is how many finished holdings status keeps.
 	MaxRecentAcquisitions = 8
+	// MaxConditions is the CRD bound on status.conditions.
+	MaxConditions = 8
+	// MaxConditionMessage is the longest Held message a lock user may write.
+	MaxConditionMessage = 256
 	// MaxLeaseDurationSeconds is the longest lease any lock may grant.
 	MaxLeaseDurationSeconds = 3600
+	// MaxWaitSecondsLimit is the largest spec.maxWaitSeconds.
+	MaxWaitSecondsLimit = 86400
 	// ConditionHeld is the condition type that is True while the lock has a holder.
 	ConditionHeld = "Held"
+)
+
+// Spec defaults (the CRD applies them; these are what Go code assumes when a
+// field is absent, e.g. in objects built without the apiserver).
+const (
+	DefaultLeaseDurationSeconds    = 30
+	DefaultMaxLeaseDurationSeconds = 300
+	DefaultMaxWaiters              = 128
+	DefaultMaxWaitersPerUser       = 16
+	DefaultMaxWaitSeconds          = 3600
+	DefaultHandoffTimeoutSeconds   = 10
+)
+
+// Patterns of strings in status. metav1.MicroTime marshals exactly six fractional
+// digits and parses only those; metav1.Time parses RFC 3339 with an optional
+// fraction. The CRD's "date-time" format alone accepts times neither parses.
+// Go writes every time back in UTC, so the set the patterns accept must hold
+// the UTC form of each time it accepts, or a lock whose status holds one could
+// no longer be written by any Go client: years 0002..9998 with any offset, and
+// the day on either side (0001-12-31, 9999-01-01) in UTC only. Go's zero time
+// (0001-01-01T00:00:00Z, which it writes as null) and years -1 and 10000 (which
+// it cannot parse) are out of reach.
+const (
+	MicroTimePattern = `^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
+	TimePattern      = `^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?Z)$`
+	// IdentityPattern refuses control and format characters (terminal escapes,
+	// bidi overrides) in names people read.
+	IdentityPattern = `^[^\p{Cc}\p{Cf}]+$`
 )
 
 // EndReason says how a holding ended.
@@ -73,6 +108,21 @@ type DistributedLockSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=3600
 	HandoffTimeoutSeconds int32 `json:"handoffTimeoutSeconds,omitempty"`
+
+	// maxWaitersPerUser bounds one user's entries in status.waiters; the
+	// effective bound is the lower of it and maxWaiters.
+	// +optional
+	// +kubebuilder:default=16
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1024
+	MaxWaitersPerUser *int32 `json:"maxWaitersPerUser,omitempty"`
+
+	// maxWaitSeconds bounds a waiter's wait: deadline - enqueueTime.
+	// +optional
+	// +kubebuilder:default=3600
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	MaxWaitSeconds int32 `json:"maxWaitSeconds,omitempty"`
 }
 
 // LockHolder is the current holding of a lock. While the lock is held, only
@@ -82,6 +132,7 @@ type LockHolder struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.identity cannot change while the lock is held"
 	Identity string `json:"identity"`
 
@@ -126,10 +177,14 @@ type LockHolder struct {
 
 	// acquireTime is when the holding began, by the holder's clock; informational.
 	// +required
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	AcquireTime metav1.MicroTime `json:"acquireTime"`
 
 	// renewTime is when the holder last renewed, by its clock; informational.
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
 }
 
@@ -139,6 +194,7 @@ type Waiter struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	Identity string `json:"identity"`
 
 	// user is the authenticated name of the client that enqueued.
@@ -156,11 +212,26 @@ type Waiter struct {
 
 	// enqueueTime is when the waiter joined the queue; informational.
 	// +required
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	EnqueueTime metav1.MicroTime `json:"enqueueTime"`
 
 	// deadline is when the waiter gives up; the controller removes it afterwards.
+	// It is at most spec.maxWaitSeconds after enqueueTime.
 	// +required
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	Deadline metav1.MicroTime `json:"deadline"`
+
+	// podName is the waiter's pod, when it runs in one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PodName string `json:"podName,omitempty"`
+
+	// podUID is the UID of the waiter's pod, when it runs in one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	PodUID string `json:"podUID,omitempty"`
 }
 
 // FinishedHolding records a holding that ended, so a retried acquire can learn
@@ -187,10 +258,13 @@ type FinishedHolding struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	Identity string `json:"identity"`
 
 	// endTime is when the holding ended, by the clock of whoever ended it.
 	// +required
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	EndTime metav1.MicroTime `json:"endTime"`
 
 	// endReason says how the holding ended.
@@ -291,7 +365,7 @@ type DistributedLock struct {
 
 	// spec declares the lock's limits.
 	// +optional
-	// +kubebuilder:default={leaseDurationSeconds:30,maxLeaseDurationSeconds:300,maxWaiters:128,handoffTimeoutSeconds:10}
+	// +kubebuilder:default={leaseDurationSeconds:30,maxLeaseDurationSeconds:300,maxWaiters:128,handoffTimeoutSeconds:10,maxWaitersPerUser:16,maxWaitSeconds:3600}
 	Spec DistributedLockSpec `json:"spec,omitempty"`
 
 	// status is the lock's state. Its default makes even a never-written status

@@ -35,6 +35,8 @@ func newLock() *locksv1.DistributedLock {
 			MaxLeaseDurationSeconds: 300,
 			MaxWaiters:              ptr.To[int32](4),
 			HandoffTimeoutSeconds:   10,
+			MaxWaitersPerUser:       ptr.To[int32](2),
+			MaxWaitSeconds:          600,
 		},
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,9 +45,29 @@ func (l *DistributedLock) IsHeld() bool { return l.Status.Holder != nil }
 // MaxWaiters is spec.maxWaiters with its default applied.
 func (l *DistributedLock) MaxWaiters() int {
 	if l.Spec.MaxWaiters == nil {
-		return 128
+		return DefaultMaxWaiters
 	}
 	return int(*l.Spec.MaxWaiters)
+}
+
+// MaxWaitersPerUser is how many queue entries one user may have:
+// spec.maxWaitersPerUser (default applied), but never more than MaxWaiters.
+func (l *DistributedLock) MaxWaitersPerUser() int {
+	n := DefaultMaxWaitersPerUser
+	if l.Spec.MaxWaitersPerUser != nil {
+		n = int(*l.Spec.MaxWaitersPerUser)
+	}
+	return min(n, l.MaxWaiters())
+}
+
+// MaxWait is spec.maxWaitSeconds with its default applied: the longest a
+// waiter's deadline may lie after its enqueueTime.
+func (l *DistributedLock) MaxWait() time.Duration {
+	s := l.Spec.MaxWaitSeconds
+	if s <= 0 {
+		s = DefaultMaxWaitSeconds
+	}
+	return time.Duration(s) * time.Second
 }
 
 // Acquire makes h the holder and gives it token; the caller computed the token
@@ -126,12 +147,30 @@ func (s *DistributedLockStatus) RemoveWaiter(requestID string) bool {
 }
 
 // setHeld keeps the Held condition in step with the holder in the same write.
+// Lock users may write exactly this one condition (admission rule
+// "bookkeeping"), so any other condition goes and the message is bounded.
 func (l *DistributedLock) setHeld(status metav1.ConditionStatus, reason, message string) {
-	meta.SetStatusCondition(&l.Status.Conditions, metav1.Condition{
+	var held []metav1.Condition
+	if c := meta.FindStatusCondition(l.Status.Conditions, ConditionHeld); c != nil {
+		held = append(held, *c)
+	}
+	meta.SetStatusCondition(&held, metav1.Condition{
 		Type:               ConditionHeld,
 		Status:             status,
 		Reason:             reason,
-		Message:            message,
+		Message:            ConditionMessage(message),
 		ObservedGeneration: l.Generation,
 	})
+	l.Status.Conditions = held
+	l.Status.ObservedGeneration = l.Generation
+}
+
+// ConditionMessage is message cut to MaxConditionMessage characters (runes),
+// marking a cut with "…": admission refuses longer Held messages from lock users.
+func ConditionMessage(message string) string {
+	r := []rune(message)
+	if len(r) <= MaxConditionMessage {
+		return message
+	}
+	return string(r[:MaxConditionMessage-1]) + "…"
 }

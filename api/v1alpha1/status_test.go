@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -200,5 +202,29 @@ func TestAcquire(t *testing.T) {
 	}
 	if !l.IsHeld() || l.Status.Conditions[0].Status != metav1.ConditionTrue {
 		t.Errorf("conditions = %+v, want Held=True", l.Status.Conditions)
+	}
+}
+
+// TestHeldIsTheOnlyCondition: a transition leaves exactly the one Held
+// condition admission lets lock users write, its message within bounds.
+func TestHeldIsTheOnlyCondition(t *testing.T) {
+	l := &locksv1.DistributedLock{}
+	l.Generation = 3
+	l.Status.Conditions = []metav1.Condition{{Type: "Frozen", Status: metav1.ConditionTrue, Reason: "Attack"}}
+	h := locksv1.LockHolder{Identity: strings.Repeat("é", 253), User: "alice", LeaseID: "lease-0000000000000001", RequestID: "r1"}
+	l.Acquire(h, 7)
+	if len(l.Status.Conditions) != 1 || l.Status.Conditions[0].Type != locksv1.ConditionHeld || l.Status.Conditions[0].Status != metav1.ConditionTrue {
+		t.Fatalf("conditions after Acquire = %+v, want exactly Held=True", l.Status.Conditions)
+	}
+	c := l.Status.Conditions[0]
+	if n := utf8.RuneCountInString(c.Message); n != locksv1.MaxConditionMessage || !strings.HasSuffix(c.Message, "…") {
+		t.Errorf("message has %d characters (%q), want %d ending in …", n, c.Message, locksv1.MaxConditionMessage)
+	}
+	if c.ObservedGeneration != 3 || l.Status.ObservedGeneration != 3 {
+		t.Errorf("observedGeneration = %d/%d, want 3", c.ObservedGeneration, l.Status.ObservedGeneration)
+	}
+	l.EndHolding(locksv1.EndReasonReleased, "alice", metav1.NewMicroTime(time.Now()))
+	if len(l.Status.Conditions) != 1 || l.Status.Conditions[0].Status != metav1.ConditionFalse || l.Status.Conditions[0].Reason != locksv1.ReasonReleased {
+		t.Fatalf("conditions after EndHolding = %+v, want exactly Held=False Released", l.Status.Conditions)
 	}
 }

@@ -248,7 +248,7 @@ func sameHolding(x, y *locksv1alpha1.LockHolder) bool {
 	if x == nil || y == nil {
 		return x == y
 	}
-	return x.LeaseID == y.LeaseID
+	return x.LeaseID == y.LeaseID && x.RequestID == y.RequestID && x.User == y.User
 }
 
 // take writes this request as the holder, with the token the server expects.
@@ -262,6 +262,7 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 		lease = time.Duration(obj.Spec.LeaseDurationSeconds) * time.Second
 	}
 	now := metav1.NewMicroTime(a.c.cfg.clock.Now())
+	podName, podUID := a.c.pod()
 	next := obj.DeepCopy()
 	next.Acquire(locksv1alpha1.LockHolder{
 		Identity:             a.c.cfg.identity,
@@ -269,8 +270,8 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 		LeaseID:              a.leaseID,
 		RequestID:            a.cfg.requestID,
 		LeaseDurationSeconds: int32(lease / time.Second),
-		PodName:              a.c.cfg.podName,
-		PodUID:               a.c.cfg.podUID,
+		PodName:              podName,
+		PodUID:               podUID,
 		AcquireTime:          now,
 		RenewTime:            &now,
 	}, token)
@@ -286,23 +287,60 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 	return next, sent, nil
 }
 
-// enqueue appends this request at the tail of the wait queue.
+// enqueue appends this request at the tail of the wait queue, within the
+// lock's bounds: admission refuses more entries of one user (or of one pod)
+// and a deadline beyond spec.maxWaitSeconds, so the client asks for no more.
 func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*locksv1alpha1.DistributedLock, error) {
-	if len(obj.Status.Waiters) >= obj.MaxWaiters() {
-		return nil, fmt.Errorf("%w: %d waiter(s), spec.maxWaiters is %d", ErrQueueFull, len(obj.Status.Waiters), obj.MaxWaiters())
+	if err := a.queueRoom(obj); err != nil {
+		return nil, err
+	}
+	podName, podUID := a.c.pod()
+	enqueued := a.c.cfg.clock.Now().Truncate(time.Microsecond)
+	deadline := a.deadline.Truncate(time.Microsecond)
+	if last := enqueued.Add(obj.MaxWait()); deadline.After(last) {
+		deadline = last
+	}
+	if !deadline.After(enqueued) {
+		deadline = enqueued.Add(time.Microsecond)
 	}
 	next := obj.DeepCopy()
 	next.Status.AppendWaiter(locksv1alpha1.Waiter{
 		Identity:    a.c.cfg.identity,
 		User:        a.user,
 		RequestID:   a.cfg.requestID,
-		EnqueueTime: metav1.NewMicroTime(a.c.cfg.clock.Now()),
-		Deadline:    metav1.NewMicroTime(a.deadline),
+		EnqueueTime: metav1.NewMicroTime(enqueued),
+		Deadline:    metav1.NewMicroTime(deadline),
+		PodName:     podName,
+		PodUID:      podUID,
 	})
+	next.Status.ObservedGeneration = next.Generation
 	if err := a.c.c.Status().Update(ctx, next); err != nil {
 		return nil, err
 	}
 	return next, nil
+}
+
+// queueRoom says why obj's queue has no room for this request, if it has none.
+func (a *attempt) queueRoom(obj *locksv1alpha1.DistributedLock) error {
+	st := &obj.Status
+	if len(st.Waiters) >= obj.MaxWaiters() {
+		return fmt.Errorf("%w: %d waiter(s), spec.maxWaiters is %d", ErrQueueFull, len(st.Waiters), obj.MaxWaiters())
+	}
+	_, podUID := a.c.pod()
+	mine := 0
+	for _, w := range st.Waiters {
+		if w.User != a.user {
+			continue
+		}
+		mine++
+		if podUID != "" && w.PodUID == podUID {
+			return fmt.Errorf("%w: this pod already waits for %s (request %s); a pod may have one entry per lock", ErrQueueFull, a.name, w.RequestID)
+		}
+	}
+	if mine >= obj.MaxWaitersPerUser() {
+		return fmt.Errorf("%w: user %s already has %d waiter(s), the lock allows %d per user", ErrQueueFull, a.user, mine, obj.MaxWaitersPerUser())
+	}
+	return nil
 }
 
 // giveUp leaves the queue after the wait ended and says why.
@@ -336,6 +374,7 @@ func (a *attempt) leaveQueue(ctx context.Context) {
 		if !obj.Status.RemoveWaiter(a.cfg.requestID) {
 			break
 		}
+		obj.Status.ObservedGeneration = obj.Generation
 		if err := a.c.c.Status().Update(lctx, obj); err == nil || !apierrors.IsConflict(err) {
 			break
 		}

@@ -30,6 +30,9 @@ type Client struct {
 
 	userMu sync.Mutex
 	user   string
+	// podName and podUID are the pod the client's token is bound to, from the
+	// same SelfSubjectReview; admission checks holdings and queue entries against it.
+	podName, podUID string
 
 	slots slots
 
@@ -109,7 +112,30 @@ func (c *Client) User(ctx context.Context) (string, error) {
 		return "", errors.New("kubelock: the apiserver returned no user name in the SelfSubjectReview")
 	}
 	c.user = review.Status.UserInfo.Username
+	c.podName, c.podUID = c.cfg.podName, ""
+	if uid := review.Status.UserInfo.Extra[extraPodUID]; len(uid) > 0 {
+		c.podUID, c.podName = uid[0], ""
+		if name := review.Status.UserInfo.Extra[extraPodName]; len(name) > 0 {
+			c.podName = name[0]
+		}
+	}
 	return c.user, nil
+}
+
+// Extra keys of a token bound to a pod (as webhook.ExtraPodName/ExtraPodUID).
+const (
+	extraPodName = "authentication.kubernetes.io/pod-name"
+	extraPodUID  = "authentication.kubernetes.io/pod-uid"
+)
+
+// pod is the pod this client writes into holdings and queue entries: the one
+// its token is bound to. Without a bound token it is only the configured pod
+// name: a pod UID the token does not carry would lock the holder out of its
+// own renewals. Call after User.
+func (c *Client) pod() (name, uid string) {
+	c.userMu.Lock()
+	defer c.userMu.Unlock()
+	return c.podName, c.podUID
 }
 
 // Get returns the lock object for key.

@@ -59,6 +59,19 @@ func (c *Client) newLock(a *attempt, obj *locksv1alpha1.DistributedLock) *Lock {
 	}
 }
 
+// holds reports whether st's holder is this holding: leaseID, requestID and
+// token all match. A leaseID alone is not proof: another client may have
+// written the same one (admission refuses only those status still remembers).
+func (l *Lock) holds(st *locksv1alpha1.DistributedLockStatus) bool {
+	h := st.Holder
+	return h != nil && h.LeaseID == l.leaseID && h.RequestID == l.requestID && st.FencingToken == l.token
+}
+
+// recorded reports whether f is the record of this holding.
+func (l *Lock) recorded(f *locksv1alpha1.FinishedHolding) bool {
+	return f.LeaseID == l.leaseID && f.RequestID == l.requestID && f.FencingToken == l.token
+}
+
 // safetyMargin is how much earlier than the server the client gives up a lease:
 // a tenth of it, at least 100ms, so scheduling delays never let it act late.
 func safetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*time.Millisecond) }
@@ -177,9 +190,9 @@ func (l *Lock) refresh(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubelock: reading %s: %w", l.name, err)
 	}
-	if h := obj.Status.Holder; h == nil || h.LeaseID != l.leaseID {
+	if !l.holds(&obj.Status) {
 		err := lost("lease %s of %s is no longer the holder", l.leaseID, l.name)
-		if f := obj.Status.FindFinished(l.requestID); f != nil {
+		if f := obj.Status.FindFinished(l.requestID); f != nil && l.recorded(f) {
 			err = endedHolding(f)
 		}
 		l.finish(err)
@@ -259,7 +272,7 @@ func (l *Lock) releaseIfStillHeld(ctx context.Context) {
 	if err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj); err != nil {
 		return
 	}
-	if h := obj.Status.Holder; h == nil || h.LeaseID != l.leaseID {
+	if !l.holds(&obj.Status) {
 		return
 	}
 	obj.EndHolding(locksv1alpha1.EndReasonReleased, l.user, metav1.NewMicroTime(l.c.cfg.clock.Now()))
@@ -277,12 +290,12 @@ func (l *Lock) reread(ctx context.Context) error {
 		}
 		return nil // keep the old object; the next write attempt tells
 	}
-	if h := obj.Status.Holder; h == nil || h.LeaseID != l.leaseID {
+	if !l.holds(&obj.Status) {
 		f := obj.Status.FindFinished(l.requestID)
-		if f == nil {
+		if f == nil || !l.recorded(f) {
 			return lost("lease %s of %s ended before the release", l.leaseID, l.name)
 		}
-		if f.LeaseID == l.leaseID && f.EndReason == locksv1alpha1.EndReasonReleased && f.EndedBy == l.user {
+		if f.EndReason == locksv1alpha1.EndReasonReleased && f.EndedBy == l.user {
 			return nil // our own earlier release committed; its response was lost
 		}
 		return endedHolding(f)

@@ -97,7 +97,10 @@ func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns
 // WithIdentity sets the holder's human-friendly name (default: POD_NAME, else the hostname).
 func WithIdentity(id string) Option { return func(c *config) { c.identity = id } }
 
-// WithPod records the holder's pod name and UID in the holding (default: POD_NAME and POD_UID).
+// WithPod records the holder's pod name in holdings and queue entries when the
+// client's token is not bound to a pod (default: POD_NAME). With a bound token
+// the client writes the token's pod name and UID, which admission requires; a
+// pod UID is never written without one, so uid is kept only for compatibility.
 func WithPod(name, uid string) Option {
 	return func(c *config) { c.podName, c.podUID = name, uid }
 }

@@ -3,13 +3,17 @@ package admission
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -21,6 +25,9 @@ import (
 // message containing every string of want, leaving the lock untouched.
 type hostile struct {
 	state state
+	// setup, if set, brings the built lock further with admitted writes
+	// (states the table's users cannot express, such as pod-bound entries).
+	setup func(ctx context.Context, key client.ObjectKey)
 	by    string
 	do    func(ctx context.Context, u *user, key client.ObjectKey) error
 	want  []string
@@ -98,7 +105,7 @@ var (
 
 // hostileEntries is the table; both engines run all of it.
 func hostileEntries() []TableEntry {
-	return []TableEntry{
+	entries := []TableEntry{
 		// --- only the holder renews or releases -------------------------------
 		Entry("renew by another user", hostile{state: held, by: "bob", do: update(renew),
 			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may renew lease ` + leaseID("alice", 1)}}),
@@ -301,11 +308,356 @@ func hostileEntries() []TableEntry {
 			},
 			want: []string{tag(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
 	}
+	return append(entries, statusHostileEntries()...)
 }
 
 // leaseOf is user's holding asking for a lease of seconds.
 func leaseOf(user string, seconds int32) locksv1alpha1.LockHolder {
 	h := holder(user, 1)
 	h.LeaseDurationSeconds = seconds
+	return h
+}
+
+// --- the status rules of issue 13 ---------------------------------------------------
+
+// otherPod names podSA's token bound to another pod, worker-1: the same user
+// as podUser, another holder.
+const otherPod = podSA + "@worker-1"
+
+// Pod-bound tokens of podSA as the suite impersonates them.
+const (
+	pod0Name, pod0UID = "worker-0", "uid-worker-0"
+	pod1Name, pod1UID = "worker-1", "uid-worker-1"
+)
+
+var otherPodUser = sync.OnceValue(func() *user {
+	imp := rest.CopyConfig(env.Config)
+	imp.QPS = -1
+	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
+		kwebhook.ExtraPodName: {pod1Name}, kwebhook.ExtraPodUID: {pod1UID},
+	}}
+	return &user{name: podSA, c: newClient(imp)}
+})
+
+// unboundPod names podSA with a token bound to no pod (no pod extra).
+const unboundPod = podSA + "@no-pod"
+
+var unboundPodUser = sync.OnceValue(func() *user {
+	imp := rest.CopyConfig(env.Config)
+	imp.QPS = -1
+	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA}
+	return &user{name: podSA, c: newClient(imp)}
+})
+
+// actor is who of the table's users, and podSA's other tokens.
+func actor(by string) *user {
+	switch by {
+	case otherPod:
+		return otherPodUser()
+	case unboundPod:
+		return unboundPodUser()
+	}
+	return who(by)
+}
+
+// podHolder is podSA's holding from the pod name/uid.
+func podHolder(n int, name, uid string) locksv1alpha1.LockHolder {
+	h := holder(podSA, n)
+	h.Identity, h.PodName, h.PodUID = name, name, uid
+	return h
+}
+
+// podWaiter is podSA's queue entry n from the pod name/uid.
+func podWaiter(n int, name, uid string) locksv1alpha1.Waiter {
+	w := waiter(podSA, n)
+	w.Identity, w.PodName, w.PodUID = name, name, uid
+	return w
+}
+
+// podHolds: worker-0 acquires the lock (holding number 1).
+func podHolds(ctx context.Context, key client.ObjectKey) {
+	Expect(write(ctx, podUser, key, acquire(podHolder(1, pod0Name, pod0UID)))).To(Succeed())
+}
+
+// podWaits: worker-0 queues (request number 1).
+func podWaits(ctx context.Context, key client.ObjectKey) {
+	Expect(write(ctx, podUser, key, enqueue(podWaiter(1, pod0Name, pod0UID)))).To(Succeed())
+}
+
+// fills: u queues n entries, one per write, request numbers 1..n.
+func fills(name string, n int) func(context.Context, client.ObjectKey) {
+	return func(ctx context.Context, key client.ObjectKey) {
+		for i := 1; i <= n; i++ {
+			Expect(write(ctx, who(name), key, enqueue(waiter(name, i)))).To(Succeed())
+		}
+	}
+}
+
+// terminates: the administrator puts a finalizer on the lock and deletes it,
+// so it stays, Terminating, with a deletionTimestamp.
+func terminates(ctx context.Context, key client.ObjectKey) {
+	l := get(ctx, key)
+	l.Finalizers = append(l.Finalizers, "locks.kubelock.io/test-keep")
+	Expect(env.Client.Update(ctx, l)).To(Succeed())
+	Expect(env.Client.Delete(ctx, l)).To(Succeed())
+	Expect(get(ctx, key).DeletionTimestamp).NotTo(BeNil())
+}
+
+// addWaiterRaw appends a queue entry given as JSON (times as raw strings) with
+// a JSON patch, keeping waiterCount in step.
+func addWaiterRaw(w map[string]any) func(context.Context, *user, client.ObjectKey) error {
+	return func(ctx context.Context, u *user, key client.ObjectKey) error {
+		n := len(get(ctx, key).Status.Waiters)
+		return patch(types.JSONPatchType, appendWaiterOps(n, w))(ctx, u, key)
+	}
+}
+
+// appendWaiterOps are JSON patch operations that append w to a queue of n
+// entries (an empty queue is absent from the stored object).
+func appendWaiterOps(n int, w any) []map[string]any {
+	add := map[string]any{"op": "add", "path": "/status/waiters/-", "value": w}
+	if n == 0 {
+		add = map[string]any{"op": "add", "path": "/status/waiters", "value": []any{w}}
+	}
+	return []map[string]any{add, {"op": "replace", "path": "/status/waiterCount", "value": n + 1}}
+}
+
+// rawWaiter is waiter(user, n) as JSON with its times replaced by enqueue and deadline.
+func rawWaiter(user string, n int, enqueue, deadline string) map[string]any {
+	return map[string]any{
+		"identity": user, "user": user, "requestID": requestID(user, n),
+		"enqueueTime": enqueue, "deadline": deadline,
+	}
+}
+
+// rawTime is a MicroTime's JSON string a minute from now.
+func rawTime(d time.Duration) string {
+	return metav1.NewMicroTime(time.Now().Add(d)).UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+}
+
+// setConditions replaces status.conditions with a JSON merge patch (times as raw strings).
+func setConditions(conds ...map[string]any) func(context.Context, *user, client.ObjectKey) error {
+	return patch(types.MergePatchType, map[string]any{"status": map[string]any{"conditions": conds}})
+}
+
+// heldCond is a Held condition as JSON, observedGeneration 1 (locks here keep their first generation).
+func heldCond(status, reason, transition string) map[string]any {
+	return map[string]any{
+		"type": locksv1alpha1.ConditionHeld, "status": status, "reason": reason, "message": "set by hand",
+		"observedGeneration": 1, "lastTransitionTime": transition,
+	}
+}
+
+// nowRFC3339 is the current time as metav1.Time writes it.
+func nowRFC3339() string { return time.Now().UTC().Format(time.RFC3339) }
+
+// waiterWait is user's entry n enqueued now with a deadline d later.
+func waiterWait(user string, n int, d time.Duration) locksv1alpha1.Waiter {
+	w := waiter(user, n)
+	w.Deadline = metav1.NewMicroTime(w.EnqueueTime.Add(d))
+	return w
+}
+
+// The fixed messages of the status rules, as both engines give them (copied
+// here, so a change in either engine shows up as a failing case).
+const (
+	msgObservedGeneration = "a lock user may leave status.observedGeneration unchanged or set it to metadata.generation, nothing else"
+	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, message at most 256 characters"
+	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True when acquiring, False when ending)"
+	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
+	msgOneWaiterPerWrite  = "one write may add at most one waiter to the queue"
+	msgWaitersPerUser     = "a user may have at most min(spec.maxWaitersPerUser, spec.maxWaiters) entries in the wait queue"
+	msgWaitersPerPod      = "a pod may have at most one entry in the wait queue"
+	msgWaitBound          = "a new waiter's deadline must be after its enqueueTime and at most spec.maxWaitSeconds after it"
+	msgPodHolding         = "a holding bound to a pod is renewed or released only by its user from that same pod (holder.podUID)"
+	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
+	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's and from every leaseID in status.recentAcquisitions"
+	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
+)
+
+func statusHostileEntries() []TableEntry {
+	bookkeeping, timeFormat := tag(kwebhook.RuleBookkeeping), tag(kwebhook.RuleTimeFormat)
+	queue, waitBound, podBinding := tag(kwebhook.RuleQueue), tag(kwebhook.RuleWaitBound), tag(kwebhook.RulePodBinding)
+	leaseIDTag, terminating := tag(kwebhook.RuleLeaseID), tag(kwebhook.RuleTerminating)
+	identityPattern := "in body should match '" + locksv1alpha1.IdentityPattern + "'"
+	microPattern := "in body should match '" + locksv1alpha1.MicroTimePattern + "'"
+	return []TableEntry{
+		// --- class 2: bookkeeping cannot be forged --------------------------------
+		Entry("eight foreign conditions (the CRD's bound) on someone's held lock", hostile{state: held, by: "bob",
+			do: setConditions(func() []map[string]any {
+				var cs []map[string]any
+				for i := range locksv1alpha1.MaxConditions {
+					cs = append(cs, map[string]any{"type": fmt.Sprintf("Squat%d", i), "status": "True", "reason": "Squatting",
+						"message": "full", "lastTransitionTime": nowRFC3339()})
+				}
+				return cs
+			}()...),
+			want: []string{bookkeeping + msgConditions}}),
+		Entry("one foreign condition next to Held", hostile{state: held, by: "alice",
+			do: setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339()),
+				map[string]any{"type": "Extra", "status": "True", "reason": "Mine", "message": "", "lastTransitionTime": nowRFC3339()}),
+			want: []string{bookkeeping + msgConditions}}),
+		Entry("a Held condition with a wrong status (False while held)", hostile{state: held, by: "bob",
+			do:   setConditions(heldCond("False", locksv1alpha1.ReasonReleased, nowRFC3339())),
+			want: []string{bookkeeping + msgConditions}}),
+		Entry("a Held condition with an unknown reason", hostile{state: held, by: "alice",
+			do:   setConditions(heldCond("True", "Stolen", nowRFC3339())),
+			want: []string{bookkeeping + msgConditions}}),
+		Entry("a Held condition for another generation", hostile{state: held, by: "alice",
+			do: setConditions(func() map[string]any {
+				c := heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339())
+				c["observedGeneration"] = 99
+				return c
+			}()),
+			want: []string{bookkeeping + msgConditions}}),
+		Entry("a Held condition with a message over 256 characters", hostile{state: held, by: "alice",
+			do: setConditions(func() map[string]any {
+				c := heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339())
+				c["message"] = strings.Repeat("m", locksv1alpha1.MaxConditionMessage+1)
+				return c
+			}()),
+			want: []string{bookkeeping + msgConditions}}),
+		Entry("status.observedGeneration 99", hostile{state: held, by: "bob",
+			do:   patch(types.MergePatchType, map[string]any{"status": map[string]any{"observedGeneration": 99}}),
+			want: []string{bookkeeping + msgObservedGeneration}}),
+		Entry("acquire without writing the Held condition", hostile{state: free, by: "bob",
+			do:   update(acquire(holder("bob", 1)), func(l *locksv1alpha1.DistributedLock) { l.Status.Conditions = nil }),
+			want: []string{bookkeeping + msgConditionsInStep}}),
+		Entry("release that leaves Held True", hostile{state: held, by: "alice",
+			do: update(end(locksv1alpha1.EndReasonReleased, "alice"), func(l *locksv1alpha1.DistributedLock) {
+				l.Status.Conditions[0].Status = metav1.ConditionTrue
+				l.Status.Conditions[0].Reason = locksv1alpha1.ReasonAcquired
+			}),
+			want: []string{bookkeeping + msgConditions}}),
+
+		// --- class 1: times Go cannot parse ---------------------------------------------
+		Entry("a Held condition whose lastTransitionTime has a lower-case t", hostile{state: held, by: "alice",
+			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "T", "t", 1))),
+			want: []string{timeFormat + msgTime}}),
+		Entry("a Held condition whose lastTransitionTime has a lower-case z", hostile{state: held, by: "alice",
+			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "Z", "z", 1))),
+			want: []string{timeFormat + msgTime}}),
+		Entry("a Held condition whose lastTransitionTime has a space for the decimal point", hostile{state: held, by: "alice",
+			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "Z", " 5Z", 1))),
+			want: []string{timeFormat + msgTime}}),
+		Entry("the controller writing a condition whose lastTransitionTime has a lower-case t", hostile{state: held, by: controllerUser,
+			do: setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339()),
+				map[string]any{"type": "Stale", "status": "False", "reason": "Checked", "message": "", "lastTransitionTime": strings.Replace(nowRFC3339(), "T", "t", 1)}),
+			want: []string{timeFormat + msgTime}}),
+		Entry("a Held condition whose lastTransitionTime has no zone", hostile{state: held, by: "alice",
+			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.TrimSuffix(nowRFC3339(), "Z"))),
+			want: []string{"lastTransitionTime in body must be of type date-time"}}),
+		Entry("a waiter enqueueTime without microseconds", hostile{state: held, by: "bob",
+			do:   addWaiterRaw(rawWaiter("bob", 1, nowRFC3339(), rawTime(time.Minute))),
+			want: []string{"enqueueTime " + microPattern}}),
+		Entry("a waiter enqueueTime with a lower-case z", hostile{state: held, by: "bob",
+			do:   addWaiterRaw(rawWaiter("bob", 1, strings.Replace(rawTime(0), "Z", "z", 1), rawTime(time.Minute))),
+			want: []string{"enqueueTime " + microPattern}}),
+		Entry("a waiter deadline without a zone", hostile{state: held, by: "bob",
+			do:   addWaiterRaw(rawWaiter("bob", 1, rawTime(0), strings.TrimSuffix(rawTime(time.Minute), "Z"))),
+			want: []string{"deadline " + microPattern}}),
+
+		// --- class 3: one user fills the queue ----------------------------------------------
+		Entry("two waiters in one write", hostile{state: held, by: "bob",
+			do:   update(enqueue(waiter("bob", 1)), enqueue(waiter("bob", 2))),
+			want: []string{queue + msgOneWaiterPerWrite}}),
+		Entry("a 17th waiter of one user (spec.maxWaitersPerUser 16)", hostile{state: held, setup: fills("bob", 16), by: "bob",
+			do:   update(enqueue(waiter("bob", 17))),
+			want: []string{queue + msgWaitersPerUser}}),
+		Entry("a second waiter of one user where spec.maxWaitersPerUser is 1", hostile{
+			state: state{spec: locksv1alpha1.DistributedLockSpec{MaxWaitersPerUser: int32p(1)}, holder: "alice", waiters: []string{"bob"}},
+			by:    "bob", do: update(enqueue(waiter("bob", 2))),
+			want: []string{queue + msgWaitersPerUser}}),
+		Entry("a second entry of the same pod", hostile{state: held, setup: podWaits, by: podSA,
+			do:   update(enqueue(podWaiter(2, pod0Name, pod0UID))),
+			want: []string{queue + msgWaitersPerPod}}),
+		Entry("a deadline in 2099", hostile{state: held, by: "bob",
+			do: update(enqueue(func() locksv1alpha1.Waiter {
+				w := waiter("bob", 1)
+				w.Deadline = metav1.NewMicroTime(time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC))
+				return w
+			}())),
+			want: []string{waitBound + msgWaitBound}}),
+		Entry("a deadline one second beyond spec.maxWaitSeconds", hostile{
+			state: state{spec: locksv1alpha1.DistributedLockSpec{MaxWaitSeconds: 60}, holder: "alice"},
+			by:    "bob", do: update(enqueue(waiterWait("bob", 1, 61*time.Second))),
+			want: []string{waitBound + msgWaitBound}}),
+		Entry("a deadline before enqueueTime", hostile{state: held, by: "bob",
+			do:   update(enqueue(waiterWait("bob", 1, -time.Minute))),
+			want: []string{waitBound + msgWaitBound}}),
+		Entry("a deadline equal to enqueueTime", hostile{state: held, by: "bob",
+			do:   update(enqueue(waiterWait("bob", 1, 0))),
+			want: []string{waitBound + msgWaitBound}}),
+
+		// --- class 7: pod binding on every write ------------------------------------------
+		Entry("renew from another pod of the same service account", hostile{state: free, setup: podHolds, by: otherPod,
+			do:   update(renew),
+			want: []string{podBinding + msgPodHolding}}),
+		Entry("release from another pod of the same service account", hostile{state: free, setup: podHolds, by: otherPod,
+			do:   update(end(locksv1alpha1.EndReasonReleased, podSA)),
+			want: []string{podBinding + msgPodHolding}}),
+		Entry("leaving another pod's queue entry", hostile{state: held, setup: podWaits, by: otherPod,
+			do:   update(removeWaiter(requestID(podSA, 1))),
+			want: []string{podBinding + msgPodWaiter}}),
+		Entry("renewing a pod's holding with a token bound to no pod", hostile{state: free, setup: podHolds, by: unboundPod,
+			do:   update(renew),
+			want: []string{podBinding + msgPodHolding}}),
+		Entry("a pod queueing without naming its pod", hostile{state: held, by: podSA,
+			do:   update(enqueue(waiter(podSA, 1))),
+			want: []string{podBinding + `waiter.podName "" is not the requesting pod "worker-0"`}}),
+		Entry("a pod acquiring without naming its pod", hostile{state: free, by: podSA,
+			do:   update(acquire(holder(podSA, 1))),
+			want: []string{podBinding + `holder.podName "" is not the requesting pod "worker-0"`}}),
+		Entry("a pod queueing in another pod's name", hostile{state: held, by: otherPod,
+			do:   update(enqueue(podWaiter(1, pod0Name, pod0UID))),
+			want: []string{podBinding + `waiter.podName "worker-0" is not the requesting pod "worker-1"`}}),
+		Entry("the other pod acquiring as the head with the head's requestID", hostile{state: free, setup: podWaits, by: otherPod,
+			do:   update(acquire(podHolder(1, pod1Name, pod1UID))),
+			want: []string{podBinding + msgPodWaiter}}),
+
+		// --- class 8: lease IDs are fresh -----------------------------------------------------
+		Entry("acquire reusing the leaseID of the holding just released", hostile{state: freeHistory, by: "alice",
+			do:   update(acquire(holder("alice", 0))),
+			want: []string{leaseIDTag + msgLeaseID}}),
+		Entry("another user acquiring with a recently used leaseID", hostile{state: freeHistory, by: "bob",
+			do: update(acquire(func() locksv1alpha1.LockHolder {
+				h := holder("bob", 1)
+				h.LeaseID = leaseID("alice", 0)
+				return h
+			}())),
+			want: []string{leaseIDTag + msgLeaseID}}),
+
+		// --- terminating -----------------------------------------------------------------------
+		Entry("acquiring a Terminating lock", hostile{state: free, setup: terminates, by: "bob",
+			do:   update(acquire(holder("bob", 1))),
+			want: []string{terminating + msgTerminating}}),
+		Entry("queueing for a Terminating lock", hostile{state: held, setup: terminates, by: "bob",
+			do:   update(enqueue(waiter("bob", 1))),
+			want: []string{terminating + msgTerminating}}),
+
+		// --- class 11: names people read are printable ----------------------------------------
+		Entry("a holder identity with a terminal escape sequence", hostile{state: free, by: "bob",
+			do:   update(acquire(identityOf("bob", "bob\x1b]0;pwned\x07\x1b[2J"))),
+			want: []string{"status.holder.identity: Invalid value", "holder.identity " + identityPattern}}),
+		Entry("a holder identity with a NUL", hostile{state: free, by: "bob",
+			do:   update(acquire(identityOf("bob", "bob\x00alice"))),
+			want: []string{"status.holder.identity: Invalid value", "holder.identity " + identityPattern}}),
+		Entry("a holder identity with a right-to-left override (U+202E)", hostile{state: free, by: "bob",
+			do:   update(acquire(identityOf("bob", "bob\u202etxt.exe"))),
+			want: []string{"status.holder.identity: Invalid value", "holder.identity " + identityPattern}}),
+		Entry("a waiter identity with a terminal escape sequence", hostile{state: held, by: "bob",
+			do: update(enqueue(func() locksv1alpha1.Waiter {
+				w := waiter("bob", 1)
+				w.Identity = "\x1b[1;31mROOT\x1b[0m"
+				return w
+			}())),
+			want: []string{"identity " + identityPattern}}),
+	}
+}
+
+// identityOf is user's holding number 1 shown as identity.
+func identityOf(user, identity string) locksv1alpha1.LockHolder {
+	h := holder(user, 1)
+	h.Identity = identity
 	return h
 }

@@ -346,7 +346,10 @@ func bench(ctx context.Context, o options, argv []string) error {
 		}
 		if wl["3"] {
 			key := "handoff-" + string(en.e)
-			if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key}}); err != nil {
+			// All K contenders are benchUser: let one user queue K-1 times.
+			perUser := int32(min(o.handoffK, locksv1alpha1.MaxWaitersLimit))
+			if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key},
+				Spec: locksv1alpha1.DistributedLockSpec{MaxWaitersPerUser: &perUser}}); err != nil {
 				return err
 			}
 			fifo, err := watchFIFO(ctx, c, key)

@@ -1,0 +1,222 @@
+package webhook
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// Messages of the hardening rules (issue 13). They are fixed texts so that the
+// ValidatingAdmissionPolicy can give the very same ones (see config/policy).
+const (
+	msgObservedGeneration = "a lock user may leave status.observedGeneration unchanged or set it to metadata.generation, nothing else"
+	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, message at most 256 characters"
+	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True when acquiring, False when ending)"
+	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
+	msgMicroTime          = "every MicroTime in status must be an RFC 3339 time with exactly 6 fractional digits, such as 2026-01-02T15:04:05.000000Z"
+	msgOneWaiterPerWrite  = "one write may add at most one waiter to the queue"
+	msgWaitersPerUser     = "a user may have at most min(spec.maxWaitersPerUser, spec.maxWaiters) entries in the wait queue"
+	msgWaitersPerPod      = "a pod may have at most one entry in the wait queue"
+	msgWaitBound          = "a new waiter's deadline must be after its enqueueTime and at most spec.maxWaitSeconds after it"
+	msgPodHolding         = "a holding bound to a pod is renewed or released only by its user from that same pod (holder.podUID)"
+	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
+	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's and from every leaseID in status.recentAcquisitions"
+	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
+)
+
+var (
+	conditionsPath = statusPath.Child("conditions")
+	heldReasons    = map[string]bool{
+		locksv1alpha1.ReasonAcquired: true, locksv1alpha1.ReasonReleased: true, locksv1alpha1.ReasonExpired: true,
+		locksv1alpha1.ReasonForceReleased: true, locksv1alpha1.ReasonNeverHeld: true,
+	}
+)
+
+// pod is the writer's pod as its bound token names it; uid is "" when the
+// token is not bound to a pod.
+func (a Actor) pod() (name, uid string) {
+	if v := a.Extra[ExtraPodName]; len(v) > 0 {
+		name = v[0]
+	}
+	if v := a.Extra[ExtraPodUID]; len(v) > 0 {
+		uid = v[0]
+	}
+	return name, uid
+}
+
+// validateBookkeeping keeps lock users from forging observedGeneration and
+// conditions: foreign conditions could fill the list so that nobody's next
+// write fits (issue 13, class 2).
+func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+	if a.IsController {
+		return nil
+	}
+	var errs field.ErrorList
+	o, n := &oldObj.Status, &newObj.Status
+	if n.ObservedGeneration != o.ObservedGeneration && n.ObservedGeneration != newObj.Generation {
+		errs = append(errs, deny(statusPath.Child("observedGeneration"), RuleBookkeeping, msgObservedGeneration))
+	}
+	if heldInStep(newObj) {
+		return errs
+	}
+	switch {
+	case !equality.Semantic.DeepEqual(o.Conditions, n.Conditions):
+		errs = append(errs, deny(conditionsPath, RuleBookkeeping, msgConditions))
+	case (o.Holder == nil) != (n.Holder == nil):
+		errs = append(errs, deny(conditionsPath, RuleBookkeeping, msgConditionsInStep))
+	}
+	return errs
+}
+
+// heldInStep reports whether conditions are exactly the one Held condition a
+// lock user may write for this status.
+func heldInStep(l *locksv1alpha1.DistributedLock) bool {
+	if len(l.Status.Conditions) != 1 {
+		return false
+	}
+	c := l.Status.Conditions[0]
+	want := metav1.ConditionFalse
+	if l.Status.Holder != nil {
+		want = metav1.ConditionTrue
+	}
+	return c.Type == locksv1alpha1.ConditionHeld && c.Status == want && c.ObservedGeneration == l.Generation &&
+		heldReasons[c.Reason] && utf8.RuneCountInString(c.Message) <= locksv1alpha1.MaxConditionMessage
+}
+
+// validateTimes checks every decoded time in status as Go will write it back
+// (in UTC): it must match the CRD's pattern, or every later write of the lock
+// by a Go client fails. A year-0 time with a positive offset parses but
+// marshals as year -1 (issue 13, class 1).
+func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
+	var errs field.ErrorList
+	micro := func(p *field.Path, t metav1.MicroTime) {
+		if b, err := t.MarshalJSON(); err != nil || !validJSONTime(b, ValidMicroTime) {
+			errs = append(errs, deny(p, RuleTimeFormat, msgMicroTime))
+		}
+	}
+	if h := s.Holder; h != nil {
+		micro(holderPath.Child("acquireTime"), h.AcquireTime)
+		if h.RenewTime != nil {
+			micro(holderPath.Child("renewTime"), *h.RenewTime)
+		}
+	}
+	for i, w := range s.Waiters {
+		micro(waitersPath.Index(i).Child("enqueueTime"), w.EnqueueTime)
+		micro(waitersPath.Index(i).Child("deadline"), w.Deadline)
+	}
+	for i, r := range s.RecentAcquisitions {
+		micro(recentPath.Index(i).Child("endTime"), r.EndTime)
+	}
+	for i, c := range s.Conditions {
+		if b, err := c.LastTransitionTime.MarshalJSON(); err != nil || !validJSONTime(b, ValidTime) {
+			errs = append(errs, deny(conditionsPath.Index(i).Child("lastTransitionTime"), RuleTimeFormat, msgTime))
+		}
+	}
+	return errs
+}
+
+// validJSONTime applies valid to a marshalled time; a zero time marshals as
+// null, which the schema's required markers judge, not this rule.
+func validJSONTime(b []byte, valid func(string) bool) bool {
+	var s *string
+	if json.Unmarshal(b, &s) != nil {
+		return false
+	}
+	return s == nil || valid(*s)
+}
+
+// addedWaiters are the entries of n that o does not have, by requestID.
+func addedWaiters(o, n *locksv1alpha1.DistributedLockStatus) []int {
+	old := make(map[string]bool, len(o.Waiters))
+	for _, w := range o.Waiters {
+		old[w.RequestID] = true
+	}
+	var added []int
+	for i, w := range n.Waiters {
+		if !old[w.RequestID] {
+			added = append(added, i)
+		}
+	}
+	return added
+}
+
+// validateJoin bounds what one write may add to the queue: one entry, within
+// the user's and the pod's share, with a bounded wait, carrying the writer's
+// pod, never on a lock being deleted (issue 13, classes 3 and 7).
+func validateJoin(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+	o, n := &oldObj.Status, &newObj.Status
+	added := addedWaiters(o, n)
+	if len(added) == 0 {
+		return nil
+	}
+	var errs field.ErrorList
+	if oldObj.DeletionTimestamp != nil {
+		errs = append(errs, deny(waitersPath, RuleTerminating, msgTerminating))
+	}
+	if len(added) > 1 {
+		errs = append(errs, deny(waitersPath, RuleQueue, msgOneWaiterPerWrite))
+	}
+	podName, podUID := a.pod()
+	mine, minePod := 0, 0
+	for _, w := range n.Waiters {
+		if w.User == a.Username {
+			mine++
+			if podUID != "" && w.PodUID == podUID {
+				minePod++
+			}
+		}
+	}
+	if mine > newObj.MaxWaitersPerUser() {
+		errs = append(errs, deny(waitersPath, RuleQueue, msgWaitersPerUser))
+	}
+	if minePod > 1 {
+		errs = append(errs, deny(waitersPath, RuleQueue, msgWaitersPerPod))
+	}
+	for _, i := range added {
+		w, p := n.Waiters[i], waitersPath.Index(i)
+		if d := w.Deadline.Sub(w.EnqueueTime.Time); d <= 0 || d > newObj.MaxWait() {
+			errs = append(errs, deny(p.Child("deadline"), RuleWaitBound, msgWaitBound))
+		}
+		errs = append(errs, validatePodFields(p, "waiter", w.PodName, w.PodUID, a, podName, podUID)...)
+	}
+	return errs
+}
+
+// validatePodFields checks the pod fields of a new holder or waiter against the
+// writer's bound token: a pod-bound writer must write its own pod.
+func validatePodFields(p *field.Path, what, name, uid string, a Actor, podName, podUID string) field.ErrorList {
+	var errs field.ErrorList
+	if len(a.Extra[ExtraPodName]) > 0 && name != podName {
+		errs = append(errs, deny(p.Child("podName"), RulePodBinding, "%s.podName %q is not the requesting pod %q", what, name, podName))
+	}
+	if podUID != "" && uid != podUID {
+		errs = append(errs, deny(p.Child("podUID"), RulePodBinding, "%s.podUID %q is not the requesting pod's UID %q", what, uid, podUID))
+	}
+	return errs
+}
+
+// validateFreshLease refuses an acquisition that reuses a leaseID status still
+// remembers, so no client can mistake another's holding for its own (class 8).
+func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, h *locksv1alpha1.LockHolder) field.ErrorList {
+	if o.Holder != nil && o.Holder.LeaseID == h.LeaseID {
+		return field.ErrorList{deny(holderPath.Child("leaseID"), RuleLeaseID, msgLeaseID)}
+	}
+	for _, r := range o.RecentAcquisitions {
+		if r.LeaseID == h.LeaseID {
+			return field.ErrorList{deny(holderPath.Child("leaseID"), RuleLeaseID, msgLeaseID)}
+		}
+	}
+	return nil
+}
+
+// samePod reports whether a writes from the pod uid names; a holding or entry
+// without a pod is anyone's of its user.
+func samePod(uid string, a Actor) bool {
+	_, mine := a.pod()
+	return uid == "" || uid == mine
+}
