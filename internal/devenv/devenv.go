@@ -226,7 +226,7 @@ func (e *env) check() error {
 		seen[p.port] = p.flag
 		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
 		if err != nil {
-			return fmt.Errorf("port %d for the %s (%s) is already in use (another kubelock dev?): stop what listens there or choose another port with %s", p.port, p.what, p.flag, p.flag)
+			return fmt.Errorf("port %d for the %s (%s) is already in use (another kubelock-dev?): stop what listens there or choose another port with %s", p.port, p.what, p.flag, p.flag)
 		}
 		_ = ln.Close()
 	}

@@ -228,7 +228,7 @@ var _ = Describe("kubelock-dev", func() {
 		s, err := gexec.Start(devCommand(filepath.Join(GinkgoT().TempDir(), "dev"), ports), GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(s).Should(gexec.Exit(1))
-		Expect(string(s.Err.Contents())).To(Equal(fmt.Sprintf("kubelock-dev: port %d for the kube-apiserver (--apiserver-port) is already in use (another kubelock dev?): stop what listens there or choose another port with --apiserver-port\n", ports[0])))
+		Expect(string(s.Err.Contents())).To(Equal(fmt.Sprintf("kubelock-dev: port %d for the kube-apiserver (--apiserver-port) is already in use (another kubelock-dev?): stop what listens there or choose another port with --apiserver-port\n", ports[0])))
 		Expect(s.Out.Contents()).To(BeEmpty())
 	})
 
