@@ -18,7 +18,7 @@ const devBinary = "kubelock-dev"
 func newDevCommand(*options) *cobra.Command {
 	return &cobra.Command{
 		Use:   "dev [flags]",
-		Short: "Run " + devBinary + " (a local kubelock: etcd, kube-apiserver, the CRD and the operator), found next to kubelock or on PATH",
+		Short: "Run " + devBinary + " (next to kubelock or on PATH): a local kubelock until Ctrl-C",
 		Long: `dev replaces this process with ` + devBinary + `, found next to kubelock or on PATH,
 with the same arguments: a local kubelock until Ctrl-C. "make dev" builds and runs
 it; "make ` + devBinary + `" builds it into bin/. "kubelock dev --help" is its help.`,
