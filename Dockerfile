@@ -2,6 +2,7 @@
 #
 # kubelock images: `docker build .` builds the operator (cmd/manager, the last
 # stage); `docker build --target kubelock .` builds the CLI and sidecar (cmd/kubelock).
+# Neither holds kubelock-dev (cmd/kubelock-dev, the local environment of `make dev`).
 # Both are one static binary (CGO_ENABLED=0) on an empty base that carries only CA
 # certificates and a nonroot user, like a distroless "static:nonroot" image, and run
 # as 65532:65532.

@@ -84,12 +84,12 @@ test: manifests generate control-plane test-deps ## Run all tests against a real
 
 ##@ Run
 
-# Flags for `kubelock dev`, e.g. DEV_FLAGS="--persist --apiserver-port 6443".
+# Flags for kubelock-dev, e.g. DEV_FLAGS="--persist --apiserver-port 6443".
 DEV_FLAGS ?=
 
 .PHONY: dev
-dev: control-plane install-plugin ## Run kubelock locally (etcd, kube-apiserver, CRD, operator) until Ctrl-C; prints the next steps.
-	$(LOCALBIN)/kubelock dev $(DEV_FLAGS)
+dev: control-plane install-plugin kubelock-dev ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, CRD, operator) until Ctrl-C; prints the next steps.
+	$(LOCALBIN)/kubelock-dev $(DEV_FLAGS)
 
 ##@ Deploy
 
@@ -109,9 +109,10 @@ undeploy: ## Remove what `make deploy` created (the CRD too, and with it every D
 ##@ Build
 
 .PHONY: build
-build: ## Build the manager and the kubelock CLI into ./bin.
+build: ## Build the manager, the kubelock CLI and kubelock-dev into ./bin.
 	go build -o $(LOCALBIN)/manager ./cmd/manager
 	go build -o $(LOCALBIN)/kubelock ./cmd/kubelock
+	go build -o $(LOCALBIN)/kubelock-dev ./cmd/kubelock-dev
 
 ##@ Tools
 
@@ -134,6 +135,10 @@ PLUGIN_DIR ?= $(LOCALBIN)
 .PHONY: kubelock
 kubelock: | $(LOCALBIN) ## Build the kubelock CLI (kubectl plugin, run wrapper, sidecar) into ./bin.
 	go build -o $(LOCALBIN)/kubelock ./cmd/kubelock
+
+.PHONY: kubelock-dev
+kubelock-dev: | $(LOCALBIN) ## Build kubelock-dev (the local environment `make dev` runs; operator code, kept out of kubelock) into ./bin.
+	go build -o $(LOCALBIN)/kubelock-dev ./cmd/kubelock-dev
 
 .PHONY: install-plugin
 install-plugin: kubelock ## Install kubelock as the kubectl plugin kubectl-lock in PLUGIN_DIR (default ./bin), so `kubectl lock ...` works.

@@ -1,4 +1,4 @@
-// Package config embeds the manifests that `kubelock dev` installs into its
+// Package config embeds the manifests that kubelock-dev installs into its
 // local control plane, so the binary carries the CRD and webhook rules it was
 // built with. The files are the kustomize sources in this folder; nothing here
 // is a second copy.

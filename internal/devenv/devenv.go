@@ -1,6 +1,6 @@
-// Package devenv is `kubelock dev`: a local kubelock on a real etcd and
-// kube-apiserver (the control plane `make control-plane` builds), with the
-// CRD installed, the operator (controller and admission webhook) running in
+// Package devenv is kubelock-dev (`make dev`): a local kubelock on a real
+// etcd and kube-apiserver (the control plane `make control-plane` builds), with
+// the CRD installed, the operator (controller and admission webhook) running in
 // this process, users to try the ownership rules with, and a kubeconfig. It
 // runs until its context ends and then stops everything it started.
 package devenv
@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -73,7 +74,7 @@ type Options struct {
 	Progress io.Writer
 }
 
-// DefaultOptions are the defaults of `kubelock dev`'s flags.
+// DefaultOptions are the defaults of kubelock-dev's flags.
 func DefaultOptions() Options {
 	return Options{
 		Dir:           filepath.Join(".kubelock", "dev"),
@@ -106,6 +107,7 @@ type env struct {
 	pkiDir   string
 	logDir   string
 	binDir   string
+	kubelock string // the kubectl-lock plugin of the next steps
 	children []*proc.Child
 	admin    *rest.Config
 
@@ -227,11 +229,30 @@ func (e *env) check() error {
 		seen[p.port] = p.flag
 		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
 		if err != nil {
-			return fmt.Errorf("port %d for the %s (%s) is already in use (another kubelock dev?): stop what listens there or choose another port with %s", p.port, p.what, p.flag, p.flag)
+			return fmt.Errorf("port %d for the %s (%s) is already in use (another kubelock-dev?): stop what listens there or choose another port with %s", p.port, p.what, p.flag, p.flag)
 		}
 		_ = ln.Close()
 	}
-	return nil
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	e.kubelock, err = findKubelock(self)
+	return err
+}
+
+// findKubelock is the kubelock binary the next steps use as the kubectl-lock
+// plugin: the one next to self (make builds both into bin/), else kubelock on
+// PATH.
+func findKubelock(self string) (string, error) {
+	next := filepath.Join(filepath.Dir(self), "kubelock")
+	if st, err := os.Stat(next); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+		return next, nil
+	}
+	if p, err := exec.LookPath("kubelock"); err == nil {
+		return filepath.Abs(p)
+	}
+	return "", fmt.Errorf("no kubelock binary next to %s or on PATH (the next steps use it as kubectl-lock): build it with `make kubelock`", self)
 }
 
 // prepare makes the data folder: fresh unless Persist (only the entries this

@@ -85,3 +85,48 @@ func TestShellQuote(t *testing.T) {
 		}
 	}
 }
+
+func TestFindKubelock(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "kubelock-dev")
+	t.Setenv("PATH", t.TempDir())
+	if _, err := findKubelock(self); err == nil || !strings.Contains(err.Error(), "`make kubelock`") {
+		t.Errorf("without a kubelock: %v, want an error naming make kubelock", err)
+	}
+	onPath := filepath.Join(t.TempDir(), "kubelock")
+	if err := os.WriteFile(onPath, []byte("#!/bin/sh\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", filepath.Dir(onPath))
+	if got, err := findKubelock(self); err != nil || got != onPath {
+		t.Errorf("with kubelock on PATH: %q, %v, want %q", got, err, onPath)
+	}
+	next := filepath.Join(dir, "kubelock")
+	if err := os.WriteFile(next, []byte("#!/bin/sh\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := findKubelock(self); err != nil || got != next {
+		t.Errorf("with kubelock next to kubelock-dev: %q, %v, want %q (before PATH)", got, err, next)
+	}
+}
+
+func TestMainUsage(t *testing.T) {
+	for _, args := range [][]string{{"kubelock-dev", "--no-such-flag"}, {"kubelock-dev", "extra"}} {
+		var out, errOut strings.Builder
+		if code := Main(args, &out, &errOut); code != exitUsage {
+			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+		}
+		if got := errOut.String(); !strings.HasPrefix(got, "kubelock-dev: ") || strings.Count(got, "\n") != 1 {
+			t.Errorf("%q: stderr %q, want one kubelock-dev: line", args, got)
+		}
+	}
+	var out, errOut strings.Builder
+	if code := Main([]string{"kubelock-dev", "--help"}, &out, &errOut); code != 0 {
+		t.Errorf("--help: exit %d", code)
+	}
+	for _, flag := range []string{"--kubeconfig-out", "--data-dir", "--persist", "--assets-dir", "--apiserver-port", "--etcd-port", "--etcd-peer-port", "--webhook-port", "--probe-port", "--metrics-port", "--start-timeout"} {
+		if !strings.Contains(out.String(), flag) {
+			t.Errorf("--help does not list %s", flag)
+		}
+	}
+}

@@ -45,13 +45,9 @@ func (e *env) writeKubeconfig() error {
 		return err
 	}
 
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
 	for link, target := range map[string]string{
 		"kubectl":      filepath.Join(e.o.AssetsDir, "kubectl"),
-		"kubectl-lock": self,
+		"kubectl-lock": e.kubelock,
 	} {
 		p := filepath.Join(e.binDir, link)
 		_ = os.Remove(p)

@@ -1,6 +1,6 @@
-// Package dev runs `kubelock dev` as a process, follows the next steps it
-// prints with the real kubectl and the kubectl-lock plugin, and checks that
-// SIGTERM leaves no process and no listening port behind.
+// Package dev runs kubelock-dev (what `make dev` runs) as a process, follows
+// the next steps it prints with the real kubectl and the kubectl-lock plugin,
+// and checks that SIGTERM leaves no process and no listening port behind.
 package dev
 
 import (
@@ -30,24 +30,28 @@ import (
 	"github.com/kubelock/kubelock/webhook"
 )
 
-var kubelock string
+// kubelock and kubelockDev are built into one folder, as make builds them into bin/.
+var kubelock, kubelockDev string
 
 func TestDev(t *testing.T) {
 	RegisterFailHandler(Fail)
 	SetDefaultEventuallyTimeout(30 * time.Second)
 	SetDefaultEventuallyPollingInterval(25 * time.Millisecond)
-	RunSpecs(t, "kubelock dev end-to-end suite")
+	RunSpecs(t, "kubelock-dev end-to-end suite")
 }
 
 var _ = BeforeSuite(func() {
 	if _, err := os.Stat(filepath.Join(testenv.AssetsDir(), "kubectl")); err != nil {
 		Skip("no control plane build (make control-plane): " + err.Error())
 	}
-	kubelock = filepath.Join(GinkgoT().TempDir(), "kubelock")
-	build := exec.Command("go", "build", "-o", kubelock, "./cmd/kubelock")
-	build.Dir = testenv.RepoRoot()
-	out, err := build.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "go build ./cmd/kubelock: %s", out)
+	dir := GinkgoT().TempDir()
+	kubelock, kubelockDev = filepath.Join(dir, "kubelock"), filepath.Join(dir, "kubelock-dev")
+	for bin, pkg := range map[string]string{kubelock: "./cmd/kubelock", kubelockDev: "./cmd/kubelock-dev"} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Dir = testenv.RepoRoot()
+		out, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "go build %s: %s", pkg, out)
+	}
 })
 
 // freePorts returns n ports nothing listens on right now.
@@ -73,10 +77,10 @@ func portOf(ln net.Listener) int {
 }
 
 func devCommand(dataDir string, ports []int, extra ...string) *exec.Cmd {
-	args := []string{"dev", "--data-dir", dataDir, "--assets-dir", testenv.AssetsDir(),
+	args := []string{"--data-dir", dataDir, "--assets-dir", testenv.AssetsDir(),
 		"--apiserver-port", strconv.Itoa(ports[0]), "--etcd-port", strconv.Itoa(ports[1]),
 		"--etcd-peer-port", strconv.Itoa(ports[2]), "--webhook-port", strconv.Itoa(ports[3])}
-	cmd := exec.Command(kubelock, append(args, extra...)...)
+	cmd := exec.Command(kubelockDev, append(args, extra...)...)
 	cmd.Dir = testenv.RepoRoot() // the next steps apply config/samples/ from here
 	return cmd
 }
@@ -107,7 +111,7 @@ func children(pid int) []int {
 // step is one printed next step, without its comment.
 type step struct{ cmd, comment string }
 
-var _ = Describe("kubelock dev", func() {
+var _ = Describe("kubelock-dev", func() {
 	It("starts a local kubelock whose printed next steps work, and leaves nothing behind on SIGTERM", func() {
 		dataDir := filepath.Join(GinkgoT().TempDir(), "dev")
 		ports := freePorts(4)
@@ -215,7 +219,7 @@ var _ = Describe("kubelock dev", func() {
 		Eventually(s, time.Minute).Should(gexec.Exit(0))
 		Expect(s.Err).To(gbytes.Say("stopping"))
 		for _, pid := range kids {
-			// Reaped by kubelock dev: gone from /proc (not even a zombie).
+			// Reaped by kubelock-dev: gone from /proc (not even a zombie).
 			_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid)))
 			Expect(os.IsNotExist(err)).To(BeTrue(), "process %d is still there", pid)
 			Expect(syscall.Kill(pid, 0)).To(MatchError(syscall.ESRCH))
@@ -236,7 +240,7 @@ var _ = Describe("kubelock dev", func() {
 		s, err := gexec.Start(devCommand(filepath.Join(GinkgoT().TempDir(), "dev"), ports), GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(s).Should(gexec.Exit(1))
-		Expect(string(s.Err.Contents())).To(Equal(fmt.Sprintf("kubelock: port %d for the kube-apiserver (--apiserver-port) is already in use (another kubelock dev?): stop what listens there or choose another port with --apiserver-port\n", ports[0])))
+		Expect(string(s.Err.Contents())).To(Equal(fmt.Sprintf("kubelock-dev: port %d for the kube-apiserver (--apiserver-port) is already in use (another kubelock-dev?): stop what listens there or choose another port with --apiserver-port\n", ports[0])))
 		Expect(s.Out.Contents()).To(BeEmpty())
 	})
 
@@ -247,6 +251,23 @@ var _ = Describe("kubelock dev", func() {
 		Eventually(s).Should(gexec.Exit(1))
 		lines := strings.Split(strings.TrimSpace(string(s.Err.Contents())), "\n")
 		Expect(lines).To(HaveLen(1))
-		Expect(lines[0]).To(And(HavePrefix("kubelock: no etcd binary at "), ContainSubstring("make control-plane")))
+		Expect(lines[0]).To(And(HavePrefix("kubelock-dev: no etcd binary at "), ContainSubstring("make control-plane")))
+	})
+
+	It("is what kubelock dev runs, and kubelock dev says in one line where to get it when it is missing", func() {
+		assets := GinkgoT().TempDir()
+		s, err := gexec.Start(exec.Command(kubelock, "dev", "--assets-dir", assets), GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(s).Should(gexec.Exit(1))
+		Expect(string(s.Err.Contents())).To(HavePrefix("kubelock-dev: no etcd binary at " + filepath.Join(assets, "etcd")))
+
+		alone := filepath.Join(GinkgoT().TempDir(), "kubelock")
+		Expect(os.Link(kubelock, alone)).To(Succeed())
+		cmd := exec.Command(alone, "dev")
+		cmd.Env = append(os.Environ(), "PATH="+GinkgoT().TempDir())
+		s, err = gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(s).Should(gexec.Exit(1))
+		Expect(string(s.Err.Contents())).To(Equal("kubelock: kubelock dev runs kubelock-dev, which is neither next to kubelock nor on PATH: build it with `make kubelock-dev` (or run `make dev`)\n"))
 	})
 })

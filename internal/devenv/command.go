@@ -1,0 +1,90 @@
+package devenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes of kubelock-dev, as kubelock's: 1 for a failure, 64 for bad
+// flags or arguments (sysexits EX_USAGE).
+const (
+	exitError = 1
+	exitUsage = 64
+)
+
+// Main runs kubelock-dev with args (args[0] is the program name) until SIGINT
+// or SIGTERM and returns the exit code. Errors go to stderr as one line.
+func Main(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := NewCommand(stdout, stderr)
+	cmd.SetArgs(args[1:])
+	err := cmd.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	_, _ = fmt.Fprintln(stderr, "kubelock-dev: "+strings.Join(strings.Fields(err.Error()), " "))
+	if ue := (usageError{}); errors.As(err, &ue) {
+		return exitUsage
+	}
+	return exitError
+}
+
+type usageError struct{ error }
+
+// NewCommand is the kubelock-dev command; Out receives the ready line and the
+// next steps, ErrOut the start-up stages.
+func NewCommand(stdout, stderr io.Writer) *cobra.Command {
+	d := DefaultOptions()
+	cmd := &cobra.Command{
+		Use:   "kubelock-dev",
+		Short: "Run kubelock locally: etcd, kube-apiserver, the CRD and the operator, until Ctrl-C",
+		Long: `kubelock-dev starts a local kubelock for trying it by hand: etcd and
+kube-apiserver from the control plane "make control-plane" builds (--assets-dir),
+the DistributedLock CRD, the operator (controller and admission webhook) in this
+process with a locally generated CA, users alice and bob (lock users) and carol
+(lock user with break-glass) in namespace default, and a lock named demo. It
+writes an admin kubeconfig with a context per user, links kubectl and the kubelock
+next to it (or on PATH) as the kubectl-lock plugin, prints "` + ReadyLine + `"
+and the next steps, and runs until SIGINT or SIGTERM; then it stops everything it
+started. "make dev" builds it and runs it.
+
+Without --persist the data folder starts fresh at every start.`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unexpected argument %q: kubelock-dev takes flags only", args[0])}
+			}
+			return nil
+		},
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			d.Out, d.Progress = stdout, stderr
+			return Run(cmd.Context(), d)
+		},
+	}
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	f := cmd.Flags()
+	f.StringVar(&d.Dir, "data-dir", d.Dir, "data folder: etcd data, certificates, logs, kubectl links")
+	f.StringVar(&d.KubeconfigOut, "kubeconfig-out", d.KubeconfigOut, "where to write the admin kubeconfig (default <data-dir>/kubeconfig)")
+	f.BoolVar(&d.Persist, "persist", d.Persist, "keep etcd's data (and the CA) from the last run instead of starting fresh")
+	f.StringVar(&d.AssetsDir, "assets-dir", d.AssetsDir, "folder with etcd, kube-apiserver and kubectl (default $KUBEBUILDER_ASSETS, else the newest bin/k8s/*)")
+	f.IntVar(&d.APIServerPort, "apiserver-port", d.APIServerPort, "kube-apiserver port on 127.0.0.1")
+	f.IntVar(&d.EtcdPort, "etcd-port", d.EtcdPort, "etcd client port on 127.0.0.1")
+	f.IntVar(&d.EtcdPeerPort, "etcd-peer-port", d.EtcdPeerPort, "etcd peer port on 127.0.0.1")
+	f.IntVar(&d.WebhookPort, "webhook-port", d.WebhookPort, "admission webhook port on 127.0.0.1")
+	f.IntVar(&d.ProbePort, "probe-port", d.ProbePort, "operator /healthz and /readyz port on 127.0.0.1; 0 turns them off")
+	f.IntVar(&d.MetricsPort, "metrics-port", d.MetricsPort, "operator metrics port on 127.0.0.1; 0 turns them off")
+	f.DurationVar(&d.StartTimeout, "start-timeout", d.StartTimeout, "how long each start-up stage may take")
+	return cmd
+}
