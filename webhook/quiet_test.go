@@ -57,8 +57,8 @@ func TestQuietValidatorDoesNotEchoTheStoredLock(t *testing.T) {
 	stored := map[string]any{
 		"apiVersion": locksv1alpha1.GroupVersion.String(), "kind": "DistributedLock",
 		"metadata": map[string]any{"namespace": "ns", "name": "l"},
-		"status": map[string]any{"fencingToken": 4711, "holder": map[string]any{
-			"identity": "secret-holder", "leaseID": "lease-secret", "acquireTime": "2026-01-01T00:00:00Z",
+		"status": map[string]any{"fencingToken": "4711-secret", "holder": map[string]any{
+			"identity": "secret-holder", "leaseID": "lease-secret", "acquireTime": "2026-01-01T00:00:00.000000Z",
 		}},
 	}
 	raw, err := json.Marshal(stored)

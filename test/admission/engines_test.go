@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -355,7 +356,13 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 // The policy cannot import Go constants; it carries copies that must not drift.
 var _ = Describe("the policy's copies of Go constants", func() {
 	It("has v1alpha1.TimePattern as its timePattern", func() {
-		vap, _ := policyObjects()
+		var vap *admissionregistrationv1.ValidatingAdmissionPolicy
+		for _, o := range policyObjects() {
+			if p, ok := o.(*admissionregistrationv1.ValidatingAdmissionPolicy); ok && p.Name == policyName {
+				vap = p
+			}
+		}
+		Expect(vap).NotTo(BeNil())
 		var expr string
 		for _, v := range vap.Spec.Variables {
 			if v.Name == "timePattern" {
