@@ -37,7 +37,7 @@ const (
 	FencingTokenAnnotation = "locks.kubelock.io/fencing-token"
 )
 
-// The fenced-object rules (DESIGN.md "Hardening", "Fenced Kubernetes objects").
+// The fenced-object rules (docs/security.md).
 const (
 	// RuleStaleToken: every write of a fenced object carries the guarding
 	// lock's current token, at least the highest the object accepted.

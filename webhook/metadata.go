@@ -14,7 +14,7 @@ import (
 )
 
 // Rules of the main resource (CREATE, UPDATE and DELETE of distributedlocks;
-// DESIGN.md "Hardening"). RuleHeldDelete (rules.go) also covers finalizers here.
+// docs/security.md). RuleHeldDelete (rules.go) also covers finalizers here.
 const (
 	// RuleForceDelete: adding or changing the force-delete annotation needs the force-release verb.
 	RuleForceDelete Rule = "force-delete"

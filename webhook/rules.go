@@ -19,7 +19,7 @@ import (
 // "[kubelock:<rule>]" in both engines, so users and tests can tell which rule failed.
 type Rule string
 
-// The rule table (DESIGN.md "Transitions").
+// The rule table (docs/design.md "Transitions", docs/security.md).
 const (
 	// RuleIdentity: holder.user and a new waiter's user are the requesting user.
 	RuleIdentity Rule = "identity"
