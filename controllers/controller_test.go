@@ -62,8 +62,11 @@ var _ = Describe("the expiry controller", func() {
 		Expect(held.Status).To(Equal(metav1.ConditionFalse))
 		Expect(held.Reason).To(Equal(locksv1alpha1.ReasonExpired))
 
-		By("emitting the Events it observed and caused")
-		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElements("Acquired", "Expired"))
+		By("emitting the Event of the expiry it caused")
+		// Acquired is emitted only when the controller saw the lock free before
+		// it saw it held; on a loaded machine the workqueue may fold the create and
+		// the acquisition into one reconcile, which is then a first observation.
+		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("Expired"))
 	})
 
 	It("reports the releases and force-releases it observes, and keeps Held consistent", func() {

@@ -277,7 +277,8 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 			return false, err
 		}
 		h := holder("alice")
-		h.RequestID, h.LeaseDurationSeconds = "req-short", 1
+		// A fresh leaseID: alice held the lock before (lease-id rule).
+		h.LeaseID, h.RequestID, h.LeaseDurationSeconds = "lease-0123456789-short", "req-short", 1
 		l.Acquire(h, token)
 		err = alice.Status().Update(ctx, l)
 		if apierrors.IsConflict(err) {
