@@ -60,8 +60,10 @@ func TestWatchdogFiresWhileARenewalHangs(t *testing.T) {
 		t.Fatalf("ExpiresAt = %s, want %s", l.ExpiresAt(), want)
 	}
 
-	// Let the first renewal start and hang.
-	for !clk.HasWaiters() {
+	// Let the first renewal start and hang: both loops (watchdog, renewal)
+	// must have armed their timers before the clock moves, or the renewal's
+	// timer starts after the step and never fires.
+	for clk.Waiters() < 2 {
 		time.Sleep(time.Millisecond) // waiting for the loops to arm their fake timers, not for the lock
 	}
 	clk.Step(1100 * time.Millisecond)
