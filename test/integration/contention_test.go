@@ -24,6 +24,8 @@ type holding struct {
 	token      int64
 	start, end time.Time
 	crashed    bool
+	// releaseLost: the holding expired before its release landed.
+	releaseLost bool
 }
 
 var _ = Describe("many clients on one lock", Serial, func() {
@@ -72,7 +74,14 @@ var _ = Describe("many clients on one lock", Serial, func() {
 						h.end, h.crashed = time.Now(), true
 					} else {
 						h.end = time.Now()
-						Expect(l.Release(ctx)).To(Succeed())
+						// On a loaded machine a release can wait behind conflicting
+						// queue writes for longer than the lease; the controller then
+						// expires the holding and the client says it was lost (I5).
+						// Both are correct; the work ended at h.end either way.
+						if err := l.Release(ctx); err != nil {
+							Expect(err).To(MatchError(lock.ErrLockLost))
+							h.releaseLost = true
+						}
 					}
 					mu.Lock()
 					holdings = append(holdings, h)
@@ -84,10 +93,13 @@ var _ = Describe("many clients on one lock", Serial, func() {
 		wg.Wait()
 
 		sort.Slice(holdings, func(i, j int) bool { return holdings[i].start.Before(holdings[j].start) })
-		crashes := 0
+		crashes, releaseLost := 0, 0
 		for i, h := range holdings {
 			if h.crashed {
 				crashes++
+			}
+			if h.releaseLost {
+				releaseLost++
 			}
 			if i == 0 {
 				continue
@@ -102,8 +114,8 @@ var _ = Describe("many clients on one lock", Serial, func() {
 
 		slices.Sort(latencies)
 		pct := func(p float64) time.Duration { return latencies[int(p*float64(len(latencies)-1))] }
-		report := fmt.Sprintf("%d clients, %s: %d holdings (%d crashed), %.1f holdings/s; acquire latency p50 %s p95 %s p99 %s max %s",
-			clients, duration, len(holdings), crashes, float64(len(holdings))/duration.Seconds(),
+		report := fmt.Sprintf("%d clients, %s: %d holdings (%d crashed, %d expired before their release landed), %.1f holdings/s; acquire latency p50 %s p95 %s p99 %s max %s",
+			clients, duration, len(holdings), crashes, releaseLost, float64(len(holdings))/duration.Seconds(),
 			pct(0.50).Round(time.Millisecond), pct(0.95).Round(time.Millisecond), pct(0.99).Round(time.Millisecond), latencies[len(latencies)-1].Round(time.Millisecond))
 		AddReportEntry("contention", report)
 		GinkgoWriter.Println(report)
