@@ -19,7 +19,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/kubelock/kubelock/controllers"
-	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // Timings of the controller under test: short, so that the suite runs in seconds.

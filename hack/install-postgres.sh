@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the PostgreSQL server from Debian's packages when it is missing (make
 # test runs it first; on a system without apt-get it names the package and stops). The
-# tests start their own throwaway server on loopback (internal/pgtest).
+# tests start their own throwaway server on loopback (test/pgtest).
 set -euo pipefail
 if compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null && id postgres >/dev/null 2>&1; then
   echo "install-postgres: $(ls -d /usr/lib/postgresql/*/bin | tail -n1) present"

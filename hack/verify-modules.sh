@@ -3,6 +3,8 @@
 # when pkg/lock links a benchmark-only dependency. test/bench is a module of its own
 # so that gonum/plot, redsync, go-redis, the etcd client and pprof never reach
 # users of pkg/lock; pgx belongs to the fencing package, not to the lock client.
+# Also fails when product code (anything but tests) links a test-only package
+# under test/ (testenv, history, pgtest, faultproxy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rc=0
@@ -19,5 +21,12 @@ if bad=$(go list -deps ./pkg/lock | grep -E "$forbidden"); then
   echo "$bad" >&2
   rc=1
 fi
-[ "$rc" = 0 ] && echo "verify: both modules tidy; pkg/lock free of benchmark-only dependencies"
+# go list without -test follows no _test.go file: these are the binaries' and
+# libraries' own dependencies.
+if bad=$(go list -deps ./api/... ./cmd/... ./config/... ./controllers/... ./internal/... ./pkg/... ./webhook/... | grep '^github\.com/kubelock/kubelock/test/'); then
+  echo "verify: product code links test-only packages:" >&2
+  echo "$bad" >&2
+  rc=1
+fi
+[ "$rc" = 0 ] && echo "verify: both modules tidy; pkg/lock free of benchmark-only dependencies; no test-only package in product code"
 exit "$rc"

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // TestKustomizeConfig renders config/default (self-rotating webhook) and an

@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubelock/kubelock/internal/metrics"
-	"github.com/kubelock/kubelock/internal/testenv"
 	"github.com/kubelock/kubelock/pkg/fencing"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // external are the metrics of other components the dashboard may use.

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kubelock/kubelock/internal/pgtest"
 	"github.com/kubelock/kubelock/pkg/fencing"
+	"github.com/kubelock/kubelock/test/pgtest"
 )
 
 var server *pgtest.Server

@@ -53,7 +53,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // System names in the report.

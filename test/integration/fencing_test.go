@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/pgtest"
 	"github.com/kubelock/kubelock/pkg/fencing"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/pgtest"
 )
 
 var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {

@@ -9,8 +9,8 @@ import (
 	. "github.com/onsi/gomega"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/faultproxy"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/faultproxy"
 )
 
 var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/faultproxy"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/faultproxy"
 )
 
 var _ = Describe("acquire, renew, release", func() {

@@ -27,8 +27,8 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
 	"github.com/kubelock/kubelock/internal/metrics"
-	"github.com/kubelock/kubelock/internal/testenv"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // labels is a shorthand for a series' label set.

@@ -24,8 +24,8 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
-	"github.com/kubelock/kubelock/internal/testenv"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // controllerUser is the controller's own user; the webhook lets only it expire.

@@ -16,8 +16,8 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	icli "github.com/kubelock/kubelock/internal/cli"
-	"github.com/kubelock/kubelock/internal/testenv"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 type leaseJSON struct {

@@ -26,7 +26,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 
 	"github.com/kubelock/kubelock/internal/devenv"
-	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/test/testenv"
 	"github.com/kubelock/kubelock/webhook"
 )
 

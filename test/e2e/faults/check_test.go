@@ -16,7 +16,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/test/history"
 )
 
 func hasPrefix(key, prefix string) bool { return strings.HasPrefix(key, prefix+"-") }

@@ -13,7 +13,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/test/history"
 )
 
 // lockClient is one client process.

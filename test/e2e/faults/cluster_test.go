@@ -25,7 +25,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/manager"
-	"github.com/kubelock/kubelock/internal/testenv"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 const (

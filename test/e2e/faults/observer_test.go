@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/test/history"
 )
 
 // observer reads every watched lock directly from the apiserver (as an admin,

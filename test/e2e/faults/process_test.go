@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/test/history"
 )
 
 // process is a child the suite can start, pause, resume, kill and restart

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/faultproxy"
-	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/test/faultproxy"
+	"github.com/kubelock/kubelock/test/history"
 )
 
 func getLock(ctx context.Context, key string) *locksv1alpha1.DistributedLock {

@@ -17,8 +17,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/kubelock/kubelock/internal/faultproxy"
-	"github.com/kubelock/kubelock/internal/history"
+	"github.com/kubelock/kubelock/test/faultproxy"
+	"github.com/kubelock/kubelock/test/history"
 )
 
 // The soak: eight looping clients on six locks while a seeded schedule

@@ -5,7 +5,7 @@
 // election serving the admission webhook behind a TCP balancer, lock clients
 // as separate processes behind a fault proxy, and a PostgreSQL table guarded
 // by pkg/fencing. Each scenario injects its faults, then checks the recorded
-// histories (internal/history). Run it with `make test-faults`.
+// histories (test/history). Run it with `make test-faults`.
 //
 // Environment:
 //
@@ -34,12 +34,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/faultproxy"
-	"github.com/kubelock/kubelock/internal/history"
 	"github.com/kubelock/kubelock/internal/manager"
-	"github.com/kubelock/kubelock/internal/pgtest"
-	"github.com/kubelock/kubelock/internal/testenv"
 	"github.com/kubelock/kubelock/pkg/fencing"
+	"github.com/kubelock/kubelock/test/faultproxy"
+	"github.com/kubelock/kubelock/test/history"
+	"github.com/kubelock/kubelock/test/pgtest"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 const namespace = "faults"

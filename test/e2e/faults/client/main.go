@@ -4,7 +4,7 @@
 // on pkg/lock that the suite can pause and kill. It reads commands as JSON
 // lines on stdin, answers each on stdout, and records every operation it
 // invokes and every answer, loss and safe deadline it sees in a history file
-// (internal/history), with writes to a PostgreSQL table guarded by pkg/fencing.
+// (test/history), with writes to a PostgreSQL table guarded by pkg/fencing.
 package main
 
 import (
@@ -24,9 +24,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/client-go/rest"
 
-	"github.com/kubelock/kubelock/internal/history"
 	"github.com/kubelock/kubelock/pkg/fencing"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/history"
 )
 
 type proc struct {
