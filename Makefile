@@ -155,6 +155,7 @@ FAULTS_SEED ?=
 
 .PHONY: test-faults
 test-faults: manifests generate control-plane ## Run the fault-injection suite (test/e2e/faults): 3 etcd members, 2 managers, client processes, faults, history checks, soak.
+	go test -tags faults -race -count=1 -run "TestShiftWall|TestWallOffsetClock" ./internal/manager/
 	FAULTS_SOAK=$(FAULTS_SOAK) FAULTS_SEED=$(FAULTS_SEED) go test -tags faults -race -count=1 -timeout 90m ./test/e2e/faults/ -v -ginkgo.v
 
 ##@ Benchmarks
