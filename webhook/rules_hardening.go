@@ -27,7 +27,16 @@ const (
 	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
 	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's and from every leaseID in status.recentAcquisitions"
 	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
+	msgManagedFields      = "a lock user's write may not add a metadata.managedFields entry beyond 16: every field manager (such as each server-side apply with another fieldManager) adds one, and they could grow the lock until the next release or expiry no longer fits in etcd"
 )
+
+// MaxManagedFields bounds the metadata.managedFields entries a lock user's
+// write may leave when it adds one. The apiserver keeps at most 10 entries of
+// update operations (merging older ones), but one per server-side apply field
+// manager without bound; each costs up to the size of the status, so a lock
+// user could grow a lock until the next release or expiry no longer fits in
+// etcd (red team).
+const MaxManagedFields = 16
 
 var (
 	conditionsPath = statusPath.Child("conditions")
@@ -51,12 +60,16 @@ func (a Actor) pod() (name, uid string) {
 
 // validateBookkeeping keeps lock users from forging observedGeneration and
 // conditions: foreign conditions could fill the list so that nobody's next
-// write fits (issue 13, class 2).
+// write fits (issue 13, class 2). Nor may they pile up managedFields entries
+// (MaxManagedFields).
 func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
 	if a.IsController {
 		return nil
 	}
 	var errs field.ErrorList
+	if m := len(newObj.ManagedFields); m > len(oldObj.ManagedFields) && m > MaxManagedFields {
+		errs = append(errs, deny(field.NewPath("metadata", "managedFields"), RuleBookkeeping, msgManagedFields))
+	}
 	o, n := &oldObj.Status, &newObj.Status
 	if n.ObservedGeneration != o.ObservedGeneration && n.ObservedGeneration != newObj.Generation {
 		errs = append(errs, deny(statusPath.Child("observedGeneration"), RuleBookkeeping, msgObservedGeneration))
