@@ -263,7 +263,8 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 
 			It("lets an administrator (update verb) create a lock with any spec and finalizer", func(ctx SpecContext) {
 				key := client.ObjectKey{Namespace: ns, Name: "admin-" + randomSuffix()}
-				spec := locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600, MaxWaiters: int32p(0), HandoffTimeoutSeconds: 3600}
+				spec := locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600, MaxWaiters: int32p(0), HandoffTimeoutSeconds: 3600,
+					MaxWaitersPerUser: int32p(16), MaxWaitSeconds: 3600}
 				Expect(createAs(spec, func(m *metav1.ObjectMeta) { m.Finalizers = []string{keepFinalizer} })(ctx, lockadmin, key)).To(Succeed())
 				got := get(ctx, key)
 				Expect(got.Spec).To(Equal(spec))
