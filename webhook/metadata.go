@@ -186,8 +186,8 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 		out = append(out, "annotation "+locksv1alpha1.ForceDeleteAnnotation)
 	}
 	// Bulk metadata: a lock a lock user creates must stay small, or it could
-	// be created just below etcd's request limit so that its first
-	// acquisition, or the controller's expiry, no longer fits (red team).
+	// be created just below etcd's request limit so that no later write,
+	// not even its first acquisition, fits (red team).
 	if len(lock.OwnerReferences) > 0 {
 		out = append(out, "metadata.ownerReferences")
 	}

@@ -27,15 +27,16 @@ const (
 	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
 	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's and from every leaseID in status.recentAcquisitions"
 	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
-	msgManagedFields      = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until its next release or expiry no longer fits in etcd"
+	msgManagedFields      = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
 )
 
 // MaxManagedFields bounds the server-side apply entries of
 // metadata.managedFields a lock user's write may leave when it adds one. The
 // apiserver keeps at most 10 entries of update operations (merging older
 // ones), but one per apply field manager without bound; each costs up to the
-// size of the status, so a lock user could grow a lock until the next release
-// or expiry no longer fits in etcd (red team). Update entries are not
+// size of the status, so a lock user could grow a lock until no acquisition
+// or new waiter fits in etcd any more (releases and expiries shrink it; red
+// team). Update entries are not
 // counted: a lock user who filled the bound must not keep a new client (a
 // new field manager) from its first update.
 const MaxManagedFields = 16

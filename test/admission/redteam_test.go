@@ -20,7 +20,7 @@ import (
 // The red team's holes (after issue 13): each one a hostile write that both
 // engines deny with its rule's message, leaving the lock byte for byte as it was.
 
-const msgManagedFields = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until its next release or expiry no longer fits in etcd"
+const msgManagedFields = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
 
 // labels sets n labels of 127 bytes each.
 func labels(n int) func(*metav1.ObjectMeta) {
