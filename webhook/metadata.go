@@ -19,7 +19,8 @@ const (
 	// RuleForceDelete: adding or changing the force-delete annotation needs the force-release verb.
 	RuleForceDelete Rule = "force-delete"
 	// RuleCreate: a creator without update on distributedlocks creates only
-	// locks with the default spec, no finalizers and no force-delete annotation.
+	// locks with the default spec, no finalizers, no force-delete annotation,
+	// no ownerReferences and small metadata (maxCreateMeta).
 	RuleCreate Rule = "create"
 )
 
@@ -184,8 +185,27 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 	if _, ok := lock.Annotations[locksv1alpha1.ForceDeleteAnnotation]; ok {
 		out = append(out, "annotation "+locksv1alpha1.ForceDeleteAnnotation)
 	}
+	// Bulk metadata: a lock a lock user creates must stay small, or it could
+	// be created just below etcd's request limit so that no later write,
+	// not even its first acquisition, fits (red team).
+	if len(lock.OwnerReferences) > 0 {
+		out = append(out, "metadata.ownerReferences")
+	}
+	for _, m := range []struct {
+		what string
+		n    int
+	}{{"labels", len(lock.Labels)}, {"annotations", len(lock.Annotations)}, {"managedFields", len(lock.ManagedFields)}} {
+		if limit := maxCreateMeta[m.what]; m.n > limit {
+			out = append(out, fmt.Sprintf("metadata.%s (%d, at most %d)", m.what, m.n, limit))
+		}
+	}
 	return out
 }
+
+// maxCreateMeta bounds the metadata entries of a lock created by a lock user:
+// pkg/lock writes one label and one annotation; the apiserver records one
+// managedFields entry for the creator.
+var maxCreateMeta = map[string]int{"labels": 16, "annotations": 16, "managedFields": 1}
 
 // specJSON is spec as the apiserver stores it: field name → JSON value.
 func specJSON(spec locksv1alpha1.DistributedLockSpec) (map[string]json.Number, error) {

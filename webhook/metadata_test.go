@@ -10,6 +10,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
@@ -105,6 +106,14 @@ func TestValidateCreate(t *testing.T) {
 		{name: "finalizer by a lock user", lock: with(autoCreated(), finalize(finalizer)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
 		{name: "force-delete annotation by a lock user", lock: with(autoCreated(), annotate("true")), actor: user,
 			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleForceDelete, RuleCreate}},
+		{name: "16 labels and 16 annotations by a lock user", lock: with(autoCreated(), bulk(16, 16, 0)), actor: user},
+		{name: "17 labels by a lock user (red team)", lock: with(autoCreated(), bulk(17, 0, 0)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "17 annotations by a lock user (red team)", lock: with(autoCreated(), bulk(0, 17, 0)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "two managedFields entries by a lock user (red team)", lock: with(autoCreated(), bulk(0, 0, 2)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "an ownerReference by a lock user (red team)", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) {
+			l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "u1"}}
+		}), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "bulk metadata by an administrator", lock: with(autoCreated(), bulk(100, 100, 3)), actor: admin, checks: MetaChecks{Update: true}},
 		{name: "any spec and a finalizer by an administrator", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
 			l.Spec.LeaseDurationSeconds, l.Spec.MaxWaiters, l.Finalizers = 3600, ptr(0), []string{finalizer}
 		}), actor: admin, checks: MetaChecks{Update: true}},
@@ -122,6 +131,32 @@ func TestValidateCreate(t *testing.T) {
 			}
 			expectRules(t, ValidateCreate(tc.lock, tc.actor), tc.want...)
 		})
+	}
+}
+
+// bulk sets l's metadata to this many labels, annotations and managedFields entries.
+func bulk(labels, annotations, managers int) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		l.Labels, l.Annotations, l.ManagedFields = map[string]string{}, map[string]string{}, nil
+		for i := range labels {
+			l.Labels[fmt.Sprint("l", i)] = "v"
+		}
+		for i := range annotations {
+			l.Annotations[fmt.Sprint("a", i)] = "v"
+		}
+		for i := range managers {
+			l.ManagedFields = append(l.ManagedFields, metav1.ManagedFieldsEntry{Manager: fmt.Sprint("m", i)})
+		}
+	}
+}
+
+func TestCreateMessageNamesBulkMetadata(t *testing.T) {
+	l := with(autoCreated(), bulk(17, 18, 2))
+	l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "u1"}}
+	errs := ValidateCreate(l, MetaActor{Actor: Actor{Username: alice}})
+	want := `; lock l sets metadata.ownerReferences, metadata.labels (17, at most 16), metadata.annotations (18, at most 16), metadata.managedFields (2, at most 1)`
+	if len(errs) != 1 || !strings.HasSuffix(errs[0].Detail, want) {
+		t.Fatalf("got %v\nwant suffix %s", errs.ToAggregate(), want)
 	}
 }
 

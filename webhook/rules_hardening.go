@@ -27,7 +27,30 @@ const (
 	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
 	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's and from every leaseID in status.recentAcquisitions"
 	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
+	msgManagedFields      = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
 )
+
+// MaxManagedFields bounds the server-side apply entries of
+// metadata.managedFields a lock user's write may leave when it adds one. The
+// apiserver keeps at most 10 entries of update operations (merging older
+// ones), but one per apply field manager without bound; each costs up to the
+// size of the status, so a lock user could grow a lock until no acquisition
+// or new waiter fits in etcd any more (releases and expiries shrink it; red
+// team). Update entries are not
+// counted: a lock user who filled the bound must not keep a new client (a
+// new field manager) from its first update.
+const MaxManagedFields = 16
+
+// applyEntries counts l's managedFields entries of server-side applies.
+func applyEntries(l *locksv1alpha1.DistributedLock) int {
+	n := 0
+	for _, m := range l.ManagedFields {
+		if m.Operation == metav1.ManagedFieldsOperationApply {
+			n++
+		}
+	}
+	return n
+}
 
 var (
 	conditionsPath = statusPath.Child("conditions")
@@ -51,12 +74,16 @@ func (a Actor) pod() (name, uid string) {
 
 // validateBookkeeping keeps lock users from forging observedGeneration and
 // conditions: foreign conditions could fill the list so that nobody's next
-// write fits (issue 13, class 2).
+// write fits (issue 13, class 2). Nor may they pile up server-side apply
+// entries in managedFields (MaxManagedFields).
 func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
 	if a.IsController {
 		return nil
 	}
 	var errs field.ErrorList
+	if m := applyEntries(newObj); m > applyEntries(oldObj) && m > MaxManagedFields {
+		errs = append(errs, deny(field.NewPath("metadata", "managedFields"), RuleBookkeeping, msgManagedFields))
+	}
 	o, n := &oldObj.Status, &newObj.Status
 	if n.ObservedGeneration != o.ObservedGeneration && n.ObservedGeneration != newObj.Generation {
 		errs = append(errs, deny(statusPath.Child("observedGeneration"), RuleBookkeeping, msgObservedGeneration))

@@ -327,6 +327,15 @@ func TestHardeningRules(t *testing.T) {
 			l.Acquire(h, 101)
 		}, actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodWaiter},
 		{name: "the controller drops a pod's entry", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: Actor{Username: ctrlr, IsController: true}},
+		// bookkeeping: managedFields (red team)
+		{name: "a 17th managedFields apply entry", old: managers(heldBy(alice), MaxManagedFields), edit: addManager, actor: Actor{Username: bob}, rule: RuleBookkeeping, msg: msgManagedFields},
+		{name: "a new update entry next to 16 apply entries", old: managers(heldBy(alice), MaxManagedFields), edit: func(l *locksv1alpha1.DistributedLock) {
+			renew(l)
+			l.ManagedFields = append(l.ManagedFields, metav1.ManagedFieldsEntry{Manager: "new-program", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status"})
+		}, actor: Actor{Username: alice}},
+		{name: "a 16th managedFields entry", old: managers(heldBy(alice), MaxManagedFields-1), edit: addManager, actor: Actor{Username: bob}},
+		{name: "a write that keeps 20 managedFields entries", old: managers(heldBy(alice), 20), edit: renew, actor: Actor{Username: alice}},
+		{name: "the controller adds a 17th managedFields entry", old: managers(heldBy(alice), MaxManagedFields), edit: addManager, actor: Actor{Username: ctrlr, IsController: true}},
 		// lease-id
 		{name: "acquire with a finished leaseID", old: released(), edit: acquireAs(bob, "lease-a", "r2"), actor: Actor{Username: bob}, rule: RuleLeaseID, msg: msgLeaseID},
 		{name: "acquire with a fresh leaseID", old: released(), edit: acquireAs(bob, "lease-b", "r2"), actor: Actor{Username: bob}},
@@ -439,4 +448,19 @@ func TestTimePatternsMatchGo(t *testing.T) {
 			t.Errorf("MicroTime pattern accepts %s", s)
 		}
 	}
+}
+
+// managers gives l n managedFields entries.
+func managers(l *locksv1alpha1.DistributedLock, n int) *locksv1alpha1.DistributedLock {
+	for range n {
+		addManager(l)
+	}
+	return l
+}
+
+// addManager adds one managedFields entry, as a server-side apply under a new fieldManager does.
+func addManager(l *locksv1alpha1.DistributedLock) {
+	l.ManagedFields = append(l.ManagedFields, metav1.ManagedFieldsEntry{
+		Manager: "m" + strconv.Itoa(len(l.ManagedFields)), Operation: metav1.ManagedFieldsOperationApply, Subresource: "status",
+	})
 }
