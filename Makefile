@@ -56,6 +56,11 @@ vet: ## Run go vet (both modules).
 	go vet ./...
 	go -C $(BENCH_DIR) vet ./...
 
+.PHONY: lint-fix
+lint-fix: $(GOLANGCI_LINT) ## Run golangci-lint and apply the fixes it knows (both modules).
+	$(GOLANGCI_LINT) run --fix --allow-serial-runners ./...
+	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --fix --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
+
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint (both modules, with the root's .golangci.yml).
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
@@ -77,10 +82,28 @@ $(CONTROL_PLANE_DIR)/kube-apiserver $(CONTROL_PLANE_DIR)/etcd $(CONTROL_PLANE_DI
 test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL server, from Debian's packages).
 	hack/install-postgres.sh
 
+# The suites by kind. Unit: every package outside the suites below (pure rules,
+# the library, the CLI; the controller's and the API's own envtest suites too).
+INTEGRATION_PKGS := ./test/admission/... ./test/integration/... ./test/observability/...
+E2E_PKGS := ./test/e2e/...
+UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/integration' -e '/test/observability' -e '/test/e2e')
+
 .PHONY: test
-test: manifests generate control-plane test-deps ## Run all tests against a real kube-apiserver and etcd.
+test: manifests generate control-plane test-deps ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, and the benchmark module's.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 	go -C $(BENCH_DIR) test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
+
+.PHONY: test-unit
+test-unit: manifests generate control-plane test-deps ## Run the packages outside test/'s suites.
+	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(UNIT_PKGS)
+
+.PHONY: test-integration
+test-integration: manifests generate control-plane test-deps ## Run the admission, protocol and observability suites against the real control plane.
+	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(INTEGRATION_PKGS)
+
+.PHONY: test-e2e
+test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI and kubelock-dev as processes).
+	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(E2E_PKGS)
 
 ##@ Run
 
@@ -113,6 +136,14 @@ build: ## Build the manager, the kubelock CLI and kubelock-dev into ./bin.
 	go build -o $(LOCALBIN)/manager ./cmd/manager
 	go build -o $(LOCALBIN)/kubelock ./cmd/kubelock
 	go build -o $(LOCALBIN)/kubelock-dev ./cmd/kubelock-dev
+
+# The images of the Dockerfile's two targets; needs a Docker engine.
+IMG_KUBELOCK ?= kubelock:latest
+
+.PHONY: docker-build
+docker-build: ## Build the operator image (IMG) and the CLI/sidecar image (IMG_KUBELOCK) with Docker.
+	docker build --target manager -t $(IMG) .
+	docker build --target kubelock -t $(IMG_KUBELOCK) .
 
 ##@ Tools
 
