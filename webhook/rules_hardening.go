@@ -2,6 +2,8 @@ package webhook
 
 import (
 	"encoding/json"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -15,7 +17,7 @@ import (
 // ValidatingAdmissionPolicy can give the very same ones (see config/policy).
 const (
 	msgObservedGeneration = "a lock user may leave status.observedGeneration unchanged or set it to metadata.generation, nothing else"
-	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, message at most 256 characters"
+	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, a printable message of at most 256 characters"
 	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True when acquiring, False when ending)"
 	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
 	msgMicroTime          = "every MicroTime in status must be an RFC 3339 time with exactly 6 fractional digits, such as 2026-01-02T15:04:05.000000Z"
@@ -112,7 +114,14 @@ func heldInStep(l *locksv1alpha1.DistributedLock) bool {
 		want = metav1.ConditionTrue
 	}
 	return c.Type == locksv1alpha1.ConditionHeld && c.Status == want && c.ObservedGeneration == l.Generation &&
-		heldReasons[c.Reason] && utf8.RuneCountInString(c.Message) <= locksv1alpha1.MaxConditionMessage
+		heldReasons[c.Reason] && utf8.RuneCountInString(c.Message) <= locksv1alpha1.MaxConditionMessage &&
+		printable(c.Message)
+}
+
+// printable reports whether s has no control or format characters (terminal
+// escapes, bidi overrides), as the CRD's identity pattern demands of names.
+func printable(s string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf) })
 }
 
 // validateTimes checks every decoded time in status as Go will write it back

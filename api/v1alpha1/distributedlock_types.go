@@ -168,11 +168,13 @@ type LockHolder struct {
 	// podName is the holder's pod, when it runs in one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	PodName string `json:"podName,omitempty"`
 
 	// podUID is the UID of the holder's pod, when it runs in one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	PodUID string `json:"podUID,omitempty"`
 
 	// acquireTime is when the holding began, by the holder's clock; informational.
@@ -226,11 +228,13 @@ type Waiter struct {
 	// podName is the waiter's pod, when it runs in one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	PodName string `json:"podName,omitempty"`
 
 	// podUID is the UID of the waiter's pod, when it runs in one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	PodUID string `json:"podUID,omitempty"`
 }
 

@@ -462,7 +462,7 @@ func waiterWait(user string, n int, d time.Duration) locksv1alpha1.Waiter {
 // here, so a change in either engine shows up as a failing case).
 const (
 	msgObservedGeneration = "a lock user may leave status.observedGeneration unchanged or set it to metadata.generation, nothing else"
-	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, message at most 256 characters"
+	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, a printable message of at most 256 characters"
 	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True when acquiring, False when ending)"
 	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
 	msgOneWaiterPerWrite  = "one write may add at most one waiter to the queue"
@@ -514,6 +514,13 @@ func statusHostileEntries() []TableEntry {
 			do: setConditions(func() map[string]any {
 				c := heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339())
 				c["message"] = strings.Repeat("m", locksv1alpha1.MaxConditionMessage+1)
+				return c
+			}()),
+			want: []string{bookkeeping + msgConditions}}),
+		Entry("a Held condition whose message carries a terminal escape and U+202E", hostile{state: held, by: "alice",
+			do: setConditions(func() map[string]any {
+				c := heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339())
+				c["message"] = "held by \x1b[2J\u202eroot"
 				return c
 			}()),
 			want: []string{bookkeeping + msgConditions}}),
@@ -645,6 +652,20 @@ func statusHostileEntries() []TableEntry {
 		Entry("a holder identity with a right-to-left override (U+202E)", hostile{state: free, by: "bob",
 			do:   update(acquire(identityOf("bob", "bob\u202etxt.exe"))),
 			want: []string{"status.holder.identity: Invalid value", "holder.identity " + identityPattern}}),
+		Entry("a waiter podName with a terminal escape sequence (a writer without a pod-bound token)", hostile{state: held, by: "bob",
+			do: update(enqueue(func() locksv1alpha1.Waiter {
+				w := waiter("bob", 1)
+				w.PodName = "\x1b[2Jworker-0"
+				return w
+			}())),
+			want: []string{"podName " + identityPattern}}),
+		Entry("a holder podUID with a right-to-left override (U+202E)", hostile{state: free, by: "bob",
+			do: update(acquire(func() locksv1alpha1.LockHolder {
+				h := holder("bob", 1)
+				h.PodUID = "uid-\u202e0"
+				return h
+			}())),
+			want: []string{"podUID " + identityPattern}}),
 		Entry("a waiter identity with a terminal escape sequence", hostile{state: held, by: "bob",
 			do: update(enqueue(func() locksv1alpha1.Waiter {
 				w := waiter("bob", 1)
