@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // TestMain lets the test binary be run's guard: startGroup starts
@@ -129,22 +132,26 @@ func TestGuardByHandIsAUsageError(t *testing.T) {
 	}
 }
 
+// waitUntil polls cond every 10 ms for up to 10 s.
+func waitUntil(t *testing.T, cond func() bool) error {
+	t.Helper()
+	return wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+}
+
 func waitFile(t *testing.T, path string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if b, err := os.ReadFile(path); err == nil && strings.HasSuffix(string(b), "\n") {
-			return
-		}
+	if err := waitUntil(t, func() bool {
+		b, err := os.ReadFile(path)
+		return err == nil && strings.HasSuffix(string(b), "\n")
+	}); err != nil {
+		t.Fatalf("%s did not appear: %v", path, err)
 	}
-	t.Fatalf("%s did not appear", path)
 }
 
 func waitGone(t *testing.T, g *group) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if !g.alive() {
-			return
-		}
+	if err := waitUntil(t, func() bool { return !g.alive() }); err != nil {
+		t.Fatalf("the group is still alive: %v", err)
 	}
-	t.Fatal("the group is still alive")
 }

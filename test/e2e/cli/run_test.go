@@ -154,86 +154,75 @@ wait
 		Expect(l.Status.Holder).To(BeNil())
 		Expect(l.Status.RecentAcquisitions[0].EndReason).To(Equal(locksv1alpha1.EndReasonReleased))
 	})
-})
 
-var _ = Describe("kubelock run, when the wrapper dies or the lease runs short", func() {
-	var (
-		ctx context.Context
-		ns  string
-		dir string
-	)
-	BeforeEach(func() {
-		ctx = context.Background()
-		ns = newNamespace(ctx)
-		dir = GinkgoT().TempDir()
-	})
-
-	It("kills the command and its grandchild when the wrapper is SIGKILLed, long before the lease could pass to anyone else", func() {
-		const lease = 10 * time.Second
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
-		dumpLockOnFailure(ctx, ns, "jobs")
-		run := start(lockUser(ctx), ns, "run", "jobs", "--", "sh", "-c", "sleep 300 & sleep 300")
-		wrapper := run.Command.Process.Pid
-		// The guard, sh (or the sleep it became) and both sleeps.
-		var procs map[int]string
-		Eventually(func() []string {
-			procs = descendants(wrapper)
-			return slices.Collect(maps.Values(procs))
-		}).Should(ContainElements("sleep", "sleep"), "the command and its grandchild run")
-		Expect(len(procs)).To(BeNumerically(">=", 3), "%v", procs)
-		h := getLock(ctx, ns, "jobs").Status.Holder
-		Expect(h).NotTo(BeNil())
-		// The earliest the lease could end by the lock's own record; the
-		// controller expires it only after it observed no renewal for that long.
-		leaseEnd := h.AcquireTime.Add(lease)
-		if h.RenewTime != nil {
-			leaseEnd = h.RenewTime.Add(lease)
-		}
-
-		killed := time.Now()
-		run.Kill() // SIGKILL to the wrapper alone: it can clean up nothing itself
-		Eventually(func() []int {
-			var alive []int
-			for pid := range procs {
-				if !processGone(pid) {
-					alive = append(alive, pid)
-				}
+	Context("when the wrapper dies or the lease runs short", func() {
+		It("kills the command and its grandchild when the wrapper is SIGKILLed, long before the lease could pass to anyone else", func() {
+			const lease = 10 * time.Second
+			newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
+			dumpLockOnFailure(ctx, ns, "jobs")
+			run := start(lockUser(ctx), ns, "run", "jobs", "--", "sh", "-c", "sleep 300 & sleep 300")
+			wrapper := run.Command.Process.Pid
+			// The guard, sh (or the sleep it became) and both sleeps.
+			var procs map[int]string
+			Eventually(func() []string {
+				procs = descendants(wrapper)
+				return slices.Collect(maps.Values(procs))
+			}).Should(ContainElements("sleep", "sleep"), "the command and its grandchild run")
+			Expect(len(procs)).To(BeNumerically(">=", 3), "%v", procs)
+			h := getLock(ctx, ns, "jobs").Status.Holder
+			Expect(h).NotTo(BeNil())
+			// The earliest the lease could end by the lock's own record; the
+			// controller expires it only after it observed no renewal for that long.
+			leaseEnd := h.AcquireTime.Add(lease)
+			if h.RenewTime != nil {
+				leaseEnd = h.RenewTime.Add(lease)
 			}
-			return alive
-		}).WithPolling(time.Millisecond).Should(BeEmpty())
-		gone := time.Now()
-		GinkgoWriter.Printf("SIGKILL of the wrapper to command, grandchild and guard gone: %s; the lease could have passed on %s later\n",
-			gone.Sub(killed), leaseEnd.Sub(gone))
-		AddReportEntry("SIGKILL of the wrapper to all gone", fmt.Sprintf("%s (lease left: %s)", gone.Sub(killed), leaseEnd.Sub(gone)))
-		Expect(gone).To(BeTemporally("<", leaseEnd), "the command outlived the lease")
-		Expect(gone.Sub(killed)).To(BeNumerically("<", 2*time.Second))
-		Eventually(run).Should(gexec.Exit())
-		Expect(getLock(ctx, ns, "jobs").Status.Holder).NotTo(BeNil(), "nobody released: the lease expires")
-	})
 
-	It("sends SIGKILL when the lease's safe deadline passes, even with a longer --grace", func() {
-		const lease = 5 * time.Second
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
-		dumpLockOnFailure(ctx, ns, "jobs")
-		pidFile := filepath.Join(dir, "sleep.pid")
-		// The whole group ignores SIGTERM (ignored signals are inherited).
-		run := start(lockUser(ctx), ns, "run", "jobs", "--grace", "1h", "--", "sh", "-c",
-			fmt.Sprintf(`trap "" TERM; sleep 300 & echo $! > %s; wait`, pidFile))
-		Eventually(pidFile).Should(BeAnExistingFile())
-		Eventually(func() bool { b, _ := os.ReadFile(pidFile); return strings.HasSuffix(string(b), "\n") }).Should(BeTrue())
-		sleepPID := readPID(pidFile)
+			killed := time.Now()
+			run.Kill() // SIGKILL to the wrapper alone: it can clean up nothing itself
+			Eventually(func() []int {
+				var alive []int
+				for pid := range procs {
+					if !processGone(pid) {
+						alive = append(alive, pid)
+					}
+				}
+				return alive
+			}).WithPolling(time.Millisecond).Should(BeEmpty())
+			gone := time.Now()
+			GinkgoWriter.Printf("SIGKILL of the wrapper to command, grandchild and guard gone: %s; the lease could have passed on %s later\n",
+				gone.Sub(killed), leaseEnd.Sub(gone))
+			AddReportEntry("SIGKILL of the wrapper to all gone", fmt.Sprintf("%s (lease left: %s)", gone.Sub(killed), leaseEnd.Sub(gone)))
+			Expect(gone).To(BeTemporally("<", leaseEnd), "the command outlived the lease")
+			Expect(gone.Sub(killed)).To(BeNumerically("<", 2*time.Second))
+			Eventually(run).Should(gexec.Exit())
+			Expect(getLock(ctx, ns, "jobs").Status.Holder).NotTo(BeNil(), "nobody released: the lease expires")
+		})
 
-		Expect(kl(breakglass(ctx, ns), ns, "force-release", "jobs", "--reason", "e2e: grace cap")).To(gexec.Exit(0))
-		released := time.Now()
-		// The lease of the holding that was just ended cannot reach beyond this.
-		leaseEnd := released.Add(lease)
-		Eventually(func() bool { return processGone(sleepPID) }).WithPolling(5 * time.Millisecond).Should(BeTrue())
-		gone := time.Now()
-		GinkgoWriter.Printf("force-release to SIGTERM-proof group gone: %s (--grace 1h, lease %s)\n", gone.Sub(released), lease)
-		AddReportEntry("force-release to gone with --grace 1h", gone.Sub(released).String())
-		Expect(gone).To(BeTemporally("<", leaseEnd))
-		Eventually(run).Should(gexec.Exit(icli.ExitLockLost))
-		Expect(string(run.Err.Contents())).To(MatchRegexp(`lock lost.*SIGKILL in [0-9.]+m?s\)`))
+		It("sends SIGKILL when the lease's safe deadline passes, even with a longer --grace", func() {
+			const lease = 5 * time.Second
+			newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
+			dumpLockOnFailure(ctx, ns, "jobs")
+			pidFile := filepath.Join(dir, "sleep.pid")
+			// The whole group ignores SIGTERM (ignored signals are inherited).
+			run := start(lockUser(ctx), ns, "run", "jobs", "--grace", "1h", "--", "sh", "-c",
+				fmt.Sprintf(`trap "" TERM; sleep 300 & echo $! > %s; wait`, pidFile))
+			Eventually(pidFile).Should(BeAnExistingFile())
+			Eventually(func() bool { b, _ := os.ReadFile(pidFile); return strings.HasSuffix(string(b), "\n") }).Should(BeTrue())
+			sleepPID := readPID(pidFile)
+
+			Expect(kl(breakglass(ctx, ns), ns, "force-release", "jobs", "--reason", "e2e: grace cap")).To(gexec.Exit(0))
+			released := time.Now()
+			// The lease of the holding that was just ended cannot reach beyond this.
+			leaseEnd := released.Add(lease)
+			Eventually(func() bool { return processGone(sleepPID) }).WithPolling(5 * time.Millisecond).Should(BeTrue())
+			gone := time.Now()
+			GinkgoWriter.Printf("force-release to SIGTERM-proof group gone: %s (--grace 1h, lease %s)\n", gone.Sub(released), lease)
+			AddReportEntry("force-release to gone with --grace 1h", gone.Sub(released).String())
+			Expect(gone).To(BeTemporally("<", leaseEnd))
+			Eventually(run).Should(gexec.Exit(icli.ExitLockLost))
+			Expect(string(run.Err.Contents())).To(MatchRegexp(`lock lost.*SIGKILL in [0-9.]+m?s\)`))
+		})
 	})
 })
 
