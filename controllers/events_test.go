@@ -13,6 +13,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/metrics"
+	"github.com/kubelock/kubelock/test/testmetrics"
 )
 
 func lockNamed(ns, name string) *locksv1alpha1.DistributedLock {
@@ -40,7 +41,7 @@ func TestRateLimitedRecorder(t *testing.T) {
 	r := NewRateLimitedRecorder(fake, EventLimit{Burst: 3, Interval: 10 * time.Second, Locks: 100}, clk)
 	metrics.Register()
 	suppressed := func() float64 {
-		v, err := metrics.Read(ctrlmetrics.Registry, "kubelock_controller_events_suppressed_total", map[string]string{"reason": EventAcquired})
+		v, err := testmetrics.Value(ctrlmetrics.Registry, "kubelock_controller_events_suppressed_total", map[string]string{"reason": EventAcquired})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -225,7 +225,6 @@ type sarCreator interface {
 // current token); sar creates the SubjectAccessReviews for the force-release
 // verb (nil: nobody counts as having it).
 func NewFencedValidator(decoder admission.Decoder, reader client.Reader, sar client.Client) *FencedValidator {
-	metrics.Register()
 	v := &FencedValidator{decoder: decoder, reader: reader}
 	if sar != nil {
 		v.sar = sar

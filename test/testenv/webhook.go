@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/webhook"
 )
 
@@ -47,16 +47,14 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 	if len(o.Paths) == 0 {
 		return errors.New("testenv: the environment was started without WithWebhook")
 	}
-	v, err := webhook.NewValidator(e.Scheme, e.Client, controllerUsers...)
-	if err != nil {
-		return err
-	}
 	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{
 		Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir,
 		TLSOpts: []func(*tls.Config){e.RequireWebhookClientCert},
 	})
-	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
-	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client, e.Client))})
+	metrics.Register() // as the operator's main does
+	if err := webhook.Setup(srv, e.Scheme, e.Client, e.Client, controllerUsers...); err != nil {
+		return err
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Start(ctx) }()
 	addr := net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort))
