@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/webhook"
 )
@@ -99,7 +100,7 @@ func (e *Env) FencedObjectsWebhook(ctx context.Context) error {
 			Name:                    "fenced.kubelock.io",
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: o.LocalServingCAData},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}}}},
-			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{"locks.kubelock.io/fenced": "true"}},
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{locksv1alpha1.FencedLabel: "true"}},
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},
