@@ -98,6 +98,3 @@ func (r *RateLimitedRecorder) allow(obj runtime.Object) bool {
 	lim, _ := b.(*rate.Limiter) // the cache holds only limiters
 	return lim.AllowN(r.clock.Now(), 1)
 }
-
-// tracked is the number of buckets kept (tests).
-func (r *RateLimitedRecorder) tracked() int { return r.buckets.Len() }

@@ -90,7 +90,7 @@ func TestRateLimitedRecorderBound(t *testing.T) {
 	for i := range 10000 {
 		r.Eventf(lockNamed("ns", fmt.Sprintf("l%d", i)), nil, corev1.EventTypeNormal, EventAcquired, "Acquire", "x")
 	}
-	if got := r.tracked(); got != 100 {
+	if got := r.buckets.Len(); got != 100 {
 		t.Fatalf("buckets = %d, want 100", got)
 	}
 	if got := len(drain(fake)); got != 10000 {

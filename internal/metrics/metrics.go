@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -40,8 +41,8 @@ func counter(subsystem, name, help string) prometheus.Counter {
 	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help})
 }
 
-func counterVec(subsystem, name, help, label string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}, []string{label})
+func counterVec(subsystem, name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}, labels)
 }
 
 func gauge(name, help string) prometheus.Gauge {
@@ -85,17 +86,15 @@ var (
 	leaderChangesTotal = counter(ctrl, "leader_changes_total",
 		"Times this replica became the leader; summed over replicas, the number of leader changes.")
 
-	admissionDecisionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: hook,
-		Name: "admission_decisions_total",
-		Help: "Admission decisions on DistributedLock and fenced-object writes, by rule and outcome (allowed or denied); allowed requests count under rule \"none\".",
-	}, []string{"rule", "outcome"})
+	admissionDecisionsTotal = counterVec(hook, "admission_decisions_total",
+		"Admission decisions on DistributedLock and fenced-object writes, by rule and outcome (allowed or denied); allowed requests count under rule \"none\".",
+		"rule", "outcome")
 	// Fenced objects are few, so one series per guarding lock stays bounded.
 	staleTokenRejectionsTotal = counterVec(hook, "stale_token_rejections_total",
 		"Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).", "lock")
 
 	// Hot is the tracker behind the per-lock hot-lock series.
-	Hot = NewHotLocks(DefaultHotLocks)
+	Hot = newHotLocks(DefaultHotLocks, clock.RealClock{})
 	// Holdings reports the longest and the most overdue holding at each scrape.
 	Holdings = &holdings{}
 )
