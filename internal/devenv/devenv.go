@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/internal/pki"
 )
 
 // Users of the dev cluster. Each has a client certificate signed by the dev CA.
@@ -103,7 +104,7 @@ func DefaultAssetsDir() string {
 // env is one running dev environment.
 type env struct {
 	o        Options
-	pki      *pki
+	ca       *pki.CA
 	pkiDir   string
 	logDir   string
 	binDir   string
@@ -286,7 +287,7 @@ func (e *env) prepare() error {
 			return fmt.Errorf("creating the data folder: %w", err)
 		}
 	}
-	if e.pki, err = loadOrCreatePKI(e.pkiDir, o.Persist); err != nil {
+	if e.ca, err = loadOrCreateCA(e.pkiDir, o.Persist); err != nil {
 		return fmt.Errorf("creating certificates: %w", err)
 	}
 	return nil
@@ -326,7 +327,7 @@ func (e *env) startEtcd(ctx context.Context) error {
 
 func (e *env) startAPIServer(ctx context.Context) error {
 	o := &e.o
-	crt, key, err := e.pki.serving("kube-apiserver")
+	crt, key, err := e.ca.Serving("kube-apiserver")
 	if err != nil {
 		return err
 	}
@@ -366,11 +367,11 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	}
 	e.children = append(e.children, c)
 
-	adminCrt, adminKey, err := e.pki.client(AdminUser, "system:masters")
+	adminCrt, adminKey, err := e.ca.Client(AdminUser, "system:masters")
 	if err != nil {
 		return err
 	}
-	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.pki.caPEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
+	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.ca.PEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
 	tlsCfg, err := rest.TLSConfigFor(e.admin)
 	if err != nil {
 		return err
@@ -392,7 +393,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 // ControllerUser, whom the webhook lets expire holdings.
 func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	o := &e.o
-	crt, key, err := e.pki.serving("kubelock-webhook")
+	crt, key, err := e.ca.Serving("kubelock-webhook")
 	if err != nil {
 		return err
 	}
@@ -400,7 +401,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	if _, _, err := writePair(certDir, "tls.crt", "tls.key", crt, key); err != nil {
 		return err
 	}
-	ctlCrt, ctlKey, err := e.pki.client(ControllerUser, "system:masters")
+	ctlCrt, ctlKey, err := e.ca.Client(ControllerUser, "system:masters")
 	if err != nil {
 		return err
 	}
@@ -435,7 +436,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 func (e *env) waitOperator(ctx context.Context, done chan error) error {
 	o := &e.o
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(e.pki.caPEM)
+	pool.AppendCertsFromPEM(e.ca.PEM)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.WebhookPort))
 	wctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()

@@ -124,7 +124,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	// Two operator replicas behind the balancer the webhook configuration points at.
 	certDir := filepath.Join(workDir, "webhook-certs")
-	cp.pki.servingPair(certDir)
+	servingPair(cp.ca, certDir)
 	kc := kubeconfig(filepath.Join(workDir, "controller.kubeconfig"), cp.userConfig(controllerUser, "system:masters"))
 	var backends []string
 	for i := range 2 {
