@@ -1,6 +1,7 @@
-// Package proc runs the child processes of kubelock's local tools (kubelock
-// dev, the benchmark): each in a process group of its own with its output in a
-// log file, stopped group-wide, and awaited with a readiness check.
+// Package proc runs the child processes of kubelock's local tools and suites
+// (kubelock-dev, the benchmark, the fault-injection suite): each in a process
+// group of its own with its output in a log file, stopped group-wide, and
+// awaited with a readiness check.
 package proc
 
 import (
@@ -30,12 +31,30 @@ type Child struct {
 
 // Start starts path with args, its output in logPath.
 func Start(name, path, logPath string, args ...string) (*Child, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	return start(name, exec.Command(path, args...), logPath, os.O_TRUNC)
+}
+
+// StartCmd starts cmd, which may set its environment, stdin and stdout; what
+// it leaves unconnected goes to logPath, appended after a line that says when
+// it started, so the runs of a process restarted with the same log are told apart.
+func StartCmd(name string, cmd *exec.Cmd, logPath string) (*Child, error) {
+	return start(name, cmd, logPath, os.O_APPEND)
+}
+
+func start(name string, cmd *exec.Cmd, logPath string, mode int) (*Child, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|mode, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	if mode == os.O_APPEND {
+		fmt.Fprintf(logf, "==== start %s %v\n", time.Now().Format(time.RFC3339Nano), cmd.Args[1:])
+	}
+	if cmd.Stdout == nil {
+		cmd.Stdout = logf
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = logf
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
@@ -66,8 +85,12 @@ func (c *Child) Exited() error {
 	}
 }
 
+// Signal sends sig to the process alone.
+func (c *Child) Signal(sig os.Signal) error { return c.cmd.Process.Signal(sig) }
+
 // Stop sends SIGTERM to the process group and waits for the process; after
-// grace it kills the group.
+// grace it kills the group. A paused (SIGSTOPped) group is continued, so that
+// it can act on the SIGTERM.
 func (c *Child) Stop(grace time.Duration) error {
 	select {
 	case <-c.done:
@@ -76,6 +99,7 @@ func (c *Child) Stop(grace time.Duration) error {
 	}
 	pgid := c.cmd.Process.Pid
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	_ = syscall.Kill(-pgid, syscall.SIGCONT)
 	select {
 	case <-c.done:
 	case <-time.After(grace):
