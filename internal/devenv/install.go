@@ -68,7 +68,7 @@ func (e *env) install(ctx context.Context) error {
 		return err
 	}
 	for _, crd := range crds {
-		if err := createOrUpdate(ctx, c, crd); err != nil {
+		if err := apply(ctx, c, crd); err != nil {
 			return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
 		}
 	}
@@ -83,7 +83,7 @@ func (e *env) install(ctx context.Context) error {
 		return err
 	}
 	for _, r := range roles {
-		if err := createOrUpdate(ctx, c, r); err != nil {
+		if err := apply(ctx, c, r); err != nil {
 			return fmt.Errorf("installing ClusterRole %s: %w", r.GetName(), err)
 		}
 	}
@@ -107,7 +107,7 @@ func (e *env) install(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := createOrUpdate(ctx, c, u); err != nil {
+		if err := apply(ctx, c, u); err != nil {
 			return fmt.Errorf("binding %s: %w", b.role, err)
 		}
 	}
@@ -122,7 +122,7 @@ func (e *env) install(ctx context.Context) error {
 		if err := setLastApplied(s); err != nil {
 			return err
 		}
-		if err := createOrUpdate(ctx, c, s); err != nil {
+		if err := apply(ctx, c, s); err != nil {
 			return fmt.Errorf("creating sample %s %s: %w", s.GetKind(), s.GetName(), err)
 		}
 	}
@@ -203,7 +203,7 @@ func (e *env) installWebhookConfig(ctx context.Context, c client.Client, file, n
 	if err != nil {
 		return "", err
 	}
-	if err := createOrUpdate(ctx, c, u); err != nil {
+	if err := apply(ctx, c, u); err != nil {
 		return "", fmt.Errorf("registering the webhook configuration %s: %w", name, err)
 	}
 	return host, nil
@@ -267,7 +267,7 @@ func bindConfigMapWriters(ctx context.Context, c client.Client) error {
 		if err != nil {
 			return err
 		}
-		if err := createOrUpdate(ctx, c, u); err != nil {
+		if err := apply(ctx, c, u); err != nil {
 			return fmt.Errorf("creating %s %s: %w", u.GetKind(), name, err)
 		}
 	}
@@ -308,20 +308,9 @@ func readObjects(patterns ...string) ([]*unstructured.Unstructured, error) {
 	return out, nil
 }
 
-// createOrUpdate creates obj, or replaces the existing object's content with it.
-func createOrUpdate(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
-	err := c.Create(ctx, obj.DeepCopy())
-	if !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	cur := &unstructured.Unstructured{}
-	cur.SetGroupVersionKind(obj.GroupVersionKind())
-	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
-		return err
-	}
-	upd := obj.DeepCopy()
-	upd.SetResourceVersion(cur.GetResourceVersion())
-	return c.Update(ctx, upd)
+// apply creates or updates obj by server-side apply, as kubelock-dev.
+func apply(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
+	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner("kubelock-dev"), client.ForceOwnership)
 }
 
 func waitEstablished(ctx context.Context, c client.Client, name string, timeout time.Duration) error {

@@ -84,6 +84,7 @@ func (s state) holds(lease, req string) bool {
 	return s.Held && (s.Lease == lease || (s.Phantom && s.Req == req))
 }
 
+
 func (s state) free() state { return state{LastToken: s.LastToken, TokenUnsure: s.TokenUnsure} }
 
 func step(st, in, out any) []any {
@@ -142,24 +143,23 @@ func apply(p state, i Input, o Output) []state {
 		}
 		return []state{p}
 	case KindObserve:
-		if o.Lease == "" {
-			if p.Held {
-				return nil
-			}
-		} else if !p.holds(o.Lease, o.Req) {
-			return nil
-		}
-		if !p.TokenUnsure {
-			return only(o.Token == p.LastToken)
-		}
-		if o.Token <= p.LastToken {
-			return nil
-		}
-		p.LastToken, p.TokenUnsure = o.Token, false
-		if p.Phantom {
+		// Reads are compared by lease only: a phantom stands for whichever
+		// holding the read shows (a waiter whose Acquire gave up may still be
+		// handed the lock when its dequeue write failed), and tokens are the
+		// step checks' business.
+		switch {
+		case o.Lease == "":
+			return only(!p.Held)
+		case p.Held && p.Lease == o.Lease:
+			return []state{p}
+		case p.Held && p.Phantom:
 			p.Lease, p.Phantom = o.Lease, false
+			if p.TokenUnsure {
+				p.LastToken, p.TokenUnsure = o.Token, false
+			}
+			return []state{p}
 		}
-		return []state{p}
+		return nil
 	}
 	return nil
 }
@@ -184,7 +184,7 @@ func acquire(p state, i Input, o Output) []state {
 		switch {
 		case p.Held && p.Lease == o.Lease:
 			return []state{p} // a call with the request ID of the holding returned it
-		case p.Held && p.Phantom && p.Req == i.Req, !p.Held && o.Token > p.LastToken:
+		case p.Held && p.Phantom && p.Req == i.Req, !p.Held && (p.TokenUnsure || o.Token > p.LastToken):
 			return []state{{Held: true, Lease: o.Lease, Req: i.Req, LastToken: o.Token}}
 		}
 		return nil

@@ -22,6 +22,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/history"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 // The model-based test: several clients run random sequences of TryAcquire,
@@ -168,11 +169,11 @@ func newModelRun(seed int64) *modelRun {
 		counts: map[string]int{}, acqs: map[string]modelAcq{}, reqOwner: map[string]int{},
 		failed: map[string]bool{}, released: map[string]bool{}, crashed: map[string]bool{}, ended: map[string]bool{}, server: map[string]serverHolding{}, serverRq: map[string]string{},
 	}
-	r.ns = newNamespace(ctx)
-	newLock(ctx, r.ns, modelKey, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1, HandoffTimeoutSeconds: 1})
+	r.ns = suite.Namespace(ctx)
+	suite.NewLock(ctx, r.ns, modelKey, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1, HandoffTimeoutSeconds: 1})
 	const clients = 4
 	for i := range clients {
-		cfg, user := userConfig(ctx)
+		cfg, user := suite.UserConfig(ctx)
 		c := &modelClient{idx: i, user: user, cfg: cfg}
 		c.auto = r.process(c)
 		c.man = r.process(c, lock.WithoutAutoRenew())
