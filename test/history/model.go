@@ -84,7 +84,6 @@ func (s state) holds(lease, req string) bool {
 	return s.Held && (s.Lease == lease || (s.Phantom && s.Req == req))
 }
 
-
 func (s state) free() state { return state{LastToken: s.LastToken, TokenUnsure: s.TokenUnsure} }
 
 func step(st, in, out any) []any {

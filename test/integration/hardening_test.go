@@ -21,9 +21,7 @@ import (
 var _ = Describe("queue bounds and pod binding from the client", func() {
 	ctx := context.Background()
 	var ns string
-	BeforeEach(func() {
-		ns = suite.Namespace(ctx)
-	})
+	suite.NamespaceEach(&ns)
 
 	// waitFor starts an Acquire of key by c in the background and returns its
 	// cancel; the result goes to done.

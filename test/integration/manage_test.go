@@ -15,10 +15,7 @@ import (
 var _ = Describe("release by lease ID and force-release", func() {
 	ctx := context.Background()
 	var ns string
-	BeforeEach(func() {
-		ns = suite.Namespace(ctx)
-		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
-	})
+	suite.NamespaceEach(&ns, "jobs")
 
 	It("releases a lease from another process of the same user, idempotently", func() {
 		cfg, _ := suite.UserConfig(ctx)

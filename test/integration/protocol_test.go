@@ -23,10 +23,7 @@ import (
 var _ = Describe("acquire, renew, release", func() {
 	ctx := context.Background()
 	var ns string
-	BeforeEach(func() {
-		ns = suite.Namespace(ctx)
-		suite.NewLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
-	})
+	suite.NamespaceEach(&ns, "orders")
 
 	It("gives the token old resourceVersion + 1 and writes the caller's user", func() {
 		c, user := suite.NewClient(ctx, ns)

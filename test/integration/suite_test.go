@@ -7,7 +7,6 @@ import (
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/kubelock/kubelock/controllers"
 	"github.com/kubelock/kubelock/test/suite"
@@ -15,7 +14,7 @@ import (
 )
 
 // controllerUser is the controller's own user; the webhook lets only it expire.
-const controllerUser = "kubelock-controller"
+const controllerUser = suite.ControllerUser
 
 var (
 	env *testenv.Env
@@ -24,10 +23,7 @@ var (
 )
 
 func TestIntegration(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(15 * time.Second)
-	SetDefaultEventuallyPollingInterval(20 * time.Millisecond)
-	RunSpecs(t, "lock protocol integration suite")
+	suite.Run(t, "lock protocol integration suite", 15*time.Second, 20*time.Millisecond)
 }
 
 var _ = BeforeSuite(func() {

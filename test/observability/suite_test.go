@@ -19,7 +19,7 @@ import (
 )
 
 // controllerUser is the controller's own user; the webhook lets only it expire.
-const controllerUser = "kubelock-controller"
+const controllerUser = suite.ControllerUser
 
 // grace is the controller's expiry grace: short, so an expiry takes seconds.
 const grace = 200 * time.Millisecond
@@ -31,10 +31,7 @@ var (
 )
 
 func TestObservability(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(20 * time.Second)
-	SetDefaultEventuallyPollingInterval(20 * time.Millisecond)
-	RunSpecs(t, "observability suite")
+	suite.Run(t, "observability suite", 20*time.Second, 20*time.Millisecond)
 }
 
 var _ = BeforeSuite(func() {

@@ -9,6 +9,8 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -26,10 +28,23 @@ import (
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
+// ControllerUser is the controller's own user; the webhook lets only it expire.
+const ControllerUser = "kubelock-controller"
+
 // Env is the control plane Start started.
 var Env *testenv.Env
 
 var nsCount, userCount atomic.Int64
+
+// Run runs the package's Ginkgo specs as the suite name, with Eventually's
+// default timeout and polling interval.
+func Run(t *testing.T, name string, timeout, polling time.Duration) {
+	t.Helper()
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(timeout)
+	SetDefaultEventuallyPollingInterval(polling)
+	RunSpecs(t, name)
+}
 
 // Start, for a BeforeSuite, starts the control plane with opts and the
 // admission webhook served by this process, which lets controllerUser expire
@@ -62,6 +77,17 @@ func Namespace(ctx context.Context) string {
 	name := fmt.Sprintf("ns-%d", nsCount.Add(1))
 	Expect(Env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
 	return name
+}
+
+// NamespaceEach gives every spec of the container a namespace of its own, in
+// *ns, holding the named locks (default spec).
+func NamespaceEach(ns *string, locks ...string) {
+	BeforeEach(func(ctx SpecContext) {
+		*ns = Namespace(ctx)
+		for _, name := range locks {
+			NewLock(ctx, *ns, name, locksv1alpha1.DistributedLockSpec{})
+		}
+	})
 }
 
 // NewLock creates a lock object as an administrator would.

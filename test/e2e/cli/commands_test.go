@@ -36,9 +36,7 @@ func parseLease(s *gexec.Session) leaseJSON {
 var _ = Describe("kubelock commands", func() {
 	ctx := context.Background()
 	var ns string
-	BeforeEach(func() {
-		ns = suite.Namespace(ctx)
-	})
+	suite.NamespaceEach(&ns)
 
 	It("acquires, shows the waiting line, hands over in queue order, describes and releases", func() {
 		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 60})

@@ -32,7 +32,7 @@ import (
 )
 
 // controllerUser is the controller's own user; the webhook lets only it expire.
-const controllerUser = "kubelock-controller"
+const controllerUser = suite.ControllerUser
 
 var (
 	env *testenv.Env
@@ -45,10 +45,7 @@ var (
 )
 
 func TestCLI(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(30 * time.Second)
-	SetDefaultEventuallyPollingInterval(25 * time.Millisecond)
-	RunSpecs(t, "kubelock CLI end-to-end suite")
+	suite.Run(t, "kubelock CLI end-to-end suite", 30*time.Second, 25*time.Millisecond)
 }
 
 var _ = BeforeSuite(func() {
