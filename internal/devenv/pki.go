@@ -32,7 +32,10 @@ func loadOrCreateCA(dir string, reuse bool) (*pki.CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ca, ca.Write(crtPath, keyPath)
+	if err := ca.Write(crtPath, keyPath); err != nil {
+		return nil, err
+	}
+	return ca, nil
 }
 
 // writePair writes a certificate and key as crtName and keyName in dir and

@@ -46,7 +46,7 @@ func Run(t *testing.T, name string, timeout, polling time.Duration) {
 	RunSpecs(t, name)
 }
 
-// Start, for a BeforeSuite, starts the control plane with opts and the
+// Start starts, for a BeforeSuite, the control plane with opts and the
 // admission webhook served by this process, which lets controllerUser expire
 // locks; DeferCleanup stops both.
 func Start(controllerUser string, opts ...testenv.Option) *testenv.Env {
