@@ -13,9 +13,6 @@ import (
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
-// controllerUser is the controller's own user; the webhook lets only it expire.
-const controllerUser = suite.ControllerUser
-
 var (
 	env *testenv.Env
 	// stopController stops the in-process controller started by startController.
@@ -29,7 +26,7 @@ func TestIntegration(t *testing.T) {
 var _ = BeforeSuite(func() {
 	// Every spec runs with the admission webhook in front of the locks, so the
 	// client library is proven against the server-side rules too.
-	env = suite.Start(controllerUser)
+	env = suite.Start(suite.ControllerUser)
 	startController()
 })
 
@@ -42,7 +39,7 @@ var _ = AfterSuite(func() {
 // startController runs the expiry controller in this process with a short
 // grace, as the operator runs it, against the shared control plane.
 func startController() {
-	stopController = suite.RunController(controllerUser, controllers.WithExpiryGrace(200*time.Millisecond))
+	stopController = suite.RunController(suite.ControllerUser, controllers.WithExpiryGrace(200*time.Millisecond))
 }
 
 func int32p(v int32) *int32 { return &v }

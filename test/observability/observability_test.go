@@ -323,8 +323,8 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		Eventually(func() int { return count(userA, true) }).Should(Equal(4))
 		Expect(count(userB, true)).To(Equal(2))
 		Expect(count(adminUser, true)).To(Equal(1))
-		Expect(count(controllerUser, true)).To(BeNumerically(">=", 1)) // the expiry
-		Expect(count(userC, false)).To(Equal(1))                       // the denied write is audited too
+		Expect(count(suite.ControllerUser, true)).To(BeNumerically(">=", 1)) // the expiry
+		Expect(count(userC, false)).To(Equal(1))                             // the denied write is audited too
 	})
 
 	It("lets kubectl wait for the Held condition", func(ctx SpecContext) {

@@ -18,9 +18,6 @@ import (
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
-// controllerUser is the controller's own user; the webhook lets only it expire.
-const controllerUser = suite.ControllerUser
-
 // grace is the controller's expiry grace: short, so an expiry takes seconds.
 const grace = 200 * time.Millisecond
 
@@ -39,12 +36,12 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
 	auditLog = filepath.Join(dir, "audit.log")
-	env = suite.Start(controllerUser, testenv.WithAPIServerArgs(
+	env = suite.Start(suite.ControllerUser, testenv.WithAPIServerArgs(
 		"audit-policy-file", filepath.Join(testenv.RepoRoot(), "config", "audit", "policy.yaml"),
 		"audit-log-path", auditLog,
 		"audit-log-format", "json",
 		"audit-log-mode", "blocking",
 	))
 	// The controller's metrics go to controller-runtime's registry.
-	DeferCleanup(suite.RunController(controllerUser, controllers.WithExpiryGrace(grace), controllers.WithUsername(controllerUser)))
+	DeferCleanup(suite.RunController(suite.ControllerUser, controllers.WithExpiryGrace(grace), controllers.WithUsername(suite.ControllerUser)))
 })

@@ -31,9 +31,6 @@ import (
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
-// controllerUser is the controller's own user; the webhook lets only it expire.
-const controllerUser = suite.ControllerUser
-
 var (
 	env *testenv.Env
 	// binDir holds the built kubelock and its kubectl-lock symlink.
@@ -58,9 +55,9 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred(), "go build ./cmd/kubelock: %s", out)
 	Expect(os.Symlink(kubelock, filepath.Join(binDir, "kubectl-lock"))).To(Succeed())
 
-	env = suite.Start(controllerUser)
+	env = suite.Start(suite.ControllerUser)
 	// Cleanups run last-in first-out: the controller stops before the webhook and the control plane.
-	DeferCleanup(suite.RunController(controllerUser, controllers.WithExpiryGrace(200*time.Millisecond)))
+	DeferCleanup(suite.RunController(suite.ControllerUser, controllers.WithExpiryGrace(200*time.Millisecond)))
 })
 
 // user is an authenticated user with a kubeconfig file of its own.
