@@ -23,6 +23,7 @@ import (
 
 	"github.com/kubelock/kubelock/internal/proc"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -335,7 +336,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	saPub, saKey, err := serviceAccountKeys(e.pkiDir)
+	saKey, err := serviceAccountKey(e.pkiDir)
 	if err != nil {
 		return err
 	}
@@ -352,7 +353,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 		"--tls-cert-file=" + crtPath, "--tls-private-key-file=" + keyPath,
 		"--client-ca-file=" + filepath.Join(e.pkiDir, "ca.crt"),
 		"--service-account-issuer=" + server,
-		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
+		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=RBAC",
 		// No controller-manager creates default service accounts here.
@@ -438,27 +439,28 @@ func (e *env) waitOperator(ctx context.Context, done chan error) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(e.ca.PEM)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.WebhookPort))
-	wctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
-	defer cancel()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
-		conn, err := d.DialContext(wctx, "tcp", addr)
-		if err == nil {
-			_ = conn.Close()
-			e.progress("operator up: controller and admission webhook on https://%s", addr)
-			return nil
-		}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case mErr := <-done:
 			done <- mErr
-			return fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
-		case <-wctx.Done():
-			return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, err, e.operatorLog)
-		case <-t.C:
+			return false, fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
+		default:
 		}
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if last = err; err == nil {
+			_ = conn.Close()
+		}
+		return err == nil, nil
+	})
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, last, e.operatorLog)
 	}
+	if err == nil {
+		e.progress("operator up: controller and admission webhook on https://%s", addr)
+	}
+	return err
 }
 
 func localAddr(port int) string {

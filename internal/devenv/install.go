@@ -3,7 +3,6 @@ package devenv
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,7 +41,6 @@ const (
 	FencedWebhookConfigName = "kubelock-fenced-objects"
 	lockUserRole            = "kubelock-lock-user"
 	breakglassRole          = "kubelock-breakglass"
-	lastAppliedKey          = "kubectl.kubernetes.io/last-applied-configuration"
 )
 
 func (e *env) client() (client.Client, error) {
@@ -112,16 +110,12 @@ func (e *env) install(ctx context.Context) error {
 		}
 	}
 
-	// The sample lock-user RBAC, as `kubectl apply -k config/samples/` would
-	// create it, so applying the samples afterwards is a clean update.
+	// The sample lock-user RBAC, as `kubectl apply -k config/samples/` creates it.
 	samples, err := readObjects("samples/lock_user_rbac.yaml")
 	if err != nil {
 		return err
 	}
 	for _, s := range samples {
-		if err := setLastApplied(s); err != nil {
-			return err
-		}
 		if err := apply(ctx, c, s); err != nil {
 			return fmt.Errorf("creating sample %s %s: %w", s.GetKind(), s.GetName(), err)
 		}
@@ -342,20 +336,4 @@ func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 	unstructured.RemoveNestedField(u.Object, "status")
 	return u, nil
-}
-
-// setLastApplied records obj as kubectl apply does, so a later apply of the
-// same file computes its patch against it.
-func setLastApplied(obj *unstructured.Unstructured) error {
-	data, err := json.Marshal(obj.Object)
-	if err != nil {
-		return err
-	}
-	ann := obj.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[lastAppliedKey] = string(data) + "\n"
-	obj.SetAnnotations(ann)
-	return nil
 }

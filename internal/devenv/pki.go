@@ -4,8 +4,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"os"
 	"path/filepath"
@@ -48,29 +46,22 @@ func writePair(dir, crtName, keyName string, crt, key []byte) (string, string, e
 	return c, k, errors.Join(writeFile(c, crt), writeFile(k, key))
 }
 
-// serviceAccountKeys writes the key pair the apiserver signs service-account
-// tokens with.
-func serviceAccountKeys(dir string) (pub, priv string, err error) {
-	pub, priv = filepath.Join(dir, "sa.pub"), filepath.Join(dir, "sa.key")
-	if _, err1 := os.Stat(pub); err1 == nil {
-		if _, err2 := os.Stat(priv); err2 == nil {
-			return pub, priv, nil
-		}
+// serviceAccountKey writes the key the apiserver signs service-account tokens
+// with, and checks them with (it reads the public key from the private one).
+func serviceAccountKey(dir string) (string, error) {
+	path := filepath.Join(dir, "sa.key")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return "", "", err
+		return "", err
 	}
 	keyPEM, err := pki.EncodeKey(key)
 	if err != nil {
-		return "", "", err
+		return "", err
 	}
-	pubDER, err := x509.MarshalPKIXPublicKey(key.Public())
-	if err != nil {
-		return "", "", err
-	}
-	pubPEM := pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER})
-	return pub, priv, errors.Join(writeFile(pub, pubPEM), writeFile(priv, keyPEM))
+	return path, writeFile(path, keyPEM)
 }
 
 func writeFile(path string, data []byte) error {

@@ -5,7 +5,6 @@
 package pki
 
 import (
-	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -25,7 +24,7 @@ import (
 type CA struct {
 	PEM  []byte
 	cert *x509.Certificate
-	key  crypto.Signer
+	key  *ecdsa.PrivateKey
 }
 
 const validity = 365 * 24 * time.Hour
@@ -67,22 +66,18 @@ func Load(crtPath, keyPath string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	signer, ok := pair.PrivateKey.(crypto.Signer)
+	key, ok := pair.PrivateKey.(*ecdsa.PrivateKey)
 	if !ok || time.Now().Add(24*time.Hour).After(cert.NotAfter) {
-		return nil, errors.New("pki: the CA's key is no signer or the CA expires within a day")
+		return nil, errors.New("pki: the CA's key is not ECDSA or the CA expires within a day")
 	}
-	ca := &CA{cert: cert, key: signer}
+	ca := &CA{cert: cert, key: key}
 	ca.PEM, err = os.ReadFile(crtPath)
 	return ca, err
 }
 
 // Write writes the CA's certificate and key (mode 0600).
 func (ca *CA) Write(crtPath, keyPath string) error {
-	key, ok := ca.key.(*ecdsa.PrivateKey)
-	if !ok {
-		return errors.New("pki: only a CA made by New can be written")
-	}
-	keyPEM, err := EncodeKey(key)
+	keyPEM, err := EncodeKey(ca.key)
 	if err != nil {
 		return err
 	}
