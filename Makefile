@@ -114,7 +114,7 @@ test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI
 DEV_FLAGS ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, CRD, operator) until Ctrl-C; prints the next steps.
+dev: control-plane install-plugin kubelock-dev ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps.
 	$(LOCALBIN)/kubelock-dev $(DEV_FLAGS)
 
 ##@ Deploy
