@@ -322,7 +322,8 @@ func (e *env) startEtcd(ctx context.Context) error {
 	e.children = append(e.children, c)
 	hc := &http.Client{Timeout: time.Second}
 	err = c.WaitFor(ctx, "healthy", o.StartTimeout, func(ctx context.Context) error {
-		return httpOK(ctx, hc, client+"/health")
+		_, err := proc.GetOK(ctx, hc, client+"/health")
+		return err
 	})
 	if err != nil {
 		return err
@@ -383,7 +384,8 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	defer hc.CloseIdleConnections()
 	err = c.WaitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
-		return httpOK(ctx, hc, server+"/readyz")
+		_, err := proc.GetOK(ctx, hc, server+"/readyz")
+		return err
 	})
 	if err != nil {
 		return err
@@ -510,21 +512,4 @@ func (e *env) stopChildren() error {
 	}
 	e.children = nil
 	return errors.Join(errs...)
-}
-
-func httpOK(ctx context.Context, hc *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s %s", url, resp.Status, strings.TrimSpace(string(body)))
-	}
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -55,22 +54,13 @@ func StartControllerManager(ctx context.Context, path, logPath, kubeconfig, saKe
 
 // listsHealthy reads url (/healthz?verbose) and checks that it lists each of names as ok.
 func listsHealthy(ctx context.Context, hc *http.Client, url string, names []string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	_ = resp.Body.Close()
+	body, err := GetOK(ctx, hc, url)
 	if err != nil {
 		return err
 	}
 	for _, name := range names {
-		if !strings.Contains(string(body), "[+]"+name+" ok") {
-			return fmt.Errorf("%s not ok yet: %s", name, strings.TrimSpace(string(body)))
+		if !strings.Contains(body, "[+]"+name+" ok") {
+			return fmt.Errorf("%s not ok yet: %s", name, strings.TrimSpace(body))
 		}
 	}
 	return nil
@@ -83,5 +73,5 @@ func freePort() (int, error) {
 		return 0, err
 	}
 	defer func() { _ = ln.Close() }()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ln.Addr().(*net.TCPAddr).Port, nil //nolint:errcheck // a TCP listener's address
 }
