@@ -1,8 +1,9 @@
 // Package devenv is kubelock-dev (`make dev`): a local kubelock on a real
-// etcd, kube-apiserver and kube-controller-manager (the control plane `make control-plane` builds), with
-// the CRD installed, the operator (controller and admission webhook) running in
-// this process, users to try the ownership rules with, and a kubeconfig. It
-// runs until its context ends and then stops everything it started.
+// etcd, kube-apiserver and kube-controller-manager (the control plane `make
+// control-plane` builds), with the CRD installed, the operator (controller and
+// admission webhook) running in this process, users to try the ownership rules
+// with, and a kubeconfig. It runs until its context ends and then stops
+// everything it started.
 package devenv
 
 import (
@@ -36,8 +37,8 @@ import (
 const (
 	AdminUser      = "kubelock-dev-admin"
 	ControllerUser = "kubelock-dev-controller"
-	// ControllerManagerUser is kube-controller-manager's user (system:masters).
-	ControllerManagerUser = "system:kube-controller-manager"
+	// controllerManagerUser is kube-controller-manager's (system:masters: its garbage collector deletes anything).
+	controllerManagerUser = "system:kube-controller-manager"
 	// ReadyLine is printed, alone on its line, once everything is up.
 	ReadyLine = "kubelock dev: ready"
 )
@@ -397,7 +398,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 // startControllerManager runs kube-controller-manager's garbage collector,
 // namespace and service-account controllers, so a pod's deletion deletes what it owned.
 func (e *env) startControllerManager(ctx context.Context) error {
-	crt, key, err := e.pki.client(ControllerManagerUser, "system:masters")
+	crt, key, err := e.pki.client(controllerManagerUser, "system:masters")
 	if err != nil {
 		return err
 	}
