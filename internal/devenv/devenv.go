@@ -400,12 +400,12 @@ func (e *env) startAPIServer(ctx context.Context) error {
 // startControllerManager runs kube-controller-manager's garbage collector,
 // namespace and service-account controllers, so a pod's deletion deletes what it owned.
 func (e *env) startControllerManager(ctx context.Context) error {
-	crt, key, err := e.pki.client(controllerManagerUser, "system:masters")
+	crt, key, err := e.ca.Client(controllerManagerUser, "system:masters")
 	if err != nil {
 		return err
 	}
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["dev"] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.pki.caPEM}
+	kc.Clusters["dev"] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.ca.PEM}
 	kc.AuthInfos["kcm"] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
 	kc.Contexts["kcm"] = &clientcmdapi.Context{Cluster: "dev", AuthInfo: "kcm"}
 	kc.CurrentContext = "kcm"
@@ -413,7 +413,7 @@ func (e *env) startControllerManager(ctx context.Context) error {
 	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
 		return err
 	}
-	_, saKey, err := serviceAccountKeys(e.pkiDir) // the apiserver's signing key
+	saKey, err := serviceAccountKey(e.pkiDir) // the apiserver's signing key
 	if err != nil {
 		return err
 	}
