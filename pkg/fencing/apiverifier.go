@@ -127,7 +127,7 @@ func (v *APIVerifier) Verify(ctx context.Context, lock LockRef, token int64) err
 			if !exists {
 				reason = "the lock does not exist"
 			}
-			return &NotIssuedError{Lock: lock, Token: token, Reason: reason}
+			return notIssued(lock, token, reason)
 		case <-ctx.Done():
 			return fmt.Errorf("kubelock: verifying token %d of lock %s: %w", token, lock, ctx.Err())
 		}
