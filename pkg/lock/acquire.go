@@ -54,25 +54,19 @@ type attempt struct {
 // op is the operation label of this call.
 func (a *attempt) op() string {
 	if a.wait {
-		return OpAcquire
+		return opAcquire
 	}
-	return OpTryAcquire
+	return opTryAcquire
 }
 
 func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (l *Lock, err error) {
-	if c.metrics != nil {
-		start := c.cfg.clock.Now()
-		op := OpTryAcquire
-		if wait {
-			op = OpAcquire
-		}
-		defer func() { c.metrics.operation(op, start, c.cfg.clock.Now(), err) }()
-	}
+	a := attempt{c: c, key: key, wait: wait, leaseID: randomID(), unknownAt: -1}
+	defer c.timed(a.op())(&err)
 	name, err := NameForKey(key)
 	if err != nil {
 		return nil, err
 	}
-	a := attempt{c: c, key: key, name: name, wait: wait, leaseID: randomID(), unknownAt: -1}
+	a.name = name
 	if a.cfg, err = c.acquireConfig(opts); err != nil {
 		return nil, err
 	}
@@ -116,7 +110,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 	var (
 		obj  *locksv1alpha1.DistributedLock
 		w    *lockWatch
-		back backoff
+		back = retryBackoff()
 		last error
 	)
 	defer func() {
@@ -135,7 +129,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 					return nil, err
 				}
 				last = keepCause(last, err)
-				_ = back.wait(ctx)
+				_ = pause(ctx, &back)
 				continue
 			}
 		}
@@ -169,7 +163,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 					a.unknownAt = obj.Status.Transitions
 				}
 				last = keepCause(last, err)
-				_ = back.wait(ctx)
+				_ = pause(ctx, &back)
 			}
 			obj = nil
 			continue
@@ -190,7 +184,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				a.c.metrics.conflict(a.op())
 			default:
 				last = keepCause(last, err)
-				_ = back.wait(ctx)
+				_ = pause(ctx, &back)
 			}
 			obj = nil
 			continue
@@ -416,7 +410,8 @@ func (w *lockWatch) next(ctx context.Context, rv string) *locksv1alpha1.Distribu
 			client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", w.name)},
 			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: false}})
 		if err != nil {
-			_ = (&backoff{}).wait(ctx)
+			back := retryBackoff()
+			_ = pause(ctx, &back)
 			return nil
 		}
 		w.w = ww
