@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 )
@@ -90,7 +91,7 @@ func TestArgumentErrorsNeedNoServer(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errOut strings.Builder
-			code := Run(context.Background(), append([]string{"kubelock"}, tc.args...), Streams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+			code := Run(context.Background(), append([]string{"kubelock"}, tc.args...), genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
 			if code != tc.want {
 				t.Errorf("exit code %d, want %d (stderr %q)", code, tc.want, errOut.String())
 			}

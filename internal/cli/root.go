@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,21 +29,14 @@ import (
 // -ldflags "-X github.com/kubelock/kubelock/internal/cli.Version=v0.1.0".
 var Version = "dev"
 
-// Streams are the standard streams of one invocation.
-type Streams struct {
-	In     io.Reader
-	Out    io.Writer
-	ErrOut io.Writer
-}
-
 // Main runs the CLI with args (args[0] is the program name) on the process's
 // standard streams and returns the exit code. Errors go to stderr as one line.
 func Main(args []string) int {
-	return Run(context.Background(), args, Streams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
+	return Run(context.Background(), args, genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
 }
 
 // Run is Main with explicit streams, for tests.
-func Run(ctx context.Context, args []string, s Streams) int {
+func Run(ctx context.Context, args []string, s genericiooptions.IOStreams) int {
 	if len(args) > 1 && args[1] == guardCommand {
 		return runGuard(args[2:], s)
 	}
@@ -72,7 +66,7 @@ func Run(ctx context.Context, args []string, s Streams) int {
 
 // options are the flags every command shares.
 type options struct {
-	streams  Streams
+	streams  genericiooptions.IOStreams
 	config   *genericclioptions.ConfigFlags
 	output   string
 	identity string
@@ -80,7 +74,7 @@ type options struct {
 	now func() time.Time
 }
 
-func newRootCommand(s Streams) *cobra.Command {
+func newRootCommand(s genericiooptions.IOStreams) *cobra.Command {
 	o := &options{streams: s, config: genericclioptions.NewConfigFlags(true), now: time.Now}
 	root := &cobra.Command{
 		Use:   "kubelock",
