@@ -106,7 +106,7 @@ func signalExit(s os.Signal) error {
 	if sig, ok := s.(syscall.Signal); ok {
 		n = int(sig)
 	}
-	return withCode(128+n, fmt.Errorf("interrupted by %s", s))
+	return withCode(128+n, errorf("interrupted by %s", s))
 }
 
 func newAcquireCommand(o *options) *cobra.Command {

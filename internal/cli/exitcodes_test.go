@@ -59,9 +59,9 @@ func TestExitCode(t *testing.T) {
 }
 
 func TestOneLine(t *testing.T) {
-	err := fmt.Errorf("kubelock: acquire %q: %w", "jobs", fmt.Errorf("%w: shop/jobs\nmore", lock.ErrNotFound))
+	err := fmt.Errorf("%w: shop/jobs\nmore", lock.ErrNotFound)
 	got := oneLine(err)
-	want := `kubelock: acquire "jobs": lock not found: shop/jobs more`
+	want := `kubelock: lock not found: shop/jobs more`
 	if got != want {
 		t.Errorf("oneLine = %q, want %q", got, want)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -97,7 +96,7 @@ func (o *options) list(ctx context.Context, all bool) error {
 		opts = append(opts, client.InNamespace(ns))
 	}
 	if err := c.List(ctx, list, opts...); err != nil {
-		return fmt.Errorf("listing locks: %w", err)
+		return errorf("listing locks: %w", err)
 	}
 	sort.Slice(list.Items, func(i, j int) bool {
 		a, b := list.Items[i], list.Items[j]
@@ -174,7 +173,7 @@ func lockEvents(ctx context.Context, c client.Client, l *locksv1alpha1.Distribut
 	case apierrors.IsForbidden(err):
 		return nil, "<not shown: no permission to list events>"
 	case err != nil:
-		return nil, fmt.Sprintf("<cannot list events: %s>", strings.TrimPrefix(oneLine(err), "kubelock: "))
+		return nil, fmt.Sprintf("<cannot list events: %s>", oneLine(err))
 	}
 	var out []corev1.Event
 	for _, e := range list.Items {

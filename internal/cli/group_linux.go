@@ -104,5 +104,5 @@ func (g *group) watchGuard(lines *bufio.Scanner, statusR *os.File) {
 		}
 	}
 	g.signal(syscall.SIGKILL)
-	g.err = errors.New("the run guard died before the command ended; its process group was killed")
+	g.err = errorf("the run guard died before the command ended; its process group was killed")
 }

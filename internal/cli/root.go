@@ -55,7 +55,7 @@ func Run(ctx context.Context, args []string, s genericiooptions.IOStreams) int {
 		return ExitOK
 	}
 	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") {
-		err = withCode(ExitUsage, err)
+		err = withCode(ExitUsage, errorf("%w", err))
 	}
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.err != nil {
@@ -94,7 +94,7 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	root.SetOut(s.Out)
 	root.SetErr(s.ErrOut)
 	root.SetIn(s.In)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, err) })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, errorf("%w", err)) })
 	flags := root.PersistentFlags()
 	o.config.AddFlags(flags)
 	// client-go logs retries with klog; keep stderr to our one line.
@@ -127,7 +127,7 @@ func (o *options) checkOutput() error {
 func (o *options) restConfig() (*rest.Config, error) {
 	cfg, err := o.config.ToRESTConfig()
 	if err != nil {
-		return nil, withCode(ExitUsage, fmt.Errorf("no usable Kubernetes configuration: %w", err))
+		return nil, usageErrorf("no usable Kubernetes configuration: %w", err)
 	}
 	cfg.UserAgent = "kubelock/" + Version
 	return cfg, nil
@@ -137,7 +137,7 @@ func (o *options) restConfig() (*rest.Config, error) {
 func (o *options) namespace() (string, error) {
 	ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
 	if err != nil {
-		return "", withCode(ExitUsage, fmt.Errorf("no usable Kubernetes configuration: %w", err))
+		return "", usageErrorf("no usable Kubernetes configuration: %w", err)
 	}
 	return ns, nil
 }
@@ -175,7 +175,7 @@ func (o *options) readClient() (client.Client, string, error) {
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		return nil, "", err
+		return nil, "", errorf("building a client: %w", err)
 	}
 	return c, ns, nil
 }

@@ -165,7 +165,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 	state := &sidecarState{base: lockState{Namespace: c.Namespace(), Name: name, Key: key, Identity: c.Identity()}}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		return withCode(ExitUsage, fmt.Errorf("--listen %s: %w", listen, err))
+		return usageErrorf("--listen %s: %w", listen, err)
 	}
 	srv := &http.Server{Handler: state.handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -205,7 +205,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 		back = sidecarBackoff()
 		if err := writeTokenFile(tokenFile, l.FencingToken()); err != nil {
 			o.releaseOrWarn(l)
-			return fmt.Errorf("writing the token file: %w", err)
+			return errorf("writing the token file: %w", err)
 		}
 		state.set(l)
 		logf("holding %s/%s with token %d (lease %s)", c.Namespace(), name, l.FencingToken(), l.LeaseID())

@@ -89,12 +89,12 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 		if !wait {
 			return nil, fmt.Errorf("%w: another goroutine of this process holds or awaits lock %s", ErrLocked, name)
 		}
-		return nil, waitErr(ctx)
+		return nil, a.waitErr(ctx)
 	}
 	l, err = a.run(ctx)
 	if err != nil {
 		c.slots.give(name)
-		return nil, fmt.Errorf("kubelock: acquire %q: %w", key, err)
+		return nil, err
 	}
 	return l, nil
 }
@@ -125,8 +125,11 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 		if obj == nil {
 			var err error
 			if obj, err = a.c.get(ctx, a.key, a.name, a.c.cfg.autoCreate); err != nil {
-				if errors.Is(err, ErrNotFound) || definite(err) {
+				if errors.Is(err, ErrNotFound) {
 					return nil, err
+				}
+				if definite(err) {
+					return nil, a.failed(err)
 				}
 				last = keepCause(last, err)
 				_ = pause(ctx, &back)
@@ -155,7 +158,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				l.start(sent)
 				return l, nil
 			case definite(err):
-				return nil, err
+				return nil, a.failed(err)
 			case apierrors.IsConflict(err):
 				a.c.metrics.conflict(a.op())
 			default:
@@ -178,8 +181,10 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				a.queuedAt = a.c.cfg.clock.Now()
 				obj = next
 				continue
-			case definite(err) || errors.Is(err, ErrQueueFull):
+			case errors.Is(err, ErrQueueFull):
 				return nil, err
+			case definite(err):
+				return nil, a.failed(err)
 			case apierrors.IsConflict(err):
 				a.c.metrics.conflict(a.op())
 			default:
@@ -202,7 +207,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (l *Lock, done bool, err error) {
 	if h := obj.Status.Holder; h != nil && h.RequestID == a.cfg.requestID {
 		if h.User != a.user {
-			return nil, true, fmt.Errorf("request ID %s belongs to user %s", a.cfg.requestID, h.User)
+			return nil, true, fmt.Errorf("kubelock: acquire %q: request ID %s belongs to user %s", a.key, a.cfg.requestID, h.User)
 		}
 		// The holding may come from an earlier call with this request ID whose
 		// send time is unknown here: prove it with a renewal before trusting it.
@@ -342,18 +347,21 @@ func (a *attempt) giveUp(ctx context.Context, last error) error {
 	if a.wait {
 		a.leaveQueue(ctx)
 	}
-	err := waitErr(ctx)
+	err := a.waitErr(ctx)
 	switch {
 	case last == nil:
 		return err
 	case !a.wait:
 		// TryAcquire never waits for the lock: running out of time means the
-		// apiserver (or admission) did not answer; say that first.
-		return fmt.Errorf("kubelock: no answer from the apiserver before the deadline: %w (%w)", last, err)
+		// apiserver (or admission) did not answer.
+		return fmt.Errorf("%w; the apiserver did not answer before the deadline: %w", err, last)
 	default:
 		return fmt.Errorf("%w (last error: %w)", err, last)
 	}
 }
+
+// failed is the error of an acquire the apiserver refused with err.
+func (a *attempt) failed(err error) error { return fmt.Errorf("kubelock: acquire %q: %w", a.key, err) }
 
 // leaveQueue removes this request's queue entry, if any. It uses its own short
 // deadline, since ctx is already over; TryAcquire never queues and skips it.
@@ -385,11 +393,12 @@ func keepCause(last, err error) error {
 	return err
 }
 
-func waitErr(ctx context.Context) error {
+// waitErr says why the call's context ended: ErrTimeout at its deadline.
+func (a *attempt) waitErr(ctx context.Context) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return ErrTimeout
 	}
-	return ctx.Err()
+	return a.failed(ctx.Err())
 }
 
 // lockWatch follows one lock object; waiting clients watch only their lock.

@@ -145,10 +145,16 @@ func (c *Client) Get(ctx context.Context, key string) (*locksv1alpha1.Distribute
 	if err != nil {
 		return nil, err
 	}
-	return c.get(ctx, key, name, false)
+	obj, err := c.get(ctx, key, name, false)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("kubelock: reading lock %q: %w", key, err)
+	}
+	return obj, err
 }
 
-// get reads the lock, creating it first when allowed.
+// get reads the lock, creating it first when allowed. Its errors but
+// ErrNotFound are the apiserver's, or a lock of another key: the caller says
+// what it was doing.
 func (c *Client) get(ctx context.Context, key, name string, create bool) (*locksv1alpha1.DistributedLock, error) {
 	obj := &locksv1alpha1.DistributedLock{}
 	err := c.c.Get(ctx, client.ObjectKey{Namespace: c.cfg.namespace, Name: name}, obj)
@@ -162,7 +168,7 @@ func (c *Client) get(ctx context.Context, key, name string, create bool) (*locks
 		return nil, err
 	}
 	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != key {
-		return nil, fmt.Errorf("kubelock: lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, k, key)
+		return nil, fmt.Errorf("lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, k, key)
 	}
 	return obj, nil
 }

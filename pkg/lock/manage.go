@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -74,8 +75,11 @@ func (c *Client) end(ctx context.Context, key, op string, edit func(*locksv1alph
 	back := retryBackoff()
 	for {
 		obj, err := c.get(ctx, key, name, false)
-		if err != nil {
+		if errors.Is(err, ErrNotFound) {
 			return nil, err
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
 		}
 		write, err := edit(obj)
 		if err != nil || !write {
