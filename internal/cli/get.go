@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
 )
 
 func newGetCommand(o *options) *cobra.Command {
@@ -131,34 +132,21 @@ func lockList(items []locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedL
 }
 
 func newDescribeCommand(o *options) *cobra.Command {
-	return &cobra.Command{
+	return o.keyCommand(&cobra.Command{
 		Use:   "describe KEY",
 		Short: "Show one lock in detail: holder, queue with positions, recent acquisitions, events",
-		Args:  exactArgs(1, "one KEY"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.describe(cmd.Context(), args[0])
-		},
-	}
-}
-
-func (o *options) describe(ctx context.Context, key string) error {
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	lc, err := o.lockClient()
-	if err != nil {
-		return err
-	}
-	l, err := lc.Get(ctx, key)
-	if err != nil {
-		return notFound(err, lc.Namespace(), key, false)
-	}
-	rc, _, err := o.readClient()
-	if err != nil {
-		return err
-	}
-	events, note := lockEvents(ctx, rc, l)
-	return describeLock(o.streams.Out, l, events, note, o.now())
+	}, func() error { return nil }, func(ctx context.Context, c *lock.Client, key, _ string) error {
+		l, err := c.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		rc, _, err := o.readClient()
+		if err != nil {
+			return err
+		}
+		events, note := lockEvents(ctx, rc, l)
+		return describeLock(o.streams.Out, l, events, note, o.now())
+	})
 }
 
 // lockEvents lists the events about l; a lock user may lack the right to, and
