@@ -28,5 +28,5 @@ if bad=$(go list -deps ./api/... ./cmd/... ./config/... ./controllers/... ./inte
   echo "$bad" >&2
   rc=1
 fi
-[ "$rc" = 0 ] && echo "verify: both modules tidy; pkg/lock free of benchmark-only dependencies; no test-only package in product code"
+[ "$rc" = 0 ] && echo "verify: both modules tidy; pkg/lock and pkg/fencing free of benchmark-only dependencies; no test-only package in product code"
 exit "$rc"
