@@ -35,6 +35,10 @@ type Validator struct {
 	sar client.Client
 	// controllers are the user names allowed to expire holdings and drop waiters.
 	controllers map[string]bool
+	// sessions reads the sessions holdings and waiters name; gc are the
+	// garbage collector's user names (session_handler.go).
+	sessions client.Reader
+	gc       map[string]bool
 }
 
 // NewValidator returns the handler. c creates SubjectAccessReviews;
@@ -89,7 +93,11 @@ func (v *Validator) handleStatus(ctx context.Context, req admission.Request) adm
 		}
 		a.CanForceRelease = ok
 	}
-	return respond(ValidateStatusUpdate(oldObj, newObj, a))
+	sessionErrs, err := v.sessionRefErrors(ctx, oldObj, newObj, a)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return respond(append(ValidateStatusUpdate(oldObj, newObj, a), sessionErrs...))
 }
 
 func (v *Validator) handleDelete(ctx context.Context, req admission.Request) admission.Response {
@@ -175,6 +183,11 @@ func (v *Validator) can(ctx context.Context, req admission.Request, verb string)
 
 // sarAllowed asks with a SubjectAccessReview whether u has verb on lock namespace/name.
 func (v *Validator) sarAllowed(ctx context.Context, u authenticationv1.UserInfo, namespace, name, verb string) (bool, error) {
+	return v.sarAllowedOn(ctx, u, "distributedlocks", namespace, name, verb)
+}
+
+// sarAllowedOn asks with a SubjectAccessReview whether u has verb on resource namespace/name.
+func (v *Validator) sarAllowedOn(ctx context.Context, u authenticationv1.UserInfo, resource, namespace, name, verb string) (bool, error) {
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User:   u.Username,
 		UID:    u.UID,
@@ -184,7 +197,7 @@ func (v *Validator) sarAllowed(ctx context.Context, u authenticationv1.UserInfo,
 			Namespace: namespace,
 			Verb:      verb,
 			Group:     locksv1alpha1.GroupVersion.Group,
-			Resource:  "distributedlocks",
+			Resource:  resource,
 			Name:      name,
 		},
 	}}

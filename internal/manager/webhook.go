@@ -95,6 +95,9 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 	srv := mgr.GetWebhookServer() // adds the server to the manager
 	// Quiet: an error answer never quotes the object or the stored lock.
 	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
+	// Sessions named by holdings are read live: a client acquires right after creating one.
+	v.SetSessionReader(mgr.GetAPIReader())
+	srv.Register(webhook.SessionPath, &admission.Webhook{Handler: webhook.Quiet(v.Sessions())})
 	// Fenced objects (config/fenced-objects, optional) compare against the
 	// lock's current token: read it from the apiserver, not from the cache.
 	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(mgr.GetScheme()), mgr.GetAPIReader(), mgr.GetClient()))})

@@ -56,6 +56,7 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 		TLSOpts: []func(*tls.Config){e.RequireWebhookClientCert},
 	})
 	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
+	srv.Register(webhook.SessionPath, &admission.Webhook{Handler: webhook.Quiet(v.Sessions())})
 	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client, e.Client))})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Start(ctx) }()
