@@ -10,7 +10,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// RuleSession: a LockSession is its user's own (created as itself, from its
+// RuleSession is the session rule: a LockSession is its user's own (created as itself, from its
 // pod when the token is pod-bound, renewed and closed only by it, the
 // controller, the garbage collector or force-release), and a holding or waiter
 // names only a live session of its writer (docs/security.md "Sessions").
