@@ -1,15 +1,16 @@
 package controllers
 
 import (
-	"container/list"
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/lru"
 
 	"github.com/kubelock/kubelock/internal/metrics"
 )
@@ -51,15 +52,9 @@ type RateLimitedRecorder struct {
 	limit EventLimit
 	clock clock.PassiveClock
 
-	mu      sync.Mutex
-	buckets map[types.NamespacedName]*list.Element // of *bucket
-	lru     *list.List                             // most recently used first
-}
-
-type bucket struct {
-	key    types.NamespacedName
-	tokens float64
-	last   time.Time
+	mu sync.Mutex // makes the get-or-add of a bucket one step
+	// buckets holds a *rate.Limiter per lock, the least recently used forgotten first.
+	buckets *lru.Cache
 }
 
 // NewRateLimitedRecorder wraps next with the per-object limit l, measured on clk.
@@ -70,7 +65,7 @@ func NewRateLimitedRecorder(next events.EventRecorder, l EventLimit, clk clock.P
 	if l.Locks <= 0 {
 		l.Locks = DefaultEventLocks
 	}
-	return &RateLimitedRecorder{next: next, limit: l, clock: clk, buckets: map[types.NamespacedName]*list.Element{}, lru: list.New()}
+	return &RateLimitedRecorder{next: next, limit: l, clock: clk, buckets: lru.New(l.Locks)}
 }
 
 // Eventf implements events.EventRecorder.
@@ -82,7 +77,8 @@ func (r *RateLimitedRecorder) Eventf(regarding, related runtime.Object, eventtyp
 	r.next.Eventf(regarding, related, eventtype, reason, action, note, args...)
 }
 
-// allow takes a token from the bucket of obj, if there is one.
+// allow takes a token from the bucket of obj, if there is one; a lock not
+// seen before (or forgotten) starts with a full bucket.
 func (r *RateLimitedRecorder) allow(obj runtime.Object) bool {
 	if r.limit.Burst <= 0 {
 		return true
@@ -92,42 +88,13 @@ func (r *RateLimitedRecorder) allow(obj runtime.Object) bool {
 		return true
 	}
 	key := types.NamespacedName{Namespace: m.GetNamespace(), Name: m.GetName()}
-	now := r.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	b := r.bucket(key, now)
-	b.tokens = min(float64(r.limit.Burst), b.tokens+float64(now.Sub(b.last))/float64(r.limit.Interval))
-	b.last = now
-	if b.tokens < 1 {
-		return false
+	b, ok := r.buckets.Get(key)
+	if !ok {
+		b = rate.NewLimiter(rate.Every(r.limit.Interval), r.limit.Burst)
+		r.buckets.Add(key, b)
 	}
-	b.tokens--
-	return true
-}
-
-// bucket returns key's bucket, new and full if unknown, and marks it most
-// recently used; it forgets the least recently used bucket beyond the bound.
-func (r *RateLimitedRecorder) bucket(key types.NamespacedName, now time.Time) *bucket {
-	if e, ok := r.buckets[key]; ok {
-		r.lru.MoveToFront(e)
-		b, _ := e.Value.(*bucket) // the list holds only *bucket
-		return b
-	}
-	b := &bucket{key: key, tokens: float64(r.limit.Burst), last: now}
-	r.buckets[key] = r.lru.PushFront(b)
-	if r.lru.Len() > r.limit.Locks {
-		oldest := r.lru.Back()
-		r.lru.Remove(oldest)
-		if ob, ok := oldest.Value.(*bucket); ok {
-			delete(r.buckets, ob.key)
-		}
-	}
-	return b
-}
-
-// tracked is the number of buckets kept (tests).
-func (r *RateLimitedRecorder) tracked() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.buckets)
+	lim, _ := b.(*rate.Limiter) // the cache holds only limiters
+	return lim.AllowN(r.clock.Now(), 1)
 }

@@ -13,6 +13,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/metrics"
+	"github.com/kubelock/kubelock/test/testmetrics"
 )
 
 func lockNamed(ns, name string) *locksv1alpha1.DistributedLock {
@@ -40,7 +41,7 @@ func TestRateLimitedRecorder(t *testing.T) {
 	r := NewRateLimitedRecorder(fake, EventLimit{Burst: 3, Interval: 10 * time.Second, Locks: 100}, clk)
 	metrics.Register()
 	suppressed := func() float64 {
-		v, err := metrics.Read(ctrlmetrics.Registry, "kubelock_controller_events_suppressed_total", map[string]string{"reason": EventAcquired})
+		v, err := testmetrics.Value(ctrlmetrics.Registry, "kubelock_controller_events_suppressed_total", map[string]string{"reason": EventAcquired})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +90,7 @@ func TestRateLimitedRecorderBound(t *testing.T) {
 	for i := range 10000 {
 		r.Eventf(lockNamed("ns", fmt.Sprintf("l%d", i)), nil, corev1.EventTypeNormal, EventAcquired, "Acquire", "x")
 	}
-	if got := r.tracked(); got != 100 {
+	if got := r.buckets.Len(); got != 100 {
 		t.Fatalf("buckets = %d, want 100", got)
 	}
 	if got := len(drain(fake)); got != 10000 {

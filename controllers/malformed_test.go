@@ -12,7 +12,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/metrics"
+	"github.com/kubelock/kubelock/test/testmetrics"
 )
 
 var _ = Describe("a malformed lock", func() {
@@ -32,7 +32,7 @@ var _ = Describe("a malformed lock", func() {
 		})
 		plant(ctx, bad, "enqueueTime", "2026-01-01T00:00:00Z") // no microseconds
 		decodeErrors := func() float64 {
-			v, err := metrics.Read(ctrlmetrics.Registry, "kubelock_controller_lock_decode_errors_total", map[string]string{"namespace": ns})
+			v, err := testmetrics.Value(ctrlmetrics.Registry, "kubelock_controller_lock_decode_errors_total", map[string]string{"namespace": ns})
 			Expect(err).NotTo(HaveOccurred())
 			return v
 		}

@@ -8,14 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,6 +22,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/metrics"
+	"github.com/kubelock/kubelock/pkg/lock"
 )
 
 // Defaults of the reconciler's options.
@@ -54,7 +52,6 @@ const (
 // Reconciler reconciles DistributedLocks. Build it with NewReconciler.
 type Reconciler struct {
 	client   client.Client
-	scheme   *runtime.Scheme
 	recorder events.EventRecorder
 	clock    clock.PassiveClock
 	timing   timing
@@ -67,8 +64,9 @@ type Reconciler struct {
 	reader    client.Reader
 	malformed malformedLocks
 
-	userMu   sync.Mutex
+	// username is the configured user name; empty means self's.
 	username string
+	self     *lock.Self
 }
 
 // Option configures a Reconciler.
@@ -97,25 +95,41 @@ func WithControllerOptions(o controller.Options) Option {
 	return func(r *Reconciler) { r.ctrlOpts = o }
 }
 
-// NewReconciler returns a reconciler that writes with c and emits Events with recorder.
-func NewReconciler(c client.Client, scheme *runtime.Scheme, recorder events.EventRecorder, opts ...Option) (*Reconciler, error) {
+// Setup builds the reconciler and registers it with mgr, together with a
+// runnable that reports leadership (kubelock_controller_is_leader). Like every
+// controller-runtime controller it runs only while mgr holds the leader lease.
+// The operator and the test environment both call it.
+func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
+	r, err := newReconciler(mgr.GetClient(), mgr.GetEventRecorder("kubelock-controller"), opts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(&leaderReporter{obs: &r.obs, clock: r.clock, grace: r.timing.grace}); err != nil {
+		return nil, err
+	}
+	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
+	r.reader = mgr.GetCache()
+	return r, ctrl.NewControllerManagedBy(mgr).
+		For(newUnstructuredLock()).
+		Named(ControllerName).
+		WithOptions(r.ctrlOpts).
+		Complete(r)
+}
+
+// newReconciler returns a reconciler that writes with c and emits Events with recorder.
+func newReconciler(c client.Client, recorder events.EventRecorder, opts ...Option) (*Reconciler, error) {
 	r := &Reconciler{
 		client:   c,
-		scheme:   scheme,
 		recorder: recorder,
 		clock:    clock.RealClock{},
 		timing:   timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
 		events:   DefaultEventLimit(),
+		self:     lock.NewSelf(c),
 	}
 	for _, o := range opts {
 		o(r)
 	}
-	r.reader = c
 	switch {
-	case c == nil:
-		return nil, errors.New("controllers: a client is required")
-	case recorder == nil:
-		return nil, errors.New("controllers: an event recorder is required")
 	case r.clock == nil:
 		return nil, errors.New("controllers: the clock must not be nil")
 	case r.timing.grace < 0:
@@ -127,24 +141,6 @@ func NewReconciler(c client.Client, scheme *runtime.Scheme, recorder events.Even
 	}
 	r.recorder = NewRateLimitedRecorder(recorder, r.events, r.clock)
 	return r, nil
-}
-
-// SetupWithManager registers the reconciler with mgr. Like every
-// controller-runtime controller it runs only while mgr holds the leader lease.
-// It also registers the operator's metrics and a runnable that reports
-// leadership (kubelock_controller_is_leader).
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	metrics.Register()
-	if err := mgr.Add(&leaderReporter{obs: &r.obs, clock: r.clock, grace: r.timing.grace}); err != nil {
-		return err
-	}
-	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
-	r.reader = mgr.GetCache()
-	return ctrl.NewControllerManagedBy(mgr).
-		For(newUnstructuredLock()).
-		Named(ControllerName).
-		WithOptions(r.ctrlOpts).
-		Complete(r)
 }
 
 // +kubebuilder:rbac:groups=locks.kubelock.io,resources=distributedlocks,verbs=get;list;watch;delete
@@ -296,20 +292,11 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 	}
 }
 
-// Username returns the controller's user name, learned once with a SelfSubjectReview.
+// Username is the controller's user name: the configured one, or its own,
+// learned once with a SelfSubjectReview.
 func (r *Reconciler) Username(ctx context.Context) (string, error) {
-	r.userMu.Lock()
-	defer r.userMu.Unlock()
 	if r.username != "" {
 		return r.username, nil
 	}
-	review := &authenticationv1.SelfSubjectReview{}
-	if err := r.client.Create(ctx, review); err != nil {
-		return "", fmt.Errorf("learning the controller's user name with a SelfSubjectReview: %w", err)
-	}
-	if review.Status.UserInfo.Username == "" {
-		return "", errors.New("the SelfSubjectReview returned no user name")
-	}
-	r.username = review.Status.UserInfo.Username
-	return r.username, nil
+	return r.self.Username(ctx)
 }

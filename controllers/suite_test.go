@@ -19,6 +19,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -46,6 +47,7 @@ func TestControllers(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	metrics.Register() // as the operator's main does
 	var err error
 	env, err = testenv.Start()
 	Expect(err).NotTo(HaveOccurred())
@@ -77,10 +79,8 @@ func startController() *controllerProcess {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"),
-		controllers.WithExpiryGrace(grace), controllers.WithIdleTimeout(idleTimeout))
+	_, err = controllers.Setup(mgr, controllers.WithExpiryGrace(grace), controllers.WithIdleTimeout(idleTimeout))
 	Expect(err).NotTo(HaveOccurred())
-	Expect(r.SetupWithManager(mgr)).To(Succeed())
 	p := &controllerProcess{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer GinkgoRecover()

@@ -24,19 +24,6 @@ import (
 // FencedPath is where the webhook server serves the fenced-object validator.
 const FencedPath = "/validate-fenced-object"
 
-// Label and annotations of Kubernetes objects protected by a lock's fencing token.
-const (
-	// FencedLabel=true selects the object for the fenced-objects webhook
-	// (config/fenced-objects). The apiserver calls the webhook when the old or
-	// the new object carries it, so removing it is checked too.
-	FencedLabel = "locks.kubelock.io/fenced"
-	// FencedByAnnotation names the lock (in the object's namespace) that guards the object.
-	FencedByAnnotation = "locks.kubelock.io/fenced-by"
-	// FencingTokenAnnotation carries the writer's token; the stored value is the
-	// highest token the object accepted.
-	FencingTokenAnnotation = "locks.kubelock.io/fencing-token"
-)
-
 // The fenced-object rules (docs/security.md).
 const (
 	// RuleStaleToken: every write of a fenced object carries the guarding
@@ -50,8 +37,8 @@ const (
 )
 
 var (
-	fencedByPath = field.NewPath("metadata", "annotations").Key(FencedByAnnotation)
-	fenceTokPath = field.NewPath("metadata", "annotations").Key(FencingTokenAnnotation)
+	fencedByPath = field.NewPath("metadata", "annotations").Key(locksv1alpha1.FencedByAnnotation)
+	fenceTokPath = field.NewPath("metadata", "annotations").Key(locksv1alpha1.FencingTokenAnnotation)
 )
 
 // FencedLock is what the fenced-object rules need of the guarding lock.
@@ -79,12 +66,12 @@ func FencedLockOf(l *locksv1alpha1.DistributedLock) FencedLock {
 // neither is fenced). oldObj is nil for CREATE, newObj for DELETE.
 func GuardingLock(oldObj, newObj metav1.Object) string {
 	if oldObj != nil {
-		if l := oldObj.GetAnnotations()[FencedByAnnotation]; l != "" {
+		if l := oldObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]; l != "" {
 			return l
 		}
 	}
 	if newObj != nil {
-		return newObj.GetAnnotations()[FencedByAnnotation]
+		return newObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
 	}
 	return ""
 }
@@ -104,9 +91,9 @@ func ValidateFencedWrite(op admissionv1.Operation, oldObj, newObj metav1.Object,
 		return nil
 	}
 	if oldObj != nil && newObj != nil {
-		o, n := oldObj.GetAnnotations()[FencedByAnnotation], newObj.GetAnnotations()[FencedByAnnotation]
+		o, n := oldObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation], newObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
 		if o != "" && n != "" && o != n {
-			return field.ErrorList{deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, FencedByAnnotation, n)}
+			return field.ErrorList{deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, locksv1alpha1.FencedByAnnotation, n)}
 		}
 	}
 	token, err := fencedToken(op, oldObj, newObj, name)
@@ -132,16 +119,16 @@ func fencedToken(op admissionv1.Operation, oldObj, newObj metav1.Object, lock st
 	if op == admissionv1.Delete {
 		obj = oldObj
 	}
-	raw, ok := obj.GetAnnotations()[FencingTokenAnnotation]
+	raw, ok := obj.GetAnnotations()[locksv1alpha1.FencingTokenAnnotation]
 	switch {
 	case !ok && op == admissionv1.Delete:
-		return 0, deny(fenceTokPath, RuleStaleToken, "the object is fenced by lock %q and stores no token: to delete it, the lock's holder first writes its token into the %s annotation, then deletes", lock, FencingTokenAnnotation)
+		return 0, deny(fenceTokPath, RuleStaleToken, "the object is fenced by lock %q and stores no token: to delete it, the lock's holder first writes its token into the %s annotation, then deletes", lock, locksv1alpha1.FencingTokenAnnotation)
 	case !ok:
-		return 0, deny(fenceTokPath, RuleStaleToken, "the object is fenced by lock %q: every write (create, update, delete, also removing the fence) must carry the holder's fencing token in the %s annotation", lock, FencingTokenAnnotation)
+		return 0, deny(fenceTokPath, RuleStaleToken, "the object is fenced by lock %q: every write (create, update, delete, also removing the fence) must carry the holder's fencing token in the %s annotation", lock, locksv1alpha1.FencingTokenAnnotation)
 	}
 	token, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || token <= 0 {
-		return 0, deny(fenceTokPath, RuleStaleToken, "annotation %s=%q is not a positive integer", FencingTokenAnnotation, raw)
+		return 0, deny(fenceTokPath, RuleStaleToken, "annotation %s=%q is not a positive integer", locksv1alpha1.FencingTokenAnnotation, raw)
 	}
 	return token, nil
 }
@@ -149,10 +136,10 @@ func fencedToken(op admissionv1.Operation, oldObj, newObj metav1.Object, lock st
 // checkHighest: the token is at least the highest the object accepted from
 // this lock (stored on the old object).
 func checkHighest(oldObj metav1.Object, lock string, token int64) *field.Error {
-	if oldObj == nil || oldObj.GetAnnotations()[FencedByAnnotation] != lock {
+	if oldObj == nil || oldObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation] != lock {
 		return nil
 	}
-	highest, err := strconv.ParseInt(oldObj.GetAnnotations()[FencingTokenAnnotation], 10, 64)
+	highest, err := strconv.ParseInt(oldObj.GetAnnotations()[locksv1alpha1.FencingTokenAnnotation], 10, 64)
 	if err == nil && token < highest {
 		return deny(fenceTokPath, RuleStaleToken, "stale fencing token %d for lock %q: this object already accepted token %d", token, lock, highest)
 	}
@@ -225,7 +212,6 @@ type sarCreator interface {
 // current token); sar creates the SubjectAccessReviews for the force-release
 // verb (nil: nobody counts as having it).
 func NewFencedValidator(decoder admission.Decoder, reader client.Reader, sar client.Client) *FencedValidator {
-	metrics.Register()
 	v := &FencedValidator{decoder: decoder, reader: reader}
 	if sar != nil {
 		v.sar = sar

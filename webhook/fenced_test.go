@@ -8,14 +8,16 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
 func TestValidateFencedWrite(t *testing.T) {
 	obj := func(ann map[string]string) metav1.Object { return &metav1.ObjectMeta{Annotations: ann} }
 	fenced := func(token string) metav1.Object {
-		m := map[string]string{FencedByAnnotation: "db"}
+		m := map[string]string{locksv1alpha1.FencedByAnnotation: "db"}
 		if token != "" {
-			m[FencingTokenAnnotation] = token
+			m[locksv1alpha1.FencingTokenAnnotation] = token
 		}
 		return obj(m)
 	}
@@ -43,7 +45,7 @@ func TestValidateFencedWrite(t *testing.T) {
 		{name: "holder writes again", op: update, old: fenced("12"), new: fenced("12"), lock: held, a: alice},
 		{name: "holder after an older token", op: update, old: fenced("10"), new: fenced("12"), lock: held, a: alice},
 		{name: "holder deletes a stamped object", op: del, old: fenced("12"), lock: held, a: alice},
-		{name: "holder removes the fence with its token", op: update, old: fenced("12"), new: obj(map[string]string{FencingTokenAnnotation: "12"}), lock: held, a: alice},
+		{name: "holder removes the fence with its token", op: update, old: fenced("12"), new: obj(map[string]string{locksv1alpha1.FencingTokenAnnotation: "12"}), lock: held, a: alice},
 		{name: "force-release user with the current token", op: update, old: fenced("12"), new: fenced("12"), lock: FencedLock{Exists: true, Token: 12}, a: breakglass},
 
 		{name: "stale token below the object's highest", op: update, old: fenced("12"), new: fenced("10"), lock: held, a: alice, rule: RuleStaleToken, want: `stale fencing token 10 for lock "db": this object already accepted token 12`},
@@ -62,7 +64,7 @@ func TestValidateFencedWrite(t *testing.T) {
 		{name: "delete of an object stamped by an earlier holding", op: del, old: fenced("10"), lock: held, a: alice, rule: RuleStaleToken, want: "the current holder writes its token into the object first"},
 		{name: "delete of an unstamped object", op: del, old: fenced(""), lock: held, a: alice, rule: RuleStaleToken, want: "stores no token"},
 		{name: "force-release user still needs the current token", op: update, old: fenced("12"), new: fenced("10"), lock: held, a: breakglass, rule: RuleStaleToken, want: "stale fencing token"},
-		{name: "moving to another lock", op: update, old: fenced("12"), new: obj(map[string]string{FencedByAnnotation: "other", FencingTokenAnnotation: "12"}), lock: held, a: alice, rule: RuleFencedBy, want: `cannot move to lock "other"`},
+		{name: "moving to another lock", op: update, old: fenced("12"), new: obj(map[string]string{locksv1alpha1.FencedByAnnotation: "other", locksv1alpha1.FencingTokenAnnotation: "12"}), lock: held, a: alice, rule: RuleFencedBy, want: `cannot move to lock "other"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

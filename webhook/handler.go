@@ -11,10 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // Path is where the webhook server serves the lock validator.
@@ -27,6 +27,25 @@ const Path = "/validate-locks-kubelock-io-v1alpha1-distributedlock"
 // +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks/status,verbs=update,versions=v1alpha1,name=vdistributedlock.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
 // +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks,verbs=create;update;delete,versions=v1alpha1,name=vdistributedlock-meta.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"metadata-rules","expression":"request.operation != 'UPDATE' || object.metadata.?finalizers.orValue([]) != oldObject.metadata.?finalizers.orValue([]) || object.metadata.?annotations[?'locks.kubelock.io/force-delete'] != oldObject.metadata.?annotations[?'locks.kubelock.io/force-delete']"}]}`
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// Setup registers, behind Quiet, the lock validator at Path, the session
+// validator at SessionPath and the fenced-object validator at FencedPath.
+// reader reads the guarding locks of fenced objects and the sessions holdings
+// name (the apiserver, not a cache: the rules compare with a lock's current
+// token, and a client acquires right after creating its session); c creates
+// SubjectAccessReviews; controllerUsers are the controller's user names. The
+// operator and the test environment both call it.
+func Setup(srv ctrlwebhook.Server, scheme *runtime.Scheme, reader client.Reader, c client.Client, controllerUsers ...string) error {
+	v, err := NewValidator(scheme, c, controllerUsers...)
+	if err != nil {
+		return err
+	}
+	v.SetSessionReader(reader)
+	srv.Register(Path, &admission.Webhook{Handler: Quiet(v)})
+	srv.Register(SessionPath, &admission.Webhook{Handler: Quiet(v.Sessions())})
+	srv.Register(FencedPath, &admission.Webhook{Handler: Quiet(NewFencedValidator(admission.NewDecoder(scheme), reader, c))})
+	return nil
+}
 
 // Validator is the admission handler for DistributedLocks.
 type Validator struct {
@@ -47,7 +66,6 @@ func NewValidator(scheme *runtime.Scheme, c client.Client, controllerUsers ...st
 	if len(controllerUsers) == 0 {
 		return nil, fmt.Errorf("webhook: at least one controller user name is required")
 	}
-	metrics.Register()
 	v := &Validator{decoder: admission.NewDecoder(scheme), sar: c, controllers: map[string]bool{}}
 	for _, u := range controllerUsers {
 		v.controllers[u] = true

@@ -55,12 +55,12 @@ type specDefault struct {
 // them before they exist costs nothing and keeps lock users' creates working
 // once they do.
 var specDefaults = []specDefault{
-	{"leaseDurationSeconds", 30},
-	{"maxLeaseDurationSeconds", 300},
-	{"maxWaiters", 128},
-	{"handoffTimeoutSeconds", 10},
-	{"maxWaitersPerUser", 16},
-	{"maxWaitSeconds", 3600},
+	{"leaseDurationSeconds", locksv1alpha1.DefaultLeaseDurationSeconds},
+	{"maxLeaseDurationSeconds", locksv1alpha1.DefaultMaxLeaseDurationSeconds},
+	{"maxWaiters", locksv1alpha1.DefaultMaxWaiters},
+	{"handoffTimeoutSeconds", locksv1alpha1.DefaultHandoffTimeoutSeconds},
+	{"maxWaitersPerUser", locksv1alpha1.DefaultMaxWaitersPerUser},
+	{"maxWaitSeconds", locksv1alpha1.DefaultMaxWaitSeconds},
 }
 
 var (

@@ -78,9 +78,18 @@ type Actor struct {
 	CanForceRelease bool
 }
 
-// deny builds an error whose message starts with the rule's tag.
+// deny builds an error whose message starts with the rule's tag; the rule
+// itself travels as the error's Origin (ruleOf), never parsed from the message.
 func deny(p *field.Path, r Rule, format string, args ...any) *field.Error {
-	return field.Forbidden(p, fmt.Sprintf("[kubelock:%s] ", r)+fmt.Sprintf(format, args...))
+	return field.Forbidden(p, fmt.Sprintf("[kubelock:%s] ", r)+fmt.Sprintf(format, args...)).WithOrigin(string(r))
+}
+
+// ruleOf is the rule of an error built by deny; "internal" otherwise.
+func ruleOf(e *field.Error) Rule {
+	if e.Origin == "" {
+		return "internal"
+	}
+	return Rule(e.Origin)
 }
 
 var (

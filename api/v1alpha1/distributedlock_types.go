@@ -13,6 +13,15 @@ const (
 	AutoCreatedLabel = "locks.kubelock.io/auto-created"
 	// ForceDeleteAnnotation allows deleting a lock that is still held.
 	ForceDeleteAnnotation = "locks.kubelock.io/force-delete"
+	// FencedLabel=true selects an object for the fenced-objects webhook
+	// (config/fenced-objects). The apiserver calls the webhook when the old or
+	// the new object carries it, so removing it is checked too.
+	FencedLabel = "locks.kubelock.io/fenced"
+	// FencedByAnnotation names the lock (in the object's namespace) that guards the object.
+	FencedByAnnotation = "locks.kubelock.io/fenced-by"
+	// FencingTokenAnnotation carries the writer's token; the stored value is the
+	// highest token the object accepted.
+	FencingTokenAnnotation = "locks.kubelock.io/fencing-token"
 	// ForceReleaseVerb is the RBAC verb on distributedlocks that allows breaking a lock.
 	ForceReleaseVerb = "force-release"
 )

@@ -229,8 +229,8 @@ func (e *env) registerFencedObjects(ctx context.Context) error {
 	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 			Namespace: "default", Name: "kubelock-dev-probe",
-			Labels:      map[string]string{webhook.FencedLabel: "true"},
-			Annotations: map[string]string{webhook.FencedByAnnotation: DemoLock},
+			Labels:      map[string]string{locksv1alpha1.FencedLabel: "true"},
+			Annotations: map[string]string{locksv1alpha1.FencedByAnnotation: DemoLock},
 		}}
 		if last = c.Create(ctx, probe, client.DryRunAll); last == nil {
 			last = errors.New("a fenced ConfigMap without a token was admitted")
@@ -240,7 +240,7 @@ func (e *env) registerFencedObjects(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the apiserver does not call the fenced-objects webhook at %s: %w (operator log: %s)", host, last, e.operatorLog)
 	}
-	e.progress("fenced-objects webhook registered for ConfigMaps labelled %s=true", webhook.FencedLabel)
+	e.progress("fenced-objects webhook registered for ConfigMaps labelled %s=true", locksv1alpha1.FencedLabel)
 	return nil
 }
 

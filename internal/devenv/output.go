@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/kubelock/kubelock/webhook"
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
 // AdminContext is the kubeconfig's current context; each user in LockUsers
@@ -90,7 +90,7 @@ func (e *env) printNextSteps() error {
 	fmt.Fprintf(tw, "  data\t%s (%s); logs in %s\n", o.Dir, persist, e.logDir)
 	fmt.Fprintf(tw, "  operator\tcontroller + admission webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)
 	fmt.Fprintf(tw, "  fenced objects\tConfigMaps labelled %s=true: every write needs the current token of the lock named by %s, from its holder (config/samples/fenced_configmap.yaml)\n",
-		webhook.FencedLabel, webhook.FencedByAnnotation)
+		locksv1alpha1.FencedLabel, locksv1alpha1.FencedByAnnotation)
 	fmt.Fprintf(tw, "  kubeconfig\t%s: contexts %s (admin, current), %s (lock users), %s (lock user + break-glass)\n",
 		o.KubeconfigOut, AdminContext, strings.Join(LockUsers, ", "), BreakglassUser)
 	_ = tw.Flush()

@@ -19,13 +19,13 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
-	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // Options are the operator's settings; each has a command-line flag.
@@ -99,9 +99,6 @@ type Options struct {
 
 	// Zap configures logging.
 	Zap zap.Options
-
-	// skipNameValidation lets tests run more than one manager in a process.
-	skipNameValidation bool
 }
 
 // DefaultOptions returns the defaults the flags show in --help.
@@ -276,7 +273,6 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		// Safe because the process exits right after the manager stops, and a
 		// new leader starts with no observations, so it never expires early.
 		LeaderElectionReleaseOnCancel: true,
-		Controller:                    ctrlconfig.Controller{SkipNameValidation: &o.skipNameValidation},
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -291,11 +287,9 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		log.Info("TESTING ONLY (build tag faults): the controller's wall clock is shifted by the duration in a file")
 		ropts = append(ropts, controllers.WithClock(clk))
 	}
-	r, err := controllers.NewReconciler(mgr.GetClient(), scheme, mgr.GetEventRecorder("kubelock-controller"), ropts...)
+	metrics.Register()
+	r, err := controllers.Setup(mgr, ropts...)
 	if err != nil {
-		return err
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the controller: %w", err)
 	}
 	// Learn the controller's user name now, so a missing permission shows at

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -75,6 +76,9 @@ func TestInvalidFlagsAreRejectedUpFront(t *testing.T) {
 func TestRunElectsLeaderAndReconciles(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
+	}
+	if inOwnProcess(t) {
+		return
 	}
 	logs := &syncBuffer{}
 	ctrl.SetLogger(zap.New(zap.WriteTo(logs), zap.UseDevMode(true)))
@@ -220,6 +224,25 @@ func readManifest(t *testing.T, file string, into any) {
 	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), file))
 	must(t, err)
 	must(t, sigsyaml.Unmarshal(data, into))
+}
+
+// inOwnProcess runs the calling test again, alone, in a child process of this
+// test binary and reports whether it did (the caller then returns): each
+// test that starts the operator needs a process of its own, since
+// controller-runtime allows one controller of a name per process.
+func inOwnProcess(t *testing.T) bool {
+	t.Helper()
+	const child = "KUBELOCK_TEST_CHILD"
+	if os.Getenv(child) == t.Name() {
+		return false
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
+	cmd.Env = append(os.Environ(), child+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return true
 }
 
 func freeAddr(t *testing.T) string {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/google/renameio/v2"
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -28,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/kubelock/kubelock/controllers"
 	"github.com/kubelock/kubelock/webhook"
@@ -88,19 +88,12 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 	if err != nil {
 		return err
 	}
-	v, err := webhook.NewValidator(mgr.GetScheme(), mgr.GetClient(), users...)
-	if err != nil {
+	srv := mgr.GetWebhookServer() // adds the server to the manager
+	// Fenced objects compare against the lock's current token: read it from
+	// the apiserver, not from the cache.
+	if err := webhook.Setup(srv, mgr.GetScheme(), mgr.GetAPIReader(), mgr.GetClient(), users...); err != nil {
 		return err
 	}
-	srv := mgr.GetWebhookServer() // adds the server to the manager
-	// Quiet: an error answer never quotes the object or the stored lock.
-	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
-	// Sessions named by holdings are read live: a client acquires right after creating one.
-	v.SetSessionReader(mgr.GetAPIReader())
-	srv.Register(webhook.SessionPath, &admission.Webhook{Handler: webhook.Quiet(v.Sessions())})
-	// Fenced objects (config/fenced-objects, optional) compare against the
-	// lock's current token: read it from the apiserver, not from the cache.
-	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(mgr.GetScheme()), mgr.GetAPIReader(), mgr.GetClient()))})
 	if err := mgr.AddReadyzCheck("webhook", srv.StartedChecker()); err != nil {
 		return err
 	}
@@ -123,7 +116,7 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 		IsReady:        injected,
 		Webhooks:       injectInto(o),
 		FieldOwner:     certFieldOwner,
-		ControllerName: rotatorName(o),
+		ControllerName: "cert-rotator",
 		// Every replica serves the webhook, so every replica keeps its files
 		// current; concurrent Secret updates are resolved by resourceVersion.
 		RequireLeaderElection: false,
@@ -141,18 +134,6 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 			return fmt.Errorf("the CA is not yet injected into ValidatingWebhookConfiguration %s", o.WebhookConfigName)
 		}
 	})
-}
-
-// rotatorRuns numbers rotators in one process (tests start several managers).
-var rotatorRuns atomic.Int64
-
-// rotatorName is the rotator's controller name: unique per process, as
-// controller-runtime requires, when tests run more than one manager.
-func rotatorName(o Options) string {
-	if !o.skipNameValidation {
-		return "cert-rotator"
-	}
-	return fmt.Sprintf("cert-rotator-%d", rotatorRuns.Add(1))
 }
 
 // injectInto are the webhook configurations whose caBundle the rotator keeps
@@ -263,19 +244,20 @@ func (s *certWaitingServer) StartedChecker() healthz.Checker {
 func (s *certWaitingServer) Start(ctx context.Context) error {
 	log := ctrl.Log.WithName("webhook")
 	files := []string{filepath.Join(s.dir, certName), filepath.Join(s.dir, keyName)}
-	next := time.Now()
-	for {
-		if pair, err := tls.LoadX509KeyPair(files[0], files[1]); err == nil && len(pair.Certificate) > 0 {
-			break
-		} else if time.Now().After(next) {
+	var next time.Time
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) {
+		pair, err := tls.LoadX509KeyPair(files[0], files[1])
+		if err == nil && len(pair.Certificate) > 0 {
+			return true, nil
+		}
+		if time.Now().After(next) {
 			log.Info("waiting for the serving certificate", "files", files, "reason", err)
 			next = time.Now().Add(30 * time.Second)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(200 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if err != nil {
+		return nil // stopped before the certificate came
 	}
 	s.serving.Store(true)
 	defer s.serving.Store(false)
@@ -355,32 +337,10 @@ func (s *secretToFiles) write(crt, key []byte) (bool, error) {
 	if bytes.Equal(oldCrt, crt) && bytes.Equal(oldKey, key) {
 		return false, nil
 	}
-	if err := writeAtomic(filepath.Join(s.dir, keyName), key); err != nil {
+	if err := renameio.WriteFile(filepath.Join(s.dir, keyName), key, 0o600); err != nil {
 		return false, err
 	}
-	return true, writeAtomic(filepath.Join(s.dir, certName), crt)
-}
-
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		_ = os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return nil
+	return true, renameio.WriteFile(filepath.Join(s.dir, certName), crt, 0o600)
 }
 
 // splitList parses a comma-separated flag value, dropping blanks.

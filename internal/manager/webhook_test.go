@@ -84,6 +84,9 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
 	}
+	if inOwnProcess(t) {
+		return
+	}
 	start := time.Now()
 	logs := &syncBuffer{}
 	ctrl.SetLogger(zap.New(zap.WriteTo(logs), zap.UseDevMode(true)))
@@ -110,7 +113,6 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	// The apiserver calls https://localhost:<port>; in a cluster it calls the Service.
 	opts.CertExtraDNSNames = []string{"localhost"}
 	opts.ExpiryGrace = 200 * time.Millisecond
-	opts.skipNameValidation = true // other tests in this process run a manager too
 	// The test apiserver presents a client certificate to webhooks (testenv's
 	// AdmissionConfiguration); the webhook requires it.
 	opts.WebhookClientCAFile = env.WebhookClientCAFile
@@ -298,10 +300,10 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	// ConfigMap without a token is denied.
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "default", Name: "fenced", Labels: map[string]string{"locks.kubelock.io/fenced": "true"},
-		Annotations: map[string]string{webhook.FencedByAnnotation: l.Name, webhook.FencingTokenAnnotation: strconv.FormatInt(l.Status.FencingToken, 10)},
+		Annotations: map[string]string{locksv1alpha1.FencedByAnnotation: l.Name, locksv1alpha1.FencingTokenAnnotation: strconv.FormatInt(l.Status.FencingToken, 10)},
 	}}
 	must(t, env.Client.Create(ctx, cm)) // the admin may force-release, and brings the lock's current token
-	delete(cm.Annotations, webhook.FencingTokenAnnotation)
+	delete(cm.Annotations, locksv1alpha1.FencingTokenAnnotation)
 	cm.Data = map[string]string{"k": "v"}
 	if err := env.Client.Update(ctx, cm); err == nil || !strings.Contains(err.Error(), "[kubelock:"+string(webhook.RuleStaleToken)+"]") {
 		t.Fatalf("an untokened update of a fenced ConfigMap: got %v, want a [kubelock:%s] denial", err, webhook.RuleStaleToken)

@@ -42,11 +42,9 @@ type hotLock struct {
 	cur, prev uint64
 }
 
-// NewHotLocks returns a tracker that reports the n hottest locks.
-func NewHotLocks(n int) *HotLocks { return NewHotLocksWithClock(n, clock.RealClock{}) }
-
-// NewHotLocksWithClock is NewHotLocks with an injected clock (tests).
-func NewHotLocksWithClock(n int, clk clock.PassiveClock) *HotLocks {
+// newHotLocks returns a tracker that reports the n hottest locks, measuring
+// windows on clk.
+func newHotLocks(n int, clk clock.PassiveClock) *HotLocks {
 	return &HotLocks{
 		n:     max(n, 0),
 		clock: clk,
@@ -106,13 +104,6 @@ func (h *HotLocks) Forget(namespace, name string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.locks, lockKey{namespace, name})
-}
-
-// Tracked is the number of locks the tracker remembers (tests).
-func (h *HotLocks) Tracked() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.locks)
 }
 
 // heat is the lock's acquisitions in the current and the previous window.

@@ -15,7 +15,7 @@ import (
 // at most N series per metric, the hottest ones, and idle locks are forgotten.
 func TestHotLocksCardinality(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
-	h := NewHotLocksWithClock(5, clk)
+	h := newHotLocks(5, clk)
 	const locks = 10000
 	for i := range locks {
 		name := fmt.Sprintf("lock-%05d", i)
@@ -64,14 +64,14 @@ kubelock_controller_hot_lock_acquisitions_total{lock="lock-00034",namespace="ns"
 	if n := testutil.CollectAndCount(h, "kubelock_controller_hot_lock_acquisitions_total"); n != 0 {
 		t.Fatalf("hot_lock_acquisitions_total series after two windows = %d, want 0", n)
 	}
-	if got, want := h.Tracked(), locks-locks/100; got != want {
+	if got, want := len(h.locks), locks-locks/100; got != want {
 		t.Fatalf("tracked locks = %d, want %d (those with waiters)", got, want)
 	}
 	for i := range locks {
 		h.SetWaiters("ns", fmt.Sprintf("lock-%05d", i), 0)
 	}
 	testutil.CollectAndCount(h)
-	if got := h.Tracked(); got != 0 {
+	if got := len(h.locks); got != 0 {
 		t.Fatalf("tracked locks after queues emptied = %d, want 0", got)
 	}
 }
@@ -80,7 +80,7 @@ kubelock_controller_hot_lock_acquisitions_total{lock="lock-00034",namespace="ns"
 // acquired a little just now.
 func TestHotLocksRecentBeatsOld(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
-	h := NewHotLocksWithClock(1, clk)
+	h := newHotLocks(1, clk)
 	for range 100 {
 		h.Acquired("ns", "old")
 	}

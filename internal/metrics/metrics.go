@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -31,112 +32,69 @@ const (
 
 // Reconcile steps whose errors ReconcileError counts.
 const (
-	StepGet      = "get"
-	StepUsername = "username"
-	StepWrite    = "write_status"
-	StepDelete   = "delete"
+	StepGet    = "get"
+	StepWrite  = "write_status"
+	StepDelete = "delete"
 )
 
-var (
-	expirationsTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "expirations_total",
-		Help: "Leases the controller expired.",
-	})
-	waitersDroppedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "waiters_dropped_total",
-		Help: "Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout).",
-	}, []string{"reason"})
-	idleLocksDeletedTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "idle_locks_deleted_total",
-		Help: "Idle auto-created locks the controller deleted.",
-	})
-	transitionsObservedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "transitions_observed_total",
-		Help: "Changes of holder the controller observed, by kind (Acquired, Released, Expired, ForceReleased).",
-	}, []string{"kind"})
-	waitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name:    "wait_seconds",
-		Help:    "Time from the controller first seeing a waiter queued to seeing it acquire the lock.",
-		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
-	})
-	handoffSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name:    "handoff_seconds",
-		Help:    "Time from the controller seeing a lock free with a head waiter to seeing that waiter acquire it.",
-		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
-	})
-	queueLength = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name:    "queue_length",
-		Help:    "Length of a lock's wait queue each time the controller observes a change of holder.",
-		Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
-	})
-	locksObserved = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "locks",
-		Help: "DistributedLocks this controller currently observes (0 on a replica that is not the leader).",
-	})
-	locksHeld = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "locks_held",
-		Help: "DistributedLocks this controller last observed with a holder.",
-	})
-	waiters = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "waiters",
-		Help: "Waiters queued over all locks, as this controller last observed them.",
-	})
-	reconcileErrorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "reconcile_errors_total",
-		Help: "Reconciles that returned an error, by step (get, username, write_status, delete).",
-	}, []string{"step"})
-	// One series per namespace that ever held a malformed lock: bounded by namespaces.
-	lockDecodeErrorsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "lock_decode_errors_total",
-		Help: "Versions of DistributedLocks the controller could not decode (e.g. a time Go's metav1 types do not parse) and left alone, by namespace; each malformed resourceVersion counts once.",
-	}, []string{"namespace"})
-	writeConflictsTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "write_conflicts_total",
-		Help: "Controller writes that lost a race (409 Conflict) and were retried.",
-	})
-	eventsSuppressedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "events_suppressed_total",
-		Help: "Events not emitted because their lock exceeded its per-lock event rate, by reason.",
-	}, []string{"reason"})
-	isLeader = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "is_leader",
-		Help: "1 while this replica holds the leader lease and runs the controller, else 0.",
-	})
-	leaderChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: ControllerSubsystem,
-		Name: "leader_changes_total",
-		Help: "Times this replica became the leader; summed over replicas, the number of leader changes.",
-	})
+func counter(subsystem, name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help})
+}
 
-	admissionDecisionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: WebhookSubsystem,
-		Name: "admission_decisions_total",
-		Help: "Admission decisions on DistributedLock and fenced-object writes, by rule and outcome (allowed or denied); allowed requests count under rule \"none\".",
-	}, []string{"rule", "outcome"})
+func counterVec(subsystem, name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}, labels)
+}
+
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help})
+}
+
+func histogram(name, help string, buckets []float64) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help, Buckets: buckets})
+}
+
+const ctrl, hook = ControllerSubsystem, WebhookSubsystem
+
+var (
+	expirationsTotal    = counter(ctrl, "expirations_total", "Leases the controller expired.")
+	waitersDroppedTotal = counterVec(ctrl, "waiters_dropped_total",
+		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout).", "reason")
+	idleLocksDeletedTotal    = counter(ctrl, "idle_locks_deleted_total", "Idle auto-created locks the controller deleted.")
+	transitionsObservedTotal = counterVec(ctrl, "transitions_observed_total",
+		"Changes of holder the controller observed, by kind (Acquired, Released, Expired, ForceReleased).", "kind")
+	waitSeconds = histogram("wait_seconds",
+		"Time from the controller first seeing a waiter queued to seeing it acquire the lock.",
+		prometheus.ExponentialBuckets(0.01, 2, 16))
+	handoffSeconds = histogram("handoff_seconds",
+		"Time from the controller seeing a lock free with a head waiter to seeing that waiter acquire it.",
+		prometheus.ExponentialBuckets(0.005, 2, 14))
+	queueLength = histogram("queue_length",
+		"Length of a lock's wait queue each time the controller observes a change of holder.",
+		[]float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024})
+	locksObserved        = gauge("locks", "DistributedLocks this controller currently observes (0 on a replica that is not the leader).")
+	locksHeld            = gauge("locks_held", "DistributedLocks this controller last observed with a holder.")
+	waiters              = gauge("waiters", "Waiters queued over all locks, as this controller last observed them.")
+	reconcileErrorsTotal = counterVec(ctrl, "reconcile_errors_total",
+		"Reconciles that returned an error, by step (get, write_status, delete).", "step")
+	// One series per namespace that ever held a malformed lock: bounded by namespaces.
+	lockDecodeErrorsTotal = counterVec(ctrl, "lock_decode_errors_total",
+		"Versions of DistributedLocks the controller could not decode (e.g. a time Go's metav1 types do not parse) and left alone, by namespace; each malformed resourceVersion counts once.", "namespace")
+	writeConflictsTotal   = counter(ctrl, "write_conflicts_total", "Controller writes that lost a race (409 Conflict) and were retried.")
+	eventsSuppressedTotal = counterVec(ctrl, "events_suppressed_total",
+		"Events not emitted because their lock exceeded its per-lock event rate, by reason.", "reason")
+	isLeader           = gauge("is_leader", "1 while this replica holds the leader lease and runs the controller, else 0.")
+	leaderChangesTotal = counter(ctrl, "leader_changes_total",
+		"Times this replica became the leader; summed over replicas, the number of leader changes.")
+
+	admissionDecisionsTotal = counterVec(hook, "admission_decisions_total",
+		"Admission decisions on DistributedLock and fenced-object writes, by rule and outcome (allowed or denied); allowed requests count under rule \"none\".",
+		"rule", "outcome")
 	// Fenced objects are few, so one series per guarding lock stays bounded.
-	staleTokenRejectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: Namespace, Subsystem: WebhookSubsystem,
-		Name: "stale_token_rejections_total",
-		Help: "Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).",
-	}, []string{"lock"})
+	staleTokenRejectionsTotal = counterVec(hook, "stale_token_rejections_total",
+		"Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).", "lock")
 
 	// Hot is the tracker behind the per-lock hot-lock series.
-	Hot = NewHotLocks(DefaultHotLocks)
+	Hot = newHotLocks(DefaultHotLocks, clock.RealClock{})
 	// Holdings reports the longest and the most overdue holding at each scrape.
 	Holdings = &holdings{}
 )
@@ -154,8 +112,8 @@ func Collectors() []prometheus.Collector {
 
 var registerOnce sync.Once
 
-// Register adds the operator's metrics to controller-runtime's registry. It
-// may be called more than once (tests start several managers in one process).
+// Register adds the operator's metrics to controller-runtime's registry; the
+// manager calls it (once per process: tests start several managers in one).
 func Register() {
 	registerOnce.Do(func() { ctrlmetrics.Registry.MustRegister(Collectors()...) })
 }
@@ -198,14 +156,6 @@ func LockChanged(before, after LockState) {
 	locksObserved.Add(b2f(after.Exists) - b2f(before.Exists))
 	locksHeld.Add(b2f(after.Held) - b2f(before.Held))
 	waiters.Add(float64(after.Waiters - before.Waiters))
-}
-
-// ResetLockGauges zeroes the fleet gauges, for a controller that stops leading
-// and forgets its observations.
-func ResetLockGauges() {
-	locksObserved.Set(0)
-	locksHeld.Set(0)
-	waiters.Set(0)
 }
 
 func b2f(b bool) float64 {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -104,18 +103,15 @@ func (c *Client) User(ctx context.Context) (string, error) {
 	if c.user != "" {
 		return c.user, nil
 	}
-	review := &authenticationv1.SelfSubjectReview{}
-	if err := c.c.Create(ctx, review); err != nil {
-		return "", fmt.Errorf("kubelock: learning the authenticated user with a SelfSubjectReview: %w", err)
+	info, err := NewSelf(c.c).UserInfo(ctx)
+	if err != nil {
+		return "", err
 	}
-	if review.Status.UserInfo.Username == "" {
-		return "", errors.New("kubelock: the apiserver returned no user name in the SelfSubjectReview")
-	}
-	c.user = review.Status.UserInfo.Username
+	c.user = info.Username
 	c.podName, c.podUID = c.cfg.podName, ""
-	if uid := review.Status.UserInfo.Extra[extraPodUID]; len(uid) > 0 {
+	if uid := info.Extra[extraPodUID]; len(uid) > 0 {
 		c.podUID, c.podName = uid[0], ""
-		if name := review.Status.UserInfo.Extra[extraPodName]; len(name) > 0 {
+		if name := info.Extra[extraPodName]; len(name) > 0 {
 			c.podName = name[0]
 		}
 	}

@@ -72,8 +72,8 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		fencedCM := func(token int64, mode string) *corev1.ConfigMap {
 			return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 				Namespace: ns, Name: key.Name,
-				Labels:      map[string]string{webhook.FencedLabel: "true"},
-				Annotations: map[string]string{webhook.FencedByAnnotation: "config-writer", webhook.FencingTokenAnnotation: strconv.FormatInt(token, 10)},
+				Labels:      map[string]string{locksv1alpha1.FencedLabel: "true"},
+				Annotations: map[string]string{locksv1alpha1.FencedByAnnotation: "config-writer", locksv1alpha1.FencingTokenAnnotation: strconv.FormatInt(token, 10)},
 			}, Data: map[string]string{"mode": mode}}
 		}
 		stored := func() *corev1.ConfigMap {
@@ -88,7 +88,7 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 			u := &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "v1", "kind": "ConfigMap",
 				"metadata": map[string]any{"namespace": ns, "name": key.Name,
-					"labels": map[string]any{webhook.FencedLabel: "true"}, "annotations": ann},
+					"labels": map[string]any{locksv1alpha1.FencedLabel: "true"}, "annotations": ann},
 				"data": map[string]any{"mode": "applied by " + w.name},
 			}}
 			return w.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(w.name), client.ForceOwnership)
@@ -138,7 +138,7 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		}{
 			{"data-only patch", func() error { return patch(alice, `{"data":{"mode":"alice, data only"}}`) }},
 			{"server-side apply", func() error {
-				return apply(alice, map[string]any{webhook.FencedByAnnotation: "config-writer"})
+				return apply(alice, map[string]any{locksv1alpha1.FencedByAnnotation: "config-writer"})
 			}},
 			{"label removal", func() error { return patch(alice, `{"metadata":{"labels":{"locks.kubelock.io/fenced":null}}}`) }},
 			{"annotation removal", func() error {
@@ -154,16 +154,16 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		}
 		By("alice: server-side apply with her own (stale) token")
 		refused(webhook.RuleStaleToken, func() error {
-			return apply(alice, map[string]any{webhook.FencedByAnnotation: "config-writer", webhook.FencingTokenAnnotation: strconv.FormatInt(t1, 10)})
+			return apply(alice, map[string]any{locksv1alpha1.FencedByAnnotation: "config-writer", locksv1alpha1.FencingTokenAnnotation: strconv.FormatInt(t1, 10)})
 		}, "stale fencing token")
 		By("bob: a forged token is refused without revealing the lock's token")
 		err = patch(bob, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":"`+strconv.FormatInt(math.MaxInt64, 10)+`"}}}`)
 		Expect(err).To(MatchError(ContainSubstring("was never issued by lock \"config-writer\"")))
 		Expect(err.Error()).NotTo(MatchRegexp(`\b%s\b`, hidden))
-		Expect(stored().Annotations[webhook.FencingTokenAnnotation]).To(Equal(hidden))
+		Expect(stored().Annotations[locksv1alpha1.FencingTokenAnnotation]).To(Equal(hidden))
 
 		By("the holder's server-side apply, and carol's update with the current token, pass")
-		Expect(apply(bob, map[string]any{webhook.FencedByAnnotation: "config-writer", webhook.FencingTokenAnnotation: hidden})).To(Succeed())
+		Expect(apply(bob, map[string]any{locksv1alpha1.FencedByAnnotation: "config-writer", locksv1alpha1.FencingTokenAnnotation: hidden})).To(Succeed())
 		Expect(patch(carol, `{"data":{"mode":"fixed by carol (force-release)"}}`)).To(Succeed())
 		refused(webhook.RuleStaleToken, func() error {
 			return patch(carol, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":null}}}`)

@@ -17,6 +17,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +30,7 @@ import (
 	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/testenv"
+	"github.com/kubelock/kubelock/test/testmetrics"
 )
 
 // labels is a shorthand for a series' label set.
@@ -36,7 +38,7 @@ type labels = map[string]string
 
 // read is the value of a series in g (a histogram's sample count).
 func read(g prometheus.Gatherer, name string, l labels) float64 {
-	v, err := metrics.Read(g, name, l)
+	v, err := testmetrics.Value(g, name, l)
 	Expect(err).NotTo(HaveOccurred())
 	return v
 }
@@ -371,7 +373,7 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 
 	It("keeps per-lock series bounded however many locks are used", func(ctx SpecContext) {
 		series := func() int {
-			n, err := metrics.Series(ctrlmetrics.Registry, "kubelock_controller_hot_lock_acquisitions_total")
+			n, err := testutil.GatherAndCount(ctrlmetrics.Registry, "kubelock_controller_hot_lock_acquisitions_total")
 			Expect(err).NotTo(HaveOccurred())
 			return n
 		}

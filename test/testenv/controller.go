@@ -11,6 +11,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // RunController runs the expiry controller in this process as the operator
@@ -29,11 +30,8 @@ func (e *Env) RunController(cfg *rest.Config, opts ...controllers.Option) (stop 
 	}
 	// A restarted controller registers its name again in this process.
 	opts = append([]controllers.Option{controllers.WithControllerOptions(controller.Options{SkipNameValidation: ptr.To(true)})}, opts...)
-	r, err := controllers.NewReconciler(mgr.GetClient(), mgr.GetScheme(), mgr.GetEventRecorder("kubelock-controller"), opts...)
-	if err != nil {
-		return nil, err
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
+	metrics.Register() // as the operator's main does
+	if _, err := controllers.Setup(mgr, opts...); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())

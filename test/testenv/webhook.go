@@ -16,8 +16,9 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/webhook"
 )
 
@@ -47,17 +48,14 @@ func (e *Env) StartWebhook(ctx context.Context, controllerUsers ...string) error
 	if len(o.Paths) == 0 {
 		return errors.New("testenv: the environment was started without WithWebhook")
 	}
-	v, err := webhook.NewValidator(e.Scheme, e.Client, controllerUsers...)
-	if err != nil {
-		return err
-	}
 	srv := ctrlwebhook.NewServer(ctrlwebhook.Options{
 		Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir,
 		TLSOpts: []func(*tls.Config){e.RequireWebhookClientCert},
 	})
-	srv.Register(webhook.Path, &admission.Webhook{Handler: webhook.Quiet(v)})
-	srv.Register(webhook.SessionPath, &admission.Webhook{Handler: webhook.Quiet(v.Sessions())})
-	srv.Register(webhook.FencedPath, &admission.Webhook{Handler: webhook.Quiet(webhook.NewFencedValidator(admission.NewDecoder(e.Scheme), e.Client, e.Client))})
+	metrics.Register() // as the operator's main does
+	if err := webhook.Setup(srv, e.Scheme, e.Client, e.Client, controllerUsers...); err != nil {
+		return err
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Start(ctx) }()
 	addr := net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort))
@@ -102,7 +100,7 @@ func (e *Env) FencedObjectsWebhook(ctx context.Context) error {
 			Name:                    "fenced.kubelock.io",
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: o.LocalServingCAData},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}}}},
-			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{"locks.kubelock.io/fenced": "true"}},
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{locksv1alpha1.FencedLabel: "true"}},
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},
