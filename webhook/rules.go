@@ -61,8 +61,8 @@ const (
 
 // Extra keys a bound service-account token carries.
 const (
-	ExtraPodName = "authentication.kubernetes.io/pod-name"
-	ExtraPodUID  = "authentication.kubernetes.io/pod-uid"
+	ExtraPodName = locksv1alpha1.PodNameExtra
+	ExtraPodUID  = locksv1alpha1.PodUIDExtra
 )
 
 // Actor is who writes, as admission sees it.

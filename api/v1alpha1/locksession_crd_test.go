@@ -1,6 +1,8 @@
 package v1alpha1_test
 
 import (
+	"fmt"
+
 	"github.com/google/go-cmp/cmp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -49,6 +51,12 @@ var _ = Describe("the LockSession CRD", func() {
 		}
 		Expect(columns).To(Equal([]string{"User .spec.user", "Identity .spec.identity", "TTL .spec.ttlSeconds",
 			"Renewed .status.renewTime", "Locks .status.locks", "Age .metadata.creationTimestamp"}))
+
+		// The markers cannot name the constants Go code uses.
+		ttl := v.Schema.OpenAPIV3Schema.Properties["spec"].Properties["ttlSeconds"]
+		Expect(string(ttl.Default.Raw)).To(Equal(fmt.Sprint(locksv1.DefaultSessionTTLSeconds)))
+		Expect(*ttl.Minimum).To(BeEquivalentTo(locksv1.MinSessionTTLSeconds))
+		Expect(*ttl.Maximum).To(BeEquivalentTo(locksv1.MaxSessionTTLSeconds))
 	})
 
 	It("round-trips spec and status, and defaults the TTL", func(ctx SpecContext) {

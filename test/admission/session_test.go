@@ -53,6 +53,8 @@ func sessionPolicyObjects() []client.Object {
 	Expect(vap.Spec.Variables[0].Expression).To(Equal(defaultControllerExpr))
 	vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
 	Expect(vap.Spec.Variables[1].Name).To(Equal("garbageCollectors"))
+	Expect(vap.Spec.Variables[1].Expression).To(Equal("['" + strings.Join(kwebhook.DefaultGarbageCollectors, "', '") + "']"),
+		"the policy's garbage collectors are the webhook's")
 	return []client.Object{vap, binding}
 }
 
