@@ -21,9 +21,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kubelock/kubelock/test/testenv"
-
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/test/testenv"
 	kwebhook "github.com/kubelock/kubelock/webhook"
 )
 
@@ -53,7 +52,7 @@ func sessionPolicyObjects() []client.Object {
 	Expect(vap.Spec.Variables[0].Expression).To(Equal(defaultControllerExpr))
 	vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
 	Expect(vap.Spec.Variables[1].Name).To(Equal("garbageCollectors"))
-	Expect(vap.Spec.Variables[1].Expression).To(Equal("['" + strings.Join(kwebhook.DefaultGarbageCollectors, "', '") + "']"),
+	Expect(vap.Spec.Variables[1].Expression).To(Equal("['"+strings.Join(kwebhook.DefaultGarbageCollectors, "', '")+"']"),
 		"the policy's garbage collectors are the webhook's")
 	return []client.Object{vap, binding}
 }
