@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +23,8 @@ const (
 	msgSessionPod = "a session created with a pod-bound token must name that pod: spec.podName and spec.podUID equal " +
 		"the token's, and metadata.ownerReferences is exactly one {apiVersion: v1, kind: Pod, name: spec.podName, " +
 		"uid: spec.podUID} with controller and blockOwnerDeletion unset or false"
+	msgSessionPodNamespace = "a session created with a pod-bound token lives in its pod's namespace (the service account's): " +
+		"its Pod ownerReference cannot point into another namespace"
 	msgSessionNoPod        = "a session created without a pod-bound token has no spec.podName, spec.podUID or metadata.ownerReferences"
 	msgSessionFinalizers   = "a session is created without finalizers"
 	msgSessionMeta         = "a session has at most 16 labels and at most 16 annotations"
@@ -73,6 +76,9 @@ func ValidateSessionCreate(s *locksv1alpha1.LockSession, a Actor) field.ErrorLis
 		if s.Spec.PodName != podName || s.Spec.PodUID != podUID || !podOwner(s.OwnerReferences, podName, podUID) {
 			errs = append(errs, deny(sessionSpecPath, RuleSession, msgSessionPod))
 		}
+		if ns, ok := serviceAccountNamespace(a.Username); ok && ns != s.Namespace {
+			errs = append(errs, deny(metadataPath.Child("namespace"), RuleSession, msgSessionPodNamespace))
+		}
 	} else if s.Spec.PodName != "" || s.Spec.PodUID != "" || len(s.OwnerReferences) > 0 {
 		errs = append(errs, deny(sessionSpecPath, RuleSession, msgSessionNoPod))
 	}
@@ -80,6 +86,16 @@ func ValidateSessionCreate(s *locksv1alpha1.LockSession, a Actor) field.ErrorLis
 		errs = append(errs, deny(finalizersPath, RuleSession, msgSessionFinalizers))
 	}
 	return append(errs, validateSessionMeta(s)...)
+}
+
+// serviceAccountNamespace is the namespace of a service account's user name
+// (system:serviceaccount:<namespace>:<name>), the namespace of its pods.
+func serviceAccountNamespace(user string) (string, bool) {
+	parts := strings.Split(user, ":")
+	if len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" {
+		return "", false
+	}
+	return parts[2], true
 }
 
 // podOwner: refs is exactly the pod's ownerReference. It neither blocks the

@@ -3,6 +3,7 @@ package webhook
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -101,6 +102,8 @@ func FuzzValidateSessionRules(f *testing.F) {
 				msg = "an ownerReference without a pod-bound token"
 			case len(newObj.Finalizers) > 0:
 				msg = "a session created with finalizers"
+			case uid != "" && strings.HasPrefix(a.Username, "system:serviceaccount:") && !strings.HasPrefix(a.Username, "system:serviceaccount:"+newObj.Namespace+":"):
+				msg = "a pod's session outside its pod's namespace"
 			}
 		case 1:
 			if len(ValidateSessionStatus(oldObj, newObj, a.Actor)) > 0 {

@@ -82,6 +82,12 @@ func TestValidateSessionCreate(t *testing.T) {
 		{name: "forged owner reference without a pod token", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
 			s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p0", UID: "uid-p0"}}
 		}, actor: Actor{Username: alice}},
+		{name: "a pod's service account in another namespace", s: session("p0"), edit: func(s *locksv1alpha1.LockSession) {
+			s.Spec.User = "system:serviceaccount:other:worker"
+		}, actor: podActor("system:serviceaccount:other:worker", "p0")},
+		{name: "a pod's service account in the session's namespace", s: session("p0"), edit: func(s *locksv1alpha1.LockSession) {
+			s.Spec.User = "system:serviceaccount:ns:worker"
+		}, actor: podActor("system:serviceaccount:ns:worker", "p0"), allowed: true},
 		{name: "finalizers", s: session(""), edit: func(s *locksv1alpha1.LockSession) { s.Finalizers = []string{"x/y"} }, actor: Actor{Username: alice}},
 		{name: "17 labels", s: session(""), edit: func(s *locksv1alpha1.LockSession) { s.Labels = entries(17) }, actor: Actor{Username: alice}},
 		{name: "17 annotations", s: session(""), edit: func(s *locksv1alpha1.LockSession) { s.Annotations = entries(17) }, actor: Actor{Username: alice}},

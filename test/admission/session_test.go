@@ -34,6 +34,8 @@ const (
 	// eve is a lock user who may also update and patch sessions (an
 	// administrator's grant), so that admission, not RBAC, is what stops her.
 	eveName = "eve"
+	// podNamespace is podSA's namespace, where its pods' sessions live.
+	podNamespace = "apps"
 	gcName  = "system:serviceaccount:kube-system:generic-garbage-collector"
 )
 
@@ -71,6 +73,10 @@ func probeSession(ctx context.Context, ns string) engine {
 // a pod-bound token its pod's fields and ownerReference.
 func sessionOf(ns, by string) *locksv1alpha1.LockSession {
 	u := sessionActor(by)
+	if by == podSA || by == otherPod || by == unboundPod {
+		// A pod-bound session lives in its pod's namespace.
+		ns = podNamespace
+	}
 	s := &locksv1alpha1.LockSession{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("session-%d", lockCounter.Add(1))},
 		Spec:       locksv1alpha1.LockSessionSpec{User: u.name, Identity: "worker", TTLSeconds: 30},
@@ -236,6 +242,12 @@ func sessionEntries() []TableEntry {
 		Entry("a pod's session that blocks the pod's deletion", sessionHostile{by: podSA,
 			do:   createSessionAs(func(s *locksv1alpha1.LockSession) { s.OwnerReferences[0].BlockOwnerDeletion = ptr.To(true) }),
 			want: []string{session + withPod}}),
+		Entry("a pod creates its session outside its namespace", sessionHostile{by: podSA,
+			do: func(ctx context.Context, u *user, s *locksv1alpha1.LockSession) error {
+				s.Namespace = "default"
+				return u.c.Create(ctx, s)
+			},
+			want: []string{session + "a session created with a pod-bound token lives in its pod's namespace"}}),
 		Entry("create with finalizers", sessionHostile{by: "alice",
 			do:   createSessionAs(func(s *locksv1alpha1.LockSession) { s.Finalizers = []string{"example.com/keep"} }),
 			want: []string{session + "a session is created without finalizers"}}),
@@ -312,6 +324,7 @@ var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
 			Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1alpha1.GroupVersion.Group},
 				Resources: []string{locksv1alpha1.LockSessionsResource}, Verbs: []string{"update", "patch"}}},
 		})).To(Succeed())
+		Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}))).To(Succeed())
 		eve = newUser(ctx, eveName)
 		bindClusterRole(ctx, sessionEditorRole, rbacv1.UserKind, eveName)
 		cfg, err := env.ControllerConfig(gcName)
@@ -391,7 +404,7 @@ var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
 					u := sessionActor(by)
 					s := sessionOf(ns, by)
 					Expect(u.c.Create(ctx, s)).To(Succeed())
-					l := createLock(ctx, ns, locksv1alpha1.DistributedLockSpec{})
+					l := createLock(ctx, s.Namespace, locksv1alpha1.DistributedLockSpec{})
 					key := client.ObjectKeyFromObject(l)
 					h := holder(u.name, 1)
 					h.Session, h.PodName, h.PodUID = s.Name, s.Spec.PodName, s.Spec.PodUID
