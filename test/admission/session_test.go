@@ -36,7 +36,7 @@ const (
 	eveName = "eve"
 	// podNamespace is podSA's namespace, where its pods' sessions live.
 	podNamespace = "apps"
-	gcName  = "system:serviceaccount:kube-system:generic-garbage-collector"
+	gcName       = "system:serviceaccount:kube-system:generic-garbage-collector"
 )
 
 var eve, gc *user
