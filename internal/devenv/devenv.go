@@ -1,8 +1,9 @@
 // Package devenv is kubelock-dev (`make dev`): a local kubelock on a real
-// etcd and kube-apiserver (the control plane `make control-plane` builds), with
-// the CRD installed, the operator (controller and admission webhook) running in
-// this process, users to try the ownership rules with, and a kubeconfig. It
-// runs until its context ends and then stops everything it started.
+// etcd, kube-apiserver and kube-controller-manager (the control plane `make
+// control-plane` builds), with the CRD installed, the operator (controller and
+// admission webhook) running in this process, users to try the ownership rules
+// with, and a kubeconfig. It runs until its context ends and then stops
+// everything it started.
 package devenv
 
 import (
@@ -23,17 +24,23 @@ import (
 
 	"github.com/kubelock/kubelock/internal/proc"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/internal/pki"
 )
 
 // Users of the dev cluster. Each has a client certificate signed by the dev CA.
 const (
 	AdminUser      = "kubelock-dev-admin"
 	ControllerUser = "kubelock-dev-controller"
+	// controllerManagerUser is kube-controller-manager's (system:masters: its garbage collector deletes anything).
+	controllerManagerUser = "system:kube-controller-manager"
 	// ReadyLine is printed, alone on its line, once everything is up.
 	ReadyLine = "kubelock dev: ready"
 )
@@ -55,7 +62,7 @@ type Options struct {
 	// Persist keeps etcd's data (and the CA) from the last run; otherwise the
 	// data folder starts fresh.
 	Persist bool
-	// AssetsDir holds etcd, kube-apiserver and kubectl.
+	// AssetsDir holds etcd, kube-apiserver, kube-controller-manager and kubectl.
 	AssetsDir string
 
 	APIServerPort int
@@ -103,7 +110,7 @@ func DefaultAssetsDir() string {
 // env is one running dev environment.
 type env struct {
 	o        Options
-	pki      *pki
+	ca       *pki.CA
 	pkiDir   string
 	logDir   string
 	binDir   string
@@ -131,6 +138,9 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	if err := e.startAPIServer(ctx); err != nil {
+		return err
+	}
+	if err := e.startControllerManager(ctx); err != nil {
 		return err
 	}
 	if err := e.install(ctx); err != nil {
@@ -198,7 +208,7 @@ func (e *env) check() error {
 	if o.Dir == "" {
 		return errors.New("--data-dir must not be empty")
 	}
-	for _, bin := range []string{"etcd", "kube-apiserver", "kubectl"} {
+	for _, bin := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubectl"} {
 		p := filepath.Join(o.AssetsDir, bin)
 		if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 			return fmt.Errorf("no %s binary at %s: build the control plane with `make control-plane` (or point --assets-dir or KUBEBUILDER_ASSETS at it)", bin, p)
@@ -286,7 +296,7 @@ func (e *env) prepare() error {
 			return fmt.Errorf("creating the data folder: %w", err)
 		}
 	}
-	if e.pki, err = loadOrCreatePKI(e.pkiDir, o.Persist); err != nil {
+	if e.ca, err = loadOrCreateCA(e.pkiDir, o.Persist); err != nil {
 		return fmt.Errorf("creating certificates: %w", err)
 	}
 	return nil
@@ -315,7 +325,8 @@ func (e *env) startEtcd(ctx context.Context) error {
 	e.children = append(e.children, c)
 	hc := &http.Client{Timeout: time.Second}
 	err = c.WaitFor(ctx, "healthy", o.StartTimeout, func(ctx context.Context) error {
-		return httpOK(ctx, hc, client+"/health")
+		_, err := proc.GetOK(ctx, hc, client+"/health")
+		return err
 	})
 	if err != nil {
 		return err
@@ -326,7 +337,7 @@ func (e *env) startEtcd(ctx context.Context) error {
 
 func (e *env) startAPIServer(ctx context.Context) error {
 	o := &e.o
-	crt, key, err := e.pki.serving("kube-apiserver")
+	crt, key, err := e.ca.Serving("kube-apiserver")
 	if err != nil {
 		return err
 	}
@@ -334,7 +345,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	saPub, saKey, err := serviceAccountKeys(e.pkiDir)
+	saKey, err := serviceAccountKey(e.pkiDir)
 	if err != nil {
 		return err
 	}
@@ -351,11 +362,9 @@ func (e *env) startAPIServer(ctx context.Context) error {
 		"--tls-cert-file=" + crtPath, "--tls-private-key-file=" + keyPath,
 		"--client-ca-file=" + filepath.Join(e.pkiDir, "ca.crt"),
 		"--service-account-issuer=" + server,
-		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
+		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=RBAC",
-		// No controller-manager creates default service accounts here.
-		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--cert-dir=" + filepath.Join(e.pkiDir, "apiserver"),
@@ -366,11 +375,11 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	}
 	e.children = append(e.children, c)
 
-	adminCrt, adminKey, err := e.pki.client(AdminUser, "system:masters")
+	adminCrt, adminKey, err := e.ca.Client(AdminUser, "system:masters")
 	if err != nil {
 		return err
 	}
-	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.pki.caPEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
+	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.ca.PEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
 	tlsCfg, err := rest.TLSConfigFor(e.admin)
 	if err != nil {
 		return err
@@ -378,7 +387,8 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	defer hc.CloseIdleConnections()
 	err = c.WaitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
-		return httpOK(ctx, hc, server+"/readyz")
+		_, err := proc.GetOK(ctx, hc, server+"/readyz")
+		return err
 	})
 	if err != nil {
 		return err
@@ -387,12 +397,42 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	return nil
 }
 
+// startControllerManager runs kube-controller-manager's garbage collector,
+// namespace and service-account controllers, so a pod's deletion deletes what it owned.
+func (e *env) startControllerManager(ctx context.Context) error {
+	crt, key, err := e.ca.Client(controllerManagerUser, "system:masters")
+	if err != nil {
+		return err
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["dev"] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.ca.PEM}
+	kc.AuthInfos["kcm"] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
+	kc.Contexts["kcm"] = &clientcmdapi.Context{Cluster: "dev", AuthInfo: "kcm"}
+	kc.CurrentContext = "kcm"
+	kubeconfig := filepath.Join(e.pkiDir, "kube-controller-manager.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		return err
+	}
+	saKey, err := serviceAccountKey(e.pkiDir) // the apiserver's signing key
+	if err != nil {
+		return err
+	}
+	c, err := proc.StartControllerManager(ctx, filepath.Join(e.o.AssetsDir, "kube-controller-manager"),
+		filepath.Join(e.logDir, "kube-controller-manager.log"), kubeconfig, saKey, e.o.StartTimeout)
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, c)
+	e.progress("kube-controller-manager up: %s", strings.Join(proc.PodBoundControllers, ", "))
+	return nil
+}
+
 // startOperator runs the operator (controller and webhook, no leader
 // election) with the dev CA's serving certificate; it authenticates as
 // ControllerUser, whom the webhook lets expire holdings.
 func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	o := &e.o
-	crt, key, err := e.pki.serving("kubelock-webhook")
+	crt, key, err := e.ca.Serving("kubelock-webhook")
 	if err != nil {
 		return err
 	}
@@ -400,7 +440,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	if _, _, err := writePair(certDir, "tls.crt", "tls.key", crt, key); err != nil {
 		return err
 	}
-	ctlCrt, ctlKey, err := e.pki.client(ControllerUser, "system:masters")
+	ctlCrt, ctlKey, err := e.ca.Client(ControllerUser, "system:masters")
 	if err != nil {
 		return err
 	}
@@ -435,29 +475,30 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 func (e *env) waitOperator(ctx context.Context, done chan error) error {
 	o := &e.o
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(e.pki.caPEM)
+	pool.AppendCertsFromPEM(e.ca.PEM)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.WebhookPort))
-	wctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
-	defer cancel()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
-		conn, err := d.DialContext(wctx, "tcp", addr)
-		if err == nil {
-			_ = conn.Close()
-			e.progress("operator up: controller and admission webhook on https://%s", addr)
-			return nil
-		}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case mErr := <-done:
 			done <- mErr
-			return fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
-		case <-wctx.Done():
-			return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, err, e.operatorLog)
-		case <-t.C:
+			return false, fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
+		default:
 		}
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if last = err; err == nil {
+			_ = conn.Close()
+		}
+		return err == nil, nil
+	})
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, last, e.operatorLog)
 	}
+	if err == nil {
+		e.progress("operator up: controller and admission webhook on https://%s", addr)
+	}
+	return err
 }
 
 func localAddr(port int) string {
@@ -475,21 +516,4 @@ func (e *env) stopChildren() error {
 	}
 	e.children = nil
 	return errors.Join(errs...)
-}
-
-func httpOK(ctx context.Context, hc *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s %s", url, resp.Status, strings.TrimSpace(string(body)))
-	}
-	return nil
 }

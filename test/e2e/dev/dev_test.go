@@ -26,6 +26,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 
 	"github.com/kubelock/kubelock/internal/devenv"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 	"github.com/kubelock/kubelock/webhook"
 )
@@ -34,10 +35,7 @@ import (
 var kubelock, kubelockDev string
 
 func TestDev(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(30 * time.Second)
-	SetDefaultEventuallyPollingInterval(25 * time.Millisecond)
-	RunSpecs(t, "kubelock-dev end-to-end suite")
+	suite.Run(t, "kubelock-dev end-to-end suite", 30*time.Second, 25*time.Millisecond)
 }
 
 var _ = BeforeSuite(func() {
@@ -214,7 +212,7 @@ var _ = Describe("kubelock-dev", func() {
 
 		By("SIGTERM")
 		kids := children(s.Command.Process.Pid)
-		Expect(kids).To(HaveLen(2), "etcd and kube-apiserver")
+		Expect(kids).To(HaveLen(3), "etcd, kube-apiserver and kube-controller-manager")
 		s.Terminate()
 		Eventually(s, time.Minute).Should(gexec.Exit(0))
 		Expect(s.Err).To(gbytes.Say("stopping"))
