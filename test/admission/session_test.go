@@ -448,45 +448,61 @@ var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
 			})
 
 			It("refuses a renewal from a second pod of the same service account with real bound tokens", func(ctx SpecContext) {
-				sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker"}}
-				Expect(env.Client.Create(ctx, sa)).To(Succeed())
-				saUser := "system:serviceaccount:" + ns + ":worker"
-				bindClusterRole(ctx, testenv.LockUserRole, rbacv1.UserKind, saUser)
-				pods := make([]*user, 2)
-				var first *corev1.Pod
-				for i := range pods {
-					p := &corev1.Pod{
-						ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("worker-%d", i)},
-						Spec: corev1.PodSpec{ServiceAccountName: "worker", AutomountServiceAccountToken: ptr.To(false),
-							Containers: []corev1.Container{{Name: "c", Image: "example.invalid/worker"}}},
-					}
-					Expect(env.Client.Create(ctx, p)).To(Succeed())
-					if i == 0 {
-						first = p
-					}
-					pods[i] = boundTokenUser(ctx, sa, p)
-				}
-
+				pods, saUser := podsWithBoundTokens(ctx, ns, 2)
+				first := pods[0].pod
 				s := &locksv1alpha1.LockSession{
 					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real-pod-session"},
 					Spec:       locksv1alpha1.LockSessionSpec{User: saUser, Identity: first.Name},
 				}
 				podBound(s, first.Name, string(first.UID))
-				Expect(pods[0].c.Create(ctx, s)).To(Succeed())
-				Expect(renewSession(ctx, pods[0], s, 0)).To(Succeed())
-				Expect(pods[0].c.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
-				err := renewSession(ctx, pods[1], s, time.Second)
+				Expect(pods[0].user.c.Create(ctx, s)).To(Succeed())
+				Expect(renewSession(ctx, pods[0].user, s, 0)).To(Succeed())
+				Expect(pods[0].user.c.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
+				err := renewSession(ctx, pods[1].user, s, time.Second)
 				Expect(err).To(MatchError(ContainSubstring(tag(kwebhook.RuleSession) + "a session bound to a pod (spec.podUID) is renewed, changed or closed by its user only from that same pod")))
 				Expect(err).To(MatchError(ContainSubstring(sessionDenialPrefix(e))))
-				Expect(pods[1].c.Delete(ctx, s)).To(MatchError(ContainSubstring("may not close session")))
+				Expect(pods[1].user.c.Delete(ctx, s)).To(MatchError(ContainSubstring("may not close session")))
 				var got locksv1alpha1.LockSession
 				Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(s), &got)).To(Succeed())
 				Expect(cmp.Diff(s.Status, got.Status)).To(BeEmpty())
-				Expect(pods[0].c.Delete(ctx, s)).To(Succeed())
+				Expect(pods[0].user.c.Delete(ctx, s)).To(Succeed())
 			})
 		})
 	}
 })
+
+// boundPod is a Pod (Pending: nothing runs it) and its service account
+// authenticated with a token bound to it, as the kubelet mounts one.
+type boundPod struct {
+	pod  *corev1.Pod
+	user *user
+}
+
+// podsWithBoundTokens creates a service account in ns bound to the lock-user
+// role and n pods of it, each with a bound token.
+func podsWithBoundTokens(ctx context.Context, ns string, n int) ([]boundPod, string) {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker"}}
+	Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, sa))).To(Succeed())
+	Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(sa), sa)).To(Succeed())
+	saUser := "system:serviceaccount:" + ns + ":worker"
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: testenv.LockUserRole + "-" + strings.ReplaceAll(saUser, ":", "-")},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: testenv.LockUserRole},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: saUser}},
+	}
+	Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, binding))).To(Succeed())
+	out := make([]boundPod, n)
+	for i := range out {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "worker-"},
+			Spec: corev1.PodSpec{ServiceAccountName: "worker", AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{Name: "c", Image: "example.invalid/worker"}}},
+		}
+		Expect(env.Client.Create(ctx, p)).To(Succeed())
+		out[i] = boundPod{pod: p, user: boundTokenUser(ctx, sa, p)}
+	}
+	return out, saUser
+}
 
 // boundTokenUser is sa with a token bound to pod, as the kubelet mounts one.
 func boundTokenUser(ctx context.Context, sa *corev1.ServiceAccount, pod *corev1.Pod) *user {
@@ -511,3 +527,34 @@ func sessionDenialPrefix(e engine) string {
 func policyFile(name string) string {
 	return filepath.Join(testenv.RepoRoot(), "config", "policy", name)
 }
+
+// The garbage collector (kube-controller-manager's own user) deletes a pod's
+// sessions when the pod goes, past either engine. Its own Ordered container:
+// while it runs, the collector also deletes the table's sessions whose Pod
+// ownerReferences name pods that never existed.
+var _ = Describe("session admission with the garbage collector", Ordered, func() {
+	BeforeAll(func(ctx SpecContext) {
+		kcm, err := env.StartControllerManager(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(kcm.Stop()).To(Succeed()) })
+	})
+
+	for _, e := range []engine{engineWebhook, enginePolicy} {
+		It("lets the garbage collector delete a pod's session when the pod is deleted, with the "+string(e)+" engine", func(ctx SpecContext) {
+			activate(ctx, e)
+			ns := namespace(ctx, "sess-gc-"+string(e))
+			pods, saUser := podsWithBoundTokens(ctx, ns, 1)
+			p := pods[0]
+			s := &locksv1alpha1.LockSession{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pod-session"},
+				Spec:       locksv1alpha1.LockSessionSpec{User: saUser, Identity: p.pod.Name},
+			}
+			podBound(s, p.pod.Name, string(p.pod.UID))
+			Expect(p.user.c.Create(ctx, s)).To(Succeed())
+			Expect(env.Client.Delete(ctx, p.pod)).To(Succeed())
+			Eventually(func() error {
+				return env.Client.Get(ctx, client.ObjectKeyFromObject(s), s)
+			}).Should(Satisfy(apierrors.IsNotFound), "the garbage collector deleted the session")
+		})
+	}
+})
