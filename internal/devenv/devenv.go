@@ -23,11 +23,13 @@ import (
 
 	"github.com/kubelock/kubelock/internal/proc"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/internal/pki"
 )
 
 // Users of the dev cluster. Each has a client certificate signed by the dev CA.
@@ -103,7 +105,7 @@ func DefaultAssetsDir() string {
 // env is one running dev environment.
 type env struct {
 	o        Options
-	pki      *pki
+	ca       *pki.CA
 	pkiDir   string
 	logDir   string
 	binDir   string
@@ -286,7 +288,7 @@ func (e *env) prepare() error {
 			return fmt.Errorf("creating the data folder: %w", err)
 		}
 	}
-	if e.pki, err = loadOrCreatePKI(e.pkiDir, o.Persist); err != nil {
+	if e.ca, err = loadOrCreateCA(e.pkiDir, o.Persist); err != nil {
 		return fmt.Errorf("creating certificates: %w", err)
 	}
 	return nil
@@ -326,7 +328,7 @@ func (e *env) startEtcd(ctx context.Context) error {
 
 func (e *env) startAPIServer(ctx context.Context) error {
 	o := &e.o
-	crt, key, err := e.pki.serving("kube-apiserver")
+	crt, key, err := e.ca.Serving("kube-apiserver")
 	if err != nil {
 		return err
 	}
@@ -334,7 +336,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	saPub, saKey, err := serviceAccountKeys(e.pkiDir)
+	saKey, err := serviceAccountKey(e.pkiDir)
 	if err != nil {
 		return err
 	}
@@ -351,7 +353,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 		"--tls-cert-file=" + crtPath, "--tls-private-key-file=" + keyPath,
 		"--client-ca-file=" + filepath.Join(e.pkiDir, "ca.crt"),
 		"--service-account-issuer=" + server,
-		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
+		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=RBAC",
 		// No controller-manager creates default service accounts here.
@@ -366,11 +368,11 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	}
 	e.children = append(e.children, c)
 
-	adminCrt, adminKey, err := e.pki.client(AdminUser, "system:masters")
+	adminCrt, adminKey, err := e.ca.Client(AdminUser, "system:masters")
 	if err != nil {
 		return err
 	}
-	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.pki.caPEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
+	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.ca.PEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
 	tlsCfg, err := rest.TLSConfigFor(e.admin)
 	if err != nil {
 		return err
@@ -392,7 +394,7 @@ func (e *env) startAPIServer(ctx context.Context) error {
 // ControllerUser, whom the webhook lets expire holdings.
 func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	o := &e.o
-	crt, key, err := e.pki.serving("kubelock-webhook")
+	crt, key, err := e.ca.Serving("kubelock-webhook")
 	if err != nil {
 		return err
 	}
@@ -400,7 +402,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	if _, _, err := writePair(certDir, "tls.crt", "tls.key", crt, key); err != nil {
 		return err
 	}
-	ctlCrt, ctlKey, err := e.pki.client(ControllerUser, "system:masters")
+	ctlCrt, ctlKey, err := e.ca.Client(ControllerUser, "system:masters")
 	if err != nil {
 		return err
 	}
@@ -435,29 +437,30 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 func (e *env) waitOperator(ctx context.Context, done chan error) error {
 	o := &e.o
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(e.pki.caPEM)
+	pool.AppendCertsFromPEM(e.ca.PEM)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.WebhookPort))
-	wctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
-	defer cancel()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
-		conn, err := d.DialContext(wctx, "tcp", addr)
-		if err == nil {
-			_ = conn.Close()
-			e.progress("operator up: controller and admission webhook on https://%s", addr)
-			return nil
-		}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case mErr := <-done:
 			done <- mErr
-			return fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
-		case <-wctx.Done():
-			return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, err, e.operatorLog)
-		case <-t.C:
+			return false, fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
+		default:
 		}
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if last = err; err == nil {
+			_ = conn.Close()
+		}
+		return err == nil, nil
+	})
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, last, e.operatorLog)
 	}
+	if err == nil {
+		e.progress("operator up: controller and admission webhook on https://%s", addr)
+	}
+	return err
 }
 
 func localAddr(port int) string {

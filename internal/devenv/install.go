@@ -3,7 +3,6 @@ package devenv
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,7 +41,6 @@ const (
 	FencedWebhookConfigName = "kubelock-fenced-objects"
 	lockUserRole            = "kubelock-lock-user"
 	breakglassRole          = "kubelock-breakglass"
-	lastAppliedKey          = "kubectl.kubernetes.io/last-applied-configuration"
 )
 
 func (e *env) client() (client.Client, error) {
@@ -68,7 +66,7 @@ func (e *env) install(ctx context.Context) error {
 		return err
 	}
 	for _, crd := range crds {
-		if err := createOrUpdate(ctx, c, crd); err != nil {
+		if err := apply(ctx, c, crd); err != nil {
 			return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
 		}
 	}
@@ -83,7 +81,7 @@ func (e *env) install(ctx context.Context) error {
 		return err
 	}
 	for _, r := range roles {
-		if err := createOrUpdate(ctx, c, r); err != nil {
+		if err := apply(ctx, c, r); err != nil {
 			return fmt.Errorf("installing ClusterRole %s: %w", r.GetName(), err)
 		}
 	}
@@ -107,22 +105,18 @@ func (e *env) install(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := createOrUpdate(ctx, c, u); err != nil {
+		if err := apply(ctx, c, u); err != nil {
 			return fmt.Errorf("binding %s: %w", b.role, err)
 		}
 	}
 
-	// The sample lock-user RBAC, as `kubectl apply -k config/samples/` would
-	// create it, so applying the samples afterwards is a clean update.
+	// The sample lock-user RBAC, as `kubectl apply -k config/samples/` creates it.
 	samples, err := readObjects("samples/lock_user_rbac.yaml")
 	if err != nil {
 		return err
 	}
 	for _, s := range samples {
-		if err := setLastApplied(s); err != nil {
-			return err
-		}
-		if err := createOrUpdate(ctx, c, s); err != nil {
+		if err := apply(ctx, c, s); err != nil {
 			return fmt.Errorf("creating sample %s %s: %w", s.GetKind(), s.GetName(), err)
 		}
 	}
@@ -197,13 +191,13 @@ func (e *env) installWebhookConfig(ctx context.Context, c client.Client, file, n
 			p = *cc.Service.Path
 		}
 		url := host + p
-		cc.Service, cc.URL, cc.CABundle = nil, &url, e.pki.caPEM
+		cc.Service, cc.URL, cc.CABundle = nil, &url, e.ca.PEM
 	}
 	u, err := toUnstructured(&vwc)
 	if err != nil {
 		return "", err
 	}
-	if err := createOrUpdate(ctx, c, u); err != nil {
+	if err := apply(ctx, c, u); err != nil {
 		return "", fmt.Errorf("registering the webhook configuration %s: %w", name, err)
 	}
 	return host, nil
@@ -267,7 +261,7 @@ func bindConfigMapWriters(ctx context.Context, c client.Client) error {
 		if err != nil {
 			return err
 		}
-		if err := createOrUpdate(ctx, c, u); err != nil {
+		if err := apply(ctx, c, u); err != nil {
 			return fmt.Errorf("creating %s %s: %w", u.GetKind(), name, err)
 		}
 	}
@@ -308,20 +302,9 @@ func readObjects(patterns ...string) ([]*unstructured.Unstructured, error) {
 	return out, nil
 }
 
-// createOrUpdate creates obj, or replaces the existing object's content with it.
-func createOrUpdate(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
-	err := c.Create(ctx, obj.DeepCopy())
-	if !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	cur := &unstructured.Unstructured{}
-	cur.SetGroupVersionKind(obj.GroupVersionKind())
-	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
-		return err
-	}
-	upd := obj.DeepCopy()
-	upd.SetResourceVersion(cur.GetResourceVersion())
-	return c.Update(ctx, upd)
+// apply creates or updates obj by server-side apply, as kubelock-dev.
+func apply(ctx context.Context, c client.Client, obj *unstructured.Unstructured) error {
+	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner("kubelock-dev"), client.ForceOwnership)
 }
 
 func waitEstablished(ctx context.Context, c client.Client, name string, timeout time.Duration) error {
@@ -353,20 +336,4 @@ func toUnstructured(obj runtime.Object) (*unstructured.Unstructured, error) {
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 	unstructured.RemoveNestedField(u.Object, "status")
 	return u, nil
-}
-
-// setLastApplied records obj as kubectl apply does, so a later apply of the
-// same file computes its patch against it.
-func setLastApplied(obj *unstructured.Unstructured) error {
-	data, err := json.Marshal(obj.Object)
-	if err != nil {
-		return err
-	}
-	ann := obj.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[lastAppliedKey] = string(data) + "\n"
-	obj.SetAnnotations(ann)
-	return nil
 }

@@ -21,14 +21,14 @@ const AdminContext = "kubelock-dev"
 // links kubectl and kubectl-lock into Dir/bin for the PATH of the next steps.
 func (e *env) writeKubeconfig() error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters[AdminContext] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.pki.caPEM}
+	kc.Clusters[AdminContext] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.ca.PEM}
 	add := func(ctxName, user string, crt, key []byte) {
 		kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
 		kc.Contexts[ctxName] = &clientcmdapi.Context{Cluster: AdminContext, AuthInfo: user, Namespace: "default"}
 	}
 	add(AdminContext, AdminUser, e.admin.CertData, e.admin.KeyData)
 	for _, u := range append(append([]string(nil), LockUsers...), BreakglassUser) {
-		crt, key, err := e.pki.client(u)
+		crt, key, err := e.ca.Client(u)
 		if err != nil {
 			return err
 		}

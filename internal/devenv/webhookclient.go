@@ -1,11 +1,6 @@
 package devenv
 
-import (
-	"errors"
-	"path/filepath"
-
-	"sigs.k8s.io/yaml"
-)
+import "path/filepath"
 
 // The dev kube-apiserver presents a client certificate to admission webhooks
 // and the operator's webhook requires it (--webhook-client-ca-file), so only
@@ -20,39 +15,13 @@ func (e *env) webhookClientDir() string { return filepath.Join(e.pkiDir, "webhoo
 // webhookClientCAFile is the CA the operator's webhook requires.
 func (e *env) webhookClientCAFile() string { return filepath.Join(e.webhookClientDir(), "ca.crt") }
 
-// webhookClientAuth issues the apiserver's webhook client certificate and
-// returns the AdmissionConfiguration file (--admission-control-config-file)
-// that makes the apiserver present it to every webhook.
+// webhookClientAuth returns the AdmissionConfiguration file
+// (--admission-control-config-file) that makes the apiserver present its
+// webhook client certificate to every webhook.
 func (e *env) webhookClientAuth() (string, error) {
-	dir := e.webhookClientDir()
-	ca, err := loadOrCreatePKI(dir, e.o.Persist)
+	ca, err := loadOrCreateCA(e.webhookClientDir(), e.o.Persist)
 	if err != nil {
 		return "", err
 	}
-	crt, key, err := ca.client("kube-apiserver-webhook-client")
-	if err != nil {
-		return "", err
-	}
-	kubeconfig, err := yaml.Marshal(map[string]any{
-		"apiVersion": "v1", "kind": "Config",
-		// "*": every webhook, whatever its host.
-		"users": []any{map[string]any{"name": "*", "user": map[string]any{"client-certificate-data": crt, "client-key-data": key}}},
-	})
-	if err != nil {
-		return "", err
-	}
-	kubeconfigFile, admissionFile := filepath.Join(dir, "webhook-kubeconfig.yaml"), filepath.Join(dir, "admission.yaml")
-	plugin := func(name string) map[string]any {
-		return map[string]any{"name": name, "configuration": map[string]any{
-			"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration", "kubeConfigFile": kubeconfigFile,
-		}}
-	}
-	admission, err := yaml.Marshal(map[string]any{
-		"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-		"plugins": []any{plugin("ValidatingAdmissionWebhook"), plugin("MutatingAdmissionWebhook")},
-	})
-	if err != nil {
-		return "", err
-	}
-	return admissionFile, errors.Join(writeFile(kubeconfigFile, kubeconfig), writeFile(admissionFile, admission))
+	return ca.WebhookClientConfig(e.webhookClientDir())
 }

@@ -1,18 +1,20 @@
-// Package proc runs the child processes of kubelock's local tools (kubelock
-// dev, the benchmark): each in a process group of its own with its output in a
-// log file, stopped group-wide, and awaited with a readiness check.
+// Package proc runs the child processes of kubelock's local tools and suites
+// (kubelock-dev, the benchmark, the fault-injection suite): each in a process
+// group of its own with its output in a log file, stopped group-wide, and
+// awaited with a readiness check.
 package proc
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Child is a started process: in a process group of its own, so a terminal's
@@ -30,12 +32,24 @@ type Child struct {
 
 // Start starts path with args, its output in logPath.
 func Start(name, path, logPath string, args ...string) (*Child, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	return StartCmd(name, exec.Command(path, args...), logPath)
+}
+
+// StartCmd starts cmd, which may set its environment, stdin and stdout; what
+// it leaves unconnected goes to logPath, appended after a line that says when
+// it started, so the runs of a process restarted with the same log are told apart.
+func StartCmd(name string, cmd *exec.Cmd, logPath string) (*Child, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	fmt.Fprintf(logf, "==== start %s %v\n", time.Now().Format(time.RFC3339Nano), cmd.Args[1:])
+	if cmd.Stdout == nil {
+		cmd.Stdout = logf
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = logf
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
@@ -66,8 +80,12 @@ func (c *Child) Exited() error {
 	}
 }
 
+// Signal sends sig to the process alone.
+func (c *Child) Signal(sig os.Signal) error { return c.cmd.Process.Signal(sig) }
+
 // Stop sends SIGTERM to the process group and waits for the process; after
-// grace it kills the group.
+// grace it kills the group. A paused (SIGSTOPped) group is continued, so that
+// it can act on the SIGTERM.
 func (c *Child) Stop(grace time.Duration) error {
 	select {
 	case <-c.done:
@@ -76,6 +94,7 @@ func (c *Child) Stop(grace time.Duration) error {
 	}
 	pgid := c.cmd.Process.Pid
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	_ = syscall.Kill(-pgid, syscall.SIGCONT)
 	select {
 	case <-c.done:
 	case <-time.After(grace):
@@ -91,29 +110,20 @@ func (c *Child) Stop(grace time.Duration) error {
 // WaitFor polls check until it succeeds, the process exits, or timeout or
 // ctx ends; each check gets at most 5 s.
 func (c *Child) WaitFor(ctx context.Context, what string, timeout time.Duration, check func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
 	var last error
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if err := c.Exited(); err != nil {
+			return false, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 		last = check(cctx)
-		ccancel()
-		if last == nil {
-			return nil
-		}
-		select {
-		case <-c.done:
-			return c.Exited()
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("%s not %s after %s: %w (log: %s)", c.Name, what, timeout, last, c.LogPath)
-			}
-			return ctx.Err()
-		case <-t.C:
-		}
+		return last == nil, nil
+	})
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return fmt.Errorf("%s not %s after %s: %w (log: %s)", c.Name, what, timeout, last, c.LogPath)
 	}
+	return err
 }
 
 // LastLine is the last non-empty line of a log file, for error messages.

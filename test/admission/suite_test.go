@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 	kwebhook "github.com/kubelock/kubelock/webhook"
 )
@@ -87,10 +88,7 @@ var (
 )
 
 func TestAdmission(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(30 * time.Second)
-	SetDefaultEventuallyPollingInterval(50 * time.Millisecond)
-	RunSpecs(t, "admission hostile-input suite")
+	suite.Run(t, "admission hostile-input suite", 30*time.Second, 50*time.Millisecond)
 }
 
 var _ = BeforeSuite(func(ctx SpecContext) {

@@ -14,6 +14,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 // holding is one client's confirmed interval of holding, by this process's
@@ -31,8 +32,8 @@ type holding struct {
 var _ = Describe("many clients on one lock", Serial, func() {
 	It("never lets holding intervals overlap (I1) and issues increasing tokens (I2)", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "hot", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 4, HandoffTimeoutSeconds: 2})
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "hot", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 4, HandoffTimeoutSeconds: 2})
 
 		const clients = 32
 		duration := 20 * time.Second
@@ -49,8 +50,8 @@ var _ = Describe("many clients on one lock", Serial, func() {
 		for i := range clients {
 			// A crash is a holding of a client that never renews, abandoned
 			// without release; the controller must expire it.
-			c, _ := newClient(ctx, ns)
-			crashy, _ := newClient(ctx, ns, lock.WithoutAutoRenew())
+			c, _ := suite.NewClient(ctx, ns)
+			crashy, _ := suite.NewClient(ctx, ns, lock.WithoutAutoRenew())
 			rng := rand.New(rand.NewPCG(uint64(seed), uint64(i)))
 			wg.Add(1)
 			go func() {
@@ -109,7 +110,7 @@ var _ = Describe("many clients on one lock", Serial, func() {
 			Expect(h.token).To(BeNumerically(">", prev.token), "tokens must increase in hold order")
 		}
 		Expect(holdings).NotTo(BeEmpty())
-		stored := getLock(ctx, ns, "hot")
+		stored := suite.GetLock(ctx, ns, "hot")
 		Expect(stored.Status.Transitions).To(Equal(int64(len(holdings))), "every acquisition is one recorded transition")
 
 		slices.Sort(latencies)

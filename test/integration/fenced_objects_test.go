@@ -21,6 +21,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	kubelockconfig "github.com/kubelock/kubelock/config"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/webhook"
 )
 
@@ -49,15 +50,15 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 	// One lock, three holdings: alice, then bob (alice is now a stale holder),
 	// with carol holding the force-release verb.
 	It("refuses every route of a stale holder or a non-holder; the holder and a force-release user pass", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "config-writer", locksv1alpha1.DistributedLockSpec{})
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "config-writer", locksv1alpha1.DistributedLockSpec{})
 		type writer struct {
 			name string
 			c    client.Client
 			lk   *lock.Client
 		}
 		newWriter := func() writer {
-			cfg, name := userConfig(ctx)
+			cfg, name := suite.UserConfig(ctx)
 			c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 			Expect(err).NotTo(HaveOccurred())
 			lk, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity(name))

@@ -20,6 +20,7 @@ import (
 	"github.com/kubelock/kubelock/pkg/fencing"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/pgtest"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
@@ -52,11 +53,11 @@ var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 
 	It("rejects the late write of a holder paused past its lease; the successor's data stays", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 2})
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 2})
 		// A paused process renews nothing: A's client never renews on its own.
-		a, _ := newClient(ctx, ns, lock.WithoutAutoRenew())
-		b, _ := newClient(ctx, ns)
+		a, _ := suite.NewClient(ctx, ns, lock.WithoutAutoRenew())
+		b, _ := suite.NewClient(ctx, ns)
 
 		held, err := a.Acquire(ctx, "orders-db")
 		Expect(err).NotTo(HaveOccurred())
@@ -100,8 +101,8 @@ var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 	// Chubby's CheckSequencer: the resource accepts only tokens the lock
 	// issued, read from the apiserver through the verifier's cached watch.
 	It("refuses a forged token at the Guard and the Middleware, raising nothing; the holder still writes", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{})
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{})
 		ref := fencing.LockRef{Namespace: ns, Name: "orders-db"}
 		v, err := fencing.NewAPIVerifierForConfig(env.Config, fencing.WithCatchUp(2*time.Second))
 		Expect(err).NotTo(HaveOccurred())
@@ -135,7 +136,7 @@ var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 			Expect(pool.QueryRow(ctx, `SELECT token FROM kubelock_fence WHERE lock_key = $1`, ref.String()).Scan(&t)).To(Succeed())
 			return t
 		}
-		c, _ := newClient(ctx, ns)
+		c, _ := suite.NewClient(ctx, ns)
 
 		By("a first holding writes; its token starts the verifier's watch")
 		first, err := c.Acquire(ctx, "orders-db")

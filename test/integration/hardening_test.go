@@ -11,6 +11,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/suite"
 	kwebhook "github.com/kubelock/kubelock/webhook"
 )
 
@@ -18,14 +19,9 @@ import (
 // than spec.maxWaitSeconds and spec.maxWaitersPerUser allow, and writes the pod
 // of its bound token.
 var _ = Describe("queue bounds and pod binding from the client", func() {
-	var (
-		ctx context.Context
-		ns  string
-	)
-	BeforeEach(func() {
-		ctx = context.Background()
-		ns = newNamespace(ctx)
-	})
+	ctx := context.Background()
+	var ns string
+	suite.NamespaceEach(&ns)
 
 	// waitFor starts an Acquire of key by c in the background and returns its
 	// cancel; the result goes to done.
@@ -52,49 +48,49 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 	}
 
 	It("caps its queue entry's deadline at spec.maxWaitSeconds", func() {
-		newLock(ctx, ns, "capped", locksv1alpha1.DistributedLockSpec{MaxWaitSeconds: 60})
-		holder, _ := newClient(ctx, ns)
+		suite.NewLock(ctx, ns, "capped", locksv1alpha1.DistributedLockSpec{MaxWaitSeconds: 60})
+		holder, _ := suite.NewClient(ctx, ns)
 		l, err := holder.Acquire(ctx, "capped")
 		Expect(err).NotTo(HaveOccurred())
 		defer func() { Expect(l.Release(ctx)).To(Succeed()) }()
 
-		waiter, _ := newClient(ctx, ns)
+		waiter, _ := suite.NewClient(ctx, ns)
 		cancel, done := waitFor(waiter, "capped", lock.WaitTimeout(10*time.Minute))
 		defer stop(cancel, done)
-		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, ns, "capped").Status.Waiters }).Should(HaveLen(1))
-		w := getLock(ctx, ns, "capped").Status.Waiters[0]
+		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "capped").Status.Waiters }).Should(HaveLen(1))
+		w := suite.GetLock(ctx, ns, "capped").Status.Waiters[0]
 		Expect(w.Deadline.Sub(w.EnqueueTime.Time)).To(Equal(time.Minute))
 	})
 
 	It("refuses a user's entry beyond spec.maxWaitersPerUser, and another user still queues", func() {
-		newLock(ctx, ns, "shared", locksv1alpha1.DistributedLockSpec{MaxWaitersPerUser: int32p(1)})
-		holder, _ := newClient(ctx, ns)
+		suite.NewLock(ctx, ns, "shared", locksv1alpha1.DistributedLockSpec{MaxWaitersPerUser: int32p(1)})
+		holder, _ := suite.NewClient(ctx, ns)
 		l, err := holder.Acquire(ctx, "shared")
 		Expect(err).NotTo(HaveOccurred())
 		defer func() { Expect(l.Release(ctx)).To(Succeed()) }()
 
 		// Two processes of one user: two clients on one connection's user.
-		cfg, _ := userConfig(ctx)
+		cfg, _ := suite.UserConfig(ctx)
 		first, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("first"))
 		Expect(err).NotTo(HaveOccurred())
 		second, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("second"))
 		Expect(err).NotTo(HaveOccurred())
 		cancel, done := waitFor(first, "shared")
 		defer stop(cancel, done)
-		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(1))
+		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(1))
 
 		_, err = second.Acquire(ctx, "shared", lock.WaitTimeout(time.Minute))
 		Expect(errors.Is(err, lock.ErrQueueFull)).To(BeTrue(), "want ErrQueueFull, got %v", err)
 
-		other, _ := newClient(ctx, ns)
+		other, _ := suite.NewClient(ctx, ns)
 		cancelOther, doneOther := waitFor(other, "shared")
 		defer stop(cancelOther, doneOther)
-		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(2))
+		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(2))
 	})
 
 	It("writes the pod its token is bound to into the holding and the queue entry, not the configured one", func() {
-		newLock(ctx, ns, "pods", locksv1alpha1.DistributedLockSpec{})
-		_, user := userConfig(ctx)
+		suite.NewLock(ctx, ns, "pods", locksv1alpha1.DistributedLockSpec{})
+		_, user := suite.UserConfig(ctx)
 		podConfig := func(pod string) *rest.Config {
 			cfg := rest.CopyConfig(env.Config)
 			cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Extra: map[string][]string{
@@ -106,7 +102,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		Expect(err).NotTo(HaveOccurred())
 		l, err := p0.Acquire(ctx, "pods", lock.WaitTimeout(time.Minute))
 		Expect(err).NotTo(HaveOccurred())
-		h := getLock(ctx, ns, "pods").Status.Holder
+		h := suite.GetLock(ctx, ns, "pods").Status.Holder
 		Expect(h.PodName).To(Equal("worker-0"))
 		Expect(h.PodUID).To(Equal("uid-worker-0"))
 		Expect(l.Renew(ctx)).To(Succeed())
@@ -114,8 +110,8 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		p1, err := lock.New(podConfig("worker-1"), lock.WithNamespace(ns), lock.WithIdentity("worker-1"))
 		Expect(err).NotTo(HaveOccurred())
 		cancel, done := waitFor(p1, "pods", lock.WaitTimeout(time.Minute))
-		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, ns, "pods").Status.Waiters }).Should(HaveLen(1))
-		w := getLock(ctx, ns, "pods").Status.Waiters[0]
+		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "pods").Status.Waiters }).Should(HaveLen(1))
+		w := suite.GetLock(ctx, ns, "pods").Status.Waiters[0]
 		Expect(w.User).To(Equal(user))
 		Expect(w.PodName).To(Equal("worker-1"))
 		Expect(w.PodUID).To(Equal("uid-worker-1"))

@@ -21,6 +21,8 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/history"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 // The model-based test: several clients run random sequences of TryAcquire,
@@ -167,11 +169,11 @@ func newModelRun(seed int64) *modelRun {
 		counts: map[string]int{}, acqs: map[string]modelAcq{}, reqOwner: map[string]int{},
 		failed: map[string]bool{}, released: map[string]bool{}, crashed: map[string]bool{}, ended: map[string]bool{}, server: map[string]serverHolding{}, serverRq: map[string]string{},
 	}
-	r.ns = newNamespace(ctx)
-	newLock(ctx, r.ns, modelKey, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1, HandoffTimeoutSeconds: 1})
+	r.ns = suite.Namespace(ctx)
+	suite.NewLock(ctx, r.ns, modelKey, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1, HandoffTimeoutSeconds: 1})
 	const clients = 4
 	for i := range clients {
-		cfg, user := userConfig(ctx)
+		cfg, user := suite.UserConfig(ctx)
 		c := &modelClient{idx: i, user: user, cfg: cfg}
 		c.auto = r.process(c)
 		c.man = r.process(c, lock.WithoutAutoRenew())
@@ -202,7 +204,7 @@ func (r *modelRun) fail(format string, args ...any) {
 	r.errs = append(r.errs, fmt.Sprintf(format, args...))
 }
 
-func (r *modelRun) record(client int, in modelInput, out modelOutput, call, ret int64) {
+func (r *modelRun) record(client int, in history.Input, out history.Output, call, ret int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
@@ -248,7 +250,7 @@ func (r *modelRun) track(c int, l *lock.Lock, primary bool) {
 			r.fail("holding %s ended with %v, which wraps neither ErrReleased nor ErrLockLost", l.LeaseID(), cause)
 		}
 		call := min(ret, l.ExpiresAt().Sub(r.start).Nanoseconds())
-		r.record(c, modelInput{Kind: mLost, Client: c, Lease: l.LeaseID()}, modelOutput{}, call, ret)
+		r.record(c, history.Input{Kind: history.KindAbandon, Lease: l.LeaseID()}, history.Output{}, call, ret)
 		r.mu.Lock()
 		crashed := r.crashed[l.LeaseID()]
 		r.mu.Unlock()
@@ -294,22 +296,22 @@ func renewLoop(l *lock.Lock, lease time.Duration, stop, stopped chan struct{}) {
 }
 
 // classify maps an acquire's error to the model's result.
-func (r *modelRun) classify(err error, out *modelOutput) bool {
+func (r *modelRun) classify(err error, out *history.Output) bool {
 	var locked *lock.LockedError
 	switch {
 	case err == nil:
-		out.Res = rOK
+		out.Outcome = history.OK
 	case errors.As(err, &locked):
-		out.Res = rLocked
+		out.Outcome, out.Queued = history.Locked, locked.Holder == nil
 		if locked.Holder != nil {
 			out.Lease, out.Req = locked.Holder.LeaseID, locked.Holder.RequestID
 		}
 	case errors.Is(err, lock.ErrLocked):
-		out.Res = rLocked // the process's own slot is taken: never expected here
+		out.Outcome, out.Queued = history.Locked, true // the process's own slot is taken: never expected here
 	case errors.Is(err, lock.ErrTimeout):
-		out.Res = rTimeout
+		out.Outcome = history.Timeout
 	case errors.Is(err, lock.ErrLockLost):
-		out.Res = rLost
+		out.Outcome = history.Lost
 	default:
 		return false
 	}
@@ -416,7 +418,7 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 	r.mu.Lock()
 	r.reqOwner[req] = c.idx
 	r.mu.Unlock()
-	in := modelInput{Kind: mAcquire, Client: c.idx, Req: req, Try: try, QueueMaybe: queueMaybe}
+	in := history.Input{Kind: history.KindAcquire, Req: req, Try: try, QueueMaybe: queueMaybe}
 	var (
 		l   *lock.Lock
 		err error
@@ -428,17 +430,17 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 		l, err = cl.Acquire(r.ctx, modelKey, lock.RequestID(req), lock.LeaseDuration(lease), lock.WaitTimeout(wait))
 	}
 	ret := r.now()
-	out := modelOutput{}
-	if !r.classify(err, &out) {
+	out := history.Output{}
+	if !r.classify(err, &out) || out.Outcome == history.Lost {
 		r.fail("client %d: acquire %s: unexpected error %v", c.idx, req, err)
 		return
 	}
 	if try {
-		r.count("try-" + out.Res.String())
+		r.count("try-" + out.Outcome)
 	} else {
-		r.count("acquire-" + out.Res.String())
+		r.count("acquire-" + out.Outcome)
 	}
-	if out.Res == rTimeout {
+	if out.Outcome == history.Timeout {
 		r.mu.Lock()
 		r.failed[req] = true
 		r.mu.Unlock()
@@ -472,16 +474,16 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 // holding lasts and ErrLockLost once it ended; never a second holding.
 func (r *modelRun) retry(c *modelClient, req, lease string, token int64) {
 	p := r.process(c, lock.WithoutAutoRenew())
-	in := modelInput{Kind: mAcquire, Client: c.idx, Req: req, Retry: true, OrigLease: lease}
+	in := history.Input{Kind: history.KindAcquire, Req: req, Retry: true, OrigLease: lease}
 	call := r.now()
 	l, err := p.Acquire(r.ctx, modelKey, lock.RequestID(req), lock.WaitTimeout(3*time.Second))
 	ret := r.now()
-	out := modelOutput{}
+	out := history.Output{}
 	if !r.classify(err, &out) {
 		r.fail("client %d: retry of %s: unexpected error %v", c.idx, req, err)
 		return
 	}
-	r.count("retry-" + out.Res.String())
+	r.count("retry-" + out.Outcome)
 	if l != nil {
 		out.Lease, out.Token = l.LeaseID(), l.FencingToken()
 		if l.LeaseID() != lease || l.FencingToken() != token {
@@ -491,58 +493,51 @@ func (r *modelRun) retry(c *modelClient, req, lease string, token int64) {
 		// Another handle of the same holding; it does not renew and simply
 		// runs out. It takes part in the I1 check while it lasts.
 		r.track(c.idx, l, false)
-	} else if out.Res != rLost {
+	} else if out.Outcome != history.Lost {
 		r.fail("client %d: retry of %s returned %v; want the same lease or ErrLockLost (I6)", c.idx, req, err)
 	}
 	r.record(c.idx, in, out, call, ret)
 }
 
-func (r *modelRun) renew(c *modelClient, h *modelHolding) {
+// holderCall runs a holder's Renew or Release, which may return nil or
+// ErrLockLost, and records it; false after any other error.
+func (r *modelRun) holderCall(c *modelClient, h *modelHolding, kind history.Kind, name string, do func(context.Context) error) bool {
 	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
 	defer cancel()
-	in := modelInput{Kind: mRenew, Client: c.idx, Lease: h.l.LeaseID()}
+	in := history.Input{Kind: kind, Lease: h.l.LeaseID()}
 	call := r.now()
-	err := h.l.Renew(ctx)
+	err := do(ctx)
 	ret := r.now()
-	out := modelOutput{Res: rOK}
+	out := history.Output{Outcome: history.OK}
 	switch {
 	case err == nil:
 	case errors.Is(err, lock.ErrLockLost):
-		out.Res = rLost
+		out.Outcome = history.Lost
 	default:
-		r.fail("client %d: renew %s: unexpected error %v", c.idx, in.Lease, err)
-		return
+		r.fail("client %d: %s %s: unexpected error %v", c.idx, name, in.Lease, err)
+		return false
 	}
-	r.count("renew-" + out.Res.String())
-	r.record(c.idx, in, out, call, ret)
-}
-
-func (r *modelRun) release(c *modelClient, h *modelHolding) {
-	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
-	defer cancel()
-	in := modelInput{Kind: mRelease, Client: c.idx, Lease: h.l.LeaseID()}
-	call := r.now()
-	err := h.l.Release(ctx)
-	ret := r.now()
-	out := modelOutput{Res: rOK}
-	switch {
-	case err == nil:
-	case errors.Is(err, lock.ErrLockLost):
-		out.Res = rLost
-	default:
-		r.fail("client %d: release %s: unexpected error %v", c.idx, in.Lease, err)
-		return
-	}
-	if h.l.Err() == nil {
+	if kind == history.KindRelease && h.l.Err() == nil {
 		r.fail("client %d: release %s returned %v but the lock's context is still live", c.idx, in.Lease, err)
 	}
-	if err == nil {
+	if kind == history.KindRelease && err == nil {
 		r.mu.Lock()
 		r.released[in.Lease] = true
 		r.mu.Unlock()
 	}
-	r.count("release-" + out.Res.String())
+	r.count(name + "-" + out.Outcome)
 	r.record(c.idx, in, out, call, ret)
+	return true
+}
+
+func (r *modelRun) renew(c *modelClient, h *modelHolding) {
+	r.holderCall(c, h, history.KindRenew, "renew", h.l.Renew)
+}
+
+func (r *modelRun) release(c *modelClient, h *modelHolding) {
+	if !r.holderCall(c, h, history.KindRelease, "release", h.l.Release) {
+		return
+	}
 	if h.manual {
 		close(h.stop)
 		<-h.stopped
@@ -554,7 +549,7 @@ func (r *modelRun) release(c *modelClient, h *modelHolding) {
 // a process that died would. Its Done fires at its safe deadline and the
 // controller must expire the holding.
 func (r *modelRun) crash(c *modelClient, h *modelHolding) {
-	in := modelInput{Kind: mCrash, Client: c.idx, Lease: h.l.LeaseID()}
+	in := history.Input{Kind: history.KindCrash, Lease: h.l.LeaseID()}
 	r.mu.Lock()
 	r.crashed[in.Lease] = true
 	r.mu.Unlock()
@@ -563,7 +558,7 @@ func (r *modelRun) crash(c *modelClient, h *modelHolding) {
 	<-h.stopped
 	ret := r.now()
 	r.count("crash")
-	r.record(c.idx, in, modelOutput{}, call, ret)
+	r.record(c.idx, in, history.Output{}, call, ret)
 	c.cur = nil
 	c.man = r.process(c, lock.WithoutAutoRenew())
 }
@@ -578,12 +573,12 @@ func (r *modelRun) observe(client int) *locksv1alpha1.DistributedLock {
 		r.fail("reading the lock: %v", err)
 		return nil
 	}
-	out := modelOutput{Token: l.Status.FencingToken}
+	out := history.Output{Outcome: history.OK, Token: l.Status.FencingToken}
 	if h := l.Status.Holder; h != nil {
 		out.Lease, out.Req = h.LeaseID, h.RequestID
 	}
 	r.count("observe")
-	r.record(client, modelInput{Kind: mObserve, Client: client}, out, call, ret)
+	r.record(client, history.Input{Kind: history.KindObserve}, out, call, ret)
 	return l
 }
 
@@ -600,12 +595,12 @@ func (r *modelRun) awaitExpiry(lease string) {
 		g.Expect(err).NotTo(HaveOccurred())
 		h := l.Status.Holder
 		g.Expect(h != nil && h.LeaseID == lease).To(BeFalse())
-		out := modelOutput{Token: l.Status.FencingToken}
+		out := history.Output{Outcome: history.OK, Token: l.Status.FencingToken}
 		if h != nil {
 			out.Lease, out.Req = h.LeaseID, h.RequestID
 		}
 		r.count("await-expiry")
-		r.record(len(r.clients), modelInput{Kind: mObserve, Client: len(r.clients)}, out, call, ret)
+		r.record(len(r.clients), history.Input{Kind: history.KindObserve}, out, call, ret)
 	}).WithTimeout(15*time.Second).WithPolling(50*time.Millisecond).Should(Succeed(),
 		r.msg("the controller did not expire lease %s, lost by its client, within 15s", lease))
 }
@@ -851,7 +846,7 @@ func (r *modelRun) checkLinearizable() {
 	r.mu.Lock()
 	ops := slices.Clone(r.ops)
 	r.mu.Unlock()
-	model := lockModel()
+	model := history.Model()
 	began := time.Now()
 	res, info := porcupine.CheckOperationsVerbose(model, ops, 2*time.Minute)
 	GinkgoWriter.Printf("porcupine: %s for %d operations in %s\n", res, len(ops), time.Since(began).Round(time.Millisecond))
@@ -876,7 +871,7 @@ func (r *modelRun) dumpHistory() {
 	var b strings.Builder
 	fmt.Fprintf(&b, "model seed %d, %d operations\n", r.seed, len(ops))
 	for _, op := range ops {
-		fmt.Fprintf(&b, "%10.3f %10.3f  c%d  %s\n", float64(op.Call)/1e6, float64(op.Return)/1e6, op.ClientId, describeModelOp(op.Input, op.Output))
+		fmt.Fprintf(&b, "%10.3f %10.3f  c%d  %s\n", float64(op.Call)/1e6, float64(op.Return)/1e6, op.ClientId, history.Describe(op.Input, op.Output))
 	}
 	l := &locksv1alpha1.DistributedLock{}
 	if err := env.Client.Get(r.ctx, clientKey(r.ns), l); err == nil {

@@ -11,22 +11,23 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/faultproxy"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
 	It("ends the holder's context before the controller, restarted meanwhile, can give the lock to anyone else", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
+		ns := suite.Namespace(ctx)
 		const lease = 4 * time.Second
-		newLock(ctx, ns, "outage", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
+		suite.NewLock(ctx, ns, "outage", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
 
-		cfg, _ := userConfig(ctx)
+		cfg, _ := suite.UserConfig(ctx)
 		proxy, err := faultproxy.New(cfg)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(proxy.Close)
 		a, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("cut-off"))
 		Expect(err).NotTo(HaveOccurred())
-		b, _ := newClient(ctx, ns)
+		b, _ := suite.NewClient(ctx, ns)
 
 		held, err := a.Acquire(ctx, "outage")
 		Expect(err).NotTo(HaveOccurred())
@@ -66,7 +67,7 @@ var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
 		Expect(next.FencingToken()).To(BeNumerically(">", held.FencingToken()))
 		Expect(doneAt.Before(grantedAt)).To(BeTrue(), "the holder stopped (%s) before the next holder started (%s)", doneAt, grantedAt)
 		Expect(grantedAt.Sub(restartedAt)).To(BeNumerically(">=", lease), "a restarted controller never expires a lease early")
-		stored := getLock(ctx, ns, "outage")
+		stored := suite.GetLock(ctx, ns, "outage")
 		ended := stored.Status.RecentAcquisitions
 		Expect(ended).NotTo(BeEmpty())
 		Expect(ended[0].LeaseID).To(Equal(held.LeaseID()))
@@ -74,9 +75,9 @@ var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
 
 		By("releasing the lost lock after the network heals never touches the new holding")
 		proxy.SetRule(nil)
-		before := getLock(ctx, ns, "outage")
+		before := suite.GetLock(ctx, ns, "outage")
 		Expect(held.Release(ctx)).To(MatchError(lock.ErrLockLost))
-		after := getLock(ctx, ns, "outage")
+		after := suite.GetLock(ctx, ns, "outage")
 		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
 		Expect(after.Status.Holder.LeaseID).To(Equal(next.LeaseID()))
 		Expect(next.Release(ctx)).To(Succeed())

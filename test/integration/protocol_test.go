@@ -17,29 +17,24 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/faultproxy"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 var _ = Describe("acquire, renew, release", func() {
-	var (
-		ctx context.Context
-		ns  string
-	)
-	BeforeEach(func() {
-		ctx = context.Background()
-		ns = newNamespace(ctx)
-		newLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
-	})
+	ctx := context.Background()
+	var ns string
+	suite.NamespaceEach(&ns, "orders")
 
 	It("gives the token old resourceVersion + 1 and writes the caller's user", func() {
-		c, user := newClient(ctx, ns)
-		before := getLock(ctx, ns, "orders")
+		c, user := suite.NewClient(ctx, ns)
+		before := suite.GetLock(ctx, ns, "orders")
 		l, err := c.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
 		want, err := locksv1alpha1.NextFencingToken(before.ResourceVersion)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(l.FencingToken()).To(Equal(want))
 
-		stored := getLock(ctx, ns, "orders")
+		stored := suite.GetLock(ctx, ns, "orders")
 		Expect(stored.Status.Holder).NotTo(BeNil())
 		Expect(stored.Status.Holder.User).To(Equal(user))
 		Expect(stored.Status.Holder.LeaseID).To(Equal(l.LeaseID()))
@@ -53,20 +48,20 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 
 	It("renews by advancing renewTime and keeps the deadline ahead", func() {
-		c, _ := newClient(ctx, ns, lock.WithoutAutoRenew())
+		c, _ := suite.NewClient(ctx, ns, lock.WithoutAutoRenew())
 		l, err := c.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
-		first := getLock(ctx, ns, "orders").Status.Holder.RenewTime
+		first := suite.GetLock(ctx, ns, "orders").Status.Holder.RenewTime
 		deadline := l.ExpiresAt()
 		Eventually(func() error { return l.Renew(ctx) }).Should(Succeed())
-		stored := getLock(ctx, ns, "orders")
+		stored := suite.GetLock(ctx, ns, "orders")
 		Expect(stored.Status.Holder.RenewTime.Time).To(BeTemporally(">", first.Time))
 		Expect(l.ExpiresAt()).To(BeTemporally(">", deadline))
 		Expect(l.Release(ctx)).To(Succeed())
 	})
 
 	It("records a release in recentAcquisitions, ends the lock's context and is idempotent", func() {
-		c, user := newClient(ctx, ns)
+		c, user := suite.NewClient(ctx, ns)
 		l, err := c.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(l.Release(ctx)).To(Succeed())
@@ -74,7 +69,7 @@ var _ = Describe("acquire, renew, release", func() {
 		Expect(context.Cause(l.Context())).To(MatchError(lock.ErrReleased))
 		Expect(l.Release(ctx)).To(Succeed())
 
-		stored := getLock(ctx, ns, "orders")
+		stored := suite.GetLock(ctx, ns, "orders")
 		Expect(stored.Status.Holder).To(BeNil())
 		Expect(stored.Status.RecentAcquisitions).To(HaveLen(1))
 		f := stored.Status.RecentAcquisitions[0]
@@ -86,8 +81,8 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 
 	It("TryAcquire reports the holder with ErrLocked and never waits", func() {
-		a, userA := newClient(ctx, ns)
-		b, _ := newClient(ctx, ns)
+		a, userA := suite.NewClient(ctx, ns)
+		b, _ := suite.NewClient(ctx, ns)
 		l, err := a.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
 		_, err = b.TryAcquire(ctx, "orders")
@@ -95,7 +90,7 @@ var _ = Describe("acquire, renew, release", func() {
 		var locked *lock.LockedError
 		Expect(errors.As(err, &locked)).To(BeTrue())
 		Expect(locked.Holder.User).To(Equal(userA))
-		Expect(getLock(ctx, ns, "orders").Status.Waiters).To(BeEmpty())
+		Expect(suite.GetLock(ctx, ns, "orders").Status.Waiters).To(BeEmpty())
 		Expect(l.Release(ctx)).To(Succeed())
 		l2, err := b.TryAcquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
@@ -104,35 +99,35 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 
 	It("reports a missing lock with ErrNotFound and creates it on first use with WithAutoCreate", func() {
-		c, _ := newClient(ctx, ns)
+		c, _ := suite.NewClient(ctx, ns)
 		_, err := c.Acquire(ctx, "no/such lock")
 		Expect(err).To(MatchError(lock.ErrNotFound))
 
-		auto, _ := newClient(ctx, ns, lock.WithAutoCreate())
+		auto, _ := suite.NewClient(ctx, ns, lock.WithAutoCreate())
 		l, err := auto.Acquire(ctx, "no/such lock")
 		Expect(err).NotTo(HaveOccurred())
-		stored := getLock(ctx, ns, l.Name())
+		stored := suite.GetLock(ctx, ns, l.Name())
 		Expect(stored.Labels).To(HaveKeyWithValue(locksv1alpha1.AutoCreatedLabel, "true"))
 		Expect(stored.Annotations).To(HaveKeyWithValue(locksv1alpha1.KeyAnnotation, "no/such lock"))
 		Expect(l.Release(ctx)).To(Succeed())
 	})
 
 	It("waits with a timeout, leaves the queue, and reports ErrTimeout wrapping DeadlineExceeded", func() {
-		a, _ := newClient(ctx, ns)
-		b, _ := newClient(ctx, ns)
+		a, _ := suite.NewClient(ctx, ns)
+		b, _ := suite.NewClient(ctx, ns)
 		l, err := a.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
 		_, err = b.Acquire(ctx, "orders", lock.WaitTimeout(time.Second))
 		Expect(err).To(MatchError(lock.ErrTimeout))
 		Expect(errors.Is(err, context.DeadlineExceeded)).To(BeTrue())
-		Expect(getLock(ctx, ns, "orders").Status.Waiters).To(BeEmpty())
+		Expect(suite.GetLock(ctx, ns, "orders").Status.Waiters).To(BeEmpty())
 		Expect(l.Release(ctx)).To(Succeed())
 	})
 
 	It("refuses to queue beyond spec.maxWaiters with ErrQueueFull", func() {
-		newLock(ctx, ns, "tiny", locksv1alpha1.DistributedLockSpec{MaxWaiters: int32p(0)})
-		a, _ := newClient(ctx, ns)
-		b, _ := newClient(ctx, ns)
+		suite.NewLock(ctx, ns, "tiny", locksv1alpha1.DistributedLockSpec{MaxWaiters: int32p(0)})
+		a, _ := suite.NewClient(ctx, ns)
+		b, _ := suite.NewClient(ctx, ns)
 		l, err := a.Acquire(ctx, "tiny")
 		Expect(err).NotTo(HaveOccurred())
 		_, err = b.Acquire(ctx, "tiny", lock.WaitTimeout(5*time.Second))
@@ -141,7 +136,7 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 
 	It("hands the lock to waiters in FIFO order", func() {
-		holder, _ := newClient(ctx, ns)
+		holder, _ := suite.NewClient(ctx, ns)
 		first, err := holder.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
 
@@ -150,7 +145,7 @@ var _ = Describe("acquire, renew, release", func() {
 		var wg sync.WaitGroup
 		DeferCleanup(wg.Wait)
 		for i := range n {
-			c, _ := newClient(ctx, ns)
+			c, _ := suite.NewClient(ctx, ns)
 			ctx := ctx
 			wg.Add(1)
 			go func() {
@@ -162,7 +157,7 @@ var _ = Describe("acquire, renew, release", func() {
 				Expect(l.Release(ctx)).To(Succeed())
 			}()
 			// The next waiter starts only once this one is visibly queued.
-			Eventually(func() int32 { return getLock(ctx, ns, "orders").Status.WaiterCount }).Should(Equal(int32(i + 1)))
+			Eventually(func() int32 { return suite.GetLock(ctx, ns, "orders").Status.WaiterCount }).Should(Equal(int32(i + 1)))
 		}
 		Expect(first.Release(ctx)).To(Succeed())
 		for i := range n {
@@ -171,10 +166,10 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 
 	It("shares one queue slot among goroutines of one process", func() {
-		holder, _ := newClient(ctx, ns)
+		holder, _ := suite.NewClient(ctx, ns)
 		l, err := holder.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
-		c, _ := newClient(ctx, ns)
+		c, _ := suite.NewClient(ctx, ns)
 		got := make(chan *lock.Lock, 3)
 		ctx := ctx
 		for range 3 {
@@ -185,8 +180,8 @@ var _ = Describe("acquire, renew, release", func() {
 				got <- l
 			}()
 		}
-		Eventually(func() int32 { return getLock(ctx, ns, "orders").Status.WaiterCount }).Should(Equal(int32(1)))
-		Consistently(func() int32 { return getLock(ctx, ns, "orders").Status.WaiterCount }, time.Second).Should(Equal(int32(1)))
+		Eventually(func() int32 { return suite.GetLock(ctx, ns, "orders").Status.WaiterCount }).Should(Equal(int32(1)))
+		Consistently(func() int32 { return suite.GetLock(ctx, ns, "orders").Status.WaiterCount }, time.Second).Should(Equal(int32(1)))
 		Expect(l.Release(ctx)).To(Succeed())
 		for range 3 {
 			var next *lock.Lock
@@ -196,16 +191,16 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 
 	It("keeps tokens increasing after the lock is deleted and created again", func() {
-		c, _ := newClient(ctx, ns)
+		c, _ := suite.NewClient(ctx, ns)
 		l, err := c.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(l.Release(ctx)).To(Succeed())
-		Expect(env.Client.Delete(ctx, getLock(ctx, ns, "orders"))).To(Succeed())
+		Expect(env.Client.Delete(ctx, suite.GetLock(ctx, ns, "orders"))).To(Succeed())
 		Eventually(func() error {
 			_, err := c.Get(ctx, "orders")
 			return err
 		}).Should(MatchError(lock.ErrNotFound))
-		newLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
 		l2, err := c.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(l2.FencingToken()).To(BeNumerically(">", l.FencingToken()))
@@ -213,13 +208,13 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 
 	It("compares resourceVersions of successive writes as increasing integers", func() {
-		c, _ := newClient(ctx, ns)
-		prev := getLock(ctx, ns, "orders").ResourceVersion
+		c, _ := suite.NewClient(ctx, ns)
+		prev := suite.GetLock(ctx, ns, "orders").ResourceVersion
 		for range 3 {
 			l, err := c.Acquire(ctx, "orders")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(l.Release(ctx)).To(Succeed())
-			rv := getLock(ctx, ns, "orders").ResourceVersion
+			rv := suite.GetLock(ctx, ns, "orders").ResourceVersion
 			cmp, err := resourceversion.CompareResourceVersion(rv, prev)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(cmp).To(Equal(1))
@@ -231,9 +226,9 @@ var _ = Describe("acquire, renew, release", func() {
 var _ = Describe("idempotent acquire (I6)", func() {
 	It("returns the same lease when the response to a committed acquire was lost", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
-		cfg, _ := userConfig(ctx)
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "orders", locksv1alpha1.DistributedLockSpec{})
+		cfg, _ := suite.UserConfig(ctx)
 		proxy, err := faultproxy.New(cfg)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(proxy.Close)
@@ -257,7 +252,7 @@ var _ = Describe("idempotent acquire (I6)", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(proxy.Dropped()).To(Equal(int64(1)))
 
-		stored := getLock(ctx, ns, "orders")
+		stored := suite.GetLock(ctx, ns, "orders")
 		Expect(stored.Status.Transitions).To(Equal(int64(1)), "exactly one holding was created")
 		Expect(stored.Status.Holder.RequestID).To(Equal("req-1"))
 		Expect(stored.Status.Holder.LeaseID).To(Equal(l.LeaseID()))
@@ -270,7 +265,7 @@ var _ = Describe("idempotent acquire (I6)", func() {
 		again, err := c2.Acquire(ctx, "orders", lock.RequestID("req-1"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(again.LeaseID()).To(Equal(l.LeaseID()))
-		Expect(getLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
+		Expect(suite.GetLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
 
 		// Once it ended, a retry says so instead of taking the lock again.
 		Expect(l.Release(ctx)).To(Succeed())
@@ -279,16 +274,16 @@ var _ = Describe("idempotent acquire (I6)", func() {
 		_, err = c2.Acquire(ctx, "orders", lock.RequestID("req-1"))
 		Expect(err).To(MatchError(lock.ErrLockLost))
 		Expect(err.Error()).To(ContainSubstring("already ended: Released"))
-		Expect(getLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
+		Expect(suite.GetLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
 	})
 })
 
 var _ = Describe("idempotent acquire beyond what status remembers (I6)", func() {
 	It("refuses to guess when the lock changed hands more often than recentAcquisitions records", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "busy", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1})
-		cfg, _ := userConfig(ctx)
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "busy", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1})
+		cfg, _ := suite.UserConfig(ctx)
 		proxy, err := faultproxy.New(cfg)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(proxy.Close)
@@ -323,27 +318,27 @@ var _ = Describe("idempotent acquire beyond what status remembers (I6)", func() 
 			result <- err
 		}()
 		Eventually(func() string {
-			h := getLock(ctx, ns, "busy").Status.Holder
+			h := suite.GetLock(ctx, ns, "busy").Status.Holder
 			if h == nil {
 				return ""
 			}
 			return h.RequestID
 		}).Should(Equal("req-lost"))
 
-		other, _ := newClient(ctx, ns)
+		other, _ := suite.NewClient(ctx, ns)
 		for range locksv1alpha1.MaxRecentAcquisitions + 1 {
 			l, err := other.Acquire(ctx, "busy", lock.WaitTimeout(time.Minute))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(l.Release(ctx)).To(Succeed())
 		}
-		Expect(getLock(ctx, ns, "busy").Status.FindFinished("req-lost")).To(BeNil(), "the record aged out")
-		transitions := getLock(ctx, ns, "busy").Status.Transitions
+		Expect(suite.GetLock(ctx, ns, "busy").Status.FindFinished("req-lost")).To(BeNil(), "the record aged out")
+		transitions := suite.GetLock(ctx, ns, "busy").Status.Transitions
 
 		close(healed)
 		var got error
 		Eventually(result, time.Minute).Should(Receive(&got))
 		Expect(got).To(MatchError(lock.ErrLockLost))
 		Expect(got.Error()).To(ContainSubstring("cannot tell whether request req-lost acquired"))
-		Expect(getLock(ctx, ns, "busy").Status.Transitions).To(Equal(transitions), "no second holding")
+		Expect(suite.GetLock(ctx, ns, "busy").Status.Transitions).To(Equal(transitions), "no second holding")
 	})
 })

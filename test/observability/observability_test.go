@@ -29,6 +29,7 @@ import (
 	"github.com/kubelock/kubelock/controllers"
 	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 	"github.com/kubelock/kubelock/test/testmetrics"
 )
@@ -89,20 +90,20 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 	const key = "orders"
 
 	It("counts acquire, contention, expiry, force-release and a denied write exactly", func(ctx SpecContext) {
-		ns = newNamespace(ctx)
-		newLock(ctx, ns, key, locksv1alpha1.DistributedLockSpec{})
+		ns = suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, key, locksv1alpha1.DistributedLockSpec{})
 		// The controller has seen the lock before anything happens. It writes
 		// nothing to a lock nobody used; its fleet gauge shows it observed it.
 		Eventually(func() float64 { return manager("kubelock_controller_locks", nil) }).Should(Equal(1.0))
 
 		clientReg = prometheus.NewPedanticRegistry()
 		withMetrics := []lock.Option{lock.WithMetrics(clientReg), lock.WithoutAutoRenew()}
-		a, ua := newClient(ctx, ns, withMetrics...)
+		a, ua := suite.NewClient(ctx, ns, withMetrics...)
 		userA = ua
 
 		// B's acquire write is held back until the controller has seen the
 		// lock free with B at the head, so the hand-off is observed.
-		cfgB, ub := newUser(ctx)
+		cfgB, ub := suite.UserConfig(ctx)
 		userB = ub
 		cfgB.QPS = -1
 		rawB, err := client.NewWithWatch(cfgB, client.Options{Scheme: env.Scheme})
@@ -166,11 +167,11 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		Expect(la2.Done()).To(BeClosed())
 
 		By("C writes itself as holder with a token the server did not issue: the webhook denies it")
-		cfgC, uc := newUser(ctx)
+		cfgC, uc := suite.UserConfig(ctx)
 		userC = uc
 		rawC, err := client.New(cfgC, client.Options{Scheme: env.Scheme})
 		Expect(err).NotTo(HaveOccurred())
-		obj := getLock(ctx, ns, key)
+		obj := suite.GetLock(ctx, ns, key)
 		token, err := locksv1alpha1.NextFencingToken(obj.ResourceVersion)
 		Expect(err).NotTo(HaveOccurred())
 		now := metav1.NewMicroTime(time.Now())
@@ -274,7 +275,7 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		Expect(evs[2].Note).To(ContainSubstring("acquired by " + userB))
 		Expect(evs[3].Note).To(ContainSubstring("of " + userB))
 		Expect(evs[5].Note).To(ContainSubstring("ForceReleased by " + adminUser))
-		held := getLock(ctx, ns, key).Status.Conditions
+		held := suite.GetLock(ctx, ns, key).Status.Conditions
 		Expect(held).To(ContainElement(And(
 			HaveField("Type", locksv1alpha1.ConditionHeld),
 			HaveField("Status", metav1.ConditionFalse),
@@ -324,13 +325,13 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		Eventually(func() int { return count(userA, true) }).Should(Equal(4))
 		Expect(count(userB, true)).To(Equal(2))
 		Expect(count(adminUser, true)).To(Equal(1))
-		Expect(count(controllerUser, true)).To(BeNumerically(">=", 1)) // the expiry
-		Expect(count(userC, false)).To(Equal(1))                       // the denied write is audited too
+		Expect(count(suite.ControllerUser, true)).To(BeNumerically(">=", 1)) // the expiry
+		Expect(count(userC, false)).To(Equal(1))                             // the denied write is audited too
 	})
 
 	It("lets kubectl wait for the Held condition", func(ctx SpecContext) {
 		const name = "waited"
-		newLock(ctx, ns, name, locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, name, locksv1alpha1.DistributedLockSpec{})
 		u, err := env.AddUser(envtest.User{Name: "kubectl-user", Groups: []string{"system:masters"}}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		kubeconfig, err := u.KubeConfig()
@@ -355,7 +356,7 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		// kubectl logs its watch request at -v=6 once the watch is open.
 		Eventually(stderr.String).Should(ContainSubstring("watch=true"))
 		Consistently(exited, 100*time.Millisecond).ShouldNot(Receive(), "kubectl must still wait")
-		c, _ := newClient(ctx, ns)
+		c, _ := suite.NewClient(ctx, ns)
 		l, err := c.Acquire(ctx, name)
 		Expect(err).NotTo(HaveOccurred())
 		var werr error
@@ -393,10 +394,10 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		observed := manager("kubelock_controller_locks", nil)
 		const locks = 3 * metrics.DefaultHotLocks
 		for i := range locks {
-			newLock(ctx, ns, fmt.Sprintf("bulk-%02d", i), locksv1alpha1.DistributedLockSpec{})
+			suite.NewLock(ctx, ns, fmt.Sprintf("bulk-%02d", i), locksv1alpha1.DistributedLockSpec{})
 		}
 		Eventually(func() float64 { return manager("kubelock_controller_locks", nil) }).Should(Equal(observed + locks))
-		c, _ := newClient(ctx, ns)
+		c, _ := suite.NewClient(ctx, ns)
 		for i := range locks {
 			l, err := c.Acquire(ctx, fmt.Sprintf("bulk-%02d", i))
 			Expect(err).NotTo(HaveOccurred())

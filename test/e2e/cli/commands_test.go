@@ -17,6 +17,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	icli "github.com/kubelock/kubelock/internal/cli"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -33,24 +34,19 @@ func parseLease(s *gexec.Session) leaseJSON {
 }
 
 var _ = Describe("kubelock commands", func() {
-	var (
-		ctx context.Context
-		ns  string
-	)
-	BeforeEach(func() {
-		ctx = context.Background()
-		ns = newNamespace(ctx)
-	})
+	ctx := context.Background()
+	var ns string
+	suite.NamespaceEach(&ns)
 
 	It("acquires, shows the waiting line, hands over in queue order, describes and releases", func() {
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 60})
+		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 60})
 		dumpLockOnFailure(ctx, ns, "jobs")
 		alice, bob := lockUser(ctx), lockUser(ctx)
 
 		a := kl(alice, ns, "acquire", "jobs", "-o", "json")
 		Expect(a).To(gexec.Exit(0))
 		la := parseLease(a)
-		l := getLock(ctx, ns, "jobs")
+		l := suite.GetLock(ctx, ns, "jobs")
 		Expect(l.Status.Holder.LeaseID).To(Equal(la.LeaseID))
 		Expect(l.Status.FencingToken).To(Equal(la.FencingToken))
 
@@ -97,7 +93,7 @@ var _ = Describe("kubelock commands", func() {
 	})
 
 	It("answers a retried acquire with the same request ID with the same lease", func() {
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
 		u := lockUser(ctx)
 		first := kl(u, ns, "acquire", "jobs", "--request-id", "deploy-42", "-o", "json")
 		Expect(first).To(gexec.Exit(0))
@@ -148,7 +144,7 @@ var _ = Describe("kubelock commands", func() {
 	})
 
 	It("runs as a kubectl plugin found on PATH", func() {
-		newLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, "orders-db", locksv1alpha1.DistributedLockSpec{})
 		u := lockUser(ctx)
 		cmd := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "lock", "list", "-n", ns)
 		cmd.Env = append(os.Environ(), "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+u.kubeconfig)
@@ -168,7 +164,7 @@ var _ = Describe("kubelock commands", func() {
 
 	DescribeTable("bad input: one line on stderr and a distinct exit code",
 		func(setup func(ns string) (user, []string), code int, msg string) {
-			newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
+			suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
 			u, args := setup(ns)
 			s := kl(u, ns, args...)
 			Expect(s).To(gexec.Exit(code), "stderr: %s", s.Err.Contents())

@@ -19,22 +19,19 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	icli "github.com/kubelock/kubelock/internal/cli"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 var _ = Describe("kubelock run", func() {
-	var (
-		ctx context.Context
-		ns  string
-		dir string
-	)
+	ctx := context.Background()
+	var ns, dir string
 	BeforeEach(func() {
-		ctx = context.Background()
-		ns = newNamespace(ctx)
+		ns = suite.Namespace(ctx)
 		dir = GinkgoT().TempDir()
 	})
 
 	It("never lets the commands of two run processes overlap, and hands them increasing tokens", func() {
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 5})
+		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 5})
 		dumpLockOnFailure(ctx, ns, "jobs")
 		stamps := filepath.Join(dir, "stamps")
 		script := fmt.Sprintf(`echo "start $KUBELOCK_FENCING_TOKEN $(date +%%s%%N)" >> %[1]s; sleep 0.3; echo "end $KUBELOCK_FENCING_TOKEN $(date +%%s%%N)" >> %[1]s`, stamps)
@@ -67,7 +64,7 @@ var _ = Describe("kubelock run", func() {
 			Expect(endAt).To(BeNumerically(">=", startAt))
 			lastToken, lastEnd = token, endAt
 		}
-		l := getLock(ctx, ns, "jobs")
+		l := suite.GetLock(ctx, ns, "jobs")
 		Expect(l.Status.Holder).To(BeNil(), "run releases on exit")
 		Expect(l.Status.RecentAcquisitions).To(HaveLen(len(runs)))
 		for _, f := range l.Status.RecentAcquisitions {
@@ -76,7 +73,7 @@ var _ = Describe("kubelock run", func() {
 	})
 
 	It("stops the command and its grandchildren with SIGTERM when the lock is force-released, and exits with the lock-lost code", func() {
-		newLock(ctx, ns, "batch", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3})
+		suite.NewLock(ctx, ns, "batch", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3})
 		dumpLockOnFailure(ctx, ns, "batch")
 		script := filepath.Join(dir, "work.sh")
 		Expect(os.WriteFile(script, []byte(`#!/bin/sh
@@ -92,7 +89,7 @@ wait
 		Eventually(filepath.Join).WithArguments(dir, "sleep.pid").Should(BeAnExistingFile())
 		sleepPID := readPID(filepath.Join(dir, "sleep.pid"))
 		Expect(processGone(sleepPID)).To(BeFalse())
-		leaseID := getLock(ctx, ns, "batch").Status.Holder.LeaseID
+		leaseID := suite.GetLock(ctx, ns, "batch").Status.Holder.LeaseID
 
 		br := kl(breakglass(ctx, ns), ns, "force-release", "batch", "--reason", "e2e: stuck batch")
 		Expect(br).To(gexec.Exit(0))
@@ -104,7 +101,7 @@ wait
 		Eventually(func() bool { return processGone(sleepPID) }).Should(BeTrue(), "the grandchild's sleep is gone")
 		Expect(string(run.Err.Contents())).To(ContainSubstring("lock lost"))
 
-		l := getLock(ctx, ns, "batch")
+		l := suite.GetLock(ctx, ns, "batch")
 		last := l.Status.RecentAcquisitions[len(l.Status.RecentAcquisitions)-1]
 		Expect(last.LeaseID).To(Equal(leaseID))
 		Expect(last.EndReason).To(Equal(locksv1alpha1.EndReasonForceReleased))
@@ -112,14 +109,14 @@ wait
 	})
 
 	It("passes the lease in the environment, exits with the command's code and releases", func() {
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
 		env := filepath.Join(dir, "env")
 		s := kl(lockUser(ctx), ns, "run", "jobs", "--", "sh", "-c",
 			fmt.Sprintf(`env | grep ^KUBELOCK_ > %s; exit 7`, env))
 		Expect(s).To(gexec.Exit(7))
 		b, err := os.ReadFile(env)
 		Expect(err).NotTo(HaveOccurred())
-		l := getLock(ctx, ns, "jobs")
+		l := suite.GetLock(ctx, ns, "jobs")
 		Expect(l.Status.Holder).To(BeNil())
 		f := l.Status.RecentAcquisitions[0]
 		Expect(strings.Split(strings.TrimSpace(string(b)), "\n")).To(ConsistOf(
@@ -131,18 +128,18 @@ wait
 	})
 
 	It("stops what the command left running in its group before it releases", func() {
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
 		pidFile := filepath.Join(dir, "bg.pid")
 		s := kl(lockUser(ctx), ns, "run", "jobs", "--grace", "5s", "--", "sh", "-c",
 			fmt.Sprintf(`sleep 1000 & echo $! > %s; exit 0`, pidFile))
 		Expect(s).To(gexec.Exit(0))
 		Expect(string(s.Err.Contents())).To(ContainSubstring("left processes in its group"))
 		Expect(processGone(readPID(pidFile))).To(BeTrue(), "the background sleep outlived the lock")
-		Expect(getLock(ctx, ns, "jobs").Status.Holder).To(BeNil())
+		Expect(suite.GetLock(ctx, ns, "jobs").Status.Holder).To(BeNil())
 	})
 
 	It("forwards SIGTERM to the command and releases after it exits", func() {
-		newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{})
 		dumpLockOnFailure(ctx, ns, "jobs")
 		script := fmt.Sprintf(`trap 'echo term > %[1]s/term; exit 3' TERM; echo up > %[1]s/up; while :; do sleep 0.05; done`, dir)
 		run := start(lockUser(ctx), ns, "run", "jobs", "--", "sh", "-c", script)
@@ -150,7 +147,7 @@ wait
 		run.Signal(syscall.SIGTERM)
 		Eventually(run).Should(gexec.Exit(3))
 		Expect(filepath.Join(dir, "term")).To(BeAnExistingFile())
-		l := getLock(ctx, ns, "jobs")
+		l := suite.GetLock(ctx, ns, "jobs")
 		Expect(l.Status.Holder).To(BeNil())
 		Expect(l.Status.RecentAcquisitions[0].EndReason).To(Equal(locksv1alpha1.EndReasonReleased))
 	})
@@ -158,7 +155,7 @@ wait
 	Context("when the wrapper dies or the lease runs short", func() {
 		It("kills the command and its grandchild when the wrapper is SIGKILLed, long before the lease could pass to anyone else", func() {
 			const lease = 10 * time.Second
-			newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
+			suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
 			dumpLockOnFailure(ctx, ns, "jobs")
 			run := start(lockUser(ctx), ns, "run", "jobs", "--", "sh", "-c", "sleep 300 & sleep 300")
 			wrapper := run.Command.Process.Pid
@@ -169,7 +166,7 @@ wait
 				return slices.Collect(maps.Values(procs))
 			}).Should(ContainElements("sleep", "sleep"), "the command and its grandchild run")
 			Expect(len(procs)).To(BeNumerically(">=", 3), "%v", procs)
-			h := getLock(ctx, ns, "jobs").Status.Holder
+			h := suite.GetLock(ctx, ns, "jobs").Status.Holder
 			Expect(h).NotTo(BeNil())
 			// The earliest the lease could end by the lock's own record; the
 			// controller expires it only after it observed no renewal for that long.
@@ -196,12 +193,12 @@ wait
 			Expect(gone).To(BeTemporally("<", leaseEnd), "the command outlived the lease")
 			Expect(gone.Sub(killed)).To(BeNumerically("<", 2*time.Second))
 			Eventually(run).Should(gexec.Exit())
-			Expect(getLock(ctx, ns, "jobs").Status.Holder).NotTo(BeNil(), "nobody released: the lease expires")
+			Expect(suite.GetLock(ctx, ns, "jobs").Status.Holder).NotTo(BeNil(), "nobody released: the lease expires")
 		})
 
 		It("sends SIGKILL when the lease's safe deadline passes, even with a longer --grace", func() {
 			const lease = 5 * time.Second
-			newLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
+			suite.NewLock(ctx, ns, "jobs", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: int32(lease / time.Second)})
 			dumpLockOnFailure(ctx, ns, "jobs")
 			pidFile := filepath.Join(dir, "sleep.pid")
 			// The whole group ignores SIGTERM (ignored signals are inherited).

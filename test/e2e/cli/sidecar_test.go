@@ -19,6 +19,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	icli "github.com/kubelock/kubelock/internal/cli"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 // sidecarView is the JSON of the sidecar's /v1/lock.
@@ -37,8 +38,8 @@ var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
 var _ = Describe("kubelock sidecar", func() {
 	It("serves the holding on /v1/lock and /readyz, keeps the token file in step, takes the lock again after losing it and releases on SIGTERM", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3})
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3})
 		dumpLockOnFailure(ctx, ns, "leader")
 		tokenFile := filepath.Join(GinkgoT().TempDir(), "run", "token")
 
@@ -104,7 +105,7 @@ var _ = Describe("kubelock sidecar", func() {
 		Eventually(func() int { code, _ := get("/readyz"); return code }).Should(Equal(http.StatusOK))
 		agree := func() int64 {
 			v := view()
-			l := getLock(ctx, ns, "leader")
+			l := suite.GetLock(ctx, ns, "leader")
 			Expect(v.Held).To(BeTrue())
 			Expect(l.Status.Holder).NotTo(BeNil())
 			Expect(v.LeaseID).To(Equal(l.Status.Holder.LeaseID))
@@ -128,7 +129,7 @@ var _ = Describe("kubelock sidecar", func() {
 		lastLease := view().LeaseID
 		sc.Signal(syscall.SIGTERM)
 		Eventually(sc).Should(gexec.Exit(0))
-		l := getLock(ctx, ns, "leader")
+		l := suite.GetLock(ctx, ns, "leader")
 		Expect(l.Status.Holder).To(BeNil())
 		last := l.Status.RecentAcquisitions[len(l.Status.RecentAcquisitions)-1]
 		Expect(last.LeaseID).To(Equal(lastLease))
@@ -138,8 +139,8 @@ var _ = Describe("kubelock sidecar", func() {
 
 	It("keeps retrying while the lock's rules deny it, and takes the lock once they allow it", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{})
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{})
 		dumpLockOnFailure(ctx, ns, "leader")
 		tokenFile := filepath.Join(GinkgoT().TempDir(), "token")
 		// A lease above the lock's maximum: the CRD's rule answers 422.
@@ -148,19 +149,19 @@ var _ = Describe("kubelock sidecar", func() {
 		Eventually(sc.Err).Should(gbytes.Say(`acquire failed, retrying in 2s`))
 		Expect(sc.ExitCode()).To(Equal(-1), "the sidecar is still running")
 
-		l := getLock(ctx, ns, "leader")
+		l := suite.GetLock(ctx, ns, "leader")
 		l.Spec.MaxLeaseDurationSeconds = 600
 		Expect(env.Client.Update(ctx, l)).To(Succeed())
 		Eventually(tokenFile).Should(BeAnExistingFile())
-		Expect(getLock(ctx, ns, "leader").Status.Holder).NotTo(BeNil())
+		Expect(suite.GetLock(ctx, ns, "leader").Status.Holder).NotTo(BeNil())
 		sc.Signal(syscall.SIGTERM)
 		Eventually(sc).Should(gexec.Exit(0))
 	})
 
 	It("exits with the denied code when RBAC refuses it", func() {
 		ctx := context.Background()
-		ns := newNamespace(ctx)
-		newLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{})
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "leader", locksv1alpha1.DistributedLockSpec{})
 		sc := kl(nobody(), ns, "sidecar", "leader", "--listen", "127.0.0.1:0", "--token-file", filepath.Join(GinkgoT().TempDir(), "token"))
 		Expect(sc).To(gexec.Exit(icli.ExitDenied))
 		Expect(string(sc.Err.Contents())).To(ContainSubstring("forbidden"))

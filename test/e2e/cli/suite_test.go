@@ -19,23 +19,17 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gexec"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 )
-
-// controllerUser is the controller's own user; the webhook lets only it expire.
-const controllerUser = "kubelock-controller"
 
 var (
 	env *testenv.Env
@@ -43,20 +37,15 @@ var (
 	binDir   string
 	kubelock string
 	// workDir holds kubeconfigs and the files the wrapped commands write.
-	workDir   string
-	nsCounter atomic.Int64
-	userCount atomic.Int64
+	workDir     string
+	nobodyCount atomic.Int64
 )
 
 func TestCLI(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(30 * time.Second)
-	SetDefaultEventuallyPollingInterval(25 * time.Millisecond)
-	RunSpecs(t, "kubelock CLI end-to-end suite")
+	suite.Run(t, "kubelock CLI end-to-end suite", 30*time.Second, 25*time.Millisecond)
 }
 
 var _ = BeforeSuite(func() {
-	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	binDir = GinkgoT().TempDir()
 	workDir = GinkgoT().TempDir()
 	kubelock = filepath.Join(binDir, "kubelock")
@@ -66,24 +55,10 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred(), "go build ./cmd/kubelock: %s", out)
 	Expect(os.Symlink(kubelock, filepath.Join(binDir, "kubectl-lock"))).To(Succeed())
 
-	env, err = testenv.Start(testenv.WithWebhook())
-	Expect(err).NotTo(HaveOccurred())
-	// Cleanups run last-in first-out: the controller and webhook stop before the control plane.
-	DeferCleanup(func() { Expect(env.Stop()).To(Succeed()) })
-	webhookCtx, stopWebhook := context.WithCancel(context.Background())
-	DeferCleanup(stopWebhook)
-	Expect(env.StartWebhook(webhookCtx, controllerUser)).To(Succeed())
-	startController()
+	env = suite.Start(suite.ControllerUser)
+	// Cleanups run last-in first-out: the controller stops before the webhook and the control plane.
+	DeferCleanup(suite.RunController(suite.ControllerUser, controllers.WithExpiryGrace(200*time.Millisecond)))
 })
-
-// startController runs the expiry controller in this process, as the operator runs it.
-func startController() {
-	cfg, err := env.ControllerConfig(controllerUser)
-	Expect(err).NotTo(HaveOccurred())
-	stop, err := env.RunController(cfg, controllers.WithExpiryGrace(200*time.Millisecond))
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(func() { Expect(stop()).To(Succeed()) })
-}
 
 // user is an authenticated user with a kubeconfig file of its own.
 type user struct {
@@ -93,15 +68,13 @@ type user struct {
 
 // lockUser is a fresh user bound to the lock-user ClusterRole.
 func lockUser(ctx context.Context) user {
-	name := fmt.Sprintf("cli-user-%d", userCount.Add(1))
-	cfg, err := env.UserConfig(ctx, name)
-	Expect(err).NotTo(HaveOccurred())
+	cfg, name := suite.UserConfig(ctx)
 	return user{name: name, kubeconfig: writeKubeconfig(name, cfg)}
 }
 
 // nobody is a fresh authenticated user without any role.
 func nobody() user {
-	name := fmt.Sprintf("cli-nobody-%d", userCount.Add(1))
+	name := fmt.Sprintf("nobody-%d", nobodyCount.Add(1))
 	u, err := env.AddUser(envtest.User{Name: name}, nil)
 	Expect(err).NotTo(HaveOccurred())
 	return user{name: name, kubeconfig: writeKubeconfig(name, u.Config())}
@@ -110,20 +83,7 @@ func nobody() user {
 // breakglass is a lock user that may also force-release locks in ns.
 func breakglass(ctx context.Context, ns string) user {
 	u := lockUser(ctx)
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "breakglass-" + u.name},
-		Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{locksv1alpha1.GroupVersion.Group},
-			Resources: []string{"distributedlocks"},
-			Verbs:     []string{locksv1alpha1.ForceReleaseVerb},
-		}},
-	}
-	Expect(env.Client.Create(ctx, role)).To(Succeed())
-	Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role.Name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: u.name}},
-	})).To(Succeed())
+	suite.GrantForceRelease(ctx, ns, u.name)
 	return u
 }
 
@@ -166,25 +126,6 @@ func kl(u user, ns string, args ...string) *gexec.Session {
 	s := start(u, ns, args...)
 	Eventually(s).Should(gexec.Exit())
 	return s
-}
-
-// newNamespace creates a namespace of its own for one spec.
-func newNamespace(ctx context.Context) string {
-	name := fmt.Sprintf("cli-%d", nsCounter.Add(1))
-	Expect(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
-	return name
-}
-
-// newLock creates a lock object as an administrator would.
-func newLock(ctx context.Context, ns, name string, spec locksv1alpha1.DistributedLockSpec) {
-	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec}
-	Expect(env.Client.Create(ctx, l)).To(Succeed())
-}
-
-func getLock(ctx context.Context, ns, name string) *locksv1alpha1.DistributedLock {
-	l := &locksv1alpha1.DistributedLock{}
-	Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, l)).To(Succeed())
-	return l
 }
 
 // dumpLock prints the lock to the Ginkgo log when the spec failed.

@@ -26,6 +26,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 
 	"github.com/kubelock/kubelock/internal/devenv"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 	"github.com/kubelock/kubelock/webhook"
 )
@@ -34,10 +35,7 @@ import (
 var kubelock, kubelockDev string
 
 func TestDev(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(30 * time.Second)
-	SetDefaultEventuallyPollingInterval(25 * time.Millisecond)
-	RunSpecs(t, "kubelock-dev end-to-end suite")
+	suite.Run(t, "kubelock-dev end-to-end suite", 30*time.Second, 25*time.Millisecond)
 }
 
 var _ = BeforeSuite(func() {

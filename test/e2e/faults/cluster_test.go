@@ -25,6 +25,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/internal/pki"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -43,7 +44,8 @@ type etcdMember struct {
 
 // controlPlane is three etcd members on loopback behind one kube-apiserver.
 type controlPlane struct {
-	pki       *pki
+	ca        *pki.CA
+	caFile    string
 	etcd      []*etcdMember
 	apiserver *process
 	host      string
@@ -52,7 +54,8 @@ type controlPlane struct {
 
 func startControlPlane(dir string) *controlPlane {
 	assets := testenv.AssetsDir()
-	cp := &controlPlane{pki: newPKI(dir)}
+	cp := &controlPlane{}
+	cp.ca, cp.caFile = newCA(dir)
 	var peers []string
 	type ports struct{ client, peer int }
 	ps := make([]ports, 3)
@@ -76,12 +79,12 @@ func startControlPlane(dir string) *controlPlane {
 	}
 	port := freePort()
 	cp.host = fmt.Sprintf("https://127.0.0.1:%d", port)
-	crt, key := cp.pki.servingPair(filepath.Join(dir, "apiserver"))
-	sa := cp.pki.serviceAccountKey()
+	crt, key := servingPair(cp.ca, filepath.Join(dir, "apiserver"))
+	sa := serviceAccountKey(dir)
 	cp.apiserver = newProcess("kube-apiserver", filepath.Join(assets, "kube-apiserver"),
 		"--etcd-servers="+strings.Join(clientURLs, ","),
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none", fmt.Sprintf("--secure-port=%d", port),
-		"--tls-cert-file="+crt, "--tls-private-key-file="+key, "--client-ca-file="+cp.pki.caPath(),
+		"--tls-cert-file="+crt, "--tls-private-key-file="+key, "--client-ca-file="+cp.caFile,
 		"--cert-dir="+filepath.Join(dir, "apiserver"),
 		"--service-account-issuer="+cp.host+"/", "--service-account-key-file="+sa, "--service-account-signing-key-file="+sa,
 		"--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount",
@@ -93,8 +96,9 @@ func startControlPlane(dir string) *controlPlane {
 
 // userConfig is a connection as name (a client certificate of the suite's CA).
 func (cp *controlPlane) userConfig(name string, groups ...string) *rest.Config {
-	c, k := cp.pki.issue(name, groups, false)
-	return &rest.Config{Host: cp.host, QPS: -1, TLSClientConfig: rest.TLSClientConfig{CAData: cp.pki.caPEM, CertData: c, KeyData: k}}
+	c, k, err := cp.ca.Client(name, groups...)
+	must(err)
+	return &rest.Config{Host: cp.host, QPS: -1, TLSClientConfig: rest.TLSClientConfig{CAData: cp.ca.PEM, CertData: c, KeyData: k}}
 }
 
 // kubeconfig writes cfg as a kubeconfig file.
@@ -170,7 +174,7 @@ func (cp *controlPlane) install(ctx context.Context, c client.Client, webhookURL
 	for i := range vwc.Webhooks {
 		cc := &vwc.Webhooks[i].ClientConfig
 		url := webhookURL + *cc.Service.Path
-		cc.Service, cc.URL, cc.CABundle = nil, &url, cp.pki.caPEM
+		cc.Service, cc.URL, cc.CABundle = nil, &url, cp.ca.PEM
 	}
 	objs = append(objs, vwc)
 	for _, o := range objs {

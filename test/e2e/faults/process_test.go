@@ -3,7 +3,7 @@
 package faults
 
 import (
-	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/test/history"
 )
 
@@ -37,9 +38,7 @@ type process struct {
 	// lose leader election).
 	supervised bool
 	restarts   int
-	cmd        *exec.Cmd
-	exited     chan struct{}
-	paused     bool
+	child      *proc.Child
 }
 
 func newProcess(name, bin string, args ...string) *process {
@@ -52,65 +51,54 @@ func (p *process) logPath() string { return filepath.Join(p.dir, p.name+".log") 
 func (p *process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	log, err := os.OpenFile(p.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(log, "==== start %s %v\n", time.Now().Format(time.RFC3339Nano), p.args)
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
-	cmd.Stdout, cmd.Stderr = log, log
-	var stdout io.ReadCloser
 	if p.onStdout != nil {
-		cmd.Stdout = nil
+		var err error
 		if p.stdin, err = cmd.StdinPipe(); err != nil {
 			return err
 		}
-		if stdout, err = cmd.StdoutPipe(); err != nil {
-			return err
-		}
+		cmd.Stdout = &lineWriter{each: p.onStdout}
 	}
-	// Its own process group, and killed with the suite.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		_ = log.Close()
-		return fmt.Errorf("starting %s: %w", p.name, err)
+	c, err := proc.StartCmd(p.name, cmd, p.logPath())
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		if stdout == nil {
-			return
-		}
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.onStdout(append([]byte(nil), sc.Bytes()...))
-		}
-	}()
-	go func() {
-		<-read
-		_ = cmd.Wait()
-		_ = log.Close()
-		close(exited)
-		p.mu.Lock()
-		again := p.supervised && p.cmd == cmd
-		p.mu.Unlock()
-		if again {
-			time.Sleep(time.Second) // restart back-off
-			p.mu.Lock()
-			again = p.supervised && p.cmd == cmd
-			if again {
-				p.restarts++
-			}
-			p.mu.Unlock()
-			if again {
-				_ = p.start()
-			}
-		}
-	}()
-	p.cmd, p.exited, p.paused = cmd, exited, false
+	p.child = c
+	go p.restartOnExit(c)
 	return nil
+}
+
+func (p *process) restartOnExit(c *proc.Child) {
+	<-c.Done()
+	time.Sleep(time.Second) // restart back-off
+	p.mu.Lock()
+	again := p.supervised && p.child == c
+	if again {
+		p.restarts++
+	}
+	p.mu.Unlock()
+	if again {
+		_ = p.start()
+	}
+}
+
+// lineWriter hands each complete line written to it, without its newline, to each.
+type lineWriter struct {
+	buf  []byte
+	each func(line []byte)
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.buf = append(w.buf, b...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		w.each(append([]byte(nil), w.buf[:i]...))
+		w.buf = w.buf[i+1:]
+	}
 }
 
 func (p *process) supervise(on bool) {
@@ -119,89 +107,60 @@ func (p *process) supervise(on bool) {
 	p.supervised = on
 }
 
-// exitedCh is closed when the current run of the process ends.
-func (p *process) exitedCh() <-chan struct{} {
+func (p *process) current() *proc.Child {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.exited
+	return p.child
+}
+
+// exitedCh is closed when the current run of the process ends.
+func (p *process) exitedCh() <-chan struct{} {
+	if c := p.current(); c != nil {
+		return c.Done()
+	}
+	return nil
 }
 
 func (p *process) running() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return false
-	}
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
+	c := p.current()
+	return c != nil && c.Exited() == nil
 }
 
 func (p *process) signal(sig syscall.Signal) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
+	c := p.current()
+	if c == nil {
 		return fmt.Errorf("%s is not running", p.name)
 	}
-	return p.cmd.Process.Signal(sig)
+	return c.Signal(sig)
 }
 
 // pause stops the process (SIGSTOP) and returns when.
 func (p *process) pause() int64 {
 	t := history.Mono()
 	must(p.signal(syscall.SIGSTOP))
-	p.mu.Lock()
-	p.paused = true
-	p.mu.Unlock()
 	return t
 }
 
 // resume continues a paused process (SIGCONT).
-func (p *process) resume() {
-	must(p.signal(syscall.SIGCONT))
-	p.mu.Lock()
-	p.paused = false
-	p.mu.Unlock()
-}
+func (p *process) resume() { must(p.signal(syscall.SIGCONT)) }
 
 // kill sends SIGKILL, waits until the process is gone and returns the time
 // just before the signal.
 func (p *process) kill() int64 {
-	p.mu.Lock()
-	cmd, exited := p.cmd, p.exited
-	p.mu.Unlock()
-	if cmd == nil {
-		return history.Mono()
-	}
+	c := p.current()
 	t := history.Mono()
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-exited
+	if c != nil {
+		_ = c.Signal(syscall.SIGKILL)
+		<-c.Done()
+	}
 	return t
 }
 
-// stop sends SIGTERM (SIGCONT first if paused) and waits up to 20s, then kills.
+// stop sends SIGTERM (and SIGCONT, should it be paused) and waits up to 20s, then kills.
 func (p *process) stop() {
-	p.mu.Lock()
-	cmd, exited, paused := p.cmd, p.exited, p.paused
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	p.mu.Lock()
-	p.supervised = false
-	p.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	if paused {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-	}
-	select {
-	case <-exited:
-	case <-time.After(20 * time.Second):
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-exited
+	p.supervise(false)
+	if c := p.current(); c != nil {
+		_ = c.Stop(20 * time.Second)
 	}
 }
 

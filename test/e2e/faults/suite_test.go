@@ -39,6 +39,7 @@ import (
 	"github.com/kubelock/kubelock/test/faultproxy"
 	"github.com/kubelock/kubelock/test/history"
 	"github.com/kubelock/kubelock/test/pgtest"
+	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -62,10 +63,7 @@ var (
 )
 
 func TestFaults(t *testing.T) {
-	RegisterFailHandler(Fail)
-	SetDefaultEventuallyTimeout(60 * time.Second)
-	SetDefaultEventuallyPollingInterval(50 * time.Millisecond)
-	RunSpecs(t, "kubelock fault-injection suite")
+	suite.Run(t, "kubelock fault-injection suite", 60*time.Second, 50*time.Millisecond)
 }
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -124,7 +122,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	// Two operator replicas behind the balancer the webhook configuration points at.
 	certDir := filepath.Join(workDir, "webhook-certs")
-	cp.pki.servingPair(certDir)
+	servingPair(cp.ca, certDir)
 	kc := kubeconfig(filepath.Join(workDir, "controller.kubeconfig"), cp.userConfig(controllerUser, "system:masters"))
 	var backends []string
 	for i := range 2 {
