@@ -71,12 +71,15 @@ verify: manifests generate ## Regenerate code and manifests; fail on any diff or
 	@hack/verify-clean.sh api config
 	@hack/verify-modules.sh
 
-.PHONY: control-plane
-control-plane: $(CONTROL_PLANE_DIR)/kube-apiserver ## Build etcd, kube-apiserver and kubectl from Go modules into ./bin.
+CONTROL_PLANE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,etcd kube-apiserver kube-controller-manager kubectl)
 
-$(CONTROL_PLANE_DIR)/kube-apiserver $(CONTROL_PLANE_DIR)/etcd $(CONTROL_PLANE_DIR)/kubectl: hack/build-control-plane.sh
+.PHONY: control-plane
+control-plane: $(CONTROL_PLANE_BINS) ## Build etcd, kube-apiserver, kube-controller-manager and kubectl from Go modules into ./bin.
+
+# Grouped (&:): one script run makes all four.
+$(CONTROL_PLANE_BINS) &: hack/build-control-plane.sh
 	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) hack/build-control-plane.sh
-	@touch $(CONTROL_PLANE_DIR)/kube-apiserver $(CONTROL_PLANE_DIR)/etcd $(CONTROL_PLANE_DIR)/kubectl
+	@touch $(CONTROL_PLANE_BINS)
 
 .PHONY: test-deps
 test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL server, from Debian's packages).
@@ -84,9 +87,9 @@ test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL 
 
 # The suites by kind. Unit: every package outside the suites below (pure rules,
 # the library, the CLI; the controller's and the API's own envtest suites too).
-INTEGRATION_PKGS := ./test/admission/... ./test/integration/... ./test/observability/...
+INTEGRATION_PKGS := ./test/admission/... ./test/gc/... ./test/integration/... ./test/observability/...
 E2E_PKGS := ./test/e2e/...
-UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/integration' -e '/test/observability' -e '/test/e2e')
+UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/gc' -e '/test/integration' -e '/test/observability' -e '/test/e2e')
 
 .PHONY: test
 test: manifests generate control-plane test-deps ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, and the benchmark module's.
@@ -98,7 +101,7 @@ test-unit: manifests generate control-plane test-deps ## Run the packages outsid
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(UNIT_PKGS)
 
 .PHONY: test-integration
-test-integration: manifests generate control-plane test-deps ## Run the admission, protocol and observability suites against the real control plane.
+test-integration: manifests generate control-plane test-deps ## Run the admission, garbage-collection, protocol and observability suites against the real control plane.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
@@ -111,7 +114,7 @@ test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI
 DEV_FLAGS ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, CRD, operator) until Ctrl-C; prints the next steps.
+dev: control-plane install-plugin kubelock-dev ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps.
 	$(LOCALBIN)/kubelock-dev $(DEV_FLAGS)
 
 ##@ Deploy

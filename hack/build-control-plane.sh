@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kubectl from the Go module proxy into
-# bin/k8s/<k8s version>-<etcd version>/ and prints that folder (the value for
-# KUBEBUILDER_ASSETS). Idempotent: a binary that already reports the wanted
-# version is kept. Nothing is downloaded from release pages.
+# Builds etcd, kube-apiserver, kube-controller-manager and kubectl from the Go
+# module proxy into bin/k8s/<k8s version>-<etcd version>/ and prints that folder
+# (the value for KUBEBUILDER_ASSETS). Idempotent: a binary that already reports
+# the wanted version is kept. Nothing is downloaded from release pages.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
@@ -46,8 +46,12 @@ build_etcd() {
 }
 
 build_kube() {
-  if has kube-apiserver "$K8S_VERSION" && has_kubectl; then return; fi
-  log "building kube-apiserver and kubectl $K8S_VERSION"
+  local want=()
+  has kube-apiserver "$K8S_VERSION" || want+=(kube-apiserver)
+  has kube-controller-manager "$K8S_VERSION" || want+=(kube-controller-manager)
+  has_kubectl || want+=(kubectl)
+  [ ${#want[@]} -gt 0 ] || return 0
+  log "building ${want[*]} $K8S_VERSION"
   local mod; mod=$(mktemp -d)
   trap 'rm -rf "$mod"' RETURN
   (
@@ -70,6 +74,7 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
@@ -81,10 +86,10 @@ GO
     for p in $pkg $cgo; do
       ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
     done
-    go build -ldflags "$ld" -o "$out/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-    install_bin "$out/kube-apiserver.tmp" kube-apiserver
-    go build -ldflags "$ld" -o "$out/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
-    install_bin "$out/kubectl.tmp" kubectl
+    for b in "${want[@]}"; do
+      go build -ldflags "$ld" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b"
+      install_bin "$out/$b.tmp" "$b"
+    done
   )
 }
 

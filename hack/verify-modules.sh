@@ -16,8 +16,8 @@ for dir in . test/bench; do
   fi
 done
 forbidden='^(gonum\.org/|github\.com/go-redsync/|github\.com/redis/|go\.etcd\.io/etcd/client/|github\.com/google/pprof/|github\.com/jackc/pgx)'
-if bad=$(go list -deps ./pkg/lock | grep -E "$forbidden"); then
-  echo "verify: pkg/lock links benchmark-only or database packages:" >&2
+if bad=$(go list -deps ./pkg/lock ./pkg/fencing | grep -E "$forbidden"); then
+  echo "verify: pkg/lock or pkg/fencing links benchmark-only or database packages:" >&2
   echo "$bad" >&2
   rc=1
 fi
@@ -28,5 +28,5 @@ if bad=$(go list -deps ./api/... ./cmd/... ./config/... ./controllers/... ./inte
   echo "$bad" >&2
   rc=1
 fi
-[ "$rc" = 0 ] && echo "verify: both modules tidy; pkg/lock free of benchmark-only dependencies; no test-only package in product code"
+[ "$rc" = 0 ] && echo "verify: both modules tidy; pkg/lock and pkg/fencing free of benchmark-only dependencies; no test-only package in product code"
 exit "$rc"

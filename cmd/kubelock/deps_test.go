@@ -21,26 +21,56 @@ var operatorCode = []string{
 	"sigs.k8s.io/controller-runtime/pkg/webhook",
 }
 
+// heavyDeps are what users of the lock client and of HTTP fencing must not
+// link: the benchmark's plotting, Redis and etcd clients, and pgx (which only
+// pkg/fencing/postgres needs).
+var heavyDeps = []string{
+	"gonum.org/v1",
+	"github.com/go-redsync/redsync",
+	"github.com/redis/go-redis",
+	"go.etcd.io/etcd/client",
+	"github.com/google/pprof",
+	"github.com/jackc/pgx",
+}
+
 func TestLinksNoOperatorCode(t *testing.T) {
+	deps := goListDeps(t, ".")
+	checkDeps(t, "cmd/kubelock", deps, operatorCode)
+	checkDeps(t, "cmd/kubelock", deps, heavyDeps)
+	t.Logf("cmd/kubelock has %d dependencies", len(deps))
+}
+
+func TestLibrariesLinkNoHeavyDependencies(t *testing.T) {
+	for _, pkg := range []string{"pkg/lock", "pkg/fencing"} {
+		checkDeps(t, pkg, goListDeps(t, "../../"+pkg), heavyDeps)
+	}
+}
+
+func goListDeps(t *testing.T, pkg string) []string {
+	t.Helper()
 	// go test puts the go command that runs it first on PATH.
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			t.Fatalf("go list -deps: %v: %s", err, ee.Stderr)
+			t.Fatalf("go list -deps %s: %v: %s", pkg, err, ee.Stderr)
 		}
-		t.Fatalf("go list -deps: %v", err)
+		t.Fatalf("go list -deps %s: %v", pkg, err)
 	}
 	deps := strings.Fields(string(out))
 	if len(deps) < 10 {
-		t.Fatalf("go list -deps listed only %q", deps)
+		t.Fatalf("go list -deps %s listed only %q", pkg, deps)
 	}
+	return deps
+}
+
+func checkDeps(t *testing.T, pkg string, deps, forbidden []string) {
+	t.Helper()
 	for _, dep := range deps {
-		for _, bad := range operatorCode {
+		for _, bad := range forbidden {
 			if dep == bad || strings.HasPrefix(dep, bad+"/") {
-				t.Errorf("cmd/kubelock depends on %s: the CLI must link no operator code", dep)
+				t.Errorf("%s depends on %s, which it must not link", pkg, dep)
 			}
 		}
 	}
-	t.Logf("cmd/kubelock has %d dependencies", len(deps))
 }

@@ -106,7 +106,7 @@ func signalExit(s os.Signal) error {
 	if sig, ok := s.(syscall.Signal); ok {
 		n = int(sig)
 	}
-	return withCode(128+n, fmt.Errorf("interrupted by %s", s))
+	return withCode(128+n, errorf("interrupted by %s", s))
 }
 
 func newAcquireCommand(o *options) *cobra.Command {
@@ -158,71 +158,76 @@ Use "kubelock run" or "kubelock sidecar" to hold a lock while work runs.`,
 
 func newReleaseCommand(o *options) *cobra.Command {
 	var leaseID string
-	cmd := &cobra.Command{
+	cmd := o.keyCommand(&cobra.Command{
 		Use:   "release KEY --lease-id ID",
 		Short: "Release a lease taken with acquire (only its holder may)",
 		Long:  "Release the lease ID of KEY. Releasing a lease that was already released by you succeeds again; a lease that ended otherwise is reported as lost.",
-		Args:  exactArgs(1, "one KEY"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			key := args[0]
-			if err := checkKey(key); err != nil {
-				return err
-			}
-			if leaseID == "" {
-				return usageErrorf("--lease-id is required")
-			}
-			c, err := o.lockClient()
-			if err != nil {
-				return err
-			}
-			if err := c.ReleaseLease(cmd.Context(), key, leaseID); err != nil {
-				return notFound(err, c.Namespace(), key, false)
-			}
-			name, _ := lock.NameForKey(key)
-			printf(o.streams.Out, "released %s/%s (lease %s)\n", c.Namespace(), name, leaseID)
-			return nil
-		},
-	}
+	}, func() error {
+		if leaseID == "" {
+			return usageErrorf("--lease-id is required")
+		}
+		return nil
+	}, func(ctx context.Context, c *lock.Client, key, name string) error {
+		if err := c.ReleaseLease(ctx, key, leaseID); err != nil {
+			return err
+		}
+		printf(o.streams.Out, "released %s/%s (lease %s)\n", c.Namespace(), name, leaseID)
+		return nil
+	})
 	cmd.Flags().StringVar(&leaseID, "lease-id", "", "the lease to release, as printed by acquire (required)")
 	return cmd
 }
 
 func newForceReleaseCommand(o *options) *cobra.Command {
 	var reason string
-	cmd := &cobra.Command{
+	cmd := o.keyCommand(&cobra.Command{
 		Use:   "force-release KEY --reason TEXT",
 		Short: "Break a lock whoever holds it (needs the RBAC verb force-release on distributedlocks)",
 		Long: `End the current holding of KEY, recording you and the reason in the lock's
 recentAcquisitions and an Event. The holder learns at its next renewal that it
 lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
-		Args: exactArgs(1, "one KEY"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			key := args[0]
-			if err := checkKey(key); err != nil {
-				return err
-			}
-			if reason == "" {
-				return usageErrorf("--reason is required: it is recorded with the lock")
-			}
-			c, err := o.lockClient()
-			if err != nil {
-				return err
-			}
-			ended, err := c.ForceRelease(cmd.Context(), key, reason)
-			if err != nil {
-				return notFound(err, c.Namespace(), key, false)
-			}
-			name, _ := lock.NameForKey(key)
-			if ended == nil {
-				printf(o.streams.Out, "%s/%s was not held; nothing to release\n", c.Namespace(), name)
-				return nil
-			}
+	}, func() error {
+		if reason == "" {
+			return usageErrorf("--reason is required: it is recorded with the lock")
+		}
+		return nil
+	}, func(ctx context.Context, c *lock.Client, key, name string) error {
+		ended, err := c.ForceRelease(ctx, key, reason)
+		switch {
+		case err != nil:
+			return err
+		case ended == nil:
+			printf(o.streams.Out, "%s/%s was not held; nothing to release\n", c.Namespace(), name)
+		default:
 			printf(o.streams.Out, "force-released %s/%s: ended lease %s of %s (token %d)\n",
 				c.Namespace(), name, ended.LeaseID, ended.Identity, ended.FencingToken)
-			return nil
-		},
-	}
+		}
+		return nil
+	})
 	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the lock's history and event (required, at most 256 characters)")
+	return cmd
+}
+
+// keyCommand completes cmd, a command on one existing lock: it checks the KEY
+// and then the flags (check), builds the lock client, runs run, and restates a
+// missing lock in the CLI's terms.
+func (o *options) keyCommand(cmd *cobra.Command, check func() error, run func(ctx context.Context, c *lock.Client, key, name string) error) *cobra.Command {
+	cmd.Args = exactArgs(1, "one KEY")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		key := args[0]
+		if err := checkKey(key); err != nil {
+			return err
+		}
+		if err := check(); err != nil {
+			return err
+		}
+		c, err := o.lockClient()
+		if err != nil {
+			return err
+		}
+		name, _ := lock.NameForKey(key)
+		return notFound(run(cmd.Context(), c, key, name), c.Namespace(), key, false)
+	}
 	return cmd
 }
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,12 +29,12 @@ it; "make ` + devBinary + `" builds it into bin/. "kubelock dev --help" is its h
 			}
 			if _, err := os.Stat(bin); err != nil {
 				if bin, err = exec.LookPath(devBinary); err != nil {
-					return fmt.Errorf("kubelock dev runs %s, which is neither next to kubelock nor on PATH: build it with `make %s` (or run `make dev`)", devBinary, devBinary)
+					return errorf("kubelock dev runs %s, which is neither next to kubelock nor on PATH: build it with `make %s` (or run `make dev`)", devBinary, devBinary)
 				}
 			}
 			// Exec, not a child: signals, the exit code and the process tree stay as if it had been run itself.
 			if err := syscall.Exec(bin, append([]string{bin}, args...), os.Environ()); err != nil {
-				return fmt.Errorf("running %s: %w", bin, err)
+				return errorf("running %s: %w", bin, err)
 			}
 			return nil
 		},

@@ -79,9 +79,13 @@ func (e *exitError) Unwrap() error { return e.err }
 // withCode gives err an explicit exit code.
 func withCode(code int, err error) error { return &exitError{code: code, err: err} }
 
+// errorf is an error the CLI creates, with the "kubelock: " prefix that
+// pkg/lock's errors carry too: every error reaches stderr as it is.
+func errorf(format string, args ...any) error { return fmt.Errorf("kubelock: "+format, args...) }
+
 // usageErrorf is a usage error (ExitUsage).
 func usageErrorf(format string, args ...any) error {
-	return withCode(ExitUsage, fmt.Errorf(format, args...))
+	return withCode(ExitUsage, errorf(format, args...))
 }
 
 // exitCode maps an error to the documented exit code.
@@ -145,13 +149,6 @@ func notFound(err error, ns, key string, canCreate bool) error {
 	return fmt.Errorf("%w: %s/%s (key %q)%s", lock.ErrNotFound, ns, name, key, hint)
 }
 
-// oneLine is err as a single line for stderr: pkg/lock's nested "kubelock: "
-// prefixes collapsed, newlines folded, control characters escaped (errors
-// quote identities and messages from the lock), one "kubelock: " prefix in front.
-func oneLine(err error) string {
-	msg := strings.Join(strings.Fields(err.Error()), " ")
-	msg = strings.ReplaceAll(msg, ": kubelock: ", ": ")
-	msg = strings.TrimPrefix(msg, "kubelock: ")
-	msg = strings.TrimPrefix(msg, "error: ")
-	return "kubelock: " + printable(msg)
-}
+// oneLine is err as a single line for stderr: newlines folded, control
+// characters escaped (errors quote identities and messages from the lock).
+func oneLine(err error) string { return printable(strings.Join(strings.Fields(err.Error()), " ")) }

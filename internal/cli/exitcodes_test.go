@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 )
@@ -58,9 +59,9 @@ func TestExitCode(t *testing.T) {
 }
 
 func TestOneLine(t *testing.T) {
-	err := fmt.Errorf("kubelock: acquire %q: %w", "jobs", fmt.Errorf("%w: shop/jobs\nmore", lock.ErrNotFound))
+	err := fmt.Errorf("%w: shop/jobs\nmore", lock.ErrNotFound)
 	got := oneLine(err)
-	want := `kubelock: acquire "jobs": lock not found: shop/jobs more`
+	want := `kubelock: lock not found: shop/jobs more`
 	if got != want {
 		t.Errorf("oneLine = %q, want %q", got, want)
 	}
@@ -90,7 +91,7 @@ func TestArgumentErrorsNeedNoServer(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errOut strings.Builder
-			code := Run(context.Background(), append([]string{"kubelock"}, tc.args...), Streams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+			code := Run(context.Background(), append([]string{"kubelock"}, tc.args...), genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
 			if code != tc.want {
 				t.Errorf("exit code %d, want %d (stderr %q)", code, tc.want, errOut.String())
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
 )
 
 func newGetCommand(o *options) *cobra.Command {
@@ -97,7 +97,7 @@ func (o *options) list(ctx context.Context, all bool) error {
 		opts = append(opts, client.InNamespace(ns))
 	}
 	if err := c.List(ctx, list, opts...); err != nil {
-		return fmt.Errorf("listing locks: %w", err)
+		return errorf("listing locks: %w", err)
 	}
 	sort.Slice(list.Items, func(i, j int) bool {
 		a, b := list.Items[i], list.Items[j]
@@ -132,34 +132,21 @@ func lockList(items []locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedL
 }
 
 func newDescribeCommand(o *options) *cobra.Command {
-	return &cobra.Command{
+	return o.keyCommand(&cobra.Command{
 		Use:   "describe KEY",
 		Short: "Show one lock in detail: holder, queue with positions, recent acquisitions, events",
-		Args:  exactArgs(1, "one KEY"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.describe(cmd.Context(), args[0])
-		},
-	}
-}
-
-func (o *options) describe(ctx context.Context, key string) error {
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	lc, err := o.lockClient()
-	if err != nil {
-		return err
-	}
-	l, err := lc.Get(ctx, key)
-	if err != nil {
-		return notFound(err, lc.Namespace(), key, false)
-	}
-	rc, _, err := o.readClient()
-	if err != nil {
-		return err
-	}
-	events, note := lockEvents(ctx, rc, l)
-	return describeLock(o.streams.Out, l, events, note, o.now())
+	}, func() error { return nil }, func(ctx context.Context, c *lock.Client, key, _ string) error {
+		l, err := c.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		rc, _, err := o.readClient()
+		if err != nil {
+			return err
+		}
+		events, note := lockEvents(ctx, rc, l)
+		return describeLock(o.streams.Out, l, events, note, o.now())
+	})
 }
 
 // lockEvents lists the events about l; a lock user may lack the right to, and
@@ -174,7 +161,7 @@ func lockEvents(ctx context.Context, c client.Client, l *locksv1alpha1.Distribut
 	case apierrors.IsForbidden(err):
 		return nil, "<not shown: no permission to list events>"
 	case err != nil:
-		return nil, fmt.Sprintf("<cannot list events: %s>", strings.TrimPrefix(oneLine(err), "kubelock: "))
+		return nil, fmt.Sprintf("<cannot list events: %s>", oneLine(err))
 	}
 	var out []corev1.Event
 	for _, e := range list.Items {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 // startGroup starts the run guard (kubelock itself, see runGuard), which
@@ -17,7 +19,7 @@ import (
 // group as soon as this process dies, whatever kills it. The guard reports on
 // its status pipe ("started PGID", "exited WAITSTATUS" or "error MESSAGE") and
 // stays until this process closes the control pipe (g.finish) or dies.
-func startGroup(path string, argv, env []string, s Streams) (*group, error) {
+func startGroup(path string, argv, env []string, s genericiooptions.IOStreams) (*group, error) {
 	becomeSubreaper() // orphans of a guard that died come here, to be reaped
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
@@ -102,5 +104,5 @@ func (g *group) watchGuard(lines *bufio.Scanner, statusR *os.File) {
 		}
 	}
 	g.signal(syscall.SIGKILL)
-	g.err = errors.New("the run guard died before the command ended; its process group was killed")
+	g.err = errorf("the run guard died before the command ended; its process group was killed")
 }

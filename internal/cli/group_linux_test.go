@@ -12,20 +12,21 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 // TestMain lets the test binary be run's guard: startGroup starts
 // /proc/self/exe, which is this binary here.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == guardCommand {
-		os.Exit(runGuard(os.Args[2:], Streams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}))
+		os.Exit(runGuard(os.Args[2:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}))
 	}
 	os.Exit(m.Run())
 }
 
 func startTestGroup(t *testing.T, script string) *group {
 	t.Helper()
-	g, err := startGroup("/bin/sh", []string{"sh", "-c", script}, os.Environ(), Streams{In: os.Stdin, Out: os.Stderr, ErrOut: os.Stderr})
+	g, err := startGroup("/bin/sh", []string{"sh", "-c", script}, os.Environ(), genericiooptions.IOStreams{In: os.Stdin, Out: os.Stderr, ErrOut: os.Stderr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestGuardStartErrors(t *testing.T) {
 	if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := startGroup(path, []string{path}, os.Environ(), Streams{In: os.Stdin, Out: os.Stderr, ErrOut: os.Stderr})
+	_, err := startGroup(path, []string{path}, os.Environ(), genericiooptions.IOStreams{In: os.Stdin, Out: os.Stderr, ErrOut: os.Stderr})
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("startGroup = %v, want permission denied", err)
 	}
@@ -127,7 +128,7 @@ func TestGuardStartErrors(t *testing.T) {
 
 func TestGuardByHandIsAUsageError(t *testing.T) {
 	var out strings.Builder
-	if code := Run(t.Context(), []string{"kubelock", guardCommand, strconv.Itoa(os.Getpid())}, Streams{Out: &out, ErrOut: &out}); code != ExitUsage {
+	if code := Run(t.Context(), []string{"kubelock", guardCommand, strconv.Itoa(os.Getpid())}, genericiooptions.IOStreams{Out: &out, ErrOut: &out}); code != ExitUsage {
 		t.Errorf("exit code %d, want %d (%s)", code, ExitUsage, out.String())
 	}
 }

@@ -5,12 +5,14 @@ package cli
 import (
 	"os/exec"
 	"syscall"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 // startGroup starts the command as this process's child, leader of its own
 // process group. Without a parent-death signal, a SIGKILL of this process
 // leaves the group running.
-func startGroup(path string, argv, env []string, s Streams) (*group, error) {
+func startGroup(path string, argv, env []string, s genericiooptions.IOStreams) (*group, error) {
 	becomeSubreaper()
 	cmd := &exec.Cmd{
 		Path: path, Args: argv, Env: env,
@@ -30,7 +32,7 @@ func startGroup(path string, argv, env []string, s Streams) (*group, error) {
 }
 
 // runGuard exists on Linux only.
-func runGuard(_ []string, s Streams) int {
+func runGuard(_ []string, s genericiooptions.IOStreams) int {
 	_, _ = s.ErrOut.Write([]byte("kubelock: the run guard exists on Linux only\n"))
 	return ExitUsage
 }

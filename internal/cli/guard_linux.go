@@ -7,6 +7,8 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 // runGuard is `kubelock __run-guard PARENT-PID PATH ARGV0 [ARGS...]`, started
@@ -16,7 +18,7 @@ import (
 // reports the command's end, and SIGKILLs the whole group when run dies —
 // told by the parent-death signal, or by the control pipe's end-of-file — or
 // when run closes the control pipe because it is done with the group.
-func runGuard(args []string, s Streams) int {
+func runGuard(args []string, s genericiooptions.IOStreams) int {
 	if len(args) < 3 {
 		_, _ = fmt.Fprintln(s.ErrOut, "kubelock: "+guardCommand+" is started by kubelock run, not by hand")
 		return ExitUsage

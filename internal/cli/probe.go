@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -37,12 +36,12 @@ func newProbeCommand(o *options) *cobra.Command {
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
-				return fmt.Errorf("%s: %w", url, err)
+				return errorf("%s: %w", url, err)
 			}
 			defer func() { _ = resp.Body.Close() }()
 			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%s: %s: %s", url, resp.Status, body)
+				return errorf("%s: %s: %s", url, resp.Status, body)
 			}
 			_, err = o.streams.Out.Write(body)
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,21 +29,14 @@ import (
 // -ldflags "-X github.com/kubelock/kubelock/internal/cli.Version=v0.1.0".
 var Version = "dev"
 
-// Streams are the standard streams of one invocation.
-type Streams struct {
-	In     io.Reader
-	Out    io.Writer
-	ErrOut io.Writer
-}
-
 // Main runs the CLI with args (args[0] is the program name) on the process's
 // standard streams and returns the exit code. Errors go to stderr as one line.
 func Main(args []string) int {
-	return Run(context.Background(), args, Streams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
+	return Run(context.Background(), args, genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
 }
 
 // Run is Main with explicit streams, for tests.
-func Run(ctx context.Context, args []string, s Streams) int {
+func Run(ctx context.Context, args []string, s genericiooptions.IOStreams) int {
 	if len(args) > 1 && args[1] == guardCommand {
 		return runGuard(args[2:], s)
 	}
@@ -61,7 +55,7 @@ func Run(ctx context.Context, args []string, s Streams) int {
 		return ExitOK
 	}
 	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") {
-		err = withCode(ExitUsage, err)
+		err = withCode(ExitUsage, errorf("%w", err))
 	}
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.err != nil {
@@ -72,7 +66,7 @@ func Run(ctx context.Context, args []string, s Streams) int {
 
 // options are the flags every command shares.
 type options struct {
-	streams  Streams
+	streams  genericiooptions.IOStreams
 	config   *genericclioptions.ConfigFlags
 	output   string
 	identity string
@@ -80,7 +74,7 @@ type options struct {
 	now func() time.Time
 }
 
-func newRootCommand(s Streams) *cobra.Command {
+func newRootCommand(s genericiooptions.IOStreams) *cobra.Command {
 	o := &options{streams: s, config: genericclioptions.NewConfigFlags(true), now: time.Now}
 	root := &cobra.Command{
 		Use:   "kubelock",
@@ -100,7 +94,7 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	root.SetOut(s.Out)
 	root.SetErr(s.ErrOut)
 	root.SetIn(s.In)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, err) })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, errorf("%w", err)) })
 	flags := root.PersistentFlags()
 	o.config.AddFlags(flags)
 	// client-go logs retries with klog; keep stderr to our one line.
@@ -133,7 +127,7 @@ func (o *options) checkOutput() error {
 func (o *options) restConfig() (*rest.Config, error) {
 	cfg, err := o.config.ToRESTConfig()
 	if err != nil {
-		return nil, withCode(ExitUsage, fmt.Errorf("no usable Kubernetes configuration: %w", err))
+		return nil, usageErrorf("no usable Kubernetes configuration: %w", err)
 	}
 	cfg.UserAgent = "kubelock/" + Version
 	return cfg, nil
@@ -143,7 +137,7 @@ func (o *options) restConfig() (*rest.Config, error) {
 func (o *options) namespace() (string, error) {
 	ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
 	if err != nil {
-		return "", withCode(ExitUsage, fmt.Errorf("no usable Kubernetes configuration: %w", err))
+		return "", usageErrorf("no usable Kubernetes configuration: %w", err)
 	}
 	return ns, nil
 }
@@ -181,7 +175,7 @@ func (o *options) readClient() (client.Client, string, error) {
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		return nil, "", err
+		return nil, "", errorf("building a client: %w", err)
 	}
 	return c, ns, nil
 }

@@ -72,7 +72,7 @@ group (setsid, double-fork daemons) are not followed.`,
 func (o *options) run(ctx context.Context, key string, argv []string, f *acquireFlags, grace time.Duration) error {
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return withCode(ExitCommandNotFound, fmt.Errorf("command %q: %w", argv[0], err))
+		return withCode(ExitCommandNotFound, errorf("command %q: %w", argv[0], err))
 	}
 	var extra []lock.Option
 	if f.create {
@@ -115,7 +115,7 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 	), o.streams)
 	if err != nil {
 		o.releaseOrWarn(l)
-		return withCode(ExitCommandNotExecutable, fmt.Errorf("starting %q: %w", argv[0], err))
+		return withCode(ExitCommandNotExecutable, errorf("starting %q: %w", argv[0], err))
 	}
 
 	defer g.finish()
@@ -169,7 +169,7 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 			// overlapped with the next holder's.
 			return withCode(ExitLockLost, err)
 		}
-		_, _ = fmt.Fprintln(o.streams.ErrOut, oneLine(fmt.Errorf("release failed, the lease will expire: %w", err)))
+		o.warnRelease(err)
 	}
 	return g.exitCode()
 }
@@ -182,6 +182,10 @@ func (o *options) releaseLock(l *lock.Lock) error {
 
 func (o *options) releaseOrWarn(l *lock.Lock) {
 	if err := o.releaseLock(l); err != nil {
-		_, _ = fmt.Fprintln(o.streams.ErrOut, oneLine(fmt.Errorf("release failed, the lease will expire: %w", err)))
+		o.warnRelease(err)
 	}
+}
+
+func (o *options) warnRelease(err error) {
+	_, _ = fmt.Fprintf(o.streams.ErrOut, "%s; release failed, the lease will expire\n", oneLine(err))
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -15,8 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/renameio/v2"
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 )
@@ -162,7 +165,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 	state := &sidecarState{base: lockState{Namespace: c.Namespace(), Name: name, Key: key, Identity: c.Identity()}}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		return withCode(ExitUsage, fmt.Errorf("--listen %s: %w", listen, err))
+		return usageErrorf("--listen %s: %w", listen, err)
 	}
 	srv := &http.Server{Handler: state.handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -174,7 +177,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 
 	ctx, interrupted, stop := signalContext(ctx)
 	defer stop()
-	var back time.Duration
+	back := sidecarBackoff()
 	for {
 		l, err := c.Acquire(ctx, key, f.options(state.queued)...)
 		err = notFound(err, c.Namespace(), key, true)
@@ -191,15 +194,18 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 		case err != nil && permanent(err):
 			return err
 		case err != nil:
-			back = min(max(2*back, time.Second), 30*time.Second)
-			logf("acquire failed, retrying in %s: %s", back, oneLine(err))
-			_ = sleepCtx(ctx, back) // a cancelled ctx ends the loop above
+			d := back.Step()
+			logf("acquire failed, retrying in %s: %s", d, oneLine(err))
+			select { // a cancelled ctx ends the loop above
+			case <-ctx.Done():
+			case <-time.After(d):
+			}
 			continue
 		}
-		back = 0
+		back = sidecarBackoff()
 		if err := writeTokenFile(tokenFile, l.FencingToken()); err != nil {
 			o.releaseOrWarn(l)
-			return fmt.Errorf("writing the token file: %w", err)
+			return errorf("writing the token file: %w", err)
 		}
 		state.set(l)
 		logf("holding %s/%s with token %d (lease %s)", c.Namespace(), name, l.FencingToken(), l.LeaseID())
@@ -258,43 +264,18 @@ func lockStateDenial(err error) bool {
 	return apierrors.IsInvalid(err) || (apierrors.IsForbidden(err) && strings.Contains(err.Error(), "[kubelock:"))
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+// sidecarBackoff is the pause between failed acquires: 1s, doubling to 30s.
+func sidecarBackoff() wait.Backoff {
+	return wait.Backoff{Duration: time.Second, Factor: 2, Steps: math.MaxInt32, Cap: 30 * time.Second}
 }
 
-// writeTokenFile replaces path atomically: readers see the old token or the
-// new one, never a partial write.
+// writeTokenFile replaces path atomically and durably (fsync): readers see the
+// old token or the new one, never a partial write.
 func writeTokenFile(path string, token int64) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".token-*")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }() // after a successful rename, a no-op
-	if _, err := tmp.WriteString(strconv.FormatInt(token, 10) + "\n"); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return renameio.WriteFile(path, []byte(strconv.FormatInt(token, 10)+"\n"), 0o644,
+		renameio.WithTempDir(dir), renameio.WithStaticPermissions(0o644))
 }

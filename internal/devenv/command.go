@@ -47,9 +47,10 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kubelock-dev",
 		Short: "Run kubelock locally: etcd, kube-apiserver, the CRD and the operator, until Ctrl-C",
-		Long: `kubelock-dev starts a local kubelock for trying it by hand: etcd and
-kube-apiserver from the control plane "make control-plane" builds (--assets-dir),
-the DistributedLock CRD, the operator (controller and admission webhook) in this
+		Long: `kubelock-dev starts a local kubelock for trying it by hand: etcd,
+kube-apiserver and kube-controller-manager (garbage collector, namespace and
+service-account controllers) from the control plane "make control-plane" builds
+(--assets-dir), the DistributedLock CRD, the operator (controller and admission webhook) in this
 process with a locally generated CA, users alice and bob (lock users) and carol
 (lock user with break-glass) in namespace default, and a lock named demo. It
 writes an admin kubeconfig with a context per user, links kubectl and the kubelock
@@ -78,7 +79,7 @@ Without --persist the data folder starts fresh at every start.`,
 	f.StringVar(&d.Dir, "data-dir", d.Dir, "data folder: etcd data, certificates, logs, kubectl links")
 	f.StringVar(&d.KubeconfigOut, "kubeconfig-out", d.KubeconfigOut, "where to write the admin kubeconfig (default <data-dir>/kubeconfig)")
 	f.BoolVar(&d.Persist, "persist", d.Persist, "keep etcd's data (and the CA) from the last run instead of starting fresh")
-	f.StringVar(&d.AssetsDir, "assets-dir", d.AssetsDir, "folder with etcd, kube-apiserver and kubectl (default $KUBEBUILDER_ASSETS, else the newest bin/k8s/*)")
+	f.StringVar(&d.AssetsDir, "assets-dir", d.AssetsDir, "folder with etcd, kube-apiserver, kube-controller-manager and kubectl (default $KUBEBUILDER_ASSETS, else the newest bin/k8s/*)")
 	f.IntVar(&d.APIServerPort, "apiserver-port", d.APIServerPort, "kube-apiserver port on 127.0.0.1")
 	f.IntVar(&d.EtcdPort, "etcd-port", d.EtcdPort, "etcd client port on 127.0.0.1")
 	f.IntVar(&d.EtcdPeerPort, "etcd-peer-port", d.EtcdPeerPort, "etcd peer port on 127.0.0.1")

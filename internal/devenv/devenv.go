@@ -1,8 +1,9 @@
 // Package devenv is kubelock-dev (`make dev`): a local kubelock on a real
-// etcd and kube-apiserver (the control plane `make control-plane` builds), with
-// the CRD installed, the operator (controller and admission webhook) running in
-// this process, users to try the ownership rules with, and a kubeconfig. It
-// runs until its context ends and then stops everything it started.
+// etcd, kube-apiserver and kube-controller-manager (the control plane `make
+// control-plane` builds), with the CRD installed, the operator (controller and
+// admission webhook) running in this process, users to try the ownership rules
+// with, and a kubeconfig. It runs until its context ends and then stops
+// everything it started.
 package devenv
 
 import (
@@ -25,6 +26,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -36,6 +39,8 @@ import (
 const (
 	AdminUser      = "kubelock-dev-admin"
 	ControllerUser = "kubelock-dev-controller"
+	// controllerManagerUser is kube-controller-manager's (system:masters: its garbage collector deletes anything).
+	controllerManagerUser = "system:kube-controller-manager"
 	// ReadyLine is printed, alone on its line, once everything is up.
 	ReadyLine = "kubelock dev: ready"
 )
@@ -57,7 +62,7 @@ type Options struct {
 	// Persist keeps etcd's data (and the CA) from the last run; otherwise the
 	// data folder starts fresh.
 	Persist bool
-	// AssetsDir holds etcd, kube-apiserver and kubectl.
+	// AssetsDir holds etcd, kube-apiserver, kube-controller-manager and kubectl.
 	AssetsDir string
 
 	APIServerPort int
@@ -135,6 +140,9 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err := e.startAPIServer(ctx); err != nil {
 		return err
 	}
+	if err := e.startControllerManager(ctx); err != nil {
+		return err
+	}
 	if err := e.install(ctx); err != nil {
 		return err
 	}
@@ -200,7 +208,7 @@ func (e *env) check() error {
 	if o.Dir == "" {
 		return errors.New("--data-dir must not be empty")
 	}
-	for _, bin := range []string{"etcd", "kube-apiserver", "kubectl"} {
+	for _, bin := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubectl"} {
 		p := filepath.Join(o.AssetsDir, bin)
 		if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 			return fmt.Errorf("no %s binary at %s: build the control plane with `make control-plane` (or point --assets-dir or KUBEBUILDER_ASSETS at it)", bin, p)
@@ -317,7 +325,8 @@ func (e *env) startEtcd(ctx context.Context) error {
 	e.children = append(e.children, c)
 	hc := &http.Client{Timeout: time.Second}
 	err = c.WaitFor(ctx, "healthy", o.StartTimeout, func(ctx context.Context) error {
-		return httpOK(ctx, hc, client+"/health")
+		_, err := proc.GetOK(ctx, hc, client+"/health")
+		return err
 	})
 	if err != nil {
 		return err
@@ -356,8 +365,6 @@ func (e *env) startAPIServer(ctx context.Context) error {
 		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=RBAC",
-		// No controller-manager creates default service accounts here.
-		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--cert-dir=" + filepath.Join(e.pkiDir, "apiserver"),
@@ -380,12 +387,43 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
 	defer hc.CloseIdleConnections()
 	err = c.WaitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
-		return httpOK(ctx, hc, server+"/readyz")
+		_, err := proc.GetOK(ctx, hc, server+"/readyz")
+		return err
 	})
 	if err != nil {
 		return err
 	}
 	e.progress("kube-apiserver up on %s", server)
+	return nil
+}
+
+// startControllerManager runs kube-controller-manager's garbage collector,
+// namespace and service-account controllers, so a pod's deletion deletes what it owned.
+func (e *env) startControllerManager(ctx context.Context) error {
+	crt, key, err := e.ca.Client(controllerManagerUser, "system:masters")
+	if err != nil {
+		return err
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["dev"] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.ca.PEM}
+	kc.AuthInfos["kcm"] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
+	kc.Contexts["kcm"] = &clientcmdapi.Context{Cluster: "dev", AuthInfo: "kcm"}
+	kc.CurrentContext = "kcm"
+	kubeconfig := filepath.Join(e.pkiDir, "kube-controller-manager.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		return err
+	}
+	saKey, err := serviceAccountKey(e.pkiDir) // the apiserver's signing key
+	if err != nil {
+		return err
+	}
+	c, err := proc.StartControllerManager(ctx, filepath.Join(e.o.AssetsDir, "kube-controller-manager"),
+		filepath.Join(e.logDir, "kube-controller-manager.log"), kubeconfig, saKey, e.o.StartTimeout)
+	if err != nil {
+		return err
+	}
+	e.children = append(e.children, c)
+	e.progress("kube-controller-manager up: %s", strings.Join(proc.PodBoundControllers, ", "))
 	return nil
 }
 
@@ -478,21 +516,4 @@ func (e *env) stopChildren() error {
 	}
 	e.children = nil
 	return errors.Join(errs...)
-}
-
-func httpOK(ctx context.Context, hc *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s %s", url, resp.Status, strings.TrimSpace(string(body)))
-	}
-	return nil
 }

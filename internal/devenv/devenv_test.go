@@ -10,7 +10,7 @@ import (
 
 func TestCheck(t *testing.T) {
 	assets := t.TempDir()
-	for _, b := range []string{"etcd", "kube-apiserver", "kubectl"} {
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubectl"} {
 		if err := os.WriteFile(filepath.Join(assets, b), []byte("#!/bin/sh\n"), 0o700); err != nil {
 			t.Fatal(err)
 		}

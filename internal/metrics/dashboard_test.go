@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubelock/kubelock/internal/metrics"
@@ -31,8 +32,8 @@ var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
 // _bucket, _count and _sum series of histograms.
 func exported(t *testing.T) (names map[string]bool, bases []string) {
 	t.Helper()
-	lm, err := lock.NewMetrics(prometheus.NewRegistry())
-	if err != nil {
+	var lm registered
+	if _, err := lock.NewFromClient(fake.NewClientBuilder().Build(), lock.WithMetrics(&lm)); err != nil {
 		t.Fatal(err)
 	}
 	fm, err := fencing.NewMetrics(prometheus.NewRegistry())
@@ -40,7 +41,7 @@ func exported(t *testing.T) (names map[string]bool, bases []string) {
 		t.Fatal(err)
 	}
 	names = map[string]bool{}
-	collectors := slices.Concat(metrics.Collectors(), lm.Collectors(), fm.Collectors())
+	collectors := slices.Concat(metrics.Collectors(), lm, fm.Collectors())
 	for _, c := range collectors {
 		_, isHistogram := c.(prometheus.Histogram)
 		if _, ok := c.(*prometheus.HistogramVec); ok {
@@ -66,6 +67,13 @@ func exported(t *testing.T) (names map[string]bool, bases []string) {
 	sort.Strings(bases)
 	return names, bases
 }
+
+// registered is a prometheus.Registerer that keeps what is registered with it.
+type registered []prometheus.Collector
+
+func (r *registered) Register(c prometheus.Collector) error   { *r = append(*r, c); return nil }
+func (r *registered) MustRegister(cs ...prometheus.Collector) { *r = append(*r, cs...) }
+func (r *registered) Unregister(prometheus.Collector) bool    { return false }
 
 // metricRef finds metric names in PromQL: kubelock's own and other components'.
 var metricRef = regexp.MustCompile(`\b(?:kubelock|apiserver|etcd|controller_runtime|workqueue)_[a-z0-9_]+\b`)

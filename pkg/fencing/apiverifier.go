@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -83,10 +82,8 @@ func NewAPIVerifier(c client.WithWatch, opts ...VerifierOption) *APIVerifier {
 
 // NewAPIVerifierForConfig is NewAPIVerifier with a client for cfg.
 func NewAPIVerifierForConfig(cfg *rest.Config, opts ...VerifierOption) (*APIVerifier, error) {
+	// The verifier reads nothing but locks.
 	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
 	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
@@ -127,7 +124,7 @@ func (v *APIVerifier) Verify(ctx context.Context, lock LockRef, token int64) err
 			if !exists {
 				reason = "the lock does not exist"
 			}
-			return &NotIssuedError{Lock: lock, Token: token, Reason: reason}
+			return notIssued(lock, token, reason)
 		case <-ctx.Done():
 			return fmt.Errorf("kubelock: verifying token %d of lock %s: %w", token, lock, ctx.Err())
 		}

@@ -4,8 +4,9 @@
 // and the token is recorded atomically with the operation.
 //
 // A lease decides when someone else may take a lock; only the resource can
-// stop a paused former holder's late write. Use Guard (PostgreSQL) when the
-// operation itself is SQL, Middleware and Transport for HTTP services.
+// stop a paused former holder's late write. Use postgres.Guard (package
+// pkg/fencing/postgres) when the operation itself is SQL, Middleware and
+// Transport for HTTP services.
 //
 // A resource also accepts only tokens the lock issued, as Chubby's
 // CheckSequencer does: `highest accepted <= token <= the lock's current

@@ -25,10 +25,10 @@ type issued map[LockRef]int64
 func (m issued) Verify(_ context.Context, lock LockRef, token int64) error {
 	current, ok := m[lock]
 	if !ok {
-		return &NotIssuedError{Lock: lock, Token: token, Reason: "the lock does not exist"}
+		return notIssued(lock, token, "the lock does not exist")
 	}
 	if token > current {
-		return &NotIssuedError{Lock: lock, Token: token, Reason: "the token is above the lock's current token"}
+		return notIssued(lock, token, "the token is above the lock's current token")
 	}
 	return nil
 }
@@ -61,7 +61,7 @@ func TestMiddleware(t *testing.T) {
 	}{
 		{name: "first token", lock: "orders", token: "10", code: http.StatusNoContent},
 		{name: "equal token", lock: "orders", token: "10", code: http.StatusNoContent},
-		{name: "forged token is refused and raises nothing", lock: "orders", token: "9223372036854775807", code: http.StatusForbidden, reason: "not-issued", errContains: "was never issued by lock shop/orders"},
+		{name: "forged token is refused and raises nothing", lock: "orders", token: "9223372036854775807", code: http.StatusForbidden, reason: "not-issued", errContains: "never issued: token 9223372036854775807 by lock shop/orders"},
 		{name: "higher token", lock: "orders", token: "12", code: http.StatusNoContent},
 		{name: "stale token", lock: "orders", token: "11", code: http.StatusConflict, reason: "stale", errContains: "token 12 was already accepted"},
 		{name: "token above the current one", lock: "orders", token: "13", code: http.StatusForbidden, reason: "not-issued", errContains: "above the lock's current token"},

@@ -9,8 +9,8 @@ import (
 
 // Metrics counts what a protected resource refused. It is opt-in: build it
 // with NewMetrics and wrap the Store with Metrics.Store (Middleware, or any
-// Store user) or pass it to NewGuard with WithMetrics (Guard.Do). A nil
-// *Metrics records nothing.
+// Store user) or pass it to postgres.NewGuard with postgres.WithMetrics
+// (Guard.Do). A nil *Metrics records nothing.
 type Metrics struct {
 	rejections prometheus.Counter
 }
@@ -39,8 +39,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // Collectors returns the collectors of m (tests and custom registries).
 func (m *Metrics) Collectors() []prometheus.Collector { return []prometheus.Collector{m.rejections} }
 
-// observe counts err if it is a stale-token rejection, and returns it.
-func (m *Metrics) observe(err error) error {
+// Count counts err if it is a stale-token rejection, and returns it.
+func (m *Metrics) Count(err error) error {
 	if m != nil && errors.Is(err, ErrStaleToken) {
 		m.rejections.Inc()
 	}
@@ -57,8 +57,5 @@ type countingStore struct {
 
 // Accept implements Store.
 func (s *countingStore) Accept(ctx context.Context, lock string, token int64) error {
-	return s.m.observe(s.Store.Accept(ctx, lock, token))
+	return s.m.Count(s.Store.Accept(ctx, lock, token))
 }
-
-// WithMetrics counts the Guard's stale-token rejections in m.
-func WithMetrics(m *Metrics) GuardOption { return func(g *Guard) { g.metrics = m } }

@@ -46,7 +46,7 @@ func TestMetricsCountStaleTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	var nilMetrics *Metrics
-	if err := nilMetrics.observe(ErrStaleToken); !errors.Is(err, ErrStaleToken) {
+	if err := nilMetrics.Count(ErrStaleToken); !errors.Is(err, ErrStaleToken) {
 		t.Fatal("a nil Metrics must pass errors through")
 	}
 }

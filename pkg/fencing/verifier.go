@@ -35,8 +35,8 @@ func ParseLockRef(s string) (LockRef, error) {
 // APIVerifier asks the apiserver (through a cached watch); HTTP-only services
 // may plug in their own, e.g. one that asks a trusted service.
 type Verifier interface {
-	// Verify returns nil when lock issued token, a *NotIssuedError
-	// (errors.Is(err, ErrNotIssued)) when it did not, and any other error when
+	// Verify returns nil when lock issued token, an error wrapping
+	// ErrNotIssued when it did not, and any other error when
 	// it cannot tell (errors.Is(err, ErrNotSynced) while its view of the lock
 	// is not ready). It changes nothing.
 	Verify(ctx context.Context, lock LockRef, token int64) error
@@ -59,22 +59,8 @@ var ErrNotIssued = errors.New("kubelock: fencing token was never issued")
 // not listed the lock yet. Retry shortly (HTTP: 503 with Retry-After).
 var ErrNotSynced = errors.New("kubelock: the verifier's view of the lock is not synced yet")
 
-// NotIssuedError says which token the lock never issued; it wraps
-// ErrNotIssued. It deliberately does not carry the lock's current token: the
-// caller may be anyone.
-type NotIssuedError struct {
-	// Lock is the guarding lock.
-	Lock LockRef
-	// Token is the refused token.
-	Token int64
-	// Reason is a short explanation (the lock does not exist, or the token is
-	// above the lock's current token).
-	Reason string
+// notIssued says which token lock never issued, and why. It deliberately
+// does not name the lock's current token: the caller may be anyone.
+func notIssued(lock LockRef, token int64, reason string) error {
+	return fmt.Errorf("%w: token %d by lock %s: %s", ErrNotIssued, token, lock, reason)
 }
-
-func (e *NotIssuedError) Error() string {
-	return fmt.Sprintf("kubelock: fencing token %d was never issued by lock %s: %s", e.Token, e.Lock, e.Reason)
-}
-
-// Unwrap makes errors.Is(err, ErrNotIssued) true.
-func (e *NotIssuedError) Unwrap() error { return ErrNotIssued }

@@ -54,25 +54,19 @@ type attempt struct {
 // op is the operation label of this call.
 func (a *attempt) op() string {
 	if a.wait {
-		return OpAcquire
+		return opAcquire
 	}
-	return OpTryAcquire
+	return opTryAcquire
 }
 
 func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (l *Lock, err error) {
-	if c.metrics != nil {
-		start := c.cfg.clock.Now()
-		op := OpTryAcquire
-		if wait {
-			op = OpAcquire
-		}
-		defer func() { c.metrics.operation(op, start, c.cfg.clock.Now(), err) }()
-	}
+	a := attempt{c: c, key: key, wait: wait, leaseID: randomID(), unknownAt: -1}
+	defer c.timed(a.op())(&err)
 	name, err := NameForKey(key)
 	if err != nil {
 		return nil, err
 	}
-	a := attempt{c: c, key: key, name: name, wait: wait, leaseID: randomID(), unknownAt: -1}
+	a.name = name
 	if a.cfg, err = c.acquireConfig(opts); err != nil {
 		return nil, err
 	}
@@ -95,12 +89,12 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 		if !wait {
 			return nil, fmt.Errorf("%w: another goroutine of this process holds or awaits lock %s", ErrLocked, name)
 		}
-		return nil, waitErr(ctx)
+		return nil, a.waitErr(ctx)
 	}
 	l, err = a.run(ctx)
 	if err != nil {
 		c.slots.give(name)
-		return nil, fmt.Errorf("kubelock: acquire %q: %w", key, err)
+		return nil, err
 	}
 	return l, nil
 }
@@ -116,7 +110,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 	var (
 		obj  *locksv1alpha1.DistributedLock
 		w    *lockWatch
-		back backoff
+		back = retryBackoff()
 		last error
 	)
 	defer func() {
@@ -131,11 +125,14 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 		if obj == nil {
 			var err error
 			if obj, err = a.c.get(ctx, a.key, a.name, a.c.cfg.autoCreate); err != nil {
-				if errors.Is(err, ErrNotFound) || definite(err) {
+				if errors.Is(err, ErrNotFound) {
 					return nil, err
 				}
+				if definite(err) {
+					return nil, a.failed(err)
+				}
 				last = keepCause(last, err)
-				_ = back.wait(ctx)
+				_ = pause(ctx, &back)
 				continue
 			}
 		}
@@ -161,7 +158,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				l.start(sent)
 				return l, nil
 			case definite(err):
-				return nil, err
+				return nil, a.failed(err)
 			case apierrors.IsConflict(err):
 				a.c.metrics.conflict(a.op())
 			default:
@@ -169,7 +166,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 					a.unknownAt = obj.Status.Transitions
 				}
 				last = keepCause(last, err)
-				_ = back.wait(ctx)
+				_ = pause(ctx, &back)
 			}
 			obj = nil
 			continue
@@ -184,13 +181,15 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				a.queuedAt = a.c.cfg.clock.Now()
 				obj = next
 				continue
-			case definite(err) || errors.Is(err, ErrQueueFull):
+			case errors.Is(err, ErrQueueFull):
 				return nil, err
+			case definite(err):
+				return nil, a.failed(err)
 			case apierrors.IsConflict(err):
 				a.c.metrics.conflict(a.op())
 			default:
 				last = keepCause(last, err)
-				_ = back.wait(ctx)
+				_ = pause(ctx, &back)
 			}
 			obj = nil
 			continue
@@ -208,7 +207,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (l *Lock, done bool, err error) {
 	if h := obj.Status.Holder; h != nil && h.RequestID == a.cfg.requestID {
 		if h.User != a.user {
-			return nil, true, fmt.Errorf("request ID %s belongs to user %s", a.cfg.requestID, h.User)
+			return nil, true, fmt.Errorf("kubelock: acquire %q: request ID %s belongs to user %s", a.key, a.cfg.requestID, h.User)
 		}
 		// The holding may come from an earlier call with this request ID whose
 		// send time is unknown here: prove it with a renewal before trusting it.
@@ -348,18 +347,21 @@ func (a *attempt) giveUp(ctx context.Context, last error) error {
 	if a.wait {
 		a.leaveQueue(ctx)
 	}
-	err := waitErr(ctx)
+	err := a.waitErr(ctx)
 	switch {
 	case last == nil:
 		return err
 	case !a.wait:
 		// TryAcquire never waits for the lock: running out of time means the
-		// apiserver (or admission) did not answer; say that first.
-		return fmt.Errorf("kubelock: no answer from the apiserver before the deadline: %w (%w)", last, err)
+		// apiserver (or admission) did not answer.
+		return fmt.Errorf("%w; the apiserver did not answer before the deadline: %w", err, last)
 	default:
 		return fmt.Errorf("%w (last error: %w)", err, last)
 	}
 }
+
+// failed is the error of an acquire the apiserver refused with err.
+func (a *attempt) failed(err error) error { return fmt.Errorf("kubelock: acquire %q: %w", a.key, err) }
 
 // leaveQueue removes this request's queue entry, if any. It uses its own short
 // deadline, since ctx is already over; TryAcquire never queues and skips it.
@@ -391,11 +393,12 @@ func keepCause(last, err error) error {
 	return err
 }
 
-func waitErr(ctx context.Context) error {
+// waitErr says why the call's context ended: ErrTimeout at its deadline.
+func (a *attempt) waitErr(ctx context.Context) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return ErrTimeout
 	}
-	return ctx.Err()
+	return a.failed(ctx.Err())
 }
 
 // lockWatch follows one lock object; waiting clients watch only their lock.
@@ -416,7 +419,8 @@ func (w *lockWatch) next(ctx context.Context, rv string) *locksv1alpha1.Distribu
 			client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", w.name)},
 			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: false}})
 		if err != nil {
-			_ = (&backoff{}).wait(ctx)
+			back := retryBackoff()
+			_ = pause(ctx, &back)
 			return nil
 		}
 		w.w = ww

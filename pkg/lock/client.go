@@ -6,13 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
+	"math"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,7 +37,7 @@ type Client struct {
 	slots slots
 
 	// metrics is nil unless WithMetrics was given.
-	metrics *Metrics
+	metrics *metrics
 }
 
 // New returns a client that talks to the apiserver at cfg.
@@ -80,7 +81,7 @@ func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	}
 	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}}
 	if cfg.registerer != nil {
-		m, err := NewMetrics(cfg.registerer)
+		m, err := newMetrics(cfg.registerer)
 		if err != nil {
 			return nil, fmt.Errorf("kubelock: registering the client metrics: %w", err)
 		}
@@ -140,10 +141,16 @@ func (c *Client) Get(ctx context.Context, key string) (*locksv1alpha1.Distribute
 	if err != nil {
 		return nil, err
 	}
-	return c.get(ctx, key, name, false)
+	obj, err := c.get(ctx, key, name, false)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("kubelock: reading lock %q: %w", key, err)
+	}
+	return obj, err
 }
 
-// get reads the lock, creating it first when allowed.
+// get reads the lock, creating it first when allowed. Its errors but
+// ErrNotFound are the apiserver's, or a lock of another key: the caller says
+// what it was doing.
 func (c *Client) get(ctx context.Context, key, name string, create bool) (*locksv1alpha1.DistributedLock, error) {
 	obj := &locksv1alpha1.DistributedLock{}
 	err := c.c.Get(ctx, client.ObjectKey{Namespace: c.cfg.namespace, Name: name}, obj)
@@ -157,7 +164,7 @@ func (c *Client) get(ctx context.Context, key, name string, create bool) (*locks
 		return nil, err
 	}
 	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != key {
-		return nil, fmt.Errorf("kubelock: lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, k, key)
+		return nil, fmt.Errorf("lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, k, key)
 	}
 	return obj, nil
 }
@@ -195,16 +202,15 @@ func definite(err error) bool {
 		apierrors.IsUnsupportedMediaType(err) || apierrors.IsRequestEntityTooLargeError(err)
 }
 
-// backoff is a short, jittered, growing pause between retries.
-type backoff struct{ next time.Duration }
+// retryBackoff is the pause between retries of a request: 5..15ms at first,
+// doubling to 0.5..1.5s.
+func retryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Jitter: 2, Steps: math.MaxInt32, Cap: 500 * time.Millisecond}
+}
 
-func (b *backoff) wait(ctx context.Context) error {
-	if b.next == 0 {
-		b.next = 10 * time.Millisecond
-	}
-	d := b.next/2 + time.Duration(mrand.Int64N(int64(b.next)))
-	b.next = min(2*b.next, time.Second)
-	t := time.NewTimer(d)
+// pause waits for b's next step, or until ctx ends.
+func pause(ctx context.Context, b *wait.Backoff) error {
+	t := time.NewTimer(b.Step())
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

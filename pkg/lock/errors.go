@@ -62,14 +62,14 @@ func lostWith(cause, format string, args ...any) error {
 
 // endedHolding describes a finished holding from recentAcquisitions.
 func endedHolding(f *locksv1alpha1.FinishedHolding) error {
-	cause := LostReplaced
+	cause := lostReplaced
 	switch f.EndReason {
 	case locksv1alpha1.EndReasonExpired:
-		cause = LostExpired
+		cause = lostExpired
 	case locksv1alpha1.EndReasonForceReleased:
-		cause = LostForceReleased
+		cause = lostForceReleased
 	case locksv1alpha1.EndReasonReleased:
-		cause = LostReleased
+		cause = lostReleased
 	}
 	return lostWith(cause, "lease %s (token %d) already ended: %s by %s", f.LeaseID, f.FencingToken, f.EndReason, f.EndedBy)
 }

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -116,14 +116,15 @@ func (l *Lock) ExpiresAt() time.Time {
 	return l.deadline
 }
 
-// Context ends when the holding is released or lost; context.Cause says which
-// (ErrReleased, or an error wrapping ErrLockLost).
+// Context is how to observe the end of the holding: it ends when the holding
+// is released or lost, and context.Cause says which (ErrReleased, or an error
+// wrapping ErrLockLost). Pass it to the guarded work.
 func (l *Lock) Context() context.Context { return l.ctx }
 
-// Done is closed when the holding is released or lost.
+// Done is Context().Done(), for select statements.
 func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
 
-// Err is nil while the lock is held, else why it is not.
+// Err is context.Cause(Context()) once the holding ended, nil before.
 func (l *Lock) Err() error {
 	if l.ctx.Err() == nil {
 		return nil
@@ -135,10 +136,7 @@ func (l *Lock) Err() error {
 // holding is over; a failed renewal that leaves the outcome unknown returns the
 // error and keeps the old deadline.
 func (l *Lock) Renew(ctx context.Context) (err error) {
-	if m := l.c.metrics; m != nil {
-		start := l.c.cfg.clock.Now()
-		defer func() { m.operation(OpRenew, start, l.c.cfg.clock.Now(), err) }()
-	}
+	defer l.c.timed(opRenew)(&err)
 	sent, err := l.renew(ctx)
 	if err != nil {
 		return err
@@ -169,37 +167,43 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 		if !apierrors.IsConflict(err) {
 			return time.Time{}, fmt.Errorf("kubelock: renew %s: %w", l.name, err)
 		}
-		l.c.metrics.conflict(OpRenew)
+		l.c.metrics.conflict(opRenew)
 		// Someone else wrote (a waiter joined, the controller): reread and
 		// renew again if the holding is still ours.
-		if err := l.refresh(ctx); err != nil {
+		if _, err := l.refresh(ctx); err != nil {
 			return time.Time{}, err
 		}
 	}
 }
 
-// refresh rereads the lock and ends the holding if it is no longer ours. Callers hold l.wmu.
-func (l *Lock) refresh(ctx context.Context) error {
+// refresh rereads the lock. While this holding is its holder, l.obj becomes
+// the current version. Otherwise the holding ends, and refresh returns why (an
+// error wrapping ErrLockLost) with status's record of the holding's end, if
+// status still has one. A failed read changes nothing. Callers hold l.wmu.
+func (l *Lock) refresh(ctx context.Context) (*locksv1alpha1.FinishedHolding, error) {
 	obj := &locksv1alpha1.DistributedLock{}
 	err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj)
 	if apierrors.IsNotFound(err) {
-		err = lostWith(LostDeleted, "lock %s was deleted", l.name)
+		err = lostWith(lostDeleted, "lock %s was deleted", l.name)
 		l.finish(err)
-		return err
+		return nil, err
 	}
 	if err != nil {
-		return fmt.Errorf("kubelock: reading %s: %w", l.name, err)
+		return nil, fmt.Errorf("kubelock: reading %s: %w", l.name, err)
 	}
-	if !l.holds(&obj.Status) {
-		err := lost("lease %s of %s is no longer the holder", l.leaseID, l.name)
-		if f := obj.Status.FindFinished(l.requestID); f != nil && l.recorded(f) {
-			err = endedHolding(f)
-		}
-		l.finish(err)
-		return err
+	if l.holds(&obj.Status) {
+		l.obj = obj
+		return nil, nil
 	}
-	l.obj = obj
-	return nil
+	err = lost("lease %s of %s is no longer the holder", l.leaseID, l.name)
+	f := obj.Status.FindFinished(l.requestID)
+	if f != nil && l.recorded(f) {
+		err = endedHolding(f)
+	} else {
+		f = nil
+	}
+	l.finish(err)
+	return f, err
 }
 
 // extend moves the safe deadline to sent + lease - margin.
@@ -218,90 +222,53 @@ func (l *Lock) extend(sent time.Time) {
 // touches the new holder. The lock's Context ends before the release is sent,
 // so guarded work stops before anyone else can start.
 func (l *Lock) Release(ctx context.Context) (err error) {
-	if m := l.c.metrics; m != nil {
-		start := l.c.cfg.clock.Now()
-		defer func() { m.operation(OpRelease, start, l.c.cfg.clock.Now(), err) }()
-	}
+	defer l.c.timed(opRelease)(&err)
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if err := l.Err(); err != nil {
 		if errors.Is(err, ErrReleased) {
 			return nil
 		}
+		// The lease could not be proven, but the apiserver may still show it:
+		// free it for the next holder if it is still ours. The reread and the
+		// resourceVersion precondition never touch another holding.
 		if l.isUnproven() {
-			// The lease could not be proven, but the apiserver may still show
-			// it: free it for the next holder if it is still ours. The reread
-			// and the resourceVersion precondition never touch another holding.
-			l.releaseIfStillHeld(ctx)
+			if _, rerr := l.refresh(ctx); rerr == nil {
+				_ = l.writeRelease(ctx)
+			}
 		}
 		return err
 	}
 	l.finish(ErrReleased)
-	var back backoff
+	back := retryBackoff()
 	for {
-		next := l.obj.DeepCopy()
-		next.EndHolding(locksv1alpha1.EndReasonReleased, l.user, metav1.NewMicroTime(l.c.cfg.clock.Now()))
-		next.Status.ObservedGeneration = next.Generation
-		err := l.c.c.Status().Update(ctx, next)
+		err := l.writeRelease(ctx)
 		switch {
 		case err == nil:
 			return nil
-		case apierrors.IsConflict(err) || !definite(err):
-			if ctx.Err() != nil {
-				return fmt.Errorf("kubelock: release %s: %w", l.name, err)
-			}
-			if apierrors.IsConflict(err) {
-				l.c.metrics.conflict(OpRelease)
-			}
-			if !apierrors.IsConflict(err) {
-				_ = back.wait(ctx)
-			}
-			if err := l.reread(ctx); err != nil {
-				return err
-			}
-		default:
+		case definite(err) || ctx.Err() != nil:
 			return fmt.Errorf("kubelock: release %s: %w", l.name, err)
+		case apierrors.IsConflict(err):
+			l.c.metrics.conflict(opRelease)
+		default:
+			_ = pause(ctx, &back)
+		}
+		// A failed read keeps the old object: the next write tells.
+		if f, err := l.refresh(ctx); errors.Is(err, ErrLockLost) {
+			if f != nil && f.EndReason == locksv1alpha1.EndReasonReleased && f.EndedBy == l.user {
+				return nil // our own earlier release committed; its response was lost
+			}
+			return err
 		}
 	}
 }
 
-// releaseIfStillHeld makes one conditional release of a holding the client
-// gave up on. Callers hold l.wmu.
-func (l *Lock) releaseIfStillHeld(ctx context.Context) {
-	obj := &locksv1alpha1.DistributedLock{}
-	if err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj); err != nil {
-		return
-	}
-	if !l.holds(&obj.Status) {
-		return
-	}
-	obj.EndHolding(locksv1alpha1.EndReasonReleased, l.user, metav1.NewMicroTime(l.c.cfg.clock.Now()))
-	obj.Status.ObservedGeneration = obj.Generation
-	_ = l.c.c.Status().Update(ctx, obj)
-}
-
-// reread refreshes l.obj for a release retry; it reports ErrLockLost (and
-// changes nothing) once the holding is not ours any more.
-func (l *Lock) reread(ctx context.Context) error {
-	obj := &locksv1alpha1.DistributedLock{}
-	if err := l.c.c.Get(ctx, client.ObjectKey{Namespace: l.c.cfg.namespace, Name: l.name}, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			return lostWith(LostDeleted, "lock %s was deleted", l.name)
-		}
-		return nil // keep the old object; the next write attempt tells
-	}
-	if !l.holds(&obj.Status) {
-		f := obj.Status.FindFinished(l.requestID)
-		if f == nil || !l.recorded(f) {
-			return lost("lease %s of %s ended before the release", l.leaseID, l.name)
-		}
-		if f.EndReason == locksv1alpha1.EndReasonReleased && f.EndedBy == l.user {
-			return nil // our own earlier release committed; its response was lost
-		}
-		return endedHolding(f)
-	}
-	l.obj = obj
-	return nil
+// writeRelease writes the end of the holding onto l.obj. Callers hold l.wmu.
+func (l *Lock) writeRelease(ctx context.Context) error {
+	next := l.obj.DeepCopy()
+	next.EndHolding(locksv1alpha1.EndReasonReleased, l.user, metav1.NewMicroTime(l.c.cfg.clock.Now()))
+	next.Status.ObservedGeneration = next.Generation
+	return l.c.c.Status().Update(ctx, next)
 }
 
 // finish ends the holding with cause (idempotent).
@@ -320,7 +287,7 @@ func (l *Lock) finishUnproven(deadline time.Time) bool {
 		return false
 	}
 	l.unproven = true
-	l.finishLocked(lostWith(LostDeadline, "could not renew %s before its safe deadline", l.name))
+	l.finishLocked(lostWith(lostDeadline, "could not renew %s before its safe deadline", l.name))
 	return true
 }
 
@@ -379,7 +346,7 @@ func (l *Lock) watchdog() {
 func (l *Lock) renewLoop() {
 	clk := l.c.cfg.clock
 	interval := l.lease / 3
-	wait := jitter(interval)
+	wait := renewJitter(interval)
 	for {
 		t := clk.NewTimer(wait)
 		select {
@@ -393,7 +360,7 @@ func (l *Lock) renewLoop() {
 		err := l.Renew(l.ctx)
 		switch {
 		case err == nil:
-			wait = jitter(interval)
+			wait = renewJitter(interval)
 		case errors.Is(err, ErrLockLost) || errors.Is(err, ErrReleased):
 			return
 		default:
@@ -403,11 +370,5 @@ func (l *Lock) renewLoop() {
 	}
 }
 
-// jitter spreads d by ±10% so many holders do not renew in lockstep.
-func jitter(d time.Duration) time.Duration {
-	spread := int64(d / 5)
-	if spread <= 0 {
-		return d
-	}
-	return d - d/10 + time.Duration(rand.Int64N(spread))
-}
+// renewJitter spreads d over 0.9d..1.08d so many holders do not renew in lockstep.
+func renewJitter(d time.Duration) time.Duration { return wait.Jitter(d-d/10, 0.2) }

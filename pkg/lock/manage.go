@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,15 +15,12 @@ import (
 // other than the one that acquired it (the CLI's `release --lease-id`). Like
 // Lock.Release it is idempotent and never touches another holding.
 func (c *Client) ReleaseLease(ctx context.Context, key, leaseID string) (err error) {
-	if c.metrics != nil {
-		start := c.cfg.clock.Now()
-		defer func() { c.metrics.operation(OpRelease, start, c.cfg.clock.Now(), err) }()
-	}
+	defer c.timed(opRelease)(&err)
 	user, err := c.User(ctx)
 	if err != nil {
 		return err
 	}
-	_, err = c.end(ctx, key, OpRelease, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
+	_, err = c.end(ctx, key, opRelease, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
 		// leaseIDs are fresh per acquisition (lease-id rule), so a match is that
 		// holding; the server, not this client, decides whether user may end it.
 		if h := obj.Status.Holder; h != nil && h.LeaseID == leaseID {
@@ -48,10 +46,7 @@ func (c *Client) ReleaseLease(ctx context.Context, key, leaseID string) (err err
 // on distributedlocks; the holder's Done fires at its next renewal. It returns
 // the record of the holding it ended, or nil when the lock was free.
 func (c *Client) ForceRelease(ctx context.Context, key, message string) (f *locksv1alpha1.FinishedHolding, err error) {
-	if c.metrics != nil {
-		start := c.cfg.clock.Now()
-		defer func() { c.metrics.operation(OpForceRelease, start, c.cfg.clock.Now(), err) }()
-	}
+	defer c.timed(opForceRelease)(&err)
 	user, err := c.User(ctx)
 	if err != nil {
 		return nil, err
@@ -59,7 +54,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, message string) (f *lock
 	if len(message) > 256 {
 		return nil, fmt.Errorf("kubelock: the force-release reason is %d characters long; the limit is 256", len(message))
 	}
-	return c.end(ctx, key, OpForceRelease, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
+	return c.end(ctx, key, opForceRelease, func(obj *locksv1alpha1.DistributedLock) (bool, error) {
 		if obj.Status.Holder == nil {
 			return false, nil
 		}
@@ -77,11 +72,14 @@ func (c *Client) end(ctx context.Context, key, op string, edit func(*locksv1alph
 	if err != nil {
 		return nil, err
 	}
-	var back backoff
+	back := retryBackoff()
 	for {
 		obj, err := c.get(ctx, key, name, false)
-		if err != nil {
+		if errors.Is(err, ErrNotFound) {
 			return nil, err
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
 		}
 		write, err := edit(obj)
 		if err != nil || !write {
@@ -98,7 +96,7 @@ func (c *Client) end(ctx context.Context, key, op string, edit func(*locksv1alph
 		case definite(err):
 			return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
 		default:
-			if werr := back.wait(ctx); werr != nil {
+			if werr := pause(ctx, &back); werr != nil {
 				return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
 			}
 		}

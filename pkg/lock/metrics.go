@@ -19,59 +19,60 @@ const (
 // Operation label values of kubelock_client_operation_duration_seconds and
 // kubelock_client_conflicts_total.
 const (
-	OpAcquire      = "acquire"
-	OpTryAcquire   = "try_acquire"
-	OpRenew        = "renew"
-	OpRelease      = "release"
-	OpForceRelease = "force_release"
+	opAcquire      = "acquire"
+	opTryAcquire   = "try_acquire"
+	opRenew        = "renew"
+	opRelease      = "release"
+	opForceRelease = "force_release"
 )
 
 // Outcome label values of kubelock_client_operation_duration_seconds.
 const (
-	// OutcomeSuccess: the apiserver committed the operation.
-	OutcomeSuccess = "success"
-	// OutcomeLocked: TryAcquire found the lock held or others queued.
-	OutcomeLocked = "locked"
-	// OutcomeTimeout: the wait ran out (ErrTimeout) or the caller's deadline passed.
-	OutcomeTimeout = "timeout"
-	// OutcomeCanceled: the caller cancelled the context.
-	OutcomeCanceled = "canceled"
-	// OutcomeLost: the holding is over or cannot be proven (ErrLockLost).
-	OutcomeLost = "lost"
-	// OutcomeQueueFull: the wait queue is at spec.maxWaiters.
-	OutcomeQueueFull = "queue_full"
-	// OutcomeNotFound: the lock does not exist and auto-creation is off.
-	OutcomeNotFound = "not_found"
-	// OutcomeConflict: a write lost a race and was not retried.
-	OutcomeConflict = "conflict"
-	// OutcomeDenied: admission or RBAC refused the write (403, 422, 400, 401).
-	OutcomeDenied = "denied"
-	// OutcomeUnknown: the request failed without a definite answer (timeout,
+	// outcomeSuccess: the apiserver committed the operation.
+	outcomeSuccess = "success"
+	// outcomeLocked: TryAcquire found the lock held or others queued.
+	outcomeLocked = "locked"
+	// outcomeTimeout: the wait ran out (ErrTimeout) or the caller's deadline passed.
+	outcomeTimeout = "timeout"
+	// outcomeCanceled: the caller cancelled the context.
+	outcomeCanceled = "canceled"
+	// outcomeLost: the holding is over or cannot be proven (ErrLockLost).
+	outcomeLost = "lost"
+	// outcomeQueueFull: the wait queue is at spec.maxWaiters.
+	outcomeQueueFull = "queue_full"
+	// outcomeNotFound: the lock does not exist and auto-creation is off.
+	outcomeNotFound = "not_found"
+	// outcomeConflict: a write lost a race and was not retried.
+	outcomeConflict = "conflict"
+	// outcomeDenied: admission or RBAC refused the write (403, 422, 400, 401).
+	outcomeDenied = "denied"
+	// outcomeUnknown: the request failed without a definite answer (timeout,
 	// lost connection, 5xx): the write may have committed.
-	OutcomeUnknown = "unknown"
-	// OutcomeError: anything else, such as invalid arguments.
-	OutcomeError = "error"
+	outcomeUnknown = "unknown"
+	// outcomeError: anything else, such as invalid arguments.
+	outcomeError = "error"
 )
 
 // Cause label values of kubelock_client_locks_lost_total.
 const (
-	// LostExpired: the controller expired the lease.
-	LostExpired = "expired"
-	// LostForceReleased: someone with the force-release verb broke the lock.
-	LostForceReleased = "force_released"
-	// LostDeadline: renewals did not succeed before the safe deadline (I5).
-	LostDeadline = "deadline"
-	// LostDeleted: the lock object was deleted.
-	LostDeleted = "deleted"
-	// LostReleased: the holding was released by another process (release --lease-id).
-	LostReleased = "released"
-	// LostReplaced: the holding is gone and status no longer says how.
-	LostReplaced = "replaced"
+	// lostExpired: the controller expired the lease.
+	lostExpired = "expired"
+	// lostForceReleased: someone with the force-release verb broke the lock.
+	lostForceReleased = "force_released"
+	// lostDeadline: renewals did not succeed before the safe deadline (I5).
+	lostDeadline = "deadline"
+	// lostDeleted: the lock object was deleted.
+	lostDeleted = "deleted"
+	// lostReleased: the holding was released by another process (release --lease-id).
+	lostReleased = "released"
+	// lostReplaced: the holding is gone and status no longer says how.
+	lostReplaced = "replaced"
 )
 
-// Metrics are the client library's Prometheus metrics. Clients that share a
-// registerer share one Metrics. A nil *Metrics records nothing.
-type Metrics struct {
+// metrics are the client library's Prometheus metrics, enabled with
+// WithMetrics. Clients that share a registerer share the series. A nil
+// *metrics records nothing.
+type metrics struct {
 	duration  *prometheus.HistogramVec
 	wait      prometheus.Histogram
 	hold      prometheus.Histogram
@@ -80,11 +81,11 @@ type Metrics struct {
 	held      prometheus.Gauge
 }
 
-// NewMetrics creates the client metrics and registers them with reg. When reg
+// newMetrics creates the client metrics and registers them with reg. When reg
 // already holds them (another client registered first) the registered ones are
 // used, so every client of a process counts into the same series.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem,
 			Name:    "operation_duration_seconds",
@@ -119,72 +120,63 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Holdings this process has now.",
 		}),
 	}
-	var err error
-	m.duration, err = registerOrGet(reg, m.duration)
-	if err == nil {
-		m.wait, err = registerOrGet(reg, m.wait)
-	}
-	if err == nil {
-		m.hold, err = registerOrGet(reg, m.hold)
-	}
-	if err == nil {
-		m.lost, err = registerOrGet(reg, m.lost)
-	}
-	if err == nil {
-		m.conflicts, err = registerOrGet(reg, m.conflicts)
-	}
-	if err == nil {
-		m.held, err = registerOrGet(reg, m.held)
-	}
-	if err != nil {
+	if err := errors.Join(registerOrGet(reg, &m.duration), registerOrGet(reg, &m.wait), registerOrGet(reg, &m.hold),
+		registerOrGet(reg, &m.lost), registerOrGet(reg, &m.conflicts), registerOrGet(reg, &m.held)); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// Collectors returns the collectors of m (tests and custom registries).
-func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.duration, m.wait, m.hold, m.lost, m.conflicts, m.held}
-}
-
-func registerOrGet[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
+// registerOrGet registers *c with reg, or points *c at the collector reg already holds.
+func registerOrGet[C prometheus.Collector](reg prometheus.Registerer, c *C) error {
+	err := reg.Register(*c)
 	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
 		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
+			*c = existing
+			return nil
 		}
 	}
-	return c, err
+	return err
+}
+
+// timed starts timing op; call what it returns with the operation's error
+// when the operation ends. Without metrics it costs nothing.
+func (c *Client) timed(op string) func(*error) {
+	if c.metrics == nil {
+		return func(*error) {}
+	}
+	start := c.cfg.clock.Now()
+	return func(err *error) { c.metrics.operation(op, start, c.cfg.clock.Now(), *err) }
 }
 
 // operation records one operation that started at start and ended with err.
-func (m *Metrics) operation(op string, start time.Time, now time.Time, err error) {
+func (m *metrics) operation(op string, start time.Time, now time.Time, err error) {
 	if m == nil {
 		return
 	}
 	m.duration.WithLabelValues(op, outcomeOf(err)).Observe(now.Sub(start).Seconds())
 }
 
-func (m *Metrics) conflict(op string) {
+func (m *metrics) conflict(op string) {
 	if m != nil {
 		m.conflicts.WithLabelValues(op).Inc()
 	}
 }
 
-func (m *Metrics) waited(d time.Duration) {
+func (m *metrics) waited(d time.Duration) {
 	if m != nil {
 		m.wait.Observe(d.Seconds())
 	}
 }
 
-func (m *Metrics) acquired() {
+func (m *metrics) acquired() {
 	if m != nil {
 		m.held.Inc()
 	}
 }
 
 // ended records the end of a holding that lasted d; cause is "" for a release.
-func (m *Metrics) ended(d time.Duration, cause string) {
+func (m *metrics) ended(d time.Duration, cause string) {
 	if m == nil {
 		return
 	}
@@ -200,27 +192,27 @@ func outcomeOf(err error) string {
 	var locked *LockedError
 	switch {
 	case err == nil:
-		return OutcomeSuccess
+		return outcomeSuccess
 	case errors.As(err, &locked) || errors.Is(err, ErrLocked):
-		return OutcomeLocked
+		return outcomeLocked
 	case errors.Is(err, ErrLockLost):
-		return OutcomeLost
+		return outcomeLost
 	case errors.Is(err, ErrQueueFull):
-		return OutcomeQueueFull
+		return outcomeQueueFull
 	case errors.Is(err, ErrNotFound):
-		return OutcomeNotFound
+		return outcomeNotFound
 	case errors.Is(err, context.DeadlineExceeded):
-		return OutcomeTimeout
+		return outcomeTimeout
 	case errors.Is(err, context.Canceled):
-		return OutcomeCanceled
+		return outcomeCanceled
 	case apierrors.IsConflict(err):
-		return OutcomeConflict
+		return outcomeConflict
 	case definite(err):
-		return OutcomeDenied
+		return outcomeDenied
 	case apierrors.ReasonForError(err) != "" || isTransport(err):
-		return OutcomeUnknown
+		return outcomeUnknown
 	}
-	return OutcomeError
+	return outcomeError
 }
 
 // isTransport reports whether err came from talking to the apiserver rather
@@ -235,5 +227,5 @@ func lostCause(err error) string {
 	if le, ok := errors.AsType[*lostError](err); ok && le.cause != "" {
 		return le.cause
 	}
-	return LostReplaced
+	return lostReplaced
 }

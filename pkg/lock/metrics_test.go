@@ -25,20 +25,20 @@ func TestOutcomeOf(t *testing.T) {
 		err  error
 		want string
 	}{
-		{nil, OutcomeSuccess},
-		{fmt.Errorf("kubelock: acquire %q: %w", "k", &LockedError{Name: "k"}), OutcomeLocked},
-		{ErrTimeout, OutcomeTimeout},
-		{context.DeadlineExceeded, OutcomeTimeout},
-		{context.Canceled, OutcomeCanceled},
-		{fmt.Errorf("x: %w", endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonExpired})), OutcomeLost},
-		{fmt.Errorf("x: %w", ErrQueueFull), OutcomeQueueFull},
-		{ErrNotFound, OutcomeNotFound},
-		{apierrors.NewConflict(gr, "k", errors.New("changed")), OutcomeConflict},
-		{apierrors.NewForbidden(gr, "k", errors.New("[kubelock:holder-only]")), OutcomeDenied},
-		{apierrors.NewInternalError(errors.New("etcd")), OutcomeUnknown},
-		{apierrors.NewTimeoutError("slow", 1), OutcomeUnknown},
-		{&url.Error{Op: "Put", URL: "https://apiserver", Err: timeoutErr{}}, OutcomeUnknown},
-		{errors.New("kubelock: request ID is too long"), OutcomeError},
+		{nil, outcomeSuccess},
+		{fmt.Errorf("kubelock: acquire %q: %w", "k", &LockedError{Name: "k"}), outcomeLocked},
+		{ErrTimeout, outcomeTimeout},
+		{context.DeadlineExceeded, outcomeTimeout},
+		{context.Canceled, outcomeCanceled},
+		{fmt.Errorf("x: %w", endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonExpired})), outcomeLost},
+		{fmt.Errorf("x: %w", ErrQueueFull), outcomeQueueFull},
+		{ErrNotFound, outcomeNotFound},
+		{apierrors.NewConflict(gr, "k", errors.New("changed")), outcomeConflict},
+		{apierrors.NewForbidden(gr, "k", errors.New("[kubelock:holder-only]")), outcomeDenied},
+		{apierrors.NewInternalError(errors.New("etcd")), outcomeUnknown},
+		{apierrors.NewTimeoutError("slow", 1), outcomeUnknown},
+		{&url.Error{Op: "Put", URL: "https://apiserver", Err: timeoutErr{}}, outcomeUnknown},
+		{errors.New("kubelock: request ID is too long"), outcomeError},
 	} {
 		if got := outcomeOf(tt.err); got != tt.want {
 			t.Errorf("outcomeOf(%v) = %s, want %s", tt.err, got, tt.want)
@@ -51,11 +51,11 @@ func TestLostCause(t *testing.T) {
 		err  error
 		want string
 	}{
-		{endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonForceReleased}), LostForceReleased},
-		{endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonExpired}), LostExpired},
-		{endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonReleased}), LostReleased},
-		{lostWith(LostDeadline, "late"), LostDeadline},
-		{lost("gone"), LostReplaced},
+		{endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonForceReleased}), lostForceReleased},
+		{endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonExpired}), lostExpired},
+		{endedHolding(&locksv1alpha1.FinishedHolding{EndReason: locksv1alpha1.EndReasonReleased}), lostReleased},
+		{lostWith(lostDeadline, "late"), lostDeadline},
+		{lost("gone"), lostReplaced},
 	} {
 		if got := lostCause(tt.err); got != tt.want {
 			t.Errorf("lostCause(%v) = %s, want %s", tt.err, got, tt.want)
@@ -64,23 +64,23 @@ func TestLostCause(t *testing.T) {
 }
 
 // TestMetricsShareRegistry: two clients on one registerer count into the same
-// series; a nil *Metrics records nothing and does not panic.
+// series; a nil *metrics records nothing and does not panic.
 func TestMetricsShareRegistry(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	m1, err := NewMetrics(reg)
+	m1, err := newMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2, err := NewMetrics(reg)
+	m2, err := newMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m1.duration != m2.duration || m1.lost != m2.lost || m1.held != m2.held {
 		t.Fatal("the second registration did not reuse the first's collectors")
 	}
-	var none *Metrics
-	none.conflict(OpRenew)
+	var none *metrics
+	none.conflict(opRenew)
 	none.acquired()
-	none.ended(0, LostDeadline)
+	none.ended(0, lostDeadline)
 	none.waited(0)
 }

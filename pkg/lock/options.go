@@ -127,8 +127,9 @@ func WithLogger(l logr.Logger) Option { return func(c *config) { c.log = l } }
 // no metrics, and no cost on the lock paths.
 func WithMetrics(reg prometheus.Registerer) Option { return func(c *config) { c.registerer = reg } }
 
-// WithClock sets the clock used for deadlines and renew timers (tests).
-func WithClock(clk clock.WithTicker) Option { return func(c *config) { c.clock = clk } }
+// withClock sets the clock of deadlines and renew timers; the package's tests
+// step it by hand.
+func withClock(clk clock.WithTicker) Option { return func(c *config) { c.clock = clk } }
 
 // AcquireOption configures one Acquire or TryAcquire call.
 type AcquireOption func(*acquireConfig)

@@ -66,8 +66,8 @@ func TestAcquireOptionsAreBounded(t *testing.T) {
 
 func TestJitterStaysWithinTenPercent(t *testing.T) {
 	for range 1000 {
-		if d := jitter(time.Second); d < 900*time.Millisecond || d >= 1100*time.Millisecond {
-			t.Fatalf("jitter(1s) = %s", d)
+		if d := renewJitter(time.Second); d < 900*time.Millisecond || d >= 1100*time.Millisecond {
+			t.Fatalf("renewJitter(1s) = %s", d)
 		}
 	}
 }

@@ -45,7 +45,7 @@ func TestWatchdogFiresWhileARenewalHangs(t *testing.T) {
 			return errors.New("no answer")
 		},
 	}).Build()
-	lc, err := NewFromClient(c, WithIdentity("me"), WithClock(clk))
+	lc, err := NewFromClient(c, WithIdentity("me"), withClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/fencing"
+	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/pgtest"
 	"github.com/kubelock/kubelock/test/suite"
@@ -26,7 +27,7 @@ import (
 var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 	var (
 		pool  *pgxpool.Pool
-		guard *fencing.Guard
+		guard *postgres.Guard
 	)
 	BeforeAll(func(ctx SpecContext) {
 		server, err := pgtest.Start(ctx)
@@ -37,7 +38,7 @@ var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 		pool, err = pgxpool.New(ctx, dsn)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(pool.Close)
-		guard = fencing.NewGuard(pool)
+		guard = postgres.NewGuard(pool)
 		Expect(guard.Migrate(ctx)).To(Succeed())
 		_, err = pool.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, status text, token bigint)`)
 		Expect(err).NotTo(HaveOccurred())
@@ -107,7 +108,7 @@ var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 		v, err := fencing.NewAPIVerifierForConfig(env.Config, fencing.WithCatchUp(2*time.Second))
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(v.Close)
-		vguard := fencing.NewGuard(pool, fencing.WithVerifier(v))
+		vguard := postgres.NewGuard(pool, postgres.WithVerifier(v))
 		store := fencing.NewMemoryStore()
 		var served []int64
 		srv := httptest.NewServer(fencing.Middleware(fencing.Fence{

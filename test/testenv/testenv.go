@@ -1,5 +1,6 @@
 // Package testenv starts the one real control plane (etcd + kube-apiserver built
-// by hack/build-control-plane.sh) that every integration suite runs against.
+// by hack/build-control-plane.sh) that every integration suite runs against;
+// suites that need the garbage collector add kube-controller-manager.
 package testenv
 
 import (

@@ -212,7 +212,7 @@ var _ = Describe("kubelock-dev", func() {
 
 		By("SIGTERM")
 		kids := children(s.Command.Process.Pid)
-		Expect(kids).To(HaveLen(2), "etcd and kube-apiserver")
+		Expect(kids).To(HaveLen(3), "etcd, kube-apiserver and kube-controller-manager")
 		s.Terminate()
 		Eventually(s, time.Minute).Should(gexec.Exit(0))
 		Expect(s.Err).To(gbytes.Say("stopping"))

@@ -35,7 +35,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/manager"
-	"github.com/kubelock/kubelock/pkg/fencing"
+	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/test/faultproxy"
 	"github.com/kubelock/kubelock/test/history"
 	"github.com/kubelock/kubelock/test/pgtest"
@@ -101,7 +101,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	conn, err := pgx.Connect(ctx, pgDSN)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(fencing.NewGuard(conn).Migrate(ctx)).To(Succeed())
+	Expect(postgres.NewGuard(conn).Migrate(ctx)).To(Succeed())
 	_, err = conn.Exec(ctx, `CREATE TABLE faults_writes (id bigserial PRIMARY KEY, lock_key text NOT NULL, token bigint NOT NULL, proc text NOT NULL, seq bigint NOT NULL, t bigint NOT NULL)`)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(conn.Close(ctx)).To(Succeed())

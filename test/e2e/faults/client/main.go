@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kubelock/kubelock/pkg/fencing"
+	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/history"
 )
@@ -34,7 +35,7 @@ type proc struct {
 	rec  *history.Recorder
 	lc   *lock.Client
 	db   *pgxpool.Pool
-	g    *fencing.Guard
+	g    *postgres.Guard
 
 	outMu sync.Mutex
 	out   *bufio.Writer
@@ -76,7 +77,7 @@ func run(server, name, namespace, histPath, dsn string) error {
 	if err != nil {
 		return err
 	}
-	p := &proc{name: name, rec: rec, lc: lc, db: db, g: fencing.NewGuard(db), out: bufio.NewWriter(os.Stdout),
+	p := &proc{name: name, rec: rec, lc: lc, db: db, g: postgres.NewGuard(db), out: bufio.NewWriter(os.Stdout),
 		held: map[string]*lock.Lock{}, cancels: map[int64]context.CancelFunc{}}
 	if _, err := lc.User(ctx); err != nil { // learn the user once, before any fault
 		return err

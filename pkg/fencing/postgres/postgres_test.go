@@ -1,4 +1,4 @@
-package fencing_test
+package postgres_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kubelock/kubelock/pkg/fencing"
+	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/test/pgtest"
 )
 
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 var dbCounter int
 
 // newGuard gives each test a database of its own with the fence and a data table.
-func newGuard(t *testing.T, opts ...fencing.GuardOption) (*fencing.Guard, *pgxpool.Pool) {
+func newGuard(t *testing.T, opts ...postgres.GuardOption) (*postgres.Guard, *pgxpool.Pool) {
 	t.Helper()
 	ctx := t.Context()
 	dbCounter++
@@ -48,7 +49,7 @@ func newGuard(t *testing.T, opts ...fencing.GuardOption) (*fencing.Guard, *pgxpo
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	g := fencing.NewGuard(pool, opts...)
+	g := postgres.NewGuard(pool, opts...)
 	if err := g.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestGuardUnderConcurrentWriters(t *testing.T) {
 	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
 		t.Run(string(iso), func(t *testing.T) {
 			ctx := t.Context()
-			g, pool := newGuard(t, fencing.WithTxOptions(pgx.TxOptions{IsoLevel: iso}))
+			g, pool := newGuard(t, postgres.WithTxOptions(pgx.TxOptions{IsoLevel: iso}))
 			const writers, perWriter = 16, 25
 			seed := rand.Uint64()
 			t.Logf("seed %d", seed)
@@ -176,11 +177,11 @@ func TestGuardWithVerifierRefusesUnissuedTokens(t *testing.T) {
 	const current = 40
 	v := fencing.VerifierFunc(func(_ context.Context, lock fencing.LockRef, token int64) error {
 		if token > current {
-			return &fencing.NotIssuedError{Lock: lock, Token: token, Reason: "the token is above the lock's current token"}
+			return fmt.Errorf("%w: token %d by lock %s", fencing.ErrNotIssued, token, lock)
 		}
 		return nil
 	})
-	g, pool := newGuard(t, fencing.WithVerifier(v))
+	g, pool := newGuard(t, postgres.WithVerifier(v))
 	if err := g.Do(ctx, "shop/stock", 1<<63-1, write(9, 1<<63-1)); !errors.Is(err, fencing.ErrNotIssued) {
 		t.Fatalf("a forged token: err = %v", err)
 	}

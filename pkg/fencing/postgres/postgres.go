@@ -1,15 +1,21 @@
-package fencing
+// Package postgres fences operations on PostgreSQL (invariant I7): Guard runs
+// them in a transaction that first raises the lock's fence row to the
+// holder's token. It is a package of its own so that users of pkg/fencing's
+// HTTP middleware and of pkg/lock do not link pgx.
+package postgres
 
 import (
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kubelock/kubelock/pkg/fencing"
 )
 
 // Migration creates the fence table; Guard.Migrate runs it.
@@ -39,18 +45,18 @@ type DB interface {
 // committed. At REPEATABLE READ and SERIALIZABLE the later of two concurrent
 // writers gets a serialization failure instead; Guard retries those (up to 30
 // times, after a random growing pause) in a fresh transaction, so callers see
-// success or ErrStaleToken.
+// success or fencing.ErrStaleToken.
 //
 // With WithVerifier, Do also refuses a token the lock never issued (above
 // its current token) before it touches the fence: a forged token raises
 // nothing. Without one, Guard trusts the token it is given, which suits only
 // tests and callers that took the token from their own holding.
 type Guard struct {
-	verifier Verifier
+	verifier fencing.Verifier
 	db       DB
 	txOpts   pgx.TxOptions
 	retries  int
-	metrics  *Metrics
+	metrics  *fencing.Metrics
 }
 
 // GuardOption configures a Guard.
@@ -60,9 +66,12 @@ type GuardOption func(*Guard)
 func WithTxOptions(o pgx.TxOptions) GuardOption { return func(g *Guard) { g.txOpts = o } }
 
 // WithVerifier makes Do check with v that the guarding lock issued each
-// token; Do's lock argument is then the lock's "namespace/name" (ParseLockRef),
-// which is also the fence row's key.
-func WithVerifier(v Verifier) GuardOption { return func(g *Guard) { g.verifier = v } }
+// token; Do's lock argument is then the lock's "namespace/name"
+// (fencing.ParseLockRef), which is also the fence row's key.
+func WithVerifier(v fencing.Verifier) GuardOption { return func(g *Guard) { g.verifier = v } }
+
+// WithMetrics counts the Guard's stale-token rejections in m.
+func WithMetrics(m *fencing.Metrics) GuardOption { return func(g *Guard) { g.metrics = m } }
 
 // NewGuard returns a Guard on db.
 func NewGuard(db DB, opts ...GuardOption) *Guard {
@@ -80,27 +89,27 @@ func (g *Guard) Migrate(ctx context.Context) error {
 }
 
 // Do runs fn in one transaction that first raises the lock's fence to token.
-// A lower token rolls back before fn runs and returns a *StaleTokenError; an
+// A lower token rolls back before fn runs and returns a *fencing.StaleTokenError; an
 // error from fn rolls everything back, the fence included. With a verifier, a
-// token the lock never issued returns a *NotIssuedError before any
+// token the lock never issued returns an error wrapping fencing.ErrNotIssued before any
 // transaction begins (issuance never goes back, so checking it first is safe).
 func (g *Guard) Do(ctx context.Context, lock string, token int64, fn func(pgx.Tx) error) error {
 	if err := g.verify(ctx, lock, token); err != nil {
 		return err
 	}
+	// A serialization failure or deadlock did nothing: retry after a random,
+	// growing pause (up to 64ms) so contending writers spread out.
+	back := wait.Backoff{Duration: 500 * time.Microsecond, Factor: 2, Jitter: 1, Steps: 6}
 	for attempt := 0; ; attempt++ {
 		err := g.do(ctx, lock, token, fn)
 		var pgErr *pgconn.PgError
 		if attempt >= g.retries || !errors.As(err, &pgErr) || (pgErr.Code != "40001" && pgErr.Code != "40P01") {
-			return g.metrics.observe(err)
+			return g.metrics.Count(err)
 		}
-		// A serialization failure or deadlock: the transaction did nothing.
-		// Back off a random, growing while so contending writers spread out.
-		pause := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 		select {
 		case <-ctx.Done():
-			return g.metrics.observe(err)
-		case <-time.After(pause):
+			return g.metrics.Count(err)
+		case <-time.After(back.Step()):
 		}
 	}
 }
@@ -109,11 +118,11 @@ func (g *Guard) verify(ctx context.Context, lock string, token int64) error {
 	if g.verifier == nil {
 		return nil
 	}
-	ref, err := ParseLockRef(lock)
+	ref, err := fencing.ParseLockRef(lock)
 	if err != nil {
 		return err
 	}
-	return g.metrics.observe(g.verifier.Verify(ctx, ref, token))
+	return g.metrics.Count(g.verifier.Verify(ctx, ref, token))
 }
 
 func (g *Guard) do(ctx context.Context, lock string, token int64, fn func(pgx.Tx) error) (err error) {
@@ -133,7 +142,7 @@ func (g *Guard) do(ctx context.Context, lock string, token int64, fn func(pgx.Tx
 		if err := tx.QueryRow(ctx, `SELECT token FROM kubelock_fence WHERE lock_key = $1`, lock).Scan(&highest); err != nil {
 			return fmt.Errorf("kubelock: reading the fence of %q: %w", lock, err)
 		}
-		return &StaleTokenError{Lock: lock, Token: token, Highest: highest}
+		return &fencing.StaleTokenError{Lock: lock, Token: token, Highest: highest}
 	case err != nil:
 		return fmt.Errorf("kubelock: raising the fence of %q: %w", lock, err)
 	}
@@ -145,7 +154,7 @@ func (g *Guard) do(ctx context.Context, lock string, token int64, fn func(pgx.Tx
 	return tx.Commit(ctx)
 }
 
-// Accept implements Store: it raises the fence in a transaction of its own.
+// Accept implements fencing.Store: it raises the fence in a transaction of its own.
 // To make the check and the operation atomic, run the operation in Do instead.
 func (g *Guard) Accept(ctx context.Context, lock string, token int64) error {
 	return g.Do(ctx, lock, token, nil)
