@@ -135,18 +135,11 @@ var _ = Describe("sessions", func() {
 
 	It("frees a holding bound to a pod without a session soon after the pod is deleted", func() {
 		startController()
-		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker"}}
-		Expect(env.Client.Create(ctx, sa)).To(Succeed())
 		user := "system:serviceaccount:" + ns + ":worker"
 		const trials = 10
 		var latencies []time.Duration
 		for i := range trials {
-			pod := &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("worker-%d", i)},
-				Spec: corev1.PodSpec{ServiceAccountName: "worker", AutomountServiceAccountToken: ptr.To(false),
-					Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
-			}
-			Expect(env.Client.Create(ctx, pod)).To(Succeed())
+			pod := createPod(ctx, ns, fmt.Sprintf("worker-%d", i))
 			key := createLock(ctx, ns, fmt.Sprintf("pod-held-%d", i), nil, locksv1alpha1.DistributedLockSpec{})
 			leaseID := fmt.Sprintf("lease-pod-%010d", i)
 			acquireWith(ctx, key, leaseID, 30, func(h *locksv1alpha1.LockHolder) {
@@ -155,7 +148,6 @@ var _ = Describe("sessions", func() {
 			Consistently(holderID).WithArguments(ctx, key).WithTimeout(500*time.Millisecond).Should(Equal(leaseID), "a live pod keeps its holding")
 
 			deleted := time.Now()
-			// No node: the apiserver removes the pod at once, as a kubelet would after it stopped.
 			Expect(env.Client.Delete(ctx, pod)).To(Succeed())
 			Eventually(holderID).WithArguments(ctx, key).Should(BeEmpty())
 			latencies = append(latencies, time.Since(deleted))
@@ -163,12 +155,49 @@ var _ = Describe("sessions", func() {
 			Expect(last.EndReason).To(Equal(locksv1alpha1.EndReasonExpired))
 			Expect(heldMessage(ctx, key)).To(ContainSubstring("Expired"))
 		}
-		slices.Sort(latencies)
-		p50, worst := latencies[trials/2], latencies[trials-1]
-		AddReportEntry("pod deletion -> holding freed (lease 30 s)", fmt.Sprintf("p50 %s, max %s", p50, worst))
-		GinkgoWriter.Printf("pod deletion -> holding freed over %d trials (lease 30 s): p50 %s, max %s, all %v\n", trials, p50, worst, latencies)
-		Expect(worst).To(BeNumerically("<", 2*time.Second))
+		reportLatencies("pod deletion -> holding without a session freed (lease 30 s)", latencies)
 		Eventually(eventReasons).WithArguments(ctx, types.NamespacedName{Namespace: ns, Name: "pod-held-0"}).Should(ContainElement(controllers.EventExpired))
+	})
+
+	It("frees a pod-bound session's locks when the garbage collector deletes the session after its pod", func() {
+		kcm, err := env.StartControllerManager(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(kcm.Stop)
+		startController()
+		user := "system:serviceaccount:" + ns + ":worker"
+		const trials = 10
+		var latencies []time.Duration
+		for i := range trials {
+			pod := createPod(ctx, ns, fmt.Sprintf("owner-%d", i))
+			session := &locksv1alpha1.LockSession{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pod.Name,
+					OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}}},
+				Spec: locksv1alpha1.LockSessionSpec{User: user, Identity: pod.Name, TTLSeconds: 30, PodName: pod.Name, PodUID: string(pod.UID)},
+			}
+			Expect(env.Client.Create(ctx, session)).To(Succeed())
+			var held []types.NamespacedName
+			for j := range 3 {
+				key := createLock(ctx, ns, fmt.Sprintf("gc-%d-%d", i, j), nil, locksv1alpha1.DistributedLockSpec{})
+				acquireWith(ctx, key, fmt.Sprintf("lease-gc-%04d-%06d", i, j), 30, func(h *locksv1alpha1.LockHolder) {
+					h.User, h.PodName, h.PodUID, h.Session = user, pod.Name, string(pod.UID), session.Name
+				})
+				held = append(held, key)
+			}
+			Eventually(sessionLocks).WithArguments(ctx, client.ObjectKeyFromObject(session)).Should(BeEquivalentTo(3))
+
+			deleted := time.Now()
+			Expect(env.Client.Delete(ctx, pod)).To(Succeed())
+			Eventually(func(g Gomega) {
+				for _, key := range held {
+					g.Expect(holderID(ctx, key)).To(BeEmpty())
+				}
+			}).Should(Succeed())
+			latencies = append(latencies, time.Since(deleted))
+			for _, key := range held {
+				Expect(lastEnded(ctx, key).EndReason).To(Equal(locksv1alpha1.EndReasonSessionClosed))
+			}
+		}
+		reportLatencies("pod deletion -> all 3 locks of its session freed, via the garbage collector (TTL 30 s)", latencies)
 	})
 
 	It("runs no lock reconcile when a session of 40 locks is renewed", func() {
@@ -299,4 +328,26 @@ func awaitQuiet(controller string) {
 		}
 		return time.Since(since)
 	}).Should(BeNumerically(">=", time.Second))
+}
+
+// createPod creates a pod of service account "worker" (envtest's apiserver
+// runs without the ServiceAccount admission plugin); with no node it stays
+// Pending, and a delete removes it at once, as a kubelet would after it stopped.
+func createPod(ctx context.Context, ns, name string) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.PodSpec{ServiceAccountName: "worker", AutomountServiceAccountToken: ptr.To(false),
+			Containers: []corev1.Container{{Name: "worker", Image: "worker"}}},
+	}
+	Expect(env.Client.Create(ctx, pod)).To(Succeed())
+	return pod
+}
+
+// reportLatencies reports p50 and max of latencies and requires all under 2 s.
+func reportLatencies(what string, latencies []time.Duration) {
+	slices.Sort(latencies)
+	p50, worst := latencies[len(latencies)/2], latencies[len(latencies)-1]
+	AddReportEntry(what, fmt.Sprintf("p50 %s, max %s", p50, worst))
+	GinkgoWriter.Printf("%s over %d trials: p50 %s, max %s, all %v\n", what, len(latencies), p50, worst, latencies)
+	Expect(worst).To(BeNumerically("<", 2*time.Second))
 }
