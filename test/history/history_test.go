@@ -50,6 +50,20 @@ func TestOverlapAndTokenOrderAreViolations(t *testing.T) {
 	}
 }
 
+func TestHoldingLearnedAfterItsDeadlineIsNotOrdered(t *testing.T) {
+	// a's acquire (token 5, safe deadline 100) returns only at 400, after a
+	// pause; b held the lock meanwhile with token 7. a never held it.
+	h := cat(acq("a", 1, 0, 400, "k", "r1", "L1", 5, 100), acq("b", 1, 150, 200, "k", "r2", "L2", 7, 300))
+	if vs := CheckHoldings(Holdings(h)); len(vs) > 0 {
+		t.Fatalf("an empty holding must not be ordered: %v", vs)
+	}
+	// The same late return inside b's confirmed interval with a live deadline is I1.
+	h = cat(acq("a", 1, 0, 250, "k", "r1", "L1", 5, 500), acq("b", 1, 150, 200, "k", "r2", "L2", 7, 300))
+	if vs := CheckHoldings(Holdings(h)); len(vs) == 0 {
+		t.Fatal("want a violation for a holding confirmed while another was")
+	}
+}
+
 func TestEarlyExpiryIsNotLinearizable(t *testing.T) {
 	// a's safe deadline is 100; b acquires (after an expiry) and returns at 50.
 	early := cat(acq("a", 1, 0, 10, "k", "r1", "L1", 5, 100), []Event{{Proc: "suite", Op: OpKill, T: 20}}, acq("b", 1, 30, 50, "k", "r2", "L2", 9, 300))
