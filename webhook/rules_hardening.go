@@ -129,41 +129,11 @@ func printable(s string) bool {
 // by a Go client fails. A year-0 time with a positive offset parses but
 // marshals as year -1 (issue 13, class 1).
 func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
-	var errs field.ErrorList
-	micro := func(p *field.Path, t metav1.MicroTime) {
-		if b, err := t.MarshalJSON(); err != nil || !validJSONTime(b, ValidMicroTime) {
-			errs = append(errs, deny(p, RuleTimeFormat, msgMicroTime))
-		}
+	b, err := json.Marshal(map[string]any{"status": s})
+	if err != nil {
+		return field.ErrorList{field.InternalError(statusPath, err)}
 	}
-	if h := s.Holder; h != nil {
-		micro(holderPath.Child("acquireTime"), h.AcquireTime)
-		if h.RenewTime != nil {
-			micro(holderPath.Child("renewTime"), *h.RenewTime)
-		}
-	}
-	for i, w := range s.Waiters {
-		micro(waitersPath.Index(i).Child("enqueueTime"), w.EnqueueTime)
-		micro(waitersPath.Index(i).Child("deadline"), w.Deadline)
-	}
-	for i, r := range s.RecentAcquisitions {
-		micro(recentPath.Index(i).Child("endTime"), r.EndTime)
-	}
-	for i, c := range s.Conditions {
-		if b, err := c.LastTransitionTime.MarshalJSON(); err != nil || !validJSONTime(b, ValidTime) {
-			errs = append(errs, deny(conditionsPath.Index(i).Child("lastTransitionTime"), RuleTimeFormat, msgTime))
-		}
-	}
-	return errs
-}
-
-// validJSONTime applies valid to a marshalled time; a zero time marshals as
-// null, which the schema's required markers judge, not this rule.
-func validJSONTime(b []byte, valid func(string) bool) bool {
-	var s *string
-	if json.Unmarshal(b, &s) != nil {
-		return false
-	}
-	return s == nil || valid(*s)
+	return ValidateRawStatusTimes(b)
 }
 
 // addedWaiters are the entries of n that o does not have, by requestID.

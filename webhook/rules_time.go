@@ -79,26 +79,19 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 
 // ValidMicroTime reports whether s is a metav1.MicroTime as the CRD pattern
 // describes it, that Go parses and marshals back to a string Go parses again.
-func ValidMicroTime(s string) bool {
-	var t metav1.MicroTime
-	if !microTimeRE.MatchString(s) || t.UnmarshalJSON(quote(s)) != nil {
-		return false
-	}
-	b, err := t.MarshalJSON()
-	return err == nil && t.UnmarshalJSON(b) == nil
-}
+func ValidMicroTime(s string) bool { return validTime(s, microTimeRE, &metav1.MicroTime{}) }
 
 // ValidTime is ValidMicroTime for metav1.Time (RFC 3339, optional fraction).
-func ValidTime(s string) bool {
-	var t metav1.Time
-	if !timeRE.MatchString(s) || t.UnmarshalJSON(quote(s)) != nil {
+func ValidTime(s string) bool { return validTime(s, timeRE, &metav1.Time{}) }
+
+func validTime(s string, re *regexp.Regexp, t interface {
+	json.Marshaler
+	json.Unmarshaler
+}) bool {
+	q, _ := json.Marshal(s)
+	if !re.MatchString(s) || t.UnmarshalJSON(q) != nil {
 		return false
 	}
 	b, err := t.MarshalJSON()
 	return err == nil && t.UnmarshalJSON(b) == nil
-}
-
-func quote(s string) []byte {
-	b, _ := json.Marshal(s)
-	return b
 }
