@@ -7,7 +7,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -64,7 +63,6 @@ type Reconciler struct {
 	clock    clock.PassiveClock
 	timing   timing
 	ctrlOpts controller.Options
-	events   EventLimit
 
 	obs      observations
 	sessions sessionObservations
@@ -96,10 +94,6 @@ func WithIdleTimeout(d time.Duration) Option { return func(r *Reconciler) { r.ti
 // WithUsername sets the user name written to recentAcquisitions[].endedBy; by
 // default the controller learns its own with a SelfSubjectReview.
 func WithUsername(name string) Option { return func(r *Reconciler) { r.username = name } }
-
-// WithEventLimit sets the per-lock Event rate limit; default DefaultEventLimit.
-// A zero Burst emits every Event.
-func WithEventLimit(l EventLimit) Option { return func(r *Reconciler) { r.events = l } }
 
 // WithControllerOptions sets controller-runtime options such as MaxConcurrentReconciles.
 func WithControllerOptions(o controller.Options) Option {
@@ -153,7 +147,6 @@ func newReconciler(c client.Client, recorder events.EventRecorder, opts ...Optio
 		recorder:  recorder,
 		clock:     clock.RealClock{},
 		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
-		events:    DefaultEventLimit(),
 		self:      lock.NewSelf(c),
 		reader:    c,
 		apiReader: c,
@@ -162,16 +155,12 @@ func newReconciler(c client.Client, recorder events.EventRecorder, opts ...Optio
 		o(r)
 	}
 	switch {
-	case r.clock == nil:
-		return nil, errors.New("controllers: the clock must not be nil")
 	case r.timing.grace < 0:
 		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
 	case r.timing.idleTimeout <= 0:
 		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
-	case r.events.Burst < 0 || r.events.Interval < 0 || r.events.Locks < 0:
-		return nil, fmt.Errorf("controllers: event limit must not be negative, got %+v", r.events)
 	}
-	r.recorder = NewRateLimitedRecorder(recorder, r.events, r.clock)
+	r.recorder = NewRateLimitedRecorder(recorder, EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}, r.clock)
 	return r, nil
 }
 

@@ -343,28 +343,15 @@ func (s *secretToFiles) write(crt, key []byte) (bool, error) {
 	return true, renameio.WriteFile(filepath.Join(s.dir, certName), crt, 0o600)
 }
 
-// splitList parses a comma-separated flag value, dropping blanks.
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
+// setList sets *list from a comma-separated flag value, dropping blanks.
+func setList(list *[]string) func(string) error {
+	return func(s string) error {
+		*list = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				*list = append(*list, p)
+			}
 		}
+		return nil
 	}
-	return out
-}
-
-// listFlag is a comma-separated list flag.
-type listFlag struct{ list *[]string }
-
-func (f listFlag) String() string {
-	if f.list == nil {
-		return ""
-	}
-	return strings.Join(*f.list, ",")
-}
-
-func (f listFlag) Set(s string) error {
-	*f.list = splitList(s)
-	return nil
 }
