@@ -4,13 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -208,4 +212,91 @@ func sarExtra(in map[string]authenticationv1.ExtraValue) map[string]authorizatio
 		out[k] = authorizationv1.ExtraValue(v)
 	}
 	return out
+}
+
+// SessionPath is where the webhook server serves the session validator.
+const SessionPath = "/validate-locks-kubelock-io-v1alpha1-locksession"
+
+// Every write of a LockSession, main resource and status.
+// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-locksession,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=locksessions;locksessions/status,verbs=create;update;delete,versions=v1alpha1,name=vlocksession.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
+// The lock validator reads the sessions holdings and waiters name.
+// +kubebuilder:rbac:groups=locks.kubelock.io,resources=locksessions,verbs=get;list;watch
+
+// Sessions is the admission handler for LockSessions.
+func (v *Validator) Sessions() admission.Handler { return sessionHandler{v} }
+
+type sessionHandler struct{ v *Validator }
+
+func (h sessionHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation == admissionv1.Connect {
+		return respond(nil)
+	}
+	v := h.v
+	oldObj, newObj := &locksv1alpha1.LockSession{}, &locksv1alpha1.LockSession{}
+	if err := v.decode(req, oldObj, newObj); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	a := SessionActor{Actor: v.actor(req.UserInfo), IsGarbageCollector: slices.Contains(DefaultGarbageCollectors, req.UserInfo.Username)}
+	switch {
+	case req.Operation == admissionv1.Create:
+		return respond(ValidateSessionCreate(newObj, a.Actor))
+	case req.Operation == admissionv1.Update && req.SubResource == "status":
+		return respond(ValidateSessionStatus(oldObj, newObj, a.Actor))
+	case req.Operation == admissionv1.Update:
+		return respond(ValidateSessionUpdate(oldObj, newObj, a))
+	}
+	var err error
+	if user, pod := a.owns(oldObj); !(user && pod) && !a.IsController && !a.IsGarbageCollector {
+		a.CanForceRelease, err = v.can(ctx, req.UserInfo, locksv1alpha1.LockSessionsResource, req.Namespace, req.Name, locksv1alpha1.ForceReleaseVerb)
+	}
+	return answer(ValidateSessionDelete(oldObj, a), err)
+}
+
+// sessionRefErrors checks the session fields of a lock's status write,
+// reading each session it newly names from the apiserver.
+func (v *Validator) sessionRefErrors(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) (field.ErrorList, error) {
+	sessions := map[string]*locksv1alpha1.LockSession{}
+	for _, name := range SessionsNamed(oldObj, newObj) {
+		s := &locksv1alpha1.LockSession{}
+		switch err := v.reader.Get(ctx, client.ObjectKey{Namespace: oldObj.Namespace, Name: name}, s); {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("webhook: reading session %s: %w", name, err)
+		}
+		sessions[name] = s
+	}
+	return ValidateSessionRefs(oldObj, newObj, a, sessions), nil
+}
+
+// Quiet wraps an admission handler so that its errors never echo what it
+// read: an error (not a denial) answers with a fixed message per status code,
+// and the detail — which may quote the object or the stored lock, e.g. a
+// time that failed to parse — goes to the operator's log only. Denials keep
+// their rule messages. Register every handler through it.
+func Quiet(h admission.Handler) admission.Handler { return quiet{h} }
+
+type quiet struct{ h admission.Handler }
+
+// Generic messages of errored admission responses.
+const (
+	MsgUndecodable   = "kubelock webhook: the object could not be decoded"
+	MsgInternalError = "kubelock webhook: internal error; the operator's log has the details"
+)
+
+func (q quiet) Handle(ctx context.Context, req admission.Request) admission.Response {
+	resp := q.h.Handle(ctx, req)
+	r := resp.Result
+	if resp.Allowed || r == nil || r.Reason == metav1.StatusReasonForbidden {
+		return resp
+	}
+	logf.FromContext(ctx).WithName("webhook").Info("admission request errored",
+		"uid", req.UID, "kind", req.Kind, "namespace", req.Namespace, "name", req.Name,
+		"operation", req.Operation, "code", r.Code, "error", r.Message)
+	msg := MsgInternalError
+	if r.Code == http.StatusBadRequest {
+		msg = MsgUndecodable
+	}
+	resp.Result = &metav1.Status{Code: r.Code, Message: msg}
+	return resp
 }

@@ -10,7 +10,9 @@
 package metrics
 
 import (
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
@@ -24,12 +26,6 @@ const (
 	WebhookSubsystem    = "webhook"
 )
 
-// Label values of AdmissionDecision's outcome.
-const (
-	OutcomeAllowed = "allowed"
-	OutcomeDenied  = "denied"
-)
-
 // Reconcile steps whose errors ReconcileError counts.
 const (
 	StepGet    = "get"
@@ -37,20 +33,28 @@ const (
 	StepDelete = "delete"
 )
 
+// collectors are every operator collector, in the order they are declared.
+var collectors []prometheus.Collector
+
+func add[C prometheus.Collector](c C) C {
+	collectors = append(collectors, c)
+	return c
+}
+
 func counter(subsystem, name, help string) prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help})
+	return add(prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}))
 }
 
 func counterVec(subsystem, name, help string, labels ...string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}, labels)
+	return add(prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}, labels))
 }
 
 func gauge(name, help string) prometheus.Gauge {
-	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help})
+	return add(prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help}))
 }
 
 func histogram(name, help string, buckets []float64) prometheus.Histogram {
-	return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help, Buckets: buckets})
+	return add(prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help, Buckets: buckets}))
 }
 
 const ctrl, hook = ControllerSubsystem, WebhookSubsystem
@@ -97,22 +101,14 @@ var (
 		"Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).", "lock")
 
 	// Hot is the tracker behind the per-lock hot-lock series.
-	Hot = newHotLocks(DefaultHotLocks, clock.RealClock{})
+	Hot = add(newHotLocks(DefaultHotLocks, clock.RealClock{}))
 	// Holdings reports the longest and the most overdue holding at each scrape.
-	Holdings = &holdings{}
+	Holdings = add(&holdings{})
 )
 
 // Collectors returns every operator collector, for Register and for tests
 // that check the dashboard names only exported metrics.
-func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{
-		expirationsTotal, waitersDroppedTotal, idleLocksDeletedTotal, transitionsObservedTotal,
-		waitSeconds, handoffSeconds, queueLength, locksObserved, locksHeld, waiters,
-		reconcileErrorsTotal, lockDecodeErrorsTotal, writeConflictsTotal, eventsSuppressedTotal, isLeader, leaderChangesTotal,
-		sessionsObserved, sessionsExpiredTotal,
-		admissionDecisionsTotal, staleTokenRejectionsTotal, Hot, Holdings,
-	}
-}
+func Collectors() []prometheus.Collector { return slices.Clone(collectors) }
 
 var registerOnce sync.Once
 
@@ -200,12 +196,54 @@ func SessionExpired() { sessionsExpiredTotal.Inc() }
 
 // AdmissionDecision counts an admission decision; rule is ignored when allowed.
 func AdmissionDecision(rule string, allowed bool) {
-	outcome := OutcomeDenied
+	outcome := "denied"
 	if allowed {
-		outcome, rule = OutcomeAllowed, "none"
+		outcome, rule = "allowed", "none"
 	}
 	admissionDecisionsTotal.WithLabelValues(rule, outcome).Inc()
 }
 
 // StaleTokenRejected counts a fenced-object write refused for a stale token.
 func StaleTokenRejected(lock string) { staleTokenRejectionsTotal.WithLabelValues(lock).Inc() }
+
+// HoldingStats summarises the current holdings as the controller observed them.
+type HoldingStats struct {
+	// LongestLeases is the age of the longest current holding in multiples of
+	// its lease duration (since the controller first saw it).
+	LongestLeases float64
+	// MaxOverdueSeconds is how far the most overdue held lease is past its
+	// expiry (lease + grace after the last observed renewal) without having
+	// been expired; 0 when none is.
+	MaxOverdueSeconds float64
+}
+
+// holdings is a collector that asks the controller for HoldingStats at each
+// scrape, so no per-lock series and no periodic scan are needed.
+type holdings struct{ source atomic.Pointer[func() HoldingStats] }
+
+var (
+	longestHoldingDesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, ControllerSubsystem, "longest_holding_leases"),
+		"Age of the longest current holding in multiples of its lease duration, measured from when the controller first saw it.", nil, nil)
+	maxOverdueDesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, ControllerSubsystem, "max_overdue_seconds"),
+		"How far the most overdue held lease is past its expiry (lease + grace after the last observed renewal) without having been expired; 0 when none is.", nil, nil)
+)
+
+// SetHoldingSource sets the function the holding gauges are computed with at
+// scrape time; the running controller sets it, nil reports zeros.
+func SetHoldingSource(f func() HoldingStats) { Holdings.source.Store(&f) }
+
+// Describe implements prometheus.Collector.
+func (h *holdings) Describe(ch chan<- *prometheus.Desc) {
+	ch <- longestHoldingDesc
+	ch <- maxOverdueDesc
+}
+
+// Collect implements prometheus.Collector.
+func (h *holdings) Collect(ch chan<- prometheus.Metric) {
+	var s HoldingStats
+	if f := h.source.Load(); f != nil && *f != nil {
+		s = (*f)()
+	}
+	ch <- prometheus.MustNewConstMetric(longestHoldingDesc, prometheus.GaugeValue, s.LongestLeases)
+	ch <- prometheus.MustNewConstMetric(maxOverdueDesc, prometheus.GaugeValue, s.MaxOverdueSeconds)
+}
