@@ -56,7 +56,7 @@ const (
 	EventDeleted        = "IdleLockDeleted"
 )
 
-// Reconciler reconciles DistributedLocks. Build it with NewReconciler.
+// Reconciler reconciles DistributedLocks. Setup builds it.
 type Reconciler struct {
 	client   client.Client
 	recorder events.EventRecorder
@@ -67,7 +67,7 @@ type Reconciler struct {
 	obs      observations
 	sessions sessionObservations
 	// reader reads locks as unstructured objects (see decode.go), sessions
-	// and pod metadata: the manager's cache once Setup ran, the client before.
+	// and pod metadata: the manager's cache.
 	reader client.Reader
 	// apiReader reads live, to confirm that a session or pod the cache lacks is gone.
 	apiReader client.Reader
@@ -105,22 +105,37 @@ func WithControllerOptions(o controller.Options) Option {
 // controller-runtime controller it runs only while mgr holds the leader lease.
 // The operator and the test environment both call it.
 func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
-	r, err := newReconciler(mgr.GetClient(), mgr.GetEventRecorder("kubelock-controller"), opts...)
-	if err != nil {
-		return nil, err
+	c := mgr.GetClient()
+	r := &Reconciler{
+		client: c,
+		clock:  clock.RealClock{},
+		timing: timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
+		self:   lock.NewSelf(c),
+		// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
+		reader:    mgr.GetCache(),
+		apiReader: mgr.GetAPIReader(),
 	}
+	for _, o := range opts {
+		o(r)
+	}
+	switch {
+	case r.timing.grace < 0:
+		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
+	case r.timing.idleTimeout <= 0:
+		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
+	}
+	r.recorder = NewRateLimitedRecorder(mgr.GetEventRecorder("kubelock-controller"),
+		EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}, r.clock)
 	if err := mgr.Add(&leaderReporter{obs: &r.obs, sessions: &r.sessions, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return nil, err
 	}
-	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
-	r.reader, r.apiReader = mgr.GetCache(), mgr.GetAPIReader()
 	if err := indexLocks(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return nil, err
 	}
 	kick := make(chan event.GenericEvent)
 	// Pods are watched as metadata only: a deletion is all that matters, and
 	// whole pods of the cluster would cost far more memory.
-	err = ctrl.NewControllerManagedBy(mgr).
+	err := ctrl.NewControllerManagedBy(mgr).
 		For(newUnstructuredLock()).
 		Watches(&locksv1alpha1.LockSession{}, handler.EnqueueRequestsFromMapFunc(r.locksOfSession), builder.WithPredicates(sessionEnding)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksOfPod), builder.OnlyMetadata, builder.WithPredicates(podDeleted)).
@@ -138,30 +153,6 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 		Named(SessionControllerName).
 		WithOptions(r.ctrlOpts).
 		Complete(sr)
-}
-
-// newReconciler returns a reconciler that writes with c and emits Events with recorder.
-func newReconciler(c client.Client, recorder events.EventRecorder, opts ...Option) (*Reconciler, error) {
-	r := &Reconciler{
-		client:    c,
-		recorder:  recorder,
-		clock:     clock.RealClock{},
-		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
-		self:      lock.NewSelf(c),
-		reader:    c,
-		apiReader: c,
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	switch {
-	case r.timing.grace < 0:
-		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
-	case r.timing.idleTimeout <= 0:
-		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
-	}
-	r.recorder = NewRateLimitedRecorder(recorder, EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}, r.clock)
-	return r, nil
 }
 
 // +kubebuilder:rbac:groups=locks.kubelock.io,resources=distributedlocks,verbs=get;list;watch;delete

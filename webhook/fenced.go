@@ -28,24 +28,13 @@ var (
 	fenceTokPath = field.NewPath("metadata", "annotations").Key(locksv1alpha1.FencingTokenAnnotation)
 )
 
-// FencedLock is what the fenced-object rules need of the guarding lock.
+// FencedLock is what the fenced-object rules need of the guarding lock:
+// whether it exists, status.fencingToken (the latest token it issued), and
+// the current holding's user and pod UID ("" when free).
 type FencedLock struct {
-	// Exists is false when the lock was not found.
-	Exists bool
-	// Token is status.fencingToken, the latest token the lock issued.
-	Token int64
-	// HolderUser and HolderPodUID describe the current holding ("" when free).
-	HolderUser   string
-	HolderPodUID string
-}
-
-// FencedLockOf reads a lock's state for the fenced-object rules.
-func FencedLockOf(l *locksv1alpha1.DistributedLock) FencedLock {
-	f := FencedLock{Exists: true, Token: l.Status.FencingToken}
-	if h := l.Status.Holder; h != nil {
-		f.HolderUser, f.HolderPodUID = h.User, h.PodUID
-	}
-	return f
+	Exists                   bool
+	Token                    int64
+	HolderUser, HolderPodUID string
 }
 
 // GuardingLock is the name of the lock that guards a write of a fenced
@@ -252,5 +241,9 @@ func (v *Validator) readLock(ctx context.Context, ns, name string) (FencedLock, 
 	case err != nil:
 		return FencedLock{}, fmt.Errorf("webhook: reading lock %s/%s: %w", ns, name, err)
 	}
-	return FencedLockOf(l), nil
+	f := FencedLock{Exists: true, Token: l.Status.FencingToken}
+	if h := l.Status.Holder; h != nil {
+		f.HolderUser, f.HolderPodUID = h.User, h.PodUID
+	}
+	return f, nil
 }

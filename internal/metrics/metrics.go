@@ -219,7 +219,9 @@ type HoldingStats struct {
 
 // holdings is a collector that asks the controller for HoldingStats at each
 // scrape, so no per-lock series and no periodic scan are needed.
-type holdings struct{ source atomic.Pointer[func() HoldingStats] }
+type holdings struct {
+	source atomic.Pointer[func() HoldingStats]
+}
 
 var (
 	longestHoldingDesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, ControllerSubsystem, "longest_holding_leases"),
