@@ -40,7 +40,7 @@ func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lo
 	lock = &locksv1alpha1.DistributedLock{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), lock); err != nil {
 		if r.malformed.first(key, u.GetResourceVersion()) {
-			metrics.LockDecodeError(key.Namespace)
+			metrics.LockDecodeErrors.WithLabelValues(key.Namespace).Inc()
 			log.FromContext(ctx).Error(err, "lock cannot be decoded; leaving it alone until it is fixed or deleted",
 				"lock", key, "resourceVersion", u.GetResourceVersion())
 		}

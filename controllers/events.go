@@ -57,7 +57,7 @@ func NewRateLimitedRecorder(next events.EventRecorder, l EventLimit, clk clock.P
 // Eventf implements events.EventRecorder.
 func (r *RateLimitedRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
 	if !r.allow(regarding) {
-		metrics.EventSuppressed(reason)
+		metrics.EventsSuppressed.WithLabelValues(reason).Inc()
 		return
 	}
 	r.next.Eventf(regarding, related, eventtype, reason, action, note, args...)

@@ -300,7 +300,7 @@ func (o *sessionObservations) observe(s *locksv1alpha1.LockSession, now time.Tim
 	if p, ok := o.m[key]; ok {
 		prev = &p
 	} else {
-		metrics.SessionsTracked(1)
+		metrics.SessionsObserved.Inc()
 	}
 	next := observeSession(prev, s, now)
 	o.m[key] = next
@@ -311,7 +311,7 @@ func (o *sessionObservations) forget(key types.NamespacedName) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if _, ok := o.m[key]; ok {
-		metrics.SessionsTracked(-1)
+		metrics.SessionsObserved.Dec()
 		delete(o.m, key)
 	}
 }
@@ -320,6 +320,6 @@ func (o *sessionObservations) forget(key types.NamespacedName) {
 func (o *sessionObservations) clear() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	metrics.SessionsTracked(-len(o.m))
+	metrics.SessionsObserved.Add(float64(-len(o.m)))
 	o.m = nil
 }

@@ -171,7 +171,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.malformed.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	case err != nil:
-		metrics.ReconcileError(metrics.StepGet)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
 		return ctrl.Result{}, err
 	case !ok:
 		return ctrl.Result{}, nil
@@ -191,7 +191,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// and this controller's clock only.
 	live, err := r.liveness(ctx, lock, now)
 	if err != nil {
-		metrics.ReconcileError(metrics.StepGet)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
 		return ctrl.Result{}, err
 	}
 	d := decide(lock, obs, live, now, r.timing)
@@ -203,11 +203,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	updated, err := r.writeStatus(ctx, lock, d, now)
 	switch {
 	case apierrors.IsConflict(err):
-		metrics.WriteConflict()
+		metrics.WriteConflicts.Inc()
 		log.FromContext(ctx).V(1).Info("lock changed meanwhile; reconciling again")
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	case err != nil:
-		metrics.ReconcileError(metrics.StepWrite)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepWrite).Inc()
 		return ctrl.Result{}, err
 	case updated != nil:
 		// Our own write is observed now, without reporting it a second time.
@@ -241,10 +241,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 	logger := log.FromContext(ctx)
 	if reason := string(d.end.reason); reason != "" {
 		if d.end.reason == locksv1alpha1.EndReasonExpired {
-			metrics.Expired()
+			metrics.Expirations.Inc()
 		}
 		// The write is the change of holder; its watch event is not reported again.
-		metrics.TransitionObserved(reason)
+		metrics.TransitionsObserved.WithLabelValues(reason).Inc()
 		h := lock.Status.Holder
 		logger.Info("holding ended", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
 			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "reason", reason, "why", d.end.why)
@@ -252,7 +252,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 			"lease %s of %s (fencing token %d) ended %s: %s", h.LeaseID, h.Identity, lock.Status.FencingToken, reason, d.end.why)
 	}
 	for _, w := range d.drop {
-		metrics.WaiterDropped(string(w.reason))
+		metrics.WaitersDropped.WithLabelValues(string(w.reason)).Inc()
 		logger.Info("waiter dropped", "lock", client.ObjectKeyFromObject(lock), "waiter", w.identity,
 			"requestID", w.requestID, "reason", w.reason)
 		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, EventWaiterDropped, "DropWaiter",
@@ -268,15 +268,15 @@ func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.Distrib
 	err := r.client.Delete(ctx, lock, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 	switch {
 	case apierrors.IsConflict(err):
-		metrics.WriteConflict()
+		metrics.WriteConflicts.Inc()
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	case apierrors.IsNotFound(err):
 		return ctrl.Result{}, nil
 	case err != nil:
-		metrics.ReconcileError(metrics.StepDelete)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepDelete).Inc()
 		return ctrl.Result{}, err
 	}
-	metrics.IdleLockDeleted()
+	metrics.IdleLocksDeleted.Inc()
 	log.FromContext(ctx).Info("idle auto-created lock deleted", "lock", client.ObjectKeyFromObject(lock),
 		"token", lock.Status.FencingToken, "idleTimeout", r.timing.idleTimeout)
 	r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventDeleted, "Delete",
@@ -291,7 +291,7 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 	for _, t := range ts {
 		switch t.kind {
 		case transitionAcquired:
-			metrics.TransitionObserved(EventAcquired)
+			metrics.TransitionsObserved.WithLabelValues(EventAcquired).Inc()
 			metrics.Acquisition(len(lock.Status.Waiters), t.waited.Seconds(), t.handoff.Seconds())
 			metrics.Hot.Acquired(key.Namespace, key.Name)
 			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID)
@@ -302,7 +302,7 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			if reason == "" {
 				reason = EventReleased
 			}
-			metrics.TransitionObserved(reason)
+			metrics.TransitionsObserved.WithLabelValues(reason).Inc()
 			logger.Info("holding ended", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID,
 				"reason", reason, "endedBy", t.endedBy)
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, reason, "Observe",

@@ -62,7 +62,7 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			r.sessions.forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
-		metrics.ReconcileError(metrics.StepGet)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
 		return ctrl.Result{}, err
 	}
 	if s.DeletionTimestamp != nil {
@@ -81,10 +81,10 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	case d.delete:
 		uid := s.UID
 		if err := r.client.Delete(ctx, s, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-			metrics.ReconcileError(metrics.StepDelete)
+			metrics.ReconcileErrors.WithLabelValues(metrics.StepDelete).Inc()
 			return ctrl.Result{}, err
 		}
-		metrics.SessionExpired()
+		metrics.SessionsExpired.Inc()
 		r.sessions.forget(req.NamespacedName)
 		logger.Info("session expired and deleted", "session", req.NamespacedName, "user", s.Spec.User, "ttlSeconds", s.TTL())
 		return ctrl.Result{}, nil
@@ -104,7 +104,7 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		patched := s.DeepCopy()
 		patched.Status.Locks = *d.locks
 		if err := r.client.Status().Patch(ctx, patched, client.MergeFrom(s)); err != nil && !apierrors.IsNotFound(err) {
-			metrics.ReconcileError(metrics.StepWrite)
+			metrics.ReconcileErrors.WithLabelValues(metrics.StepWrite).Inc()
 			return ctrl.Result{}, err
 		}
 	}

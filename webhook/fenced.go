@@ -214,7 +214,7 @@ func (h fencedHandler) Handle(ctx context.Context, req admission.Request) admiss
 	}
 	for _, e := range errs {
 		if ruleOf(e) == RuleStaleToken {
-			metrics.StaleTokenRejected(req.Namespace + "/" + name)
+			metrics.StaleTokenRejections.WithLabelValues(req.Namespace + "/" + name).Inc()
 		}
 	}
 	return respond(errs)
