@@ -74,7 +74,7 @@ const (
 )
 
 // EndReason says how a holding ended.
-// +kubebuilder:validation:Enum=Released;Expired;ForceReleased
+// +kubebuilder:validation:Enum=Released;Expired;ForceReleased;SessionExpired;SessionClosed
 type EndReason string
 
 const (
@@ -84,6 +84,12 @@ const (
 	EndReasonExpired EndReason = "Expired"
 	// EndReasonForceReleased means a user with the force-release verb broke the lock.
 	EndReasonForceReleased EndReason = "ForceReleased"
+	// EndReasonSessionExpired means the holding's session lapsed: the controller
+	// saw no renewal of it for a whole TTL.
+	EndReasonSessionExpired EndReason = "SessionExpired"
+	// EndReasonSessionClosed means the holding's session was deleted, or is
+	// missing or not the holder's own.
+	EndReasonSessionClosed EndReason = "SessionClosed"
 )
 
 // DistributedLockSpec is what an administrator declares about a lock.
@@ -186,6 +192,15 @@ type LockHolder struct {
 	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	PodUID string `json:"podUID,omitempty"`
 
+	// session names the LockSession (in the lock's namespace) whose renewals keep
+	// this holding alive; leaseDurationSeconds is then the session's TTL and the
+	// holding itself is not renewed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.session cannot change while the lock is held"
+	Session string `json:"session,omitempty"`
+
 	// acquireTime is when the holding began, by the holder's clock; informational.
 	// +required
 	// +kubebuilder:validation:Type=string
@@ -245,6 +260,13 @@ type Waiter struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	PodUID string `json:"podUID,omitempty"`
+
+	// session names the LockSession (in the lock's namespace) the waiter will
+	// hold the lock in.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Session string `json:"session,omitempty"`
 }
 
 // FinishedHolding records a holding that ended, so a retried acquire can learn

@@ -1,4 +1,4 @@
-// Package v1alpha1 contains the DistributedLock API of the locks.kubelock.io group.
+// Package v1alpha1 contains the DistributedLock and LockSession API of the locks.kubelock.io group.
 //
 // +kubebuilder:object:generate=true
 // +groupName=locks.kubelock.io
@@ -24,7 +24,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &DistributedLock{}, &DistributedLockList{})
+	s.AddKnownTypes(GroupVersion, &DistributedLock{}, &DistributedLockList{}, &LockSession{}, &LockSessionList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -158,6 +158,8 @@ func (e *Env) installLockUserRole(ctx context.Context) error {
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks"}, Verbs: []string{"get", "list", "watch", "create"}},
 			{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks/status"}, Verbs: []string{"get", "update", "patch"}},
+			{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"locksessions"}, Verbs: []string{"get", "list", "watch", "create", "delete"}},
+			{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"locksessions/status"}, Verbs: []string{"get", "update", "patch"}},
 			{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"selfsubjectreviews"}, Verbs: []string{"create"}},
 		},
 	}
