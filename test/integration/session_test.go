@@ -146,6 +146,9 @@ var _ = Describe("sessions", func() {
 			s1, l1 := renewWrites()
 			for _, l := range locks {
 				Expect(l.Err()).NotTo(HaveOccurred())
+				if h := suite.GetLock(ctx, ns, l.Name()).Status.Holder; h.Session != "" {
+					Expect(h.RenewTime).To(Equal(&h.AcquireTime), "a holding in a session is never renewed itself")
+				}
 				Expect(l.Release(ctx)).To(Succeed())
 			}
 			return s1 - s0, l1 - l0
@@ -160,18 +163,21 @@ var _ = Describe("sessions", func() {
 		perLock, _ := suite.NewClient(ctx, ns, lock.WithLeaseDuration(ttl))
 		_, perLockW := hold(perLock, "p")
 
+		// The counters are the whole apiserver's. The session client's only lock
+		// writes are its acquires before the window and its releases after it
+		// (its holdings' renewTime never moved), so the lock writes within its
+		// window are others' (the controller expiring earlier specs' locks).
 		intervals := window.Seconds() / (ttl / 3).Seconds()
-		sessionRate := (sessionW + sessionLockW) / window.Seconds()
+		sessionRate := sessionW / window.Seconds()
 		perLockRate := perLockW / window.Seconds()
 		ratio := perLockRate / max(sessionRate, 1/window.Seconds())
 		fmt.Fprintf(GinkgoWriter, "holding %d locks, lease/TTL %s, over %s (%.1f renewal intervals of TTL/3):\n", n, ttl, window, intervals)
-		fmt.Fprintf(GinkgoWriter, "  sessions:         %3.0f session writes + %.0f lock writes = %.2f writes/s (%.2f per TTL/3)\n",
-			sessionW, sessionLockW, sessionRate, (sessionW+sessionLockW)/intervals)
+		fmt.Fprintf(GinkgoWriter, "  sessions:         %3.0f session writes = %.2f writes/s (%.2f per TTL/3; %.0f writes to locks by others meanwhile)\n",
+			sessionW, sessionRate, sessionW/intervals, sessionLockW)
 		fmt.Fprintf(GinkgoWriter, "  per-lock leases:  %3.0f lock writes = %.2f writes/s (%.1f per TTL/3)\n", perLockW, perLockRate, perLockW/intervals)
 		fmt.Fprintf(GinkgoWriter, "  ratio: %.0fx fewer writes with a session (goal >= 10x)\n", ratio)
 		AddReportEntry("session renewal writes", fmt.Sprintf("sessions %.2f writes/s, per-lock leases %.2f writes/s, ratio %.0fx (goal >= 10x)", sessionRate, perLockRate, ratio))
 
-		Expect(sessionLockW).To(BeZero(), "holdings in a session write nothing to their locks")
 		// One renewal per TTL/3 (jitter 0.9..1.08 of it), whatever the session holds.
 		Expect(sessionW).To(BeNumerically("<=", intervals/0.9+1))
 		Expect(sessionW).To(BeNumerically(">=", 1))
