@@ -96,6 +96,7 @@ func (l *Lock) start(sent time.Time) {
 	if l.session != nil {
 		// Give the queue slot back and count the end however the session ends.
 		context.AfterFunc(l.ctx, func() { l.finish(context.Cause(l.ctx)) })
+		l.session.track(l)
 		return
 	}
 	l.deadline.extend(sent.Add(l.lease - l.margin))

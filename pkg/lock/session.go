@@ -44,8 +44,10 @@ type Session struct {
 	deadline safeDeadline
 
 	mu        sync.Mutex
-	unproven  bool      // ended because the safe deadline passed, not by the server's word
-	renewedAt time.Time // the renewTime last sent, so that it never goes back
+	unproven  bool               // ended because the safe deadline passed, not by the server's word
+	renewedAt time.Time          // the renewTime last sent, so that it never goes back
+	locks     map[*Lock]struct{} // the live holdings in this session
+	checking  bool               // a check of the holdings runs
 }
 
 // SessionOption configures NewSession.
@@ -159,6 +161,7 @@ func (s *Session) renew(ctx context.Context) error {
 	switch {
 	case err == nil:
 		s.deadline.extend(sent.Add(s.ttl - s.margin))
+		s.checkLocks(int(obj.Status.Locks))
 		return nil
 	case apierrors.IsNotFound(err):
 		err = lostWith(lostSession, "session %s was deleted (closed, force-released or expired by the controller)", s.name)
@@ -169,6 +172,51 @@ func (s *Session) renew(ctx context.Context) error {
 	}
 	s.cancel(err)
 	return err
+}
+
+// track adds l to the session's holdings until it ends.
+func (s *Session) track(l *Lock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.locks == nil {
+		s.locks = map[*Lock]struct{}{}
+	}
+	s.locks[l] = struct{}{}
+	context.AfterFunc(l.ctx, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.locks, l)
+	})
+}
+
+// checkLocks rereads the session's holdings in the background when the
+// controller counts fewer of them (status.locks) than this client holds: a
+// holding in a session is not renewed, so this is how its holder learns that
+// one was force-released, within TTL/3 as a lock renewing itself would. The
+// count lags acquisitions, so a check may find nothing; it costs reads only.
+func (s *Session) checkLocks(counted int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.checking || counted >= len(s.locks) {
+		return
+	}
+	s.checking = true
+	locks := make([]*Lock, 0, len(s.locks))
+	for l := range s.locks {
+		locks = append(locks, l)
+	}
+	go func() {
+		for _, l := range locks {
+			l.wmu.Lock()
+			if l.Err() == nil {
+				_, _ = l.refresh(s.ctx) // ends the holding if it is no longer the holder
+			}
+			l.wmu.Unlock()
+		}
+		s.mu.Lock()
+		s.checking = false
+		s.mu.Unlock()
+	}()
 }
 
 // finishUnproven ends the session because its safe deadline passed (I5).

@@ -241,3 +241,37 @@ func TestSessionTTLBounds(t *testing.T) {
 		}
 	}
 }
+
+// A holding in a session renews nothing, so its holder learns of a
+// force-release when a renewal's answer counts fewer holdings than it has.
+func TestSessionNoticesAForceReleasedHolding(t *testing.T) {
+	f := newSessionFixture(t, freeLock("a"))
+	ctx := context.Background()
+	s, err := f.c.NewSession(ctx, SessionTTL(6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close(ctx) }()
+	l, err := f.c.TryAcquire(ctx, "a", InSession(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := &locksv1alpha1.DistributedLock{}
+	if err := f.c.c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "a"}, obj); err != nil {
+		t.Fatal(err)
+	}
+	obj.EndHolding(locksv1alpha1.EndReasonForceReleased, "breaker", metav1.NewMicroTime(f.clk.Now()))
+	if err := f.c.c.Status().Update(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	ended(t, l.Done(), false, "the lock, before the session's next renewal,")
+	f.armed(2)
+	f.clk.Step(2200 * time.Millisecond) // the renewal answers status.locks 0: fewer than the client holds
+	ended(t, l.Done(), true, "the force-released lock after the session's renewal")
+	if !errors.Is(l.Err(), ErrLockLost) || lostCause(l.Err()) != lostForceReleased {
+		t.Fatalf("cause = %v, want a force-release", l.Err())
+	}
+	if s.Err() != nil {
+		t.Fatalf("the session ended with its lock: %v", s.Err())
+	}
+}

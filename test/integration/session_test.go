@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/faultproxy"
 	"github.com/kubelock/kubelock/test/suite"
 )
 
@@ -214,3 +216,74 @@ func renewWrites() (sessions, locks float64) {
 	Expect(sc.Err()).NotTo(HaveOccurred())
 	return sessions, locks
 }
+
+// Needs the controller to know sessions (h-sctl): it ends the holdings of a
+// lapsed session with SessionExpired.
+var _ = Describe("a session cut off from the apiserver (I5 per session)", Serial, func() {
+	It("ends every lock's context before the controller ends any holding and another client takes it", func() {
+		ctx := context.Background()
+		ns := suite.Namespace(ctx)
+		const ttl, n = 5 * time.Second, 3
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("cut-%d", i)
+			suite.NewLock(ctx, ns, keys[i], locksv1alpha1.DistributedLockSpec{})
+		}
+		cfg, _ := suite.UserConfig(ctx)
+		proxy, err := faultproxy.New(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(proxy.Close)
+		a, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("cut-off"))
+		Expect(err).NotTo(HaveOccurred())
+		s, err := a.NewSession(ctx, lock.SessionTTL(ttl))
+		Expect(err).NotTo(HaveOccurred())
+		held := make([]*lock.Lock, n)
+		for i, k := range keys {
+			held[i], err = a.TryAcquire(ctx, k, lock.InSession(s))
+			Expect(err).NotTo(HaveOccurred())
+		}
+		// Let a renewal or two land, so the deadline comes from a renewal.
+		time.Sleep(ttl / 2)
+
+		proxy.SetRule(func(*http.Request) faultproxy.Action { return faultproxy.Refuse })
+		cutAt := time.Now()
+		b, _ := suite.NewClient(ctx, ns)
+		type grant struct {
+			at   time.Time
+			lock *lock.Lock
+		}
+		granted := make(chan grant, n)
+		for _, k := range keys {
+			go func() {
+				defer GinkgoRecover()
+				next, err := b.Acquire(ctx, k, lock.WaitTimeout(time.Minute))
+				Expect(err).NotTo(HaveOccurred())
+				granted <- grant{time.Now(), next}
+			}()
+		}
+		Eventually(s.Done(), 2*ttl).Should(BeClosed())
+		doneAt := time.Now()
+		Expect(doneAt.Sub(cutAt)).To(BeNumerically("<", ttl))
+		for _, l := range held {
+			Expect(l.Done()).To(BeClosed(), "a lock's context ends with its session's")
+			Expect(l.Err()).To(MatchError(lock.ErrLockLost))
+		}
+		for range n {
+			var g grant
+			Eventually(granted, 4*ttl).Should(Receive(&g))
+			Expect(doneAt.Before(g.at)).To(BeTrue(), "every lock ended (%s) before %s was taken again (%s)", doneAt, g.lock.Name(), g.at)
+			for i, l := range held {
+				if l.Name() != g.lock.Name() {
+					continue
+				}
+				Expect(g.lock.FencingToken()).To(BeNumerically(">", held[i].FencingToken()))
+				ended := suite.GetLock(ctx, ns, l.Name()).Status.RecentAcquisitions
+				Expect(ended[len(ended)-1].EndReason).To(Equal(locksv1alpha1.EndReasonSessionExpired))
+			}
+			Expect(g.lock.Release(ctx)).To(Succeed())
+		}
+		proxy.SetRule(nil)
+		Expect(held[0].Release(ctx)).To(MatchError(lock.ErrLockLost))
+		Expect(s.Close(ctx)).To(Succeed())
+	})
+})
