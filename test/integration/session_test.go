@@ -131,7 +131,7 @@ var _ = Describe("sessions", func() {
 		// hold acquires n locks with prefix, then counts the writes to sessions
 		// and locks over window. The holdings are fresh, so none of them can
 		// expire within the window, which is shorter than their lease.
-		hold := func(c *lock.Client, prefix string, opts ...lock.AcquireOption) (sessionWrites, lockWrites float64) {
+		hold := func(c *lock.Client, prefix string, settled func(), opts ...lock.AcquireOption) (sessionWrites, lockWrites float64) {
 			locks := make([]*lock.Lock, n)
 			var wg sync.WaitGroup
 			for i := range n {
@@ -143,6 +143,7 @@ var _ = Describe("sessions", func() {
 				})
 			}
 			wg.Wait()
+			settled()
 			s0, l0 := renewWrites()
 			time.Sleep(window) // the writes to count happen meanwhile, in the background
 			s1, l1 := renewWrites()
@@ -159,11 +160,16 @@ var _ = Describe("sessions", func() {
 		withSession, _ := suite.NewClient(ctx, ns)
 		s, err := withSession.NewSession(ctx, lock.SessionTTL(ttl))
 		Expect(err).NotTo(HaveOccurred())
-		sessionW, sessionLockW := hold(withSession, "s", lock.InSession(s))
+		// The controller counts the session's holdings (status.locks, a write of
+		// its own): wait for it to count all of them before the window opens.
+		counted := func() {
+			Eventually(func() int32 { return getSession(s.Name()).Status.Locks }).Should(BeEquivalentTo(n))
+		}
+		sessionW, sessionLockW := hold(withSession, "s", counted, lock.InSession(s))
 		Expect(s.Close(ctx)).To(Succeed())
 
 		perLock, _ := suite.NewClient(ctx, ns, lock.WithLeaseDuration(ttl))
-		_, perLockW := hold(perLock, "p")
+		_, perLockW := hold(perLock, "p", func() {})
 
 		// The counters are the whole apiserver's. The session client's only lock
 		// writes are its acquires before the window and its releases after it
