@@ -39,7 +39,9 @@ type Lock struct {
 	// the holding renews its own lease.
 	session *Session
 
-	deadline safeDeadline // last proven send + lease - margin; the session's in a session
+	// deadline is the last proven send + lease - margin; in a session, the
+	// session's deadline when the holding was last found held.
+	deadline safeDeadline
 
 	// mu guards the fields below. It is never held across a request, so the
 	// watchdog can always end the holding on time.
@@ -130,12 +132,17 @@ func (l *Lock) RequestID() string { return l.requestID }
 
 // ExpiresAt is the client's conservative view of the end of the lease: the send
 // time of the last successful renewal plus the lease, minus a safety margin.
-// In a session it is the session's (Session.ExpiresAt).
+// In a session it is the session's (Session.ExpiresAt) while the holding
+// lasts; once it ended by itself (force-released), the session's from before
+// the renewal after which the holder learned it.
 func (l *Lock) ExpiresAt() time.Time {
-	if l.session != nil {
-		return l.session.ExpiresAt()
+	if l.session == nil {
+		return l.deadline.get()
 	}
-	return l.deadline.get()
+	if d := l.deadline.get(); !d.IsZero() && l.Err() != nil && l.session.Err() == nil {
+		return d
+	}
+	return l.session.ExpiresAt()
 }
 
 // Context is how to observe the end of the holding: it ends when the holding

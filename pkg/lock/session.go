@@ -160,8 +160,9 @@ func (s *Session) renew(ctx context.Context) error {
 	err = s.c.c.Status().Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
 	switch {
 	case err == nil:
+		proven := s.deadline.get()
 		s.deadline.extend(sent.Add(s.ttl - s.margin))
-		s.checkLocks(int(obj.Status.Locks))
+		s.checkLocks(int(obj.Status.Locks), proven)
 		return nil
 	case apierrors.IsNotFound(err):
 		err = lostWith(lostSession, "session %s was deleted (closed, force-released or expired by the controller)", s.name)
@@ -194,7 +195,9 @@ func (s *Session) track(l *Lock) {
 // holding in a session is not renewed, so this is how its holder learns that
 // one was force-released, within TTL/3 as a lock renewing itself would. The
 // count lags acquisitions, so a check may find nothing; it costs reads only.
-func (s *Session) checkLocks(counted int) {
+// A holding found ended keeps proven, the session's deadline before this
+// renewal, as its ExpiresAt: the renewal proved the session, not the holding.
+func (s *Session) checkLocks(counted int, proven time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.checking || counted >= len(s.locks) {
@@ -209,6 +212,7 @@ func (s *Session) checkLocks(counted int) {
 		for _, l := range locks {
 			l.wmu.Lock()
 			if l.Err() == nil {
+				l.deadline.extend(proven)
 				_, _ = l.refresh(s.ctx) // ends the holding if it is no longer the holder
 			}
 			l.wmu.Unlock()

@@ -265,9 +265,13 @@ func TestSessionNoticesAForceReleasedHolding(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended(t, l.Done(), false, "the lock, before the session's next renewal,")
+	proven := s.ExpiresAt()
 	f.armed(2)
 	f.clk.Step(2200 * time.Millisecond) // the renewal answers status.locks 0: fewer than the client holds
 	ended(t, l.Done(), true, "the force-released lock after the session's renewal")
+	if !l.ExpiresAt().Equal(proven) || !s.ExpiresAt().After(proven) {
+		t.Fatalf("lost lock's ExpiresAt %s, want %s: the renewal after the force-release (session's now %s) proves nothing of it", l.ExpiresAt(), proven, s.ExpiresAt())
+	}
 	if !errors.Is(l.Err(), ErrLockLost) || lostCause(l.Err()) != lostForceReleased {
 		t.Fatalf("cause = %v, want a force-release", l.Err())
 	}
