@@ -56,8 +56,7 @@ func (f *acquireFlags) check(key string) error {
 
 // acquire takes the lock with pkg/lock: TryAcquire when --wait is 0, else
 // Acquire, showing the live waiting line on errOut.
-func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer) (*lock.Lock, error) {
-	opts := []lock.AcquireOption{}
+func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer, opts ...lock.AcquireOption) (*lock.Lock, error) {
 	if f.lease > 0 {
 		opts = append(opts, lock.LeaseDuration(f.lease))
 	}
