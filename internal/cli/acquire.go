@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 )
@@ -179,13 +180,20 @@ func newReleaseCommand(o *options) *cobra.Command {
 }
 
 func newForceReleaseCommand(o *options) *cobra.Command {
-	var reason string
+	var reason, session string
 	cmd := o.keyCommand(&cobra.Command{
-		Use:   "force-release KEY --reason TEXT",
-		Short: "Break a lock whoever holds it (needs the RBAC verb force-release on distributedlocks)",
+		Use:   "force-release (KEY --reason TEXT | --session NAME)",
+		Short: "Break a lock, or a session and every lock held in it, whoever holds it (needs the RBAC verb force-release)",
 		Long: `End the current holding of KEY, recording you and the reason in the lock's
 recentAcquisitions and an Event. The holder learns at its next renewal that it
-lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
+lost the lock. Needs the verb force-release on distributedlocks (break-glass).
+
+With --session NAME, delete the LockSession NAME instead: the controller ends
+every holding in it at once (endReason SessionClosed) and prints which locks
+were held in it. Needs the verb force-release on locksessions, unless the
+session is your own.`,
+		Example: `  kubelock force-release orders-db --reason "stuck job, ticket 42"
+  kubelock force-release --session worker-7d9f-x2k8q`,
 	}, func() error {
 		if reason == "" {
 			return usageErrorf("--reason is required: it is recorded with the lock")
@@ -204,7 +212,27 @@ lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
 		}
 		return nil
 	})
-	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the lock's history and event (required, at most 256 characters)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the lock's history and event (required with KEY, at most 256 characters)")
+	cmd.Flags().StringVar(&session, "session", "", "end this session (a LockSession in the namespace) and every lock held in it")
+	byKey := cmd.RunE
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if session == "" {
+			return exactArgs(1, "one KEY or --session NAME")(c, args)
+		}
+		return exactArgs(0, "no KEY with --session")(c, args)
+	}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if session == "" {
+			return byKey(c, args)
+		}
+		if reason != "" {
+			return usageErrorf("--reason goes with a KEY: deleting a session records no reason (its locks end with SessionClosed)")
+		}
+		if errs := validation.IsDNS1123Subdomain(session); len(errs) > 0 {
+			return usageErrorf("--session %q is not a session name: %s", session, errs[0])
+		}
+		return o.forceReleaseSession(c.Context(), session)
+	}
 	return cmd
 }
 
