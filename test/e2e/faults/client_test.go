@@ -5,10 +5,11 @@ package faults
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"

@@ -5,7 +5,6 @@ package faults
 import (
 	"context"
 	"fmt"
-	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"net/http"
 	"os"
 	"slices"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"

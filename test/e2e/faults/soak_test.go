@@ -4,7 +4,6 @@ package faults
 
 import (
 	"fmt"
-	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"

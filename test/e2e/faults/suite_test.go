@@ -17,13 +17,14 @@ package faults
 import (
 	"context"
 	"fmt"
-	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 
 	"github.com/jackc/pgx/v5"
 	. "github.com/onsi/ginkgo/v2"

@@ -14,11 +14,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"math/rand/v2"
 	"os"
 	"sync"
 	"time"
+
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
