@@ -33,20 +33,22 @@ const (
 // env is the control plane with kube-controller-manager that the tests share.
 var env *testenv.Env
 
-func TestMain(m *testing.M) {
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var err error
 	if env, err = testenv.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	started := time.Now()
 	kcm, err := env.StartControllerManager(ctx)
 	if err != nil {
 		_ = env.Stop()
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	fmt.Printf("kube-controller-manager ready after %s\n", time.Since(started).Round(time.Millisecond))
 	code := m.Run()
@@ -56,7 +58,7 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 func TestPodBound(t *testing.T) {
