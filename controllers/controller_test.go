@@ -210,16 +210,23 @@ func updateStatus(ctx context.Context, key types.NamespacedName, change func(*lo
 // acquire writes a holding the way a client does, with the token computed from
 // the resourceVersion the write is conditioned on, and returns the token.
 func acquire(ctx context.Context, key types.NamespacedName, leaseID string, leaseSeconds int32) int64 {
+	return acquireWith(ctx, key, leaseID, leaseSeconds, func(*locksv1alpha1.LockHolder) {})
+}
+
+// acquireWith is acquire with the holding adjusted by change (a session, a pod).
+func acquireWith(ctx context.Context, key types.NamespacedName, leaseID string, leaseSeconds int32, change func(*locksv1alpha1.LockHolder)) int64 {
 	var token int64
 	updateStatus(ctx, key, func(l *locksv1alpha1.DistributedLock) {
 		t, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
 		Expect(err).NotTo(HaveOccurred())
 		token = t
 		now := metav1.NewMicroTime(time.Now())
-		l.Acquire(locksv1alpha1.LockHolder{
+		h := locksv1alpha1.LockHolder{
 			Identity: "holder-" + leaseID, User: adminUser, LeaseID: leaseID, RequestID: "req-" + leaseID,
 			LeaseDurationSeconds: leaseSeconds, AcquireTime: now, RenewTime: &now,
-		}, token)
+		}
+		change(&h)
+		l.Acquire(h, token)
 	})
 	return token
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -26,6 +27,10 @@ const (
 	dropWaitTimeout dropReason = "WaitTimeout"
 	// dropHandoffTimeout: the head did not claim the free lock in time.
 	dropHandoffTimeout dropReason = "HandoffTimeout"
+	// dropSessionExpired and dropSessionClosed: the waiter's session lapsed,
+	// or is gone or not the waiter's own.
+	dropSessionExpired = dropReason(locksv1alpha1.EndReasonSessionExpired)
+	dropSessionClosed  = dropReason(locksv1alpha1.EndReasonSessionClosed)
 )
 
 // droppedWaiter is a waiter the controller removes from the queue.
@@ -35,10 +40,16 @@ type droppedWaiter struct {
 	reason    dropReason
 }
 
+// ending ends the current holding: endReason reason, because of why.
+type ending struct {
+	reason locksv1alpha1.EndReason
+	why    string
+}
+
 // decision is what one reconcile does to a lock.
 type decision struct {
-	// expire ends the current holding with endReason Expired.
-	expire bool
+	// end, when its reason is set, ends the current holding.
+	end ending
 	// drop removes these waiters from the queue.
 	drop []droppedWaiter
 	// delete removes an idle auto-created lock.
@@ -47,23 +58,60 @@ type decision struct {
 	requeueAfter time.Duration
 }
 
+// liveness is what the reconciler read, besides the lock, about what its
+// holdings and waiters depend on.
+type liveness struct {
+	// sessions holds every session the lock names, by name.
+	sessions map[string]sessionState
+	// podGone is true when the holder (without a session) is bound to a pod
+	// that a live read confirmed gone.
+	podGone bool
+}
+
+// sessionState is one session a lock names, as the reconciler found it.
+type sessionState struct {
+	name string
+	// session is nil when a live read confirmed it does not exist.
+	session *locksv1alpha1.LockSession
+	// seen is this controller's observation of its renewals.
+	seen sessionObservation
+}
+
 // decide is the controller's whole judgement about lock, given what it observed
-// of it (obs, folded in by observe at or before now). It is a pure function.
-func decide(lock *locksv1alpha1.DistributedLock, obs observation, now time.Time, t timing) decision {
+// of it (obs, folded in by observe at or before now) and what its holdings
+// depend on (live). It is a pure function.
+func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness, now time.Time, t timing) decision {
 	var d decision
 	next := deadlines{now: now}
 	s := &lock.Status
 
-	// 1. Expiry: no renewal observed for the holder's lease plus grace.
-	if h := s.Holder; h != nil && obs.holding != nil {
-		at := obs.holding.renewSeen.Add(seconds(h.LeaseDurationSeconds) + t.grace)
-		d.expire = next.due(at)
+	// 1. The holding ends with its session, with its pod, or when no renewal
+	// was observed for its lease plus grace. A session holding has no lease of its own.
+	if h := s.Holder; h != nil {
+		switch {
+		case h.Session != "":
+			d.end = sessionEnd(live.sessions[h.Session], h.User, h.PodUID, now, t.grace)
+		case live.podGone:
+			d.end = ending{locksv1alpha1.EndReasonExpired, fmt.Sprintf("holder pod %s deleted", h.PodName)}
+		case obs.holding != nil:
+			at := obs.holding.renewSeen.Add(seconds(h.LeaseDurationSeconds) + t.grace)
+			if next.due(at) {
+				d.end = ending{locksv1alpha1.EndReasonExpired, fmt.Sprintf("no renewal observed for %ds + %s grace", h.LeaseDurationSeconds, t.grace)}
+			}
+		}
 	}
 
 	// 2. Waiters whose wait is over, measured on this controller's clock from
 	// when it first saw them: first seen + (deadline - enqueueTime).
 	dropped := map[string]bool{}
 	for _, w := range s.Waiters {
+		if w.Session != "" {
+			if e := sessionEnd(live.sessions[w.Session], w.User, w.PodUID, now, t.grace); e.reason != "" {
+				d.drop = append(d.drop, droppedWaiter{requestID: w.RequestID, identity: w.Identity, reason: dropReason(e.reason)})
+				dropped[w.RequestID] = true
+				continue
+			}
+		}
 		seen, ok := obs.waiters[w.RequestID]
 		if !ok {
 			continue
@@ -88,11 +136,75 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, now time.Time,
 		d.delete = next.due(obs.idleSince.Add(t.idleTimeout))
 	}
 
-	if d.expire || len(d.drop) > 0 || d.delete {
+	if d.end.reason != "" || len(d.drop) > 0 || d.delete {
 		// Acting changes the lock; the deadlines are computed again from the result.
 		return d
 	}
 	d.requeueAfter = next.after()
+	return d
+}
+
+// sessionEnd says whether, and why, a holding or waiter of user (and podUID)
+// in session st ends at now: SessionClosed at once when the session is gone,
+// terminating or not theirs; SessionExpired when this controller observed no
+// renewal of it for its TTL plus grace. A zero ending means it lives on.
+func sessionEnd(st sessionState, user, podUID string, now time.Time, grace time.Duration) ending {
+	closed := func(format string, args ...any) ending {
+		return ending{locksv1alpha1.EndReasonSessionClosed, fmt.Sprintf(format, args...)}
+	}
+	s := st.session
+	switch {
+	case s == nil:
+		return closed("session %s not found", st.name)
+	case s.DeletionTimestamp != nil:
+		return closed("session %s deleted", st.name)
+	case s.Spec.User != user:
+		return closed("session %s belongs to %s, not %s", st.name, s.Spec.User, user)
+	case s.Spec.PodUID != "" && s.Spec.PodUID != podUID:
+		return closed("session %s is bound to pod %s (uid %s), not to pod uid %q", st.name, s.Spec.PodName, s.Spec.PodUID, podUID)
+	case !now.Before(sessionDeadline(s, st.seen, grace)):
+		return ending{locksv1alpha1.EndReasonSessionExpired,
+			fmt.Sprintf("no renewal of session %s observed for its TTL %ds + %s grace", st.name, s.TTL(), grace)}
+	}
+	return ending{}
+}
+
+// sessionDeadline is when session s lapses: its TTL plus grace after this
+// controller first saw its latest renewal.
+func sessionDeadline(s *locksv1alpha1.LockSession, seen sessionObservation, grace time.Duration) time.Time {
+	return seen.renewSeen.Add(seconds(s.TTL()) + grace)
+}
+
+// sessionDecision is what one reconcile does to a session.
+type sessionDecision struct {
+	// lapsed: no renewal observed for TTL plus grace. The locks that name it
+	// are told first; it is deleted once none names it any more.
+	lapsed bool
+	// delete removes the lapsed session that no lock names.
+	delete bool
+	// locks is the status.locks to write, nil when the stored one is right.
+	locks *int32
+	// requeueAfter is the time to its deadline; 0 when there is none.
+	requeueAfter time.Duration
+}
+
+// decideSession is the controller's judgement about session s, observed as
+// seen; holdings and refs count the locks whose holder, and whose holder or
+// waiters, name it. It is a pure function.
+func decideSession(s *locksv1alpha1.LockSession, seen sessionObservation, holdings, refs int, now time.Time, grace time.Duration) sessionDecision {
+	at := sessionDeadline(s, seen, grace)
+	if !now.Before(at) {
+		if refs > 0 {
+			// Wait for the locks to end their holdings; their writes bring
+			// this session back, the TTL is a fallback.
+			return sessionDecision{lapsed: true, requeueAfter: seconds(s.TTL())}
+		}
+		return sessionDecision{lapsed: true, delete: true}
+	}
+	d := sessionDecision{requeueAfter: at.Sub(now)}
+	if n := int32(min(holdings, math.MaxInt32)); n != s.Status.Locks {
+		d.locks = &n
+	}
 	return d
 }
 
@@ -107,8 +219,8 @@ func desiredStatus(lock *locksv1alpha1.DistributedLock, d decision, endedBy stri
 		// every expiry behind 100,000 bookkeeping writes.
 		return out
 	}
-	if d.expire && out.Status.Holder != nil {
-		out.EndHolding(locksv1alpha1.EndReasonExpired, endedBy, metav1.NewMicroTime(now))
+	if d.end.reason != "" && out.Status.Holder != nil {
+		out.EndHolding(d.end.reason, endedBy, metav1.NewMicroTime(now))
 	}
 	for _, w := range d.drop {
 		out.Status.RemoveWaiter(w.requestID)

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -70,7 +71,12 @@ func withToken(token int64) lockOpt {
 	return func(l *locksv1alpha1.DistributedLock) { l.Status.FencingToken = token }
 }
 
-var cmpDecision = cmp.AllowUnexported(decision{}, droppedWaiter{})
+var cmpDecision = cmp.AllowUnexported(decision{}, droppedWaiter{}, ending{}, sessionDecision{})
+
+// expiredAfter is the ending of a lease of leaseSeconds that saw no renewal.
+func expiredAfter(leaseSeconds int32) ending {
+	return ending{locksv1alpha1.EndReasonExpired, fmt.Sprintf("no renewal observed for %ds + %s grace", leaseSeconds, testTiming.grace)}
+}
 
 func TestDecide(t *testing.T) {
 	tests := []struct {
@@ -92,7 +98,7 @@ func TestDecide(t *testing.T) {
 			name:    "no renewal observed for lease+grace expires",
 			history: []observed{{0, newLock(held("a", 30, clientTime))}},
 			at:      32 * time.Second,
-			want:    decision{expire: true},
+			want:    decision{end: expiredAfter(30)},
 		},
 		{
 			name:    "one microsecond before lease+grace is not expired",
@@ -116,7 +122,7 @@ func TestDecide(t *testing.T) {
 				{20 * time.Second, newLock(withRV("101"), held("a", 30, clientTime), waiting("w1", time.Hour))},
 			},
 			at:   32 * time.Second,
-			want: decision{expire: true},
+			want: decision{end: expiredAfter(30)},
 		},
 		{
 			name: "a renewal whose timestamp went backwards still counts",
@@ -223,7 +229,7 @@ func TestDecide(t *testing.T) {
 			name:    "held auto-created lock is not idle",
 			history: []observed{{0, newLock(autoCreated, held("a", 30, clientTime))}},
 			at:      2 * time.Hour,
-			want:    decision{expire: true},
+			want:    decision{end: expiredAfter(30)},
 		},
 	}
 	for _, tt := range tests {
@@ -237,7 +243,7 @@ func TestDecide(t *testing.T) {
 			}
 			clk.SetTime(t0.Add(tt.at))
 			last := tt.history[len(tt.history)-1].lock
-			got := decide(last, *obs, clk.Now(), testTiming)
+			got := decide(last, *obs, liveness{}, clk.Now(), testTiming)
 			if diff := cmp.Diff(tt.want, got, cmpDecision); diff != "" {
 				t.Errorf("decide() mismatch (-want +got):\n%s", diff)
 			}
@@ -378,7 +384,7 @@ func TestDesiredStatus(t *testing.T) {
 		{
 			name: "expiry records the holding and sets Held=False",
 			lock: newLock(held("a", 30, clientTime), waiting("w1", time.Hour)),
-			d:    decision{expire: true},
+			d:    decision{end: expiredAfter(30)},
 			want: locksv1alpha1.DistributedLockStatus{
 				FencingToken: 42, Transitions: 1, ObservedGeneration: 1,
 				Waiters: newLock(waiting("w1", time.Hour)).Status.Waiters, WaiterCount: 1,

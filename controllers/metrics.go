@@ -14,9 +14,10 @@ import (
 // starts it when this replica becomes leader (at once without leader
 // election) and stops it when leadership ends.
 type leaderReporter struct {
-	obs   *observations
-	clock interface{ Now() time.Time }
-	grace time.Duration
+	obs      *observations
+	sessions *sessionObservations
+	clock    interface{ Now() time.Time }
+	grace    time.Duration
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable.
@@ -32,6 +33,7 @@ func (l *leaderReporter) Start(ctx context.Context) error {
 	// A replica that no longer leads stops reconciling; what it observed no
 	// longer describes the fleet.
 	l.obs.clear()
+	l.sessions.clear()
 	return nil
 }
 

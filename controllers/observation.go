@@ -57,6 +57,8 @@ type holdingObservation struct {
 	since time.Time
 	// lease is the holding's lease duration (metrics only).
 	lease time.Duration
+	// inSession is true for a holding that lives as long as its session (metrics only).
+	inSession bool
 }
 
 // transitionKind names an observed change of holder.
@@ -113,7 +115,7 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 	if h := s.Holder; h != nil {
 		mark := renewMark(h)
 		held := &holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: s.FencingToken,
-			renewMark: mark, renewSeen: now, since: now, lease: seconds(h.LeaseDurationSeconds)}
+			renewMark: mark, renewSeen: now, since: now, lease: seconds(h.LeaseDurationSeconds), inSession: h.Session != ""}
 		if p := prev.holding; p != nil && p.leaseID == h.LeaseID {
 			held.since = p.since
 			if p.renewMark == mark {
@@ -251,11 +253,78 @@ func (o *observations) stats(now time.Time, grace time.Duration) metrics.Holding
 	var s metrics.HoldingStats
 	for _, obs := range o.m {
 		h := obs.holding
-		if h == nil || h.lease <= 0 {
+		if h == nil || h.lease <= 0 || h.inSession {
 			continue
 		}
 		s.LongestLeases = max(s.LongestLeases, float64(now.Sub(h.since))/float64(h.lease))
 		s.MaxOverdueSeconds = max(s.MaxOverdueSeconds, now.Sub(h.renewSeen.Add(h.lease+grace)).Seconds())
 	}
 	return s
+}
+
+// sessionObservation is what this controller has seen of one session's
+// renewals, on its own clock, as observation is for a lock's lease.
+type sessionObservation struct {
+	uid types.UID
+	// renewMark identifies the owner's last renewal (its renewTime, 0 before the first).
+	renewMark int64
+	// renewSeen is when this controller first saw renewMark: the TTL runs from
+	// here. A new session counts as renewed when first seen.
+	renewSeen time.Time
+}
+
+// observeSession folds session s, seen at now, into prev (nil when there is none).
+func observeSession(prev *sessionObservation, s *locksv1alpha1.LockSession, now time.Time) sessionObservation {
+	var mark int64
+	if s.Status.RenewTime != nil {
+		mark = s.Status.RenewTime.UnixMicro()
+	}
+	if prev != nil && prev.uid == s.UID && prev.renewMark == mark {
+		return *prev
+	}
+	return sessionObservation{uid: s.UID, renewMark: mark, renewSeen: now}
+}
+
+// sessionObservations is the per-session memory of one controller process,
+// shared by the session and the lock reconciler: whichever reads a session
+// first folds it in, so neither judges a renewal the other has not recorded.
+type sessionObservations struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]sessionObservation
+}
+
+// observe folds s, seen at now, into what was observed of it and returns the result.
+func (o *sessionObservations) observe(s *locksv1alpha1.LockSession, now time.Time) sessionObservation {
+	key := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = make(map[types.NamespacedName]sessionObservation)
+	}
+	var prev *sessionObservation
+	if p, ok := o.m[key]; ok {
+		prev = &p
+	} else {
+		metrics.SessionsTracked(1)
+	}
+	next := observeSession(prev, s, now)
+	o.m[key] = next
+	return next
+}
+
+func (o *sessionObservations) forget(key types.NamespacedName) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.m[key]; ok {
+		metrics.SessionsTracked(-1)
+		delete(o.m, key)
+	}
+}
+
+// clear forgets every session, as a controller that stops leading.
+func (o *sessionObservations) clear() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	metrics.SessionsTracked(-len(o.m))
+	o.m = nil
 }

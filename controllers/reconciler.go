@@ -1,7 +1,8 @@
 // Package controllers holds the DistributedLock reconciler: it expires leases
-// that stopped being renewed, keeps wait queues moving, keeps the Held condition
-// and observedGeneration current, emits Events for the transitions it observes
-// and deletes idle auto-created locks.
+// that stopped being renewed, ends holdings whose session or pod is gone, keeps
+// wait queues moving, keeps the Held condition and observedGeneration current,
+// emits Events for the transitions it observes and deletes idle auto-created
+// locks; and the LockSession reconciler, which times sessions' renewals.
 package controllers
 
 import (
@@ -16,9 +17,13 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/metrics"
@@ -41,12 +46,15 @@ const conflictRetry = 200 * time.Millisecond
 
 // Event reasons.
 const (
-	EventAcquired      = "Acquired"
-	EventReleased      = "Released"
-	EventExpired       = "Expired"
-	EventForceReleased = "ForceReleased"
-	EventWaiterDropped = "WaiterDropped"
-	EventDeleted       = "IdleLockDeleted"
+	EventAcquired = "Acquired"
+	EventReleased = "Released"
+	EventExpired  = "Expired"
+	// EventSessionExpired and EventSessionClosed end a holding with its session.
+	EventSessionExpired = string(locksv1alpha1.EndReasonSessionExpired)
+	EventSessionClosed  = string(locksv1alpha1.EndReasonSessionClosed)
+	EventForceReleased  = "ForceReleased"
+	EventWaiterDropped  = "WaiterDropped"
+	EventDeleted        = "IdleLockDeleted"
 )
 
 // Reconciler reconciles DistributedLocks. Build it with NewReconciler.
@@ -58,10 +66,13 @@ type Reconciler struct {
 	ctrlOpts controller.Options
 	events   EventLimit
 
-	obs observations
-	// reader reads locks as unstructured objects (see decode.go): the
-	// manager's cache once SetupWithManager ran, the client before.
-	reader    client.Reader
+	obs      observations
+	sessions sessionObservations
+	// reader reads locks as unstructured objects (see decode.go), sessions
+	// and pod metadata: the manager's cache once Setup ran, the client before.
+	reader client.Reader
+	// apiReader reads live, to confirm that a session or pod the cache lacks is gone.
+	apiReader client.Reader
 	malformed malformedLocks
 
 	// username is the configured user name; empty means self's.
@@ -104,27 +115,48 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(&leaderReporter{obs: &r.obs, clock: r.clock, grace: r.timing.grace}); err != nil {
+	if err := mgr.Add(&leaderReporter{obs: &r.obs, sessions: &r.sessions, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return nil, err
 	}
 	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
-	r.reader = mgr.GetCache()
-	return r, ctrl.NewControllerManagedBy(mgr).
+	r.reader, r.apiReader = mgr.GetCache(), mgr.GetAPIReader()
+	if err := indexLocks(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return nil, err
+	}
+	kick := make(chan event.GenericEvent)
+	// Pods are watched as metadata only: a deletion is all that matters, and
+	// whole pods of the cluster would cost far more memory.
+	err = ctrl.NewControllerManagedBy(mgr).
 		For(newUnstructuredLock()).
+		Watches(&locksv1alpha1.LockSession{}, handler.EnqueueRequestsFromMapFunc(r.locksOfSession), builder.WithPredicates(sessionEnding)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksOfPod), builder.OnlyMetadata, builder.WithPredicates(podDeleted)).
+		WatchesRawSource(source.Channel(kick, &handler.EnqueueRequestForObject{})).
 		Named(ControllerName).
 		WithOptions(r.ctrlOpts).
 		Complete(r)
+	if err != nil {
+		return nil, err
+	}
+	sr := &sessionReconciler{client: r.client, reader: r.reader, clock: r.clock, grace: r.timing.grace, sessions: &r.sessions, kick: kick}
+	return r, ctrl.NewControllerManagedBy(mgr).
+		For(&locksv1alpha1.LockSession{}).
+		Watches(newUnstructuredLock(), sessionsOfLock).
+		Named(SessionControllerName).
+		WithOptions(r.ctrlOpts).
+		Complete(sr)
 }
 
 // newReconciler returns a reconciler that writes with c and emits Events with recorder.
 func newReconciler(c client.Client, recorder events.EventRecorder, opts ...Option) (*Reconciler, error) {
 	r := &Reconciler{
-		client:   c,
-		recorder: recorder,
-		clock:    clock.RealClock{},
-		timing:   timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
-		events:   DefaultEventLimit(),
-		self:     lock.NewSelf(c),
+		client:    c,
+		recorder:  recorder,
+		clock:     clock.RealClock{},
+		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
+		events:    DefaultEventLimit(),
+		self:      lock.NewSelf(c),
+		reader:    c,
+		apiReader: c,
 	}
 	for _, o := range opts {
 		o(r)
@@ -175,8 +207,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	r.obs.put(req.NamespacedName, obs)
 	r.report(ctx, lock, transitions)
 
-	// 3. Decide, from observations and this controller's clock only.
-	d := decide(lock, obs, now, r.timing)
+	// 3. Decide, from observations, the sessions and pod the lock depends on,
+	// and this controller's clock only.
+	live, err := r.liveness(ctx, lock, now)
+	if err != nil {
+		metrics.ReconcileError(metrics.StepGet)
+		return ctrl.Result{}, err
+	}
+	d := decide(lock, obs, live, now, r.timing)
 
 	// 4. Act: delete an idle auto-created lock, or write status once if it changed.
 	if d.delete {
@@ -195,7 +233,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// Our own write is observed now, without reporting it a second time.
 		obs, _ = observe(&obs, updated, now)
 		r.obs.put(req.NamespacedName, obs)
-		d = decide(updated, obs, now, r.timing)
+		d = decide(updated, obs, live, now, r.timing)
 	}
 
 	// 5. Come back at the nearest deadline; no periodic scan.
@@ -207,7 +245,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // written object, or nil when nothing needed writing.
 func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.DistributedLock, d decision, now time.Time) (*locksv1alpha1.DistributedLock, error) {
 	endedBy := ""
-	if d.expire {
+	if d.end.reason != "" {
 		var err error
 		if endedBy, err = r.Username(ctx); err != nil {
 			return nil, err
@@ -221,16 +259,17 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 		return nil, err
 	}
 	logger := log.FromContext(ctx)
-	if d.expire {
-		metrics.Expired()
+	if reason := string(d.end.reason); reason != "" {
+		if d.end.reason == locksv1alpha1.EndReasonExpired {
+			metrics.Expired()
+		}
 		// The write is the change of holder; its watch event is not reported again.
-		metrics.TransitionObserved(EventExpired)
+		metrics.TransitionObserved(reason)
 		h := lock.Status.Holder
-		logger.Info("lease expired", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
-			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "leaseDurationSeconds", h.LeaseDurationSeconds)
-		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, EventExpired, "Expire",
-			"lease %s of %s (fencing token %d) expired: no renewal observed for %ds + %s grace",
-			h.LeaseID, h.Identity, lock.Status.FencingToken, h.LeaseDurationSeconds, r.timing.grace)
+		logger.Info("holding ended", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
+			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "reason", reason, "why", d.end.why)
+		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, reason, "End",
+			"lease %s of %s (fencing token %d) ended %s: %s", h.LeaseID, h.Identity, lock.Status.FencingToken, reason, d.end.why)
 	}
 	for _, w := range d.drop {
 		metrics.WaiterDropped(string(w.reason))

@@ -28,17 +28,21 @@ const Path = "/validate-locks-kubelock-io-v1alpha1-distributedlock"
 // +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks,verbs=create;update;delete,versions=v1alpha1,name=vdistributedlock-meta.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"metadata-rules","expression":"request.operation != 'UPDATE' || object.metadata.?finalizers.orValue([]) != oldObject.metadata.?finalizers.orValue([]) || object.metadata.?annotations[?'locks.kubelock.io/force-delete'] != oldObject.metadata.?annotations[?'locks.kubelock.io/force-delete']"}]}`
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
-// Setup registers, behind Quiet, the lock validator at Path and the
-// fenced-object validator at FencedPath. reader reads the guarding locks of
-// fenced objects (the apiserver, not a cache: the rule compares with a lock's
-// current token); c creates SubjectAccessReviews; controllerUsers are the
-// controller's user names. The operator and the test environment both call it.
+// Setup registers, behind Quiet, the lock validator at Path, the session
+// validator at SessionPath and the fenced-object validator at FencedPath.
+// reader reads the guarding locks of fenced objects and the sessions holdings
+// name (the apiserver, not a cache: the rules compare with a lock's current
+// token, and a client acquires right after creating its session); c creates
+// SubjectAccessReviews; controllerUsers are the controller's user names. The
+// operator and the test environment both call it.
 func Setup(srv ctrlwebhook.Server, scheme *runtime.Scheme, reader client.Reader, c client.Client, controllerUsers ...string) error {
 	v, err := NewValidator(scheme, c, controllerUsers...)
 	if err != nil {
 		return err
 	}
+	v.SetSessionReader(reader)
 	srv.Register(Path, &admission.Webhook{Handler: Quiet(v)})
+	srv.Register(SessionPath, &admission.Webhook{Handler: Quiet(v.Sessions())})
 	srv.Register(FencedPath, &admission.Webhook{Handler: Quiet(NewFencedValidator(admission.NewDecoder(scheme), reader, c))})
 	return nil
 }
@@ -50,6 +54,10 @@ type Validator struct {
 	sar client.Client
 	// controllers are the user names allowed to expire holdings and drop waiters.
 	controllers map[string]bool
+	// sessions reads the sessions holdings and waiters name; gc are the
+	// garbage collector's user names (session_handler.go).
+	sessions client.Reader
+	gc       map[string]bool
 }
 
 // NewValidator returns the handler. c creates SubjectAccessReviews;
@@ -103,7 +111,11 @@ func (v *Validator) handleStatus(ctx context.Context, req admission.Request) adm
 		}
 		a.CanForceRelease = ok
 	}
-	return respond(ValidateStatusUpdate(oldObj, newObj, a))
+	sessionErrs, err := v.sessionRefErrors(ctx, oldObj, newObj, a)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return respond(append(ValidateStatusUpdate(oldObj, newObj, a), sessionErrs...))
 }
 
 func (v *Validator) handleDelete(ctx context.Context, req admission.Request) admission.Response {
@@ -189,6 +201,11 @@ func (v *Validator) can(ctx context.Context, req admission.Request, verb string)
 
 // sarAllowed asks with a SubjectAccessReview whether u has verb on lock namespace/name.
 func (v *Validator) sarAllowed(ctx context.Context, u authenticationv1.UserInfo, namespace, name, verb string) (bool, error) {
+	return v.sarAllowedOn(ctx, u, "distributedlocks", namespace, name, verb)
+}
+
+// sarAllowedOn asks with a SubjectAccessReview whether u has verb on resource namespace/name.
+func (v *Validator) sarAllowedOn(ctx context.Context, u authenticationv1.UserInfo, resource, namespace, name, verb string) (bool, error) {
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User:   u.Username,
 		UID:    u.UID,
@@ -198,7 +215,7 @@ func (v *Validator) sarAllowed(ctx context.Context, u authenticationv1.UserInfo,
 			Namespace: namespace,
 			Verb:      verb,
 			Group:     locksv1alpha1.GroupVersion.Group,
-			Resource:  "distributedlocks",
+			Resource:  resource,
 			Name:      name,
 		},
 	}}

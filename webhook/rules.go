@@ -61,8 +61,8 @@ const (
 
 // Extra keys a bound service-account token carries.
 const (
-	ExtraPodName = "authentication.kubernetes.io/pod-name"
-	ExtraPodUID  = "authentication.kubernetes.io/pod-uid"
+	ExtraPodName = locksv1alpha1.PodNameExtra
+	ExtraPodUID  = locksv1alpha1.PodUIDExtra
 )
 
 // Actor is who writes, as admission sees it.
@@ -201,12 +201,16 @@ func validateEnd(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.E
 		if !a.IsController {
 			errs = append(errs, deny(holderPath, RuleControllerOnly, "only the kubelock controller may expire a lease; %q is not the controller", a.Username))
 		}
+	case locksv1alpha1.EndReasonSessionExpired, locksv1alpha1.EndReasonSessionClosed:
+		if !a.IsController {
+			errs = append(errs, deny(holderPath, RuleControllerOnly, "only the kubelock controller may end a holding for its session; %q is not the controller", a.Username))
+		}
 	case locksv1alpha1.EndReasonForceReleased:
 		if !a.CanForceRelease {
 			errs = append(errs, deny(holderPath, RuleForceRelease, "user %q may not force-release: it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s", a.Username, locksv1alpha1.ForceReleaseVerb, oldObj.Namespace))
 		}
 	default:
-		errs = append(errs, deny(p.Child("endReason"), RuleEndRecord, "endReason %q is not one of Released, Expired, ForceReleased", last.EndReason))
+		errs = append(errs, deny(p.Child("endReason"), RuleEndRecord, "endReason %q is not one of Released, Expired, ForceReleased, SessionExpired, SessionClosed", last.EndReason))
 	}
 	return errs
 }

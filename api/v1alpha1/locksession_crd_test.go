@@ -1,6 +1,8 @@
 package v1alpha1_test
 
 import (
+	"fmt"
+
 	"github.com/google/go-cmp/cmp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -49,6 +51,12 @@ var _ = Describe("the LockSession CRD", func() {
 		}
 		Expect(columns).To(Equal([]string{"User .spec.user", "Identity .spec.identity", "TTL .spec.ttlSeconds",
 			"Renewed .status.renewTime", "Locks .status.locks", "Age .metadata.creationTimestamp"}))
+
+		// The markers cannot name the constants Go code uses.
+		ttl := v.Schema.OpenAPIV3Schema.Properties["spec"].Properties["ttlSeconds"]
+		Expect(string(ttl.Default.Raw)).To(Equal(fmt.Sprint(locksv1.DefaultSessionTTLSeconds)))
+		Expect(*ttl.Minimum).To(BeEquivalentTo(locksv1.MinSessionTTLSeconds))
+		Expect(*ttl.Maximum).To(BeEquivalentTo(locksv1.MaxSessionTTLSeconds))
 	})
 
 	It("round-trips spec and status, and defaults the TTL", func(ctx SpecContext) {
@@ -97,16 +105,16 @@ var _ = Describe("the LockSession CRD", func() {
 			Expect(err.Error()).To(ContainSubstring(want))
 		},
 		Entry("TTL below 5", "spec.ttlSeconds in body should be greater than or equal to 5",
-			func(u map[string]any) { u["spec"].(map[string]any)["ttlSeconds"] = int64(4) }),
+			setSessionSpec("ttlSeconds", int64(4))),
 		Entry("TTL above an hour", "spec.ttlSeconds in body should be less than or equal to 3600",
-			func(u map[string]any) { u["spec"].(map[string]any)["ttlSeconds"] = int64(3601) }),
+			setSessionSpec("ttlSeconds", int64(3601))),
 		Entry("no user", "spec.user: Required value",
-			func(u map[string]any) { delete(u["spec"].(map[string]any), "user") }),
+			func(u map[string]any) { unstructured.RemoveNestedField(u, "spec", "user") }),
 		Entry("no spec", "spec: Required value", func(u map[string]any) { delete(u, "spec") }),
 		Entry("an identity with a terminal escape", "spec.identity in body should match",
-			func(u map[string]any) { u["spec"].(map[string]any)["identity"] = "w\x1b[2J" }),
+			setSessionSpec("identity", "w\x1b[2J")),
 		Entry("a pod name with a newline", "spec.podName in body should match",
-			func(u map[string]any) { u["spec"].(map[string]any)["podName"] = "pod\nroot" }),
+			setSessionSpec("podName", "pod\nroot")),
 	)
 
 	It("refuses a status Go cannot read or a negative count", func(ctx SpecContext) {
@@ -169,3 +177,9 @@ var _ = Describe("a lock holding in a session", func() {
 		Expect(err.Error()).To(ContainSubstring("holder.session in body should match"))
 	})
 })
+
+func setSessionSpec(field string, v any) func(map[string]any) {
+	return func(u map[string]any) {
+		Expect(unstructured.SetNestedField(u, v, "spec", field)).To(Succeed())
+	}
+}

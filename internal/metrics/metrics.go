@@ -58,10 +58,10 @@ const ctrl, hook = ControllerSubsystem, WebhookSubsystem
 var (
 	expirationsTotal    = counter(ctrl, "expirations_total", "Leases the controller expired.")
 	waitersDroppedTotal = counterVec(ctrl, "waiters_dropped_total",
-		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout).", "reason")
+		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout, SessionExpired, SessionClosed).", "reason")
 	idleLocksDeletedTotal    = counter(ctrl, "idle_locks_deleted_total", "Idle auto-created locks the controller deleted.")
 	transitionsObservedTotal = counterVec(ctrl, "transitions_observed_total",
-		"Changes of holder the controller observed, by kind (Acquired, Released, Expired, ForceReleased).", "kind")
+		"Changes of holder the controller observed, by kind (Acquired, Released, Expired, ForceReleased, SessionExpired, SessionClosed).", "kind")
 	waitSeconds = histogram("wait_seconds",
 		"Time from the controller first seeing a waiter queued to seeing it acquire the lock.",
 		prometheus.ExponentialBuckets(0.01, 2, 16))
@@ -82,6 +82,9 @@ var (
 	writeConflictsTotal   = counter(ctrl, "write_conflicts_total", "Controller writes that lost a race (409 Conflict) and were retried.")
 	eventsSuppressedTotal = counterVec(ctrl, "events_suppressed_total",
 		"Events not emitted because their lock exceeded its per-lock event rate, by reason.", "reason")
+	sessionsObserved     = gauge("sessions", "LockSessions this controller currently observes (0 on a replica that is not the leader).")
+	sessionsExpiredTotal = counter(ctrl, "sessions_expired_total",
+		"LockSessions the controller deleted after observing no renewal for their TTL plus grace (their holdings ended first).")
 	isLeader           = gauge("is_leader", "1 while this replica holds the leader lease and runs the controller, else 0.")
 	leaderChangesTotal = counter(ctrl, "leader_changes_total",
 		"Times this replica became the leader; summed over replicas, the number of leader changes.")
@@ -106,6 +109,7 @@ func Collectors() []prometheus.Collector {
 		expirationsTotal, waitersDroppedTotal, idleLocksDeletedTotal, transitionsObservedTotal,
 		waitSeconds, handoffSeconds, queueLength, locksObserved, locksHeld, waiters,
 		reconcileErrorsTotal, lockDecodeErrorsTotal, writeConflictsTotal, eventsSuppressedTotal, isLeader, leaderChangesTotal,
+		sessionsObserved, sessionsExpiredTotal,
 		admissionDecisionsTotal, staleTokenRejectionsTotal, Hot, Holdings,
 	}
 }
@@ -187,6 +191,12 @@ func Leading(leading bool) {
 	}
 	isLeader.Set(0)
 }
+
+// SessionsTracked moves the count of observed sessions by delta.
+func SessionsTracked(delta int) { sessionsObserved.Add(float64(delta)) }
+
+// SessionExpired counts a lapsed session the controller deleted.
+func SessionExpired() { sessionsExpiredTotal.Inc() }
 
 // AdmissionDecision counts an admission decision; rule is ignored when allowed.
 func AdmissionDecision(rule string, allowed bool) {

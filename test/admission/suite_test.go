@@ -194,6 +194,7 @@ func startWebhookServer() func() {
 		webhookRequests.Add(1)
 		hook.ServeHTTP(w, r)
 	}))
+	srv.Register(kwebhook.SessionPath, &admission.Webhook{Handler: v.Sessions()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -248,6 +249,8 @@ func activate(ctx context.Context, e engine) {
 	Eventually(func() engine { return probe(ctx, ns) }).Should(Equal(e))
 	// The main resource's rules: the second policy, or the second webhook.
 	Eventually(func() engine { return probeMeta(ctx, ns) }).Should(Equal(e))
+	// The session rules: the third policy, or the session webhook.
+	Eventually(func() engine { return probeSession(ctx, ns) }).Should(Equal(e))
 	if e != engineWebhook {
 		// The policy runs before webhooks, so also wait until the apiserver
 		// stops calling the webhook at all.
@@ -284,7 +287,7 @@ func policyObjects() []client.Object {
 	readYAML(filepath.Join(dir, "metadata_validating_admission_policy_binding.yaml"), metaBinding)
 	Expect(meta.Name).To(Equal(metaPolicyName))
 	Expect(metaBinding.Spec.PolicyName).To(Equal(meta.Name))
-	return []client.Object{vap, binding, meta, metaBinding}
+	return append([]client.Object{vap, binding, meta, metaBinding}, sessionPolicyObjects()...)
 }
 
 // probe writes a holder in someone else's name and reports who denied it.
@@ -314,6 +317,10 @@ func denier(err error) engine {
 	case strings.Contains(err.Error(), policyDenied):
 		return enginePolicy
 	case strings.Contains(err.Error(), webhookDenied):
+		return engineWebhook
+	case strings.Contains(err.Error(), sessionPolicyDenied):
+		return enginePolicy
+	case strings.Contains(err.Error(), sessionWebhookDenied):
 		return engineWebhook
 	}
 	return engine("error: " + err.Error())

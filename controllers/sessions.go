@@ -1,0 +1,359 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/metrics"
+)
+
+// SessionControllerName names the LockSession controller (logs, metrics).
+const SessionControllerName = "locksession"
+
+// Field indexes of the lock cache, so that the work a session or pod event
+// causes scales with the locks that name it, never with all locks.
+const (
+	indexHolderSession = "status.holder.session"
+	indexWaiterSession = "status.waiters.session"
+	indexHolderPodUID  = "status.holder.podUID"
+)
+
+// +kubebuilder:rbac:groups=locks.kubelock.io,resources=locksessions,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=locks.kubelock.io,resources=locksessions/status,verbs=update;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+// sessionReconciler times each LockSession's renewals, keeps its status.locks
+// and, when it lapsed, has the locks in it end their holdings and drop its
+// waiters before it deletes it.
+type sessionReconciler struct {
+	client   client.Client
+	reader   client.Reader // the manager's cache
+	clock    clock.PassiveClock
+	grace    time.Duration
+	sessions *sessionObservations
+	// kick enqueues a lock in the lock controller.
+	kick chan<- event.GenericEvent
+}
+
+// Reconcile brings one session up to date with the controller's observations.
+func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	s := &locksv1alpha1.LockSession{}
+	if err := r.reader.Get(ctx, req.NamespacedName, s); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.sessions.forget(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		metrics.ReconcileError(metrics.StepGet)
+		return ctrl.Result{}, err
+	}
+	if s.DeletionTimestamp != nil {
+		// Its locks end SessionClosed: the lock controller watches deletions.
+		return ctrl.Result{}, nil
+	}
+	now := r.clock.Now()
+	seen := r.sessions.observe(s, now)
+	holders, err := listLocks(ctx, r.reader, s.Namespace, indexHolderSession, s.Name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	waiting, err := listLocks(ctx, r.reader, s.Namespace, indexWaiterSession, s.Name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	refs := union(holders, waiting)
+	d := decideSession(s, seen, len(holders), len(refs), now, r.grace)
+	logger := log.FromContext(ctx)
+	switch {
+	case d.delete:
+		uid := s.UID
+		if err := r.client.Delete(ctx, s, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			metrics.ReconcileError(metrics.StepDelete)
+			return ctrl.Result{}, err
+		}
+		metrics.SessionExpired()
+		r.sessions.forget(req.NamespacedName)
+		logger.Info("session expired and deleted", "session", req.NamespacedName, "user", s.Spec.User, "ttlSeconds", s.TTL())
+		return ctrl.Result{}, nil
+	case d.lapsed:
+		logger.V(1).Info("session lapsed; ending its holdings and waiters first", "session", req.NamespacedName, "locks", len(refs))
+		for _, key := range refs {
+			u := newUnstructuredLock()
+			u.SetNamespace(key.Namespace)
+			u.SetName(key.Name)
+			select {
+			case r.kick <- event.GenericEvent{Object: u}:
+			case <-ctx.Done():
+				return ctrl.Result{}, ctx.Err()
+			}
+		}
+	case d.locks != nil:
+		patched := s.DeepCopy()
+		patched.Status.Locks = *d.locks
+		if err := r.client.Status().Patch(ctx, patched, client.MergeFrom(s)); err != nil && !apierrors.IsNotFound(err) {
+			metrics.ReconcileError(metrics.StepWrite)
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
+}
+
+// indexLocks adds the lock cache's field indexes. The values are read from
+// the unstructured object, so a lock that does not decode is still indexed.
+func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
+	holder := func(field string) client.IndexerFunc {
+		return func(o client.Object) []string {
+			if v := holderField(o, field); v != "" {
+				return []string{v}
+			}
+			return nil
+		}
+	}
+	for field, fn := range map[string]client.IndexerFunc{
+		indexHolderSession: holder("session"),
+		indexHolderPodUID:  holder("podUID"),
+		indexWaiterSession: waiterSessions,
+	} {
+		if err := idx.IndexField(ctx, newUnstructuredLock(), field, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func holderField(o client.Object, field string) string {
+	u, _ := o.(*unstructured.Unstructured)
+	if u == nil {
+		return ""
+	}
+	v, _, _ := unstructured.NestedString(u.Object, "status", "holder", field)
+	return v
+}
+
+// waiterSessions lists the sessions a lock's waiters name, each once.
+func waiterSessions(o client.Object) []string {
+	u, _ := o.(*unstructured.Unstructured)
+	if u == nil {
+		return nil
+	}
+	raw, _, _ := unstructured.NestedFieldNoCopy(u.Object, "status", "waiters")
+	ws, _ := raw.([]any)
+	var out []string
+	for _, w := range ws {
+		m, _ := w.(map[string]any)
+		if s, _ := m["session"].(string); s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// sessionRef is how a lock names one session.
+type sessionRef struct{ holds, waits bool }
+
+// sessionRefs lists the sessions a lock names.
+func sessionRefs(o client.Object) map[string]sessionRef {
+	refs := map[string]sessionRef{}
+	if s := holderField(o, "session"); s != "" {
+		refs[s] = sessionRef{holds: true}
+	}
+	for _, s := range waiterSessions(o) {
+		r := refs[s]
+		r.waits = true
+		refs[s] = r
+	}
+	return refs
+}
+
+// listLocks returns the keys of the locks in namespace ns ("" for all) whose
+// index field has value.
+func listLocks(ctx context.Context, reader client.Reader, ns, field, value string) ([]types.NamespacedName, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(lockGVK.GroupVersion().WithKind(lockGVK.Kind + "List"))
+	if err := reader.List(ctx, list, client.InNamespace(ns), client.MatchingFields{field: value}); err != nil {
+		return nil, err
+	}
+	keys := make([]types.NamespacedName, 0, len(list.Items))
+	for i := range list.Items {
+		keys = append(keys, client.ObjectKeyFromObject(&list.Items[i]))
+	}
+	return keys, nil
+}
+
+func union(a, b []types.NamespacedName) []types.NamespacedName {
+	out := slices.Clone(a)
+	for _, k := range b {
+		if !slices.Contains(a, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func requests(keys []types.NamespacedName) []reconcile.Request {
+	out := make([]reconcile.Request, len(keys))
+	for i, k := range keys {
+		out[i] = reconcile.Request{NamespacedName: k}
+	}
+	return out
+}
+
+// locksOfSession maps a session event to the locks that name it.
+func (r *Reconciler) locksOfSession(ctx context.Context, o client.Object) []reconcile.Request {
+	holders, err1 := listLocks(ctx, r.reader, o.GetNamespace(), indexHolderSession, o.GetName())
+	waiting, err2 := listLocks(ctx, r.reader, o.GetNamespace(), indexWaiterSession, o.GetName())
+	if err := errors.Join(err1, err2); err != nil {
+		log.FromContext(ctx).Error(err, "cannot list the locks of a session", "session", client.ObjectKeyFromObject(o))
+	}
+	return requests(union(holders, waiting))
+}
+
+// locksOfPod maps a pod's deletion to the locks it held without a session.
+func (r *Reconciler) locksOfPod(ctx context.Context, o client.Object) []reconcile.Request {
+	keys, err := listLocks(ctx, r.reader, "", indexHolderPodUID, string(o.GetUID()))
+	if err != nil {
+		log.FromContext(ctx).Error(err, "cannot list the locks of a pod", "pod", client.ObjectKeyFromObject(o))
+	}
+	return requests(keys)
+}
+
+// sessionEnding passes the session events a lock must act on: not renewals
+// (status writes), only a session's creation, deletion or start of deletion.
+var sessionEnding = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return (e.ObjectOld.GetDeletionTimestamp() == nil) != (e.ObjectNew.GetDeletionTimestamp() == nil)
+	},
+}
+
+// podDeleted passes only the deletion of a pod (gone from the API, not terminating:
+// a terminating holder may still release its locks itself).
+var podDeleted = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
+// sessionsOfLock enqueues the sessions whose holdings or waiters a lock event
+// changed: a write that leaves a lock's sessions alone enqueues none.
+var sessionsOfLock = handler.Funcs{
+	CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		enqueueSessions(q, e.Object, nil, sessionRefs(e.Object))
+	},
+	UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		enqueueSessions(q, e.ObjectNew, sessionRefs(e.ObjectOld), sessionRefs(e.ObjectNew))
+	},
+	DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		enqueueSessions(q, e.Object, sessionRefs(e.Object), nil)
+	},
+}
+
+func enqueueSessions(q workqueue.TypedRateLimitingInterface[reconcile.Request], lock client.Object, before, after map[string]sessionRef) {
+	for name, n := range after {
+		if before[name] != n {
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: lock.GetNamespace(), Name: name}})
+		}
+	}
+	for name := range before {
+		if _, ok := after[name]; !ok {
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: lock.GetNamespace(), Name: name}})
+		}
+	}
+}
+
+// liveness reads the sessions lock names and, for a holder bound to a pod
+// without a session, whether that pod is gone.
+func (r *Reconciler) liveness(ctx context.Context, lock *locksv1alpha1.DistributedLock, now time.Time) (liveness, error) {
+	var live liveness
+	s := &lock.Status
+	names := make([]string, 0, 1+len(s.Waiters))
+	if s.Holder != nil && s.Holder.Session != "" {
+		names = append(names, s.Holder.Session)
+	}
+	for _, w := range s.Waiters {
+		if w.Session != "" && !slices.Contains(names, w.Session) {
+			names = append(names, w.Session)
+		}
+	}
+	for _, name := range names {
+		st, err := r.session(ctx, types.NamespacedName{Namespace: lock.Namespace, Name: name}, now)
+		if err != nil {
+			return live, err
+		}
+		if live.sessions == nil {
+			live.sessions = make(map[string]sessionState, len(names))
+		}
+		live.sessions[name] = st
+	}
+	if h := s.Holder; h != nil && h.Session == "" && h.PodUID != "" && h.PodName != "" {
+		gone, err := r.podGone(ctx, h)
+		if err != nil {
+			return live, err
+		}
+		live.podGone = gone
+	}
+	return live, nil
+}
+
+// session reads a session from the cache and folds it into the observations.
+// One the cache lacks is read live before it counts as missing: the cache may
+// not yet have a session created a moment ago.
+func (r *Reconciler) session(ctx context.Context, key types.NamespacedName, now time.Time) (sessionState, error) {
+	st := sessionState{name: key.Name}
+	s := &locksv1alpha1.LockSession{}
+	err := r.reader.Get(ctx, key, s)
+	if apierrors.IsNotFound(err) {
+		err = r.apiReader.Get(ctx, key, s)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return st, nil
+	case err != nil:
+		return st, err
+	}
+	st.session, st.seen = s, r.sessions.observe(s, now)
+	return st, nil
+}
+
+// podGone reports whether h's pod no longer exists. A pod's namespace is its
+// service account's, which the holder's user name carries. What the cache
+// says is confirmed with a live read before a holding is ended on it.
+func (r *Reconciler) podGone(ctx context.Context, h *locksv1alpha1.LockHolder) (bool, error) {
+	sa, isSA := strings.CutPrefix(h.User, "system:serviceaccount:")
+	ns, _, ok := strings.Cut(sa, ":")
+	if !isSA || !ok {
+		return false, nil
+	}
+	key := types.NamespacedName{Namespace: ns, Name: h.PodName}
+	pod := &metav1.PartialObjectMetadata{}
+	pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
+	err := r.reader.Get(ctx, key, pod)
+	if err == nil && string(pod.UID) == h.PodUID {
+		return false, nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	err = r.apiReader.Get(ctx, key, pod)
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	return err == nil && string(pod.UID) != h.PodUID, err
+}
