@@ -6,6 +6,7 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -151,8 +152,10 @@ func (o *options) forceReleaseSession(ctx context.Context, name string) error {
 	switch {
 	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		return withCode(ExitNotFound, errorf("session %s/%s is already gone", ns, name))
+	case denied(err) && strings.Contains(err.Error(), "[kubelock:"): // admission says who may
+		return withCode(ExitDenied, errorf("force-release of session %s/%s of %s: %w", ns, name, s.Spec.User, err))
 	case denied(err):
-		return withCode(ExitDenied, errorf("force-release of session %s/%s of %s denied (needs the verb %s on %s): %w",
+		return withCode(ExitDenied, errorf("force-release of session %s/%s of %s (needs the verb %s on %s, unless it is yours): %w",
 			ns, name, s.Spec.User, locksv1alpha1.ForceReleaseVerb, locksv1alpha1.LockSessionsResource, err))
 	case err != nil:
 		return errorf("deleting session %s/%s: %w", ns, name, err)

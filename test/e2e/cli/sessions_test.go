@@ -78,6 +78,9 @@ var _ = Describe("kubelock sessions and force-release --session", func() {
 		Entry("no permission to delete sessions (RBAC)", func(s *locksv1alpha1.LockSession) (user, []string) {
 			return nobody(), []string{"force-release", "--session", s.Name}
 		}, icli.ExitDenied, "forbidden"),
+		Entry("someone else's session without the verb (admission)", func(s *locksv1alpha1.LockSession) (user, []string) {
+			return lockUser(context.Background()), []string{"force-release", "--session", s.Name}
+		}, icli.ExitDenied, "[kubelock:session]"),
 		Entry("unknown session", func(*locksv1alpha1.LockSession) (user, []string) {
 			return lockUser(context.Background()), []string{"force-release", "--session", "nope"}
 		}, icli.ExitNotFound, "session "),
