@@ -311,15 +311,33 @@ type leaseView struct {
 	LeaseID      string    `json:"leaseID"`
 	RequestID    string    `json:"requestID"`
 	ExpiresAt    time.Time `json:"expiresAt"`
+	// Session is the session the lock is held in, if any.
+	Session string `json:"session,omitempty"`
 }
 
-func printLease(w io.Writer, format string, v leaseView, now time.Time) error {
-	if format != "table" {
-		return printData(w, format, v)
+// printLeases writes what acquire took: one object, or a list for several
+// locks, as JSON or YAML; a table with a SESSION column when held in one.
+func printLeases(w io.Writer, format string, vs []leaseView, now time.Time) error {
+	switch {
+	case format != "table" && len(vs) == 1:
+		return printData(w, format, vs[0])
+	case format != "table":
+		return printData(w, format, vs)
+	}
+	inSession := vs[0].Session != ""
+	head := []string{"NAME", "TOKEN", "LEASE-ID", "EXPIRES-AT", "EXPIRES-IN"}
+	if inSession {
+		head = append(head, "SESSION")
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
-	printRow(tw, "", "NAME", "TOKEN", "LEASE-ID", "EXPIRES-AT", "EXPIRES-IN")
-	printRow(tw, "", v.Name, strconv.FormatInt(v.FencingToken, 10), v.LeaseID,
-		v.ExpiresAt.UTC().Format(time.RFC3339), duration.HumanDuration(v.ExpiresAt.Sub(now)))
+	printRow(tw, "", head...)
+	for _, v := range vs {
+		row := []string{v.Name, strconv.FormatInt(v.FencingToken, 10), v.LeaseID,
+			v.ExpiresAt.UTC().Format(time.RFC3339), duration.HumanDuration(v.ExpiresAt.Sub(now))}
+		if inSession {
+			row = append(row, v.Session)
+		}
+		printRow(tw, "", row...)
+	}
 	return tw.Flush()
 }

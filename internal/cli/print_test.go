@@ -137,7 +137,7 @@ func TestLeaseTableGolden(t *testing.T) {
 	var b bytes.Buffer
 	v := leaseView{Namespace: "shop", Name: "orders-db", Key: "orders-db", Identity: "laptop-ann", FencingToken: 4712,
 		LeaseID: "3c1d", RequestID: "r9", ExpiresAt: now.Add(27 * time.Second)}
-	if err := printLease(&b, "table", v, now); err != nil {
+	if err := printLeases(&b, "table", []leaseView{v}, now); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "acquire.golden", b.Bytes())

@@ -123,7 +123,7 @@ func TestHostileNamesAreEscapedInTables(t *testing.T) {
 	if err := describeLock(&b, &l, lockDetails{eventsNote: "<cannot list events: \x1b[5m>"}, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := printLease(&b, "table", leaseView{Name: "n\x1b", LeaseID: "l\u202e", ExpiresAt: now}, now); err != nil {
+	if err := printLeases(&b, "table", []leaseView{{Name: "n\x1b", LeaseID: "l\u202e", ExpiresAt: now}}, now); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()

@@ -66,6 +66,42 @@ var _ = Describe("kubelock sessions and force-release --session", func() {
 		Expect(string(empty.Err.Contents())).To(Equal("No sessions found in namespace " + ns + ".\n"))
 	})
 
+	It("holds three locks in one session, describes the holding's session, and force-release --session ends all three", func() {
+		alice := lockUser(ctx)
+		acq := kl(alice, ns, "acquire", "a", "b", "c", "--create", "--session-ttl", "5m", "-o", "json")
+		Expect(acq).To(gexec.Exit(0), "%s", acq.Err.Contents())
+		var leases []struct {
+			Name, Session string
+			FencingToken  int64
+		}
+		Expect(json.Unmarshal(acq.Out.Contents(), &leases)).To(Succeed())
+		Expect(leases).To(HaveLen(3))
+		sess := leases[0].Session
+		Expect(sess).NotTo(BeEmpty())
+		for _, l := range leases {
+			Expect(l.Session).To(Equal(sess))
+			Expect(suite.GetLock(ctx, ns, l.Name).Status.Holder.Session).To(Equal(sess))
+		}
+		Eventually(func() string { return string(kl(alice, ns, "sessions").Out.Contents()) }).
+			Should(MatchRegexp(sess + `\s+` + alice.name + `\s+` + alice.name + `\s+5m\s+\S+\s+3\s`))
+
+		desc := kl(alice, ns, "describe", "b")
+		Expect(desc).To(gexec.Exit(0))
+		Expect(desc.Out).To(gbytes.Say(`Session:\s+` + sess + ` \(of ` + alice.name + `, TTL 5m, never renewed, 3 locks\)\n`))
+		Expect(desc.Out).To(gbytes.Say(`Expires:\s+with its session`))
+		get := kl(alice, ns, "get", "b")
+		Expect(get.Out).To(gbytes.Say(`b\s+` + alice.name + `\s+\d+\s+session\s+0\s+`))
+
+		fr := kl(breakglass(ctx, ns), ns, "force-release", "--session", sess)
+		Expect(fr).To(gexec.Exit(0), "%s", fr.Err.Contents())
+		Expect(fr.Out).To(gbytes.Say(`3 lock\(s\) held in it end with SessionClosed\n  a \(token \d+, lease [0-9a-f]{32}\)\n  b .*\n  c .*\n`))
+		for _, l := range leases {
+			Eventually(func() *locksv1alpha1.LockHolder { return suite.GetLock(ctx, ns, l.Name).Status.Holder }).Should(BeNil())
+			ra := suite.GetLock(ctx, ns, l.Name).Status.RecentAcquisitions
+			Expect(ra[len(ra)-1].EndReason).To(Equal(locksv1alpha1.EndReasonSessionClosed))
+		}
+	})
+
 	DescribeTable("force-release --session: one line on stderr and a distinct exit code",
 		func(setup func(s *locksv1alpha1.LockSession) (user, []string), code int, msg string) {
 			_, s := newSession()
