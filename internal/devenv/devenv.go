@@ -397,8 +397,8 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	return nil
 }
 
-// startControllerManager runs kube-controller-manager's garbage collector,
-// namespace and service-account controllers, so a pod's deletion deletes what it owned.
+// startControllerManager runs kube-controller-manager's proc.Controllers, so a
+// pod's deletion deletes what it owned and a ResourceQuota counts sessions.
 func (e *env) startControllerManager(ctx context.Context) error {
 	crt, key, err := e.ca.Client(controllerManagerUser, "system:masters")
 	if err != nil {
@@ -423,7 +423,7 @@ func (e *env) startControllerManager(ctx context.Context) error {
 		return err
 	}
 	e.children = append(e.children, c)
-	e.progress("kube-controller-manager up: %s", strings.Join(proc.PodBoundControllers, ", "))
+	e.progress("kube-controller-manager up: %s", strings.Join(proc.Controllers, ", "))
 	return nil
 }
 
