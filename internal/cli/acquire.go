@@ -56,6 +56,14 @@ func (f *acquireFlags) check(key string) error {
 	return usageErrorf("--progress must be auto, always or never, got %q", f.progress)
 }
 
+// client is a lock client that creates missing locks with --create.
+func (f *acquireFlags) client(o *options, extra ...lock.Option) (*lock.Client, error) {
+	if f.create {
+		extra = append(extra, lock.WithAutoCreate())
+	}
+	return o.lockClient(extra...)
+}
+
 // acquire takes the lock with pkg/lock: TryAcquire when --wait is 0, else
 // Acquire, showing the live waiting line on errOut.
 func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer, opts ...lock.AcquireOption) (*lock.Lock, error) {
@@ -153,11 +161,7 @@ lapses (SessionExpired, after its TTL) or is closed with
 			if err := o.checkOutput(); err != nil {
 				return err
 			}
-			extra := []lock.Option{lock.WithoutAutoRenew()}
-			if f.create {
-				extra = append(extra, lock.WithAutoCreate())
-			}
-			c, err := o.lockClient(extra...)
+			c, err := f.client(o, lock.WithoutAutoRenew())
 			if err != nil {
 				return err
 			}
@@ -197,9 +201,7 @@ func (f *acquireFlags) acquireAll(ctx context.Context, c *lock.Client, keys []st
 		l, err := f.acquire(ctx, c, key, errOut, opts...)
 		if err != nil {
 			if s != nil {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				_ = s.Close(cctx) // best effort: unclosed, it lapses after its TTL
-				cancel()
+				_ = cleanup(s.Close) // best effort: unclosed, it lapses after its TTL
 			}
 			return nil, err
 		}
@@ -293,7 +295,7 @@ session is your own.`,
 }
 
 // keyCommand completes cmd, a command on one existing lock: it checks the KEY
-// and then the flags (check), builds the lock client, runs run, and restates a
+// and then the flags (check, if any), builds the lock client, runs run, and restates a
 // missing lock in the CLI's terms.
 func (o *options) keyCommand(cmd *cobra.Command, check func() error, run func(ctx context.Context, c *lock.Client, key, name string) error) *cobra.Command {
 	cmd.Args = exactArgs(1, "one KEY")
@@ -302,8 +304,10 @@ func (o *options) keyCommand(cmd *cobra.Command, check func() error, run func(ct
 		if err := checkKey(key); err != nil {
 			return err
 		}
-		if err := check(); err != nil {
-			return err
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
 		}
 		c, err := o.lockClient()
 		if err != nil {
