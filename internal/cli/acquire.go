@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
@@ -326,27 +327,24 @@ type progress struct {
 	name  string
 	tty   bool
 	start time.Time
-
-	mu    sync.Mutex
-	q     lock.QueueStatus
-	drawn bool
 	stop  chan struct{}
-	wg    sync.WaitGroup
+
+	mu      sync.Mutex
+	q       lock.QueueStatus
+	drawn   bool
+	stopped bool // done was called: draw no more
 }
 
 func newProgress(w io.Writer, name, mode string) *progress {
 	p := &progress{w: w, name: name, start: time.Now(), stop: make(chan struct{})}
-	isTTY := false
 	if f, ok := w.(*os.File); ok {
-		isTTY = term.IsTerminal(int(f.Fd()))
+		p.tty = term.IsTerminal(int(f.Fd()))
 	}
 	switch {
-	case mode == "never", mode == "auto" && !isTTY:
-		p.w = nil
-	case isTTY:
-		p.tty = true
-		p.wg.Add(1)
-		go p.tick()
+	case mode == "never", mode == "auto" && !p.tty:
+		p.w, p.tty = nil, false
+	case p.tty:
+		go wait.Until(p.redraw, time.Second, p.stop)
 	}
 	return p
 }
@@ -361,8 +359,14 @@ func (p *progress) update(q lock.QueueStatus) {
 	p.drawLocked()
 }
 
+func (p *progress) redraw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drawLocked()
+}
+
 func (p *progress) drawLocked() {
-	if p.q.Position == 0 {
+	if p.q.Position == 0 || p.stopped {
 		return
 	}
 	holder := "free, handing over"
@@ -379,28 +383,12 @@ func (p *progress) drawLocked() {
 	p.drawn = true
 }
 
-func (p *progress) tick() {
-	defer p.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-			p.mu.Lock()
-			p.drawLocked()
-			p.mu.Unlock()
-		}
-	}
-}
-
 // done stops redrawing and clears the line on a terminal.
 func (p *progress) done() {
 	close(p.stop)
-	p.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.stopped = true
 	if p.tty && p.drawn {
 		_, _ = fmt.Fprint(p.w, "\r\x1b[K")
 	}
