@@ -68,12 +68,7 @@ func (f *acquireFlags) client(o *options, extra ...lock.Option) (*lock.Client, e
 // acquire takes the lock with pkg/lock: TryAcquire when --wait is 0, else
 // Acquire, showing the live waiting line on errOut.
 func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer, opts ...lock.AcquireOption) (*lock.Lock, error) {
-	if f.lease > 0 {
-		opts = append(opts, lock.LeaseDuration(f.lease))
-	}
-	if f.requestID != "" {
-		opts = append(opts, lock.RequestID(f.requestID))
-	}
+	opts = f.options(opts...)
 	if f.wait == 0 {
 		l, err := c.TryAcquire(ctx, key, opts...)
 		return l, notFound(err, c.Namespace(), key, true)
@@ -83,6 +78,17 @@ func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, 
 	defer p.done()
 	l, err := c.Acquire(ctx, key, append(opts, lock.WaitTimeout(f.wait), lock.OnQueue(p.update))...)
 	return l, notFound(err, c.Namespace(), key, true)
+}
+
+// options are opts with --lease and --request-id.
+func (f *acquireFlags) options(opts ...lock.AcquireOption) []lock.AcquireOption {
+	if f.lease > 0 {
+		opts = append(opts, lock.LeaseDuration(f.lease))
+	}
+	if f.requestID != "" {
+		opts = append(opts, lock.RequestID(f.requestID))
+	}
+	return opts
 }
 
 // signalContext ends on SIGINT or SIGTERM; interrupted then says which came.

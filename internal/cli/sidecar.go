@@ -197,7 +197,8 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 			sess, err = o.openSession(ctx, c, key, f.lease)
 		}
 		if err == nil {
-			l, err = c.Acquire(ctx, key, append(f.options(state.queued), lock.InSession(sess))...)
+			// Wait the longest pkg/lock allows, then queue up again.
+			l, err = c.Acquire(ctx, key, f.options(lock.WaitTimeout(lock.DefaultMaxWait), lock.OnQueue(state.queued), lock.InSession(sess))...)
 		}
 		err = notFound(err, c.Namespace(), key, true)
 		switch {
@@ -247,15 +248,6 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 		}
 		return nil
 	}
-}
-
-// options are the acquire options of the sidecar: wait the longest pkg/lock allows.
-func (f *acquireFlags) options(onQueue func(lock.QueueStatus)) []lock.AcquireOption {
-	opts := []lock.AcquireOption{lock.WaitTimeout(lock.DefaultMaxWait), lock.OnQueue(onQueue)}
-	if f.lease > 0 {
-		opts = append(opts, lock.LeaseDuration(f.lease))
-	}
-	return opts
 }
 
 // permanent errors make the sidecar exit (in a pod, the kubelet restarts it
