@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
@@ -56,15 +57,18 @@ func (f *acquireFlags) check(key string) error {
 	return usageErrorf("--progress must be auto, always or never, got %q", f.progress)
 }
 
+// client is a lock client that creates missing locks with --create.
+func (f *acquireFlags) client(o *options, extra ...lock.Option) (*lock.Client, error) {
+	if f.create {
+		extra = append(extra, lock.WithAutoCreate())
+	}
+	return o.lockClient(extra...)
+}
+
 // acquire takes the lock with pkg/lock: TryAcquire when --wait is 0, else
 // Acquire, showing the live waiting line on errOut.
 func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer, opts ...lock.AcquireOption) (*lock.Lock, error) {
-	if f.lease > 0 {
-		opts = append(opts, lock.LeaseDuration(f.lease))
-	}
-	if f.requestID != "" {
-		opts = append(opts, lock.RequestID(f.requestID))
-	}
+	opts = f.options(opts...)
 	if f.wait == 0 {
 		l, err := c.TryAcquire(ctx, key, opts...)
 		return l, notFound(err, c.Namespace(), key, true)
@@ -74,6 +78,17 @@ func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, 
 	defer p.done()
 	l, err := c.Acquire(ctx, key, append(opts, lock.WaitTimeout(f.wait), lock.OnQueue(p.update))...)
 	return l, notFound(err, c.Namespace(), key, true)
+}
+
+// options are opts with --lease and --request-id.
+func (f *acquireFlags) options(opts ...lock.AcquireOption) []lock.AcquireOption {
+	if f.lease > 0 {
+		opts = append(opts, lock.LeaseDuration(f.lease))
+	}
+	if f.requestID != "" {
+		opts = append(opts, lock.RequestID(f.requestID))
+	}
+	return opts
 }
 
 // signalContext ends on SIGINT or SIGTERM; interrupted then says which came.
@@ -153,11 +168,7 @@ lapses (SessionExpired, after its TTL) or is closed with
 			if err := o.checkOutput(); err != nil {
 				return err
 			}
-			extra := []lock.Option{lock.WithoutAutoRenew()}
-			if f.create {
-				extra = append(extra, lock.WithAutoCreate())
-			}
-			c, err := o.lockClient(extra...)
+			c, err := f.client(o, lock.WithoutAutoRenew())
 			if err != nil {
 				return err
 			}
@@ -197,9 +208,7 @@ func (f *acquireFlags) acquireAll(ctx context.Context, c *lock.Client, keys []st
 		l, err := f.acquire(ctx, c, key, errOut, opts...)
 		if err != nil {
 			if s != nil {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				_ = s.Close(cctx) // best effort: unclosed, it lapses after its TTL
-				cancel()
+				_ = cleanup(s.Close) // best effort: unclosed, it lapses after its TTL
 			}
 			return nil, err
 		}
@@ -293,7 +302,7 @@ session is your own.`,
 }
 
 // keyCommand completes cmd, a command on one existing lock: it checks the KEY
-// and then the flags (check), builds the lock client, runs run, and restates a
+// and then the flags (check, if any), builds the lock client, runs run, and restates a
 // missing lock in the CLI's terms.
 func (o *options) keyCommand(cmd *cobra.Command, check func() error, run func(ctx context.Context, c *lock.Client, key, name string) error) *cobra.Command {
 	cmd.Args = exactArgs(1, "one KEY")
@@ -302,8 +311,10 @@ func (o *options) keyCommand(cmd *cobra.Command, check func() error, run func(ct
 		if err := checkKey(key); err != nil {
 			return err
 		}
-		if err := check(); err != nil {
-			return err
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
 		}
 		c, err := o.lockClient()
 		if err != nil {
@@ -322,27 +333,24 @@ type progress struct {
 	name  string
 	tty   bool
 	start time.Time
-
-	mu    sync.Mutex
-	q     lock.QueueStatus
-	drawn bool
 	stop  chan struct{}
-	wg    sync.WaitGroup
+
+	mu      sync.Mutex
+	q       lock.QueueStatus
+	drawn   bool
+	stopped bool // done was called: draw no more
 }
 
 func newProgress(w io.Writer, name, mode string) *progress {
 	p := &progress{w: w, name: name, start: time.Now(), stop: make(chan struct{})}
-	isTTY := false
 	if f, ok := w.(*os.File); ok {
-		isTTY = term.IsTerminal(int(f.Fd()))
+		p.tty = term.IsTerminal(int(f.Fd()))
 	}
 	switch {
-	case mode == "never", mode == "auto" && !isTTY:
-		p.w = nil
-	case isTTY:
-		p.tty = true
-		p.wg.Add(1)
-		go p.tick()
+	case mode == "never", mode == "auto" && !p.tty:
+		p.w, p.tty = nil, false
+	case p.tty:
+		go wait.Until(p.redraw, time.Second, p.stop)
 	}
 	return p
 }
@@ -357,8 +365,14 @@ func (p *progress) update(q lock.QueueStatus) {
 	p.drawLocked()
 }
 
+func (p *progress) redraw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drawLocked()
+}
+
 func (p *progress) drawLocked() {
-	if p.q.Position == 0 {
+	if p.q.Position == 0 || p.stopped {
 		return
 	}
 	holder := "free, handing over"
@@ -375,28 +389,12 @@ func (p *progress) drawLocked() {
 	p.drawn = true
 }
 
-func (p *progress) tick() {
-	defer p.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-			p.mu.Lock()
-			p.drawLocked()
-			p.mu.Unlock()
-		}
-	}
-}
-
 // done stops redrawing and clears the line on a terminal.
 func (p *progress) done() {
 	close(p.stop)
-	p.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.stopped = true
 	if p.tty && p.drawn {
 		_, _ = fmt.Fprint(p.w, "\r\x1b[K")
 	}

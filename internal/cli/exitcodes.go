@@ -14,32 +14,20 @@ import (
 	"github.com/kubelock/kubelock/pkg/lock"
 )
 
-// Exit codes of kubelock. `run` exits with its command's own code when the
+// Exit codes of kubelock, explained in exitCodesHelp (`kubelock --help`);
+// most follow sysexits.h. `run` exits with its command's own code when the
 // command ends by itself (128+N when a signal N ended it), so a command's own
 // codes can collide with these; the lock-lost code is the one to watch for.
+// An answer of the apiserver is never a usage error.
 const (
-	// ExitOK: the command did what it was asked.
-	ExitOK = 0
-	// ExitError: any failure not listed below.
-	ExitError = 1
-	// ExitUsage: bad flags or arguments (an invalid key, a lease or --wait out
-	// of bounds), checked before anything is sent, or no usable kubeconfig
-	// (sysexits EX_USAGE). An answer of the apiserver is never a usage error.
-	ExitUsage = 64
-	// ExitNotFound: the lock (or the lease to release) does not exist (EX_NOINPUT).
-	ExitNotFound = 66
-	// ExitUnreachable: the apiserver could not be reached or is unavailable (EX_UNAVAILABLE).
-	ExitUnreachable = 69
-	// ExitNotAcquired: the lock is held or the wait ran out, or the queue is full (EX_CANTCREAT).
-	ExitNotAcquired = 73
-	// ExitLockLost: the lock was lost while held; `run` stopped its command (EX_TEMPFAIL).
-	ExitLockLost = 75
-	// ExitDenied: the apiserver refused the request: RBAC or authentication
-	// (401/403), admission (403, a "[kubelock:<rule>]" message) or the CRD's
-	// validation rules (422 Invalid, e.g. a lease above the lock's maximum)
-	// (EX_NOPERM).
-	ExitDenied = 77
-	// ExitCommandNotFound and ExitCommandNotExecutable: `run` could not start its command (as in a shell).
+	ExitOK                   = 0
+	ExitError                = 1
+	ExitUsage                = 64 // EX_USAGE, checked before anything is sent
+	ExitNotFound             = 66 // EX_NOINPUT
+	ExitUnreachable          = 69 // EX_UNAVAILABLE
+	ExitNotAcquired          = 73 // EX_CANTCREAT
+	ExitLockLost             = 75 // EX_TEMPFAIL
+	ExitDenied               = 77 // EX_NOPERM: RBAC or authentication (401/403), admission (403) or the CRD's validation (422)
 	ExitCommandNotExecutable = 126
 	ExitCommandNotFound      = 127
 )

@@ -53,6 +53,32 @@ func newListCommand(o *options) *cobra.Command {
 	return cmd
 }
 
+// listIn lists what into list, in the namespace of the flags (returned) or,
+// with all, in all namespaces.
+func (o *options) listIn(ctx context.Context, list client.ObjectList, what string, all bool) (string, error) {
+	c, ns, err := o.readClient()
+	if err != nil {
+		return "", err
+	}
+	var opts []client.ListOption
+	if !all {
+		opts = append(opts, client.InNamespace(ns))
+	}
+	if err := c.List(ctx, list, opts...); err != nil {
+		return "", errorf("listing %s: %w", what, err)
+	}
+	return ns, nil
+}
+
+// noneFound tells stderr that a listing found nothing, as kubectl does.
+func (o *options) noneFound(what, ns string, all bool) {
+	if all {
+		printf(o.streams.ErrOut, "No %s found.\n", what)
+	} else {
+		printf(o.streams.ErrOut, "No %s found in namespace %s.\n", what, ns)
+	}
+}
+
 func (o *options) get(ctx context.Context, keys []string) error {
 	if err := o.checkOutput(); err != nil {
 		return err
@@ -87,17 +113,10 @@ func (o *options) list(ctx context.Context, all bool) error {
 	if err := o.checkOutput(); err != nil {
 		return err
 	}
-	c, ns, err := o.readClient()
+	list := &locksv1alpha1.DistributedLockList{}
+	ns, err := o.listIn(ctx, list, "locks", all)
 	if err != nil {
 		return err
-	}
-	list := &locksv1alpha1.DistributedLockList{}
-	var opts []client.ListOption
-	if !all {
-		opts = append(opts, client.InNamespace(ns))
-	}
-	if err := c.List(ctx, list, opts...); err != nil {
-		return errorf("listing locks: %w", err)
 	}
 	sort.Slice(list.Items, func(i, j int) bool {
 		a, b := list.Items[i], list.Items[j]
@@ -108,12 +127,8 @@ func (o *options) list(ctx context.Context, all bool) error {
 	})
 	if o.output == "table" {
 		if len(list.Items) == 0 {
-			if all {
-				_, err = fmt.Fprintln(o.streams.ErrOut, "No locks found.")
-			} else {
-				printf(o.streams.ErrOut, "No locks found in namespace %s.\n", ns)
-			}
-			return err
+			o.noneFound("locks", ns, all)
+			return nil
 		}
 		return printLockTable(o.streams.Out, list.Items, o.now(), all)
 	}
@@ -135,7 +150,7 @@ func newDescribeCommand(o *options) *cobra.Command {
 	return o.keyCommand(&cobra.Command{
 		Use:   "describe KEY",
 		Short: "Show one lock in detail: holder, queue with positions, recent acquisitions, events",
-	}, func() error { return nil }, func(ctx context.Context, c *lock.Client, key, _ string) error {
+	}, nil, func(ctx context.Context, c *lock.Client, key, _ string) error {
 		l, err := c.Get(ctx, key)
 		if err != nil {
 			return err

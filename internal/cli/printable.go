@@ -41,16 +41,7 @@ func printable(s string) string {
 }
 
 // isPrintable reports whether printable(s) == s, without allocating.
-func isPrintable(s string) bool {
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if (r == utf8.RuneError && size == 1) || unsafeRune(r) {
-			return false
-		}
-		i += size
-	}
-	return true
-}
+func isPrintable(s string) bool { return utf8.ValidString(s) && !strings.ContainsFunc(s, unsafeRune) }
 
 // unsafeRune reports the runes printable escapes.
 func unsafeRune(r rune) bool {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -110,45 +111,42 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	return root
 }
 
-// addOutputFlag adds -o/--output with the formats a command supports.
-func (o *options) addOutputFlag(flags *pflag.FlagSet) {
-	flags.StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
+// addOutputFlag adds -o/--output with the formats a command supports: table,
+// json, yaml and more.
+func (o *options) addOutputFlag(flags *pflag.FlagSet, more ...string) {
+	flags.StringVarP(&o.output, "output", "o", "table", "output format: "+orList(slices.Concat(formats, more)))
 }
 
-func (o *options) checkOutput() error {
-	switch o.output {
-	case "table", "json", "yaml":
-		return nil
+var formats = []string{"table", "json", "yaml"}
+
+// checkOutput checks --output against the formats given to addOutputFlag.
+func (o *options) checkOutput(more ...string) error {
+	if all := slices.Concat(formats, more); !slices.Contains(all, o.output) {
+		return usageErrorf("unknown output format %q: use %s", o.output, orList(all))
 	}
-	return usageErrorf("unknown output format %q: use table, json or yaml", o.output)
+	return nil
 }
 
-// restConfig is the connection from --kubeconfig/--context or the in-cluster config.
-func (o *options) restConfig() (*rest.Config, error) {
+// orList is "a, b or c".
+func orList(s []string) string { return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1] }
+
+// connect is the connection from --kubeconfig/--context or the in-cluster
+// config, and the namespace: -n, else the kubeconfig context's, else the pod's.
+func (o *options) connect() (*rest.Config, string, error) {
 	cfg, err := o.config.ToRESTConfig()
-	if err != nil {
-		return nil, usageErrorf("no usable Kubernetes configuration: %w", err)
+	if err == nil {
+		cfg.UserAgent = "kubelock/" + Version
+		var ns string
+		if ns, _, err = o.config.ToRawKubeConfigLoader().Namespace(); err == nil {
+			return cfg, ns, nil
+		}
 	}
-	cfg.UserAgent = "kubelock/" + Version
-	return cfg, nil
-}
-
-// namespace is -n, else the kubeconfig context's namespace, else the pod's.
-func (o *options) namespace() (string, error) {
-	ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
-	if err != nil {
-		return "", usageErrorf("no usable Kubernetes configuration: %w", err)
-	}
-	return ns, nil
+	return nil, "", usageErrorf("no usable Kubernetes configuration: %w", err)
 }
 
 // lockClient is a pkg/lock client for the namespace and identity of the flags.
 func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
-	cfg, err := o.restConfig()
-	if err != nil {
-		return nil, err
-	}
-	ns, err := o.namespace()
+	cfg, ns, err := o.connect()
 	if err != nil {
 		return nil, err
 	}
@@ -163,13 +161,9 @@ func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
 	return c, nil
 }
 
-// readClient is a plain client for listing locks and events.
+// readClient is a plain client for listing locks, sessions and events.
 func (o *options) readClient() (client.Client, string, error) {
-	cfg, err := o.restConfig()
-	if err != nil {
-		return nil, "", err
-	}
-	ns, err := o.namespace()
+	cfg, ns, err := o.connect()
 	if err != nil {
 		return nil, "", err
 	}

@@ -80,11 +80,7 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 	if err != nil {
 		return withCode(ExitCommandNotFound, errorf("command %q: %w", argv[0], err))
 	}
-	var extra []lock.Option
-	if f.create {
-		extra = append(extra, lock.WithAutoCreate())
-	}
-	c, err := o.lockClient(extra...)
+	c, err := f.client(o)
 	if err != nil {
 		return err
 	}
@@ -178,7 +174,7 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 	if lostErr != nil {
 		return withCode(ExitLockLost, nil)
 	}
-	if err := o.releaseLock(l); err != nil {
+	if err := cleanup(l.Release); err != nil {
 		if errors.Is(err, lock.ErrLockLost) {
 			// The holding ended before the command finished: its work may have
 			// overlapped with the next holder's.
@@ -213,21 +209,21 @@ func (o *options) openSession(ctx context.Context, c *lock.Client, key string, l
 
 // closeSession deletes s after its lock was released.
 func (o *options) closeSession(s *lock.Session) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.Close(ctx); err != nil {
+	if err := cleanup(s.Close); err != nil {
 		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s; the session will lapse after its TTL\n", oneLine(err))
 	}
 }
 
-func (o *options) releaseLock(l *lock.Lock) error {
+// cleanup runs a release or close with a bound of its own: it must happen
+// after an interrupt too.
+func cleanup(f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return l.Release(ctx)
+	return f(ctx)
 }
 
 func (o *options) releaseOrWarn(l *lock.Lock) {
-	if err := o.releaseLock(l); err != nil {
+	if err := cleanup(l.Release); err != nil {
 		o.warnRelease(err)
 	}
 }

@@ -31,28 +31,19 @@ when the session lapses or is deleted.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.sessions(cmd.Context(), all) },
 	}
-	cmd.Flags().StringVarP(&o.output, "output", "o", "table", "output format: table, json, yaml or name")
+	o.addOutputFlag(cmd.Flags(), "name")
 	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "list sessions in all namespaces")
 	return cmd
 }
 
 func (o *options) sessions(ctx context.Context, all bool) error {
-	if o.output != "name" {
-		if err := o.checkOutput(); err != nil {
-			return usageErrorf("unknown output format %q: use table, json, yaml or name", o.output)
-		}
-	}
-	c, ns, err := o.readClient()
-	if err != nil {
+	if err := o.checkOutput("name"); err != nil {
 		return err
 	}
 	list := &locksv1alpha1.LockSessionList{}
-	var opts []client.ListOption
-	if !all {
-		opts = append(opts, client.InNamespace(ns))
-	}
-	if err := c.List(ctx, list, opts...); err != nil {
-		return errorf("listing sessions: %w", err)
+	ns, err := o.listIn(ctx, list, "sessions", all)
+	if err != nil {
+		return err
 	}
 	sort.Slice(list.Items, func(i, j int) bool {
 		a, b := list.Items[i], list.Items[j]
@@ -61,11 +52,7 @@ func (o *options) sessions(ctx context.Context, all bool) error {
 	switch o.output {
 	case "table":
 		if len(list.Items) == 0 {
-			if all {
-				printf(o.streams.ErrOut, "No sessions found.\n")
-			} else {
-				printf(o.streams.ErrOut, "No sessions found in namespace %s.\n", ns)
-			}
+			o.noneFound("sessions", ns, all)
 			return nil
 		}
 		return printSessionTable(o.streams.Out, list.Items, o.now(), all)

@@ -158,11 +158,7 @@ func (s *sidecarState) handler() http.Handler {
 }
 
 func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, tokenFile, listen string, session bool) error {
-	extra := []lock.Option{}
-	if f.create {
-		extra = append(extra, lock.WithAutoCreate())
-	}
-	c, err := o.lockClient(extra...)
+	c, err := f.client(o)
 	if err != nil {
 		return err
 	}
@@ -201,7 +197,8 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 			sess, err = o.openSession(ctx, c, key, f.lease)
 		}
 		if err == nil {
-			l, err = c.Acquire(ctx, key, append(f.options(state.queued), lock.InSession(sess))...)
+			// Wait the longest pkg/lock allows, then queue up again.
+			l, err = c.Acquire(ctx, key, f.options(lock.WaitTimeout(lock.DefaultMaxWait), lock.OnQueue(state.queued), lock.InSession(sess))...)
 		}
 		err = notFound(err, c.Namespace(), key, true)
 		switch {
@@ -234,32 +231,23 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 		logf("holding %s/%s with token %d (lease %s)", c.Namespace(), name, l.FencingToken(), l.LeaseID())
 		select {
 		case <-l.Done():
-			state.set(nil)
-			_ = os.Remove(tokenFile)
-			logf("%s; waiting to take it again", oneLine(context.Cause(l.Context())))
 		case <-ctx.Done():
-			// Not ready first, so traffic stops before anyone else can hold the lock.
-			state.set(nil)
-			_ = os.Remove(tokenFile)
-			err := o.releaseLock(l)
-			s, _ := interrupted()
-			if err != nil {
-				logf("stopping on %v; release failed, the lease will expire: %s", s, oneLine(err))
-				return nil
-			}
-			logf("stopping on %v; released %s/%s", s, c.Namespace(), name)
-			return nil
 		}
+		// Not ready first, so traffic stops before anyone else can hold the lock.
+		state.set(nil)
+		_ = os.Remove(tokenFile)
+		if ctx.Err() == nil {
+			logf("%s; waiting to take it again", oneLine(context.Cause(l.Context())))
+			continue
+		}
+		s, _ := interrupted()
+		if err := cleanup(l.Release); err != nil {
+			logf("stopping on %v; release failed, the lease will expire: %s", s, oneLine(err))
+		} else {
+			logf("stopping on %v; released %s/%s", s, c.Namespace(), name)
+		}
+		return nil
 	}
-}
-
-// options are the acquire options of the sidecar: wait the longest pkg/lock allows.
-func (f *acquireFlags) options(onQueue func(lock.QueueStatus)) []lock.AcquireOption {
-	opts := []lock.AcquireOption{lock.WaitTimeout(lock.DefaultMaxWait), lock.OnQueue(onQueue)}
-	if f.lease > 0 {
-		opts = append(opts, lock.LeaseDuration(f.lease))
-	}
-	return opts
 }
 
 // permanent errors make the sidecar exit (in a pod, the kubelet restarts it

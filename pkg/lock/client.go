@@ -208,6 +208,12 @@ func retryBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Jitter: 2, Steps: math.MaxInt32, Cap: 500 * time.Millisecond}
 }
 
+// retry pauses before another try after err, a failed write; false when err
+// is a definite answer or ctx ended first.
+func retry(ctx context.Context, b *wait.Backoff, err error) bool {
+	return !definite(err) && pause(ctx, b) == nil
+}
+
 // pause waits for b's next step, or until ctx ends.
 func pause(ctx context.Context, b *wait.Backoff) error {
 	t := time.NewTimer(b.Step())

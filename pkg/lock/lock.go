@@ -27,9 +27,7 @@ type Lock struct {
 	token     int64
 	lease     time.Duration
 	margin    time.Duration
-
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	ending
 
 	// wmu serialises this holding's writes (renew, release) and guards obj.
 	wmu sync.Mutex
@@ -64,7 +62,7 @@ func (c *Client) newLock(a *attempt, obj *locksv1alpha1.DistributedLock) *Lock {
 		c: c, key: a.key, name: a.name, user: a.user,
 		requestID: h.RequestID, leaseID: h.LeaseID, token: obj.Status.FencingToken,
 		lease: lease, margin: safetyMargin(lease), session: a.cfg.session,
-		ctx: ctx, cancel: cancel, obj: obj,
+		ending: ending{ctx, cancel}, obj: obj,
 	}
 }
 
@@ -145,20 +143,26 @@ func (l *Lock) ExpiresAt() time.Time {
 	return l.session.ExpiresAt()
 }
 
-// Context is how to observe the end of the holding: it ends when the holding
-// is released or lost, and context.Cause says which (ErrReleased, or an error
-// wrapping ErrLockLost). Pass it to the guarded work.
-func (l *Lock) Context() context.Context { return l.ctx }
+// ending is how to observe the end of a holding or a session.
+type ending struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// Context ends when the holding (or session) is released, closed or lost,
+// and context.Cause says which: ErrReleased, ErrSessionClosed, or an error
+// wrapping ErrLockLost. Pass it to the guarded work.
+func (e *ending) Context() context.Context { return e.ctx }
 
 // Done is Context().Done(), for select statements.
-func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
+func (e *ending) Done() <-chan struct{} { return e.ctx.Done() }
 
-// Err is context.Cause(Context()) once the holding ended, nil before.
-func (l *Lock) Err() error {
-	if l.ctx.Err() == nil {
+// Err is context.Cause(Context()) once it ended, nil before.
+func (e *ending) Err() error {
+	if e.ctx.Err() == nil {
 		return nil
 	}
-	return context.Cause(l.ctx)
+	return context.Cause(e.ctx)
 }
 
 // Renew extends the lease now. It returns an error wrapping ErrLockLost when the

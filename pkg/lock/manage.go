@@ -78,27 +78,24 @@ func (c *Client) end(ctx context.Context, key, op string, edit func(*locksv1alph
 		if errors.Is(err, ErrNotFound) {
 			return nil, err
 		}
-		if err != nil {
-			return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
-		}
-		write, err := edit(obj)
-		if err != nil || !write {
-			return nil, err
-		}
-		obj.Status.ObservedGeneration = obj.Generation
-		err = c.c.Status().Update(ctx, obj)
-		switch {
-		case err == nil:
-			r := obj.Status.RecentAcquisitions
-			return &r[len(r)-1], nil
-		case apierrors.IsConflict(err):
-			c.metrics.conflict(op)
-		case definite(err):
-			return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
-		default:
-			if werr := pause(ctx, &back); werr != nil {
-				return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
+		if err == nil {
+			var write bool
+			if write, err = edit(obj); err != nil || !write {
+				return nil, err
+			}
+			obj.Status.ObservedGeneration = obj.Generation
+			err = c.c.Status().Update(ctx, obj)
+			switch {
+			case err == nil:
+				r := obj.Status.RecentAcquisitions
+				return &r[len(r)-1], nil
+			case apierrors.IsConflict(err):
+				c.metrics.conflict(op)
+				continue
+			case retry(ctx, &back, err):
+				continue
 			}
 		}
+		return nil, fmt.Errorf("kubelock: ending the holding of %q: %w", key, err)
 	}
 }

@@ -16,59 +16,35 @@ const (
 	metricsSubsystem = "client"
 )
 
-// Operation label values of kubelock_client_operation_duration_seconds and
-// kubelock_client_conflicts_total.
+// Label values: operation (of operation_duration_seconds and conflicts_total),
+// outcome (outcomeOf) and cause of a lost holding (locks_lost_total).
+// docs/observability.md says what each means.
 const (
 	opAcquire      = "acquire"
 	opTryAcquire   = "try_acquire"
 	opRenew        = "renew"
 	opRelease      = "release"
 	opForceRelease = "force_release"
-)
 
-// Outcome label values of kubelock_client_operation_duration_seconds.
-const (
-	// outcomeSuccess: the apiserver committed the operation.
-	outcomeSuccess = "success"
-	// outcomeLocked: TryAcquire found the lock held or others queued.
-	outcomeLocked = "locked"
-	// outcomeTimeout: the wait ran out (ErrTimeout) or the caller's deadline passed.
-	outcomeTimeout = "timeout"
-	// outcomeCanceled: the caller cancelled the context.
-	outcomeCanceled = "canceled"
-	// outcomeLost: the holding is over or cannot be proven (ErrLockLost).
-	outcomeLost = "lost"
-	// outcomeQueueFull: the wait queue is at spec.maxWaiters.
+	outcomeSuccess   = "success"
+	outcomeLocked    = "locked"
+	outcomeTimeout   = "timeout"
+	outcomeCanceled  = "canceled"
+	outcomeLost      = "lost"
 	outcomeQueueFull = "queue_full"
-	// outcomeNotFound: the lock does not exist and auto-creation is off.
-	outcomeNotFound = "not_found"
-	// outcomeConflict: a write lost a race and was not retried.
-	outcomeConflict = "conflict"
-	// outcomeDenied: admission or RBAC refused the write (403, 422, 400, 401).
-	outcomeDenied = "denied"
-	// outcomeUnknown: the request failed without a definite answer (timeout,
-	// lost connection, 5xx): the write may have committed.
-	outcomeUnknown = "unknown"
-	// outcomeError: anything else, such as invalid arguments.
-	outcomeError = "error"
-)
+	outcomeNotFound  = "not_found"
+	outcomeConflict  = "conflict"
+	outcomeDenied    = "denied"
+	outcomeUnknown   = "unknown" // no definite answer: the write may have committed
+	outcomeError     = "error"
 
-// Cause label values of kubelock_client_locks_lost_total.
-const (
-	// lostExpired: the controller expired the lease.
-	lostExpired = "expired"
-	// lostForceReleased: someone with the force-release verb broke the lock.
+	lostExpired       = "expired"
 	lostForceReleased = "force_released"
-	// lostDeadline: renewals did not succeed before the safe deadline (I5).
-	lostDeadline = "deadline"
-	// lostDeleted: the lock object was deleted.
-	lostDeleted = "deleted"
-	// lostReleased: the holding was released by another process (release --lease-id).
-	lostReleased = "released"
-	// lostSession: the holding's session ended (closed, deleted or lapsed).
-	lostSession = "session"
-	// lostReplaced: the holding is gone and status no longer says how.
-	lostReplaced = "replaced"
+	lostDeadline      = "deadline" // renewals did not succeed before the safe deadline (I5)
+	lostDeleted       = "deleted"
+	lostReleased      = "released" // by another process (release --lease-id)
+	lostSession       = "session"
+	lostReplaced      = "replaced" // the holding is gone and status no longer says how
 )
 
 // metrics are the client library's Prometheus metrics, enabled with
@@ -148,15 +124,9 @@ func (c *Client) timed(op string) func(*error) {
 		return func(*error) {}
 	}
 	start := c.cfg.clock.Now()
-	return func(err *error) { c.metrics.operation(op, start, c.cfg.clock.Now(), *err) }
-}
-
-// operation records one operation that started at start and ended with err.
-func (m *metrics) operation(op string, start time.Time, now time.Time, err error) {
-	if m == nil {
-		return
+	return func(err *error) {
+		c.metrics.duration.WithLabelValues(op, outcomeOf(*err)).Observe(c.cfg.clock.Since(start).Seconds())
 	}
-	m.duration.WithLabelValues(op, outcomeOf(err)).Observe(now.Sub(start).Seconds())
 }
 
 func (m *metrics) conflict(op string) {

@@ -29,7 +29,8 @@ var ErrSessionClosed error = &lostError{reason: "its session was closed", cause:
 // Context ends (I5) strictly before the controller may expire the session:
 // at the send time of the last renewal the apiserver committed, plus the
 // TTL, minus the margin a lock uses. The controller then ends every holding
-// in it (SessionExpired); Close ends them at once (SessionClosed).
+// in it (SessionExpired); Close ends them at once (SessionClosed). The
+// cause is ErrSessionClosed after Close, else an error wrapping ErrLockLost.
 type Session struct {
 	c      *Client
 	name   string
@@ -37,9 +38,7 @@ type Session struct {
 	user   string
 	ttl    time.Duration
 	margin time.Duration
-
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	ending
 
 	deadline safeDeadline
 
@@ -97,7 +96,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	s := &Session{
 		c: c, name: obj.Name, uid: obj.UID, user: user,
 		ttl: cfg.ttl, margin: safetyMargin(cfg.ttl),
-		ctx: sctx, cancel: cancel,
+		ending: ending{sctx, cancel},
 	}
 	// The controller counts a new session as renewed when it first sees it,
 	// which is after the create was sent.
@@ -123,23 +122,6 @@ func (s *Session) TTL() time.Duration { return s.ttl }
 // ExpiresAt is the session's safe deadline: the send time of its last
 // committed renewal plus the TTL, minus a safety margin.
 func (s *Session) ExpiresAt() time.Time { return s.deadline.get() }
-
-// Context is how to observe the end of the session, and with it of every lock
-// held in it: it ends on Close (ErrSessionClosed), when the session is gone
-// from the apiserver, or when it could not be renewed before its safe
-// deadline (both wrap ErrLockLost). context.Cause says which.
-func (s *Session) Context() context.Context { return s.ctx }
-
-// Done is Context().Done(), for select statements.
-func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
-
-// Err is context.Cause(Context()) once the session ended, nil before.
-func (s *Session) Err() error {
-	if s.ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(s.ctx)
-}
 
 // renew writes status.renewTime (a merge patch: one write whatever the
 // session holds). Only a committed renewal moves the safe deadline.
@@ -250,10 +232,7 @@ func (s *Session) Close(ctx context.Context) error {
 		switch {
 		case err == nil, apierrors.IsNotFound(err), apierrors.IsConflict(err): // a conflict: another object has the name now
 			return nil
-		case definite(err):
-			return fmt.Errorf("kubelock: closing session %s: %w", s.name, err)
-		}
-		if perr := pause(ctx, &back); perr != nil {
+		case !retry(ctx, &back, err):
 			return fmt.Errorf("kubelock: closing session %s: %w", s.name, err)
 		}
 	}
