@@ -79,9 +79,24 @@ CONTROL_PLANE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,etcd kube-apiserver kube
 control-plane: $(CONTROL_PLANE_BINS) ## Build etcd, kube-apiserver, kube-controller-manager and kubectl from Go modules into ./bin.
 
 # Grouped (&:): one script run makes all four.
-$(CONTROL_PLANE_BINS) &: hack/build-control-plane.sh
+$(CONTROL_PLANE_BINS) &: hack/build-control-plane.sh hack/lib/build.sh
 	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) hack/build-control-plane.sh
 	@touch $(CONTROL_PLANE_BINS)
+
+# A real node next to the control plane (hack/build-node.sh): kubelet,
+# kube-scheduler and kube-proxy into CONTROL_PLANE_DIR; containerd v2, runc
+# (seccomp, static; needs Debian's libseccomp-dev) and the CNI plugins into NODE_DIR.
+NODE_DIR ?= $(LOCALBIN)/node
+NODE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,kubelet kube-scheduler kube-proxy) \
+	$(addprefix $(NODE_DIR)/,containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/host-local cni/loopback cni/portmap)
+
+.PHONY: node
+node: $(NODE_BINS) ## Build what `make dev NODE=1` adds: kubelet, kube-scheduler, kube-proxy, containerd, runc and the CNI plugins, from Go modules into ./bin.
+
+$(NODE_BINS) &: hack/build-node.sh hack/lib/build.sh
+	@[ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || [ "$$(id -u)" != 0 ] || apt-get install -y -qq libseccomp-dev
+	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) NODE_DIR=$(NODE_DIR) hack/build-node.sh
+	@touch $(NODE_BINS)
 
 .PHONY: test-deps
 test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL server, from Debian's packages).
