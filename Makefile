@@ -94,7 +94,7 @@ NODE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,kubelet kube-scheduler kube-proxy
 node: $(NODE_BINS) ## Build what `make dev NODE=1` adds: kubelet, kube-scheduler, kube-proxy, containerd, runc and the CNI plugins, from Go modules into ./bin.
 
 $(NODE_BINS) &: hack/build-node.sh hack/lib/build.sh
-	@[ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || [ "$$(id -u)" != 0 ] || apt-get install -y -qq libseccomp-dev
+	@[ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || [ "$$(id -u)" != 0 ] || { apt-get update -qq && apt-get install -y -qq libseccomp-dev iptables conntrack; }
 	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) NODE_DIR=$(NODE_DIR) hack/build-node.sh
 	@touch $(NODE_BINS)
 
@@ -129,10 +129,12 @@ test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI
 
 # Flags for kubelock-dev, e.g. DEV_FLAGS="--persist --apiserver-port 6443".
 DEV_FLAGS ?=
+# NODE=1: a real node (root): kubelet, containerd, kube-proxy, the operator as a Deployment.
+NODE ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps.
-	$(LOCALBIN)/kubelock-dev $(DEV_FLAGS)
+dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root).
+	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(DEV_FLAGS)
 
 ##@ Deploy
 

@@ -86,6 +86,8 @@ Without --persist the data folder starts fresh at every start.`,
 	f.IntVar(&d.WebhookPort, "webhook-port", d.WebhookPort, "admission webhook port on 127.0.0.1")
 	f.IntVar(&d.ProbePort, "probe-port", d.ProbePort, "operator /healthz and /readyz port on 127.0.0.1; 0 turns them off")
 	f.IntVar(&d.MetricsPort, "metrics-port", d.MetricsPort, "operator metrics port on 127.0.0.1; 0 turns them off")
+	f.BoolVar(&d.Node, "node", d.Node, "run a real node as root (kube-scheduler, containerd, kubelet, kube-proxy; `make node` builds them) and deploy the operator from config/default with images built from the checkout")
+	f.StringVar(&d.NodeDir, "node-dir", d.NodeDir, "folder with containerd, ctr, the runc shim, runc and cni/ (with --node)")
 	f.DurationVar(&d.StartTimeout, "start-timeout", d.StartTimeout, "how long each start-up stage may take")
 	return cmd
 }
