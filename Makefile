@@ -125,6 +125,14 @@ test-integration: manifests generate control-plane test-deps ## Run the admissio
 test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI and kubelock-dev as processes).
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(E2E_PKGS)
 
+# The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
+# the operator Deployment, failover, the webhook through its Service, the sidecar
+# sample as pods. Root only; outside `make test`, so a run without root is never a pass.
+.PHONY: test-cluster
+test-cluster: manifests generate control-plane node ## Run the real-node suite as root (kubelet, containerd, kube-proxy; the operator and the samples as pods).
+	@[ "$$(id -u)" = 0 ] || { echo "make test-cluster needs root (kubelet, containerd, iptables): not run"; exit 1; }
+	go test -tags cluster -count=1 -timeout 30m -v ./test/e2e/cluster/
+
 ##@ Run
 
 # Flags for kubelock-dev, e.g. DEV_FLAGS="--persist --apiserver-port 6443".

@@ -133,6 +133,7 @@ type env struct {
 	root         string
 	hostLock     *os.File
 	host         *hostState
+	nodeFrom     int // the index in children of the node's first process
 }
 
 // Run starts the environment, prints the ready line and next steps to o.Out,
@@ -564,6 +565,11 @@ func (e *env) stopChildren() error {
 	var errs []error
 	for i := len(e.children) - 1; i >= 0; i-- {
 		errs = append(errs, e.children[i].Stop(20*time.Second))
+		if i == e.nodeFrom && e.host != nil {
+			// The node's processes have stopped; its containers go before the
+			// control plane, whose apiserver would wait for their watches.
+			e.host.killContainers()
+		}
 	}
 	e.children = nil
 	return errors.Join(errs...)

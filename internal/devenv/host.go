@@ -150,10 +150,7 @@ func (e *env) releaseHost() error {
 // created, and restores the sysctls.
 func (s *hostState) cleanup() error {
 	var errs []error
-	// Containers first (they hold mounts and cgroups), then their shims.
-	for i := 0; i < 50 && s.killAll() > 0; i++ {
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.killContainers()
 	errs = append(errs, s.unmount())
 	errs = append(errs, removeCgroups("kubepods"))
 	if out, err := exec.Command("ip", "link", "del", bridgeName).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find") {
@@ -181,6 +178,13 @@ func (s *hostState) cleanup() error {
 		errs = append(errs, os.WriteFile(filepath.Join("/proc/sys", k), []byte(v+"\n"), 0o644))
 	}
 	return errors.Join(errs...)
+}
+
+// killContainers kills the containers (they hold mounts and cgroups), then their shims.
+func (s *hostState) killContainers() {
+	for i := 0; i < 50 && s.killAll() > 0; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // killAll SIGKILLs the processes in the pods' cgroups and the node's shims

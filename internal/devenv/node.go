@@ -129,6 +129,7 @@ func (e *env) startNode(ctx context.Context) error {
 		return err
 	}
 	started := time.Now()
+	e.nodeFrom = len(e.children)
 	if err := e.startScheduler(ctx); err != nil {
 		return err
 	}
