@@ -92,6 +92,13 @@ func CheckHoldings(hs []Holding) []Violation {
 	var vs []Violation
 	byKey := map[string][]Holding{}
 	for _, h := range hs {
+		// A client that learned of its holding only after the holding's safe
+		// deadline (it was paused between the commit and the return) never
+		// held it: the interval is empty and its late Start says nothing about
+		// the order of tokens. CheckStored still checks its token on the server.
+		if h.End <= h.Start {
+			continue
+		}
 		byKey[h.Key] = append(byKey[h.Key], h)
 	}
 	for key, list := range byKey {
@@ -111,24 +118,104 @@ func CheckHoldings(hs []Holding) []Violation {
 }
 
 // CheckRequestIDs checks I6: every request ID is tied to at most one lease,
-// counting what clients were told and what observers saw stored.
+// and every lease to one request ID and one token (so the token a client was
+// given is the one stored), counting what clients were told and what
+// observers saw stored.
 func CheckRequestIDs(events []Event) []Violation {
-	leases := map[string]map[string]bool{}
+	leases := map[string]map[string]bool{} // key/req -> leases
+	reqs := map[string]map[string]bool{}   // key/lease -> reqs
+	tokens := map[string]map[int64]bool{}  // key/lease -> tokens
+	add := func(m map[string]map[string]bool, k, v string) {
+		if m[k] == nil {
+			m[k] = map[string]bool{}
+		}
+		m[k][v] = true
+	}
 	for _, e := range events {
 		if e.Req == "" || e.Lease == "" {
 			continue
 		}
 		if (e.Op == OpAcquire && e.Phase == Return && e.Outcome == OK) || e.Op == OpServer {
-			if leases[e.Key+"/"+e.Req] == nil {
-				leases[e.Key+"/"+e.Req] = map[string]bool{}
+			add(leases, e.Key+"/"+e.Req, e.Lease)
+			add(reqs, e.Key+"/"+e.Lease, e.Req)
+			if tokens[e.Key+"/"+e.Lease] == nil {
+				tokens[e.Key+"/"+e.Lease] = map[int64]bool{}
 			}
-			leases[e.Key+"/"+e.Req][e.Lease] = true
+			tokens[e.Key+"/"+e.Lease][e.Token] = true
 		}
 	}
 	var vs []Violation
 	for req, ls := range leases {
 		if len(ls) > 1 {
 			vs = append(vs, Violation{"I6", fmt.Sprintf("request %s produced %d holdings: %v", req, len(ls), ls)})
+		}
+	}
+	for lease, rs := range reqs {
+		if len(rs) > 1 {
+			vs = append(vs, Violation{"I6", fmt.Sprintf("lease %s was reported for %d requests: %v", lease, len(rs), rs)})
+		}
+	}
+	for lease, ts := range tokens {
+		if len(ts) > 1 {
+			vs = append(vs, Violation{"I2", fmt.Sprintf("lease %s was reported with %d tokens: %v", lease, len(ts), ts)})
+		}
+	}
+	return vs
+}
+
+// CheckStored checks the observers' reads of the stored object. I2 along the
+// stored history: a read lists the ended holdings oldest first, then the
+// holder, so tokens grow along a read, and a holding first seen after another
+// has the higher token. I1 against the store: a read sent and
+// answered within a confirmed holding shows that holding as the holder.
+func CheckStored(events []Event, hs []Holding) []Violation {
+	var reads []Event
+	for _, e := range events {
+		if e.Op == OpServer {
+			reads = append(reads, e)
+		}
+	}
+	// One read's ended holdings (Point) come before its holder (Return).
+	sort.SliceStable(reads, func(i, j int) bool {
+		if reads[i].T != reads[j].T {
+			return reads[i].T < reads[j].T
+		}
+		return reads[i].Phase == Point && reads[j].Phase != Point
+	})
+	var vs []Violation
+	seen := map[string]bool{}
+	last := map[string]Event{} // key -> the holding seen first most recently
+	var prev Event
+	for _, e := range reads {
+		if e.Lease != "" && prev.Lease != "" && e.T == prev.T && e.Key == prev.Key && e.Token <= prev.Token {
+			vs = append(vs, Violation{"I2", fmt.Sprintf("key %s: a read lists holding %s (token %d) after %s (token %d)", e.Key, e.Lease, e.Token, prev.Lease, prev.Token)})
+		}
+		prev = e
+		if e.Lease == "" || seen[e.Key+"/"+e.Lease] {
+			continue
+		}
+		seen[e.Key+"/"+e.Lease] = true
+		if prev, ok := last[e.Key]; ok && e.Token <= prev.Token {
+			vs = append(vs, Violation{"I2", fmt.Sprintf("key %s: stored holding %s has token %d, after stored holding %s with token %d", e.Key, e.Lease, e.Token, prev.Lease, prev.Token)})
+		}
+		last[e.Key] = e
+	}
+	byKey := map[string][]Holding{}
+	for _, h := range hs {
+		byKey[h.Key] = append(byKey[h.Key], h)
+	}
+	reported := map[string]bool{} // one violation per holding is enough
+	for _, e := range reads {
+		// A full read records its send time in Deadline.
+		if e.Phase != Return || e.Deadline == 0 {
+			continue
+		}
+		for _, h := range byKey[e.Key] {
+			if h.Start <= e.Deadline && e.T <= h.End && h.Lease != e.Lease && !reported[h.Lease] {
+				reported[h.Lease] = true
+				vs = append(vs, Violation{"I1", fmt.Sprintf("key %s: %v held %s (token %d) from %d until %d (%s), but a read from %d to %d found holder %q",
+					e.Key, h.Procs, h.Lease, h.Token, h.Start, h.End, h.Ended, e.Deadline, e.T, e.Lease)})
+			}
 		}
 	}
 	return vs

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/anishathalye/porcupine"
@@ -49,6 +50,20 @@ func TestOverlapAndTokenOrderAreViolations(t *testing.T) {
 	}
 }
 
+func TestHoldingLearnedAfterItsDeadlineIsNotOrdered(t *testing.T) {
+	// a's acquire (token 5, safe deadline 100) returns only at 400, after a
+	// pause; b held the lock meanwhile with token 7. a never held it.
+	h := cat(acq("a", 1, 0, 400, "k", "r1", "L1", 5, 100), acq("b", 1, 150, 200, "k", "r2", "L2", 7, 300))
+	if vs := CheckHoldings(Holdings(h)); len(vs) > 0 {
+		t.Fatalf("an empty holding must not be ordered: %v", vs)
+	}
+	// The same late return inside b's confirmed interval with a live deadline is I1.
+	h = cat(acq("a", 1, 0, 250, "k", "r1", "L1", 5, 500), acq("b", 1, 150, 200, "k", "r2", "L2", 7, 300))
+	if vs := CheckHoldings(Holdings(h)); len(vs) == 0 {
+		t.Fatal("want a violation for a holding confirmed while another was")
+	}
+}
+
 func TestEarlyExpiryIsNotLinearizable(t *testing.T) {
 	// a's safe deadline is 100; b acquires (after an expiry) and returns at 50.
 	early := cat(acq("a", 1, 0, 10, "k", "r1", "L1", 5, 100), []Event{{Proc: "suite", Op: OpKill, T: 20}}, acq("b", 1, 30, 50, "k", "r2", "L2", 9, 300))
@@ -73,5 +88,52 @@ func TestRequestIDAndFence(t *testing.T) {
 	}
 	if vs := CheckFence([]Write{{Key: "k", Token: 6}, {Key: "k", Token: 5}}, hs); len(vs) != 1 {
 		t.Fatalf("want one I7 violation, got %v", vs)
+	}
+}
+
+// What the model-based test (test/integration) used to check itself.
+func TestSwappedTokensAreI2(t *testing.T) {
+	h := cat(acq("a", 1, 0, 10, "k", "r1", "L1", 7, 0), rel("a", 2, 20, 30, "k", "L1"), acq("b", 1, 25, 40, "k", "r2", "L2", 5, 0))
+	if vs := CheckHoldings(Holdings(h)); len(vs) != 1 || vs[0].Invariant != "I2" {
+		t.Fatalf("want one I2 violation, got %v", vs)
+	}
+}
+
+// read is one observer's read of key k sent at sent and answered at t: the
+// ended holdings, oldest first, then the holder (lease "" when free).
+func read(t, sent int64, status int64, lease, req string, ended ...Event) []Event {
+	var out []Event
+	for _, e := range ended {
+		e.Op, e.Phase, e.Key, e.T = OpServer, Point, "k", t
+		out = append(out, e)
+	}
+	return append(out, Event{Op: OpServer, Phase: Return, Key: "k", Lease: lease, Req: req, Token: status, Deadline: sent, T: t})
+}
+
+func TestStoredAndClientsAgree(t *testing.T) {
+	clients := cat(acq("a", 1, 0, 10, "k", "r1", "L1", 5, 0), rel("a", 2, 20, 30, "k", "L1"), acq("b", 1, 25, 40, "k", "r2", "L2", 7, 0))
+	for _, tc := range []struct {
+		name string
+		evs  []Event
+		want []string // invariants violated
+	}{
+		{"agreeing reads", cat(clients, read(12, 11, 5, "L1", "r1"), read(33, 31, 5, "", ""), read(50, 45, 7, "L2", "r2", Event{Lease: "L1", Req: "r1", Token: 5})), nil},
+		{"a read during a holding finds the lock free", cat(clients, read(15, 11, 5, "", "")), []string{"I1"}},
+		{"a read during a holding finds another holder", cat(clients, read(50, 45, 9, "L9", "r9")), []string{"I1"}},
+		{"stored tokens do not grow", cat(clients, read(50, 45, 7, "L2", "r2", Event{Lease: "L0", Req: "r0", Token: 8})), []string{"I2", "I2"}},
+		{"a holding first seen later has a lower token", cat(clients, read(50, 45, 7, "L2", "r2"), read(60, 55, 7, "L2", "r2", Event{Lease: "L0", Req: "r0", Token: 6})), []string{"I2"}},
+		{"the stored token is not the client's", cat(clients, read(50, 45, 8, "L2", "r2")), []string{"I2"}},
+		{"the stored request ID is not the client's", cat(clients, read(50, 45, 7, "L2", "r1")), []string{"I6", "I6"}},
+	} {
+		var got []string
+		vs := CheckHoldings(Holdings(tc.evs))
+		vs = append(vs, CheckRequestIDs(tc.evs)...)
+		vs = append(vs, CheckStored(tc.evs, Holdings(tc.evs))...)
+		for _, v := range vs {
+			got = append(got, v.Invariant)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, vs, tc.want)
+		}
 	}
 }

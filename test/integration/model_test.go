@@ -29,8 +29,10 @@ import (
 // Acquire with a short wait, Renew, Release, crash (stop renewing and forget the
 // lock), retry (Acquire again with an earlier call's request ID) and waits for
 // an expiry against one lock on the real apiserver, with the expiry controller
-// running. I1, I2 and I6 are checked after every step; the whole history is
-// then checked for linearizability against the model in model_spec_test.go.
+// running. The clients' calls and every read of the stored object are recorded
+// as test/history events, whose checkers (the fault suite's) check I1, I2 and
+// I6 after every step; the whole history is then checked for linearizability
+// against test/history's model.
 //
 // Environment:
 //
@@ -70,7 +72,6 @@ var _ = Describe("model-based randomized test", Serial, func() {
 		AddReportEntry("model", report)
 		GinkgoWriter.Println(report)
 
-		r.checkTokenOrder()
 		r.checkLinearizable()
 	})
 })
@@ -114,23 +115,14 @@ type modelHolding struct {
 type modelAcq struct {
 	client     int
 	req, lease string
-	token      int64
-	call, ret  int64
-	round      int
 }
 
 type trackedHandle struct {
-	l      *lock.Lock
-	client int
-	// view: a second handle of a holding, returned by a retry from another
-	// process of the same user. After the first handle released the holding
-	// the view cannot know it and stays live until its own safe deadline.
-	view bool
-}
-
-type serverHolding struct {
-	req, user string
-	token     int64
+	l *lock.Lock
+	// lost records, once, that the holding ended for any reason but Release.
+	// A second handle returned by a retry records nothing: a holding ends
+	// with its first handle.
+	lost func()
 }
 
 type modelRun struct {
@@ -142,24 +134,22 @@ type modelRun struct {
 
 	mu       sync.Mutex
 	ops      []porcupine.Operation
+	events   []history.Event // the same calls, and every read of the stored object, for the I1, I2 and I6 checkers
 	errs     []string
 	counts   map[string]int
-	handles  []trackedHandle // holding handles that may still be live, for I1
+	handles  []trackedHandle // holding handles that may still be live
 	acqs     map[string]modelAcq
-	reqOwner map[string]int           // request ID -> client
-	failed   map[string]bool          // request IDs of acquires that timed out (possible phantom holdings)
-	released map[string]bool          // leases released by a Release that returned nil
-	crashed  map[string]bool          // leases whose client crashed
-	ended    map[string]bool          // leases seen in status.recentAcquisitions
-	server   map[string]serverHolding // holdings seen in the stored object, by lease ID
-	serverRq map[string]string        // request ID -> lease ID of holdings seen in the stored object
+	reqOwner map[string]int  // request ID -> client
+	failed   map[string]bool // request IDs of acquires that timed out (possible phantom holdings)
+	crashed  map[string]bool // leases whose client crashed
+	ended    map[string]bool // leases seen in status.recentAcquisitions
+	stored   map[string]bool // leases of the holdings seen in the stored object
 
-	clients   []*modelClient
-	rounds    int
-	phantoms  int
-	expiries  int
-	last      *locksv1alpha1.DistributedLock // stored object after the last step
-	roundAcqs []modelAcq
+	clients  []*modelClient
+	rounds   int
+	phantoms int
+	expiries int
+	last     *locksv1alpha1.DistributedLock // stored object after the last step
 }
 
 func newModelRun(seed int64) *modelRun {
@@ -167,7 +157,7 @@ func newModelRun(seed int64) *modelRun {
 	r := &modelRun{
 		ctx: ctx, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 0x6b75626c6f636b)),
 		counts: map[string]int{}, acqs: map[string]modelAcq{}, reqOwner: map[string]int{},
-		failed: map[string]bool{}, released: map[string]bool{}, crashed: map[string]bool{}, ended: map[string]bool{}, server: map[string]serverHolding{}, serverRq: map[string]string{},
+		failed: map[string]bool{}, crashed: map[string]bool{}, ended: map[string]bool{}, stored: map[string]bool{},
 	}
 	r.ns = suite.Namespace(ctx)
 	suite.NewLock(ctx, r.ns, modelKey, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1, HandoffTimeoutSeconds: 1})
@@ -210,6 +200,14 @@ func (r *modelRun) record(client int, in history.Input, out history.Output, call
 	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
 }
 
+// event records e for the history checkers, on the porcupine operations' clock.
+func (r *modelRun) event(e history.Event) {
+	e.Key = modelKey
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
 func (r *modelRun) opCount() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -224,45 +222,56 @@ func (r *modelRun) count(kind string) {
 
 func (r *modelRun) get() *locksv1alpha1.DistributedLock {
 	l := &locksv1alpha1.DistributedLock{}
-	Expect(env.Client.Get(r.ctx, client.ObjectKey{Namespace: r.ns, Name: modelKey}, l)).To(Succeed(), r.msg("reading the lock"))
+	Expect(env.Client.Get(r.ctx, clientKey(r.ns), l)).To(Succeed(), r.msg("reading the lock"))
 	return l
 }
 
-// track registers a holding handle for the I1 check. A primary handle (the
-// one its client works with) also records, when its Done fires for any reason
-// but Release, the moment its client learned that it lost the lock; the
-// operation starts at the client's safe deadline, which the watchdog waited
-// for, so the model may place it as early as the loss really happened.
+// track registers a holding handle. A primary handle (the one its client
+// works with) also records, when its Done fires for any reason but Release,
+// the moment its client learned that it lost the lock; the operation starts
+// at the client's safe deadline, which the watchdog waited for, so the model
+// may place it as early as the loss really happened.
 func (r *modelRun) track(c int, l *lock.Lock, primary bool) {
+	t := trackedHandle{l: l, lost: func() {}}
+	if primary {
+		t.lost = sync.OnceFunc(func() { r.lost(c, l) })
+		context.AfterFunc(l.Context(), t.lost)
+	}
 	r.mu.Lock()
-	r.handles = append(r.handles, trackedHandle{l: l, client: c, view: !primary})
+	r.handles = append(r.handles, t)
 	r.mu.Unlock()
-	if !primary {
+}
+
+func (r *modelRun) lost(c int, l *lock.Lock) {
+	ret := r.now()
+	cause := context.Cause(l.Context())
+	if errors.Is(cause, lock.ErrReleased) {
 		return
 	}
-	context.AfterFunc(l.Context(), func() {
-		ret := r.now()
-		cause := context.Cause(l.Context())
-		if errors.Is(cause, lock.ErrReleased) {
-			return
-		}
-		if !errors.Is(cause, lock.ErrLockLost) {
-			r.fail("holding %s ended with %v, which wraps neither ErrReleased nor ErrLockLost", l.LeaseID(), cause)
-		}
-		call := min(ret, l.ExpiresAt().Sub(r.start).Nanoseconds())
-		r.record(c, history.Input{Kind: history.KindAbandon, Lease: l.LeaseID()}, history.Output{}, call, ret)
-		r.mu.Lock()
-		crashed := r.crashed[l.LeaseID()]
-		r.mu.Unlock()
-		if crashed {
-			r.count("lost-after-crash")
-			return
-		}
-		// A holding that was renewed and still lost: slow renewals can do
-		// that legitimately; the log says why.
-		r.count("lost-while-renewing")
-		GinkgoWriter.Printf("model: client %d lost lease %s at %s while renewing: %v\n", c, l.LeaseID(), time.Duration(ret), cause)
-	})
+	if !errors.Is(cause, lock.ErrLockLost) {
+		r.fail("holding %s ended with %v, which wraps neither ErrReleased nor ErrLockLost", l.LeaseID(), cause)
+	}
+	call := min(ret, l.ExpiresAt().Sub(r.start).Nanoseconds())
+	r.record(c, history.Input{Kind: history.KindAbandon, Lease: l.LeaseID()}, history.Output{}, call, ret)
+	r.event(history.Event{Proc: procName(c), Op: history.OpLost, Phase: history.Point, Lease: l.LeaseID(), Token: l.FencingToken(), T: call})
+	r.mu.Lock()
+	crashed := r.crashed[l.LeaseID()]
+	r.mu.Unlock()
+	if crashed {
+		r.count("lost-after-crash")
+		return
+	}
+	// A holding that was renewed and still lost: slow renewals can do
+	// that legitimately; the log says why.
+	r.count("lost-while-renewing")
+	GinkgoWriter.Printf("model: client %d lost lease %s at %s while renewing: %v\n", c, l.LeaseID(), time.Duration(ret), cause)
+}
+
+func procName(c int) string { return fmt.Sprintf("c%d", c) }
+
+// acquired records the event of an acquire that returned a holding.
+func (r *modelRun) acquired(c int, l *lock.Lock, ret int64) {
+	r.event(history.Event{Proc: procName(c), Op: history.OpAcquire, Phase: history.Return, Req: l.RequestID(), Lease: l.LeaseID(), Token: l.FencingToken(), Outcome: history.OK, T: ret})
 }
 
 // renewLoop renews a manual holding like the library's background renewal
@@ -351,7 +360,7 @@ func (r *modelRun) plan(c *modelClient, blocking *bool) modelOp {
 		case "retry-held":
 			*blocking = true
 			req := h.l.RequestID()
-			return modelOp{choice, func() { time.Sleep(think); r.retry(c, req, h.l.LeaseID(), h.l.FencingToken()) }}
+			return modelOp{choice, func() { time.Sleep(think); r.retry(c, req, h.l.LeaseID()) }}
 		case "observe":
 			return modelOp{choice, func() { time.Sleep(think); r.observe(c.idx) }}
 		default:
@@ -393,8 +402,8 @@ func (r *modelRun) plan(c *modelClient, blocking *bool) modelOp {
 	case "retry-ended":
 		*blocking = true
 		req := ended[rng.IntN(len(ended))]
-		a := r.acqs[req]
-		return modelOp{choice, func() { time.Sleep(think); r.retry(c, req, a.lease, a.token) }}
+		orig := r.acqs[req].lease
+		return modelOp{choice, func() { time.Sleep(think); r.retry(c, req, orig) }}
 	default:
 		return modelOp{choice, func() { time.Sleep(think); r.observe(c.idx) }}
 	}
@@ -454,10 +463,9 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 		r.fail("client %d: acquire %s returned a holding of request %s", c.idx, req, l.RequestID())
 	}
 	r.record(c.idx, in, out, call, ret)
-	a := modelAcq{client: c.idx, req: req, lease: l.LeaseID(), token: l.FencingToken(), call: call, ret: ret, round: r.rounds}
+	r.acquired(c.idx, l, ret)
 	r.mu.Lock()
-	r.acqs[req] = a
-	r.roundAcqs = append(r.roundAcqs, a)
+	r.acqs[req] = modelAcq{client: c.idx, req: req, lease: l.LeaseID()}
 	r.mu.Unlock()
 	c.succeeded = append(c.succeeded, req)
 	r.track(c.idx, l, true)
@@ -471,8 +479,9 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 
 // retry calls Acquire again with an earlier successful request ID of c, from a
 // new process of the same user (I6). It must return the same lease while that
-// holding lasts and ErrLockLost once it ended; never a second holding.
-func (r *modelRun) retry(c *modelClient, req, lease string, token int64) {
+// holding lasts and ErrLockLost once it ended; never a second holding (the
+// history checkers hold it to the lease and token the request got first).
+func (r *modelRun) retry(c *modelClient, req, lease string) {
 	p := r.process(c, lock.WithoutAutoRenew())
 	in := history.Input{Kind: history.KindAcquire, Req: req, Retry: true, OrigLease: lease}
 	call := r.now()
@@ -486,12 +495,8 @@ func (r *modelRun) retry(c *modelClient, req, lease string, token int64) {
 	r.count("retry-" + out.Outcome)
 	if l != nil {
 		out.Lease, out.Token = l.LeaseID(), l.FencingToken()
-		if l.LeaseID() != lease || l.FencingToken() != token {
-			r.fail("client %d: retry of %s returned lease %s token %d; the request created lease %s token %d (I6)",
-				c.idx, req, l.LeaseID(), l.FencingToken(), lease, token)
-		}
-		// Another handle of the same holding; it does not renew and simply
-		// runs out. It takes part in the I1 check while it lasts.
+		r.acquired(c.idx, l, ret)
+		// Another handle of the same holding; it does not renew and simply runs out.
 		r.track(c.idx, l, false)
 	} else if out.Outcome != history.Lost {
 		r.fail("client %d: retry of %s returned %v; want the same lease or ErrLockLost (I6)", c.idx, req, err)
@@ -520,10 +525,8 @@ func (r *modelRun) holderCall(c *modelClient, h *modelHolding, kind history.Kind
 	if kind == history.KindRelease && h.l.Err() == nil {
 		r.fail("client %d: release %s returned %v but the lock's context is still live", c.idx, in.Lease, err)
 	}
-	if kind == history.KindRelease && err == nil {
-		r.mu.Lock()
-		r.released[in.Lease] = true
-		r.mu.Unlock()
+	if kind == history.KindRelease {
+		r.event(history.Event{Proc: procName(c.idx), Op: history.OpRelease, Phase: history.Invoke, Lease: in.Lease, Token: h.l.FencingToken(), T: call})
 	}
 	r.count(name + "-" + out.Outcome)
 	r.record(c.idx, in, out, call, ret)
@@ -563,44 +566,59 @@ func (r *modelRun) crash(c *modelClient, h *modelHolding) {
 	c.man = r.process(c, lock.WithoutAutoRenew())
 }
 
-// observe reads the stored lock as an admin; a read is an operation of the history too.
-func (r *modelRun) observe(client int) *locksv1alpha1.DistributedLock {
-	call := r.now()
-	l := &locksv1alpha1.DistributedLock{}
-	err := env.Client.Get(r.ctx, clientKey(r.ns), l)
-	ret := r.now()
+// read reads the stored lock as an admin and records what it shows for the
+// history checkers: the ended holdings, oldest first, then the holder.
+func (r *modelRun) read() (l *locksv1alpha1.DistributedLock, call, ret int64, err error) {
+	call = r.now()
+	l = &locksv1alpha1.DistributedLock{}
+	err = env.Client.Get(r.ctx, clientKey(r.ns), l)
+	ret = r.now()
 	if err != nil {
-		r.fail("reading the lock: %v", err)
-		return nil
+		return nil, call, ret, err
 	}
-	out := history.Output{Outcome: history.OK, Token: l.Status.FencingToken}
+	for _, f := range l.Status.RecentAcquisitions {
+		r.event(history.Event{Proc: "store", Op: history.OpServer, Phase: history.Point, Lease: f.LeaseID, Req: f.RequestID, Token: f.FencingToken, Reason: string(f.EndReason), T: ret})
+	}
+	e := history.Event{Proc: "store", Op: history.OpServer, Phase: history.Return, Token: l.Status.FencingToken, Deadline: call, T: ret}
 	if h := l.Status.Holder; h != nil {
-		out.Lease, out.Req = h.LeaseID, h.RequestID
+		e.Lease, e.Req = h.LeaseID, h.RequestID
 	}
-	r.count("observe")
-	r.record(client, history.Input{Kind: history.KindObserve}, out, call, ret)
-	return l
+	r.event(e)
+	return l, call, ret, nil
 }
 
 func clientKey(ns string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: modelKey} }
 
+// observed records a read as an operation of the porcupine history.
+func (r *modelRun) observed(client int, l *locksv1alpha1.DistributedLock, call, ret int64) {
+	out := history.Output{Outcome: history.OK, Token: l.Status.FencingToken}
+	if h := l.Status.Holder; h != nil {
+		out.Lease, out.Req = h.LeaseID, h.RequestID
+	}
+	r.record(client, history.Input{Kind: history.KindObserve}, out, call, ret)
+}
+
+// observe is a client's read of the stored lock.
+func (r *modelRun) observe(client int) {
+	l, call, ret, err := r.read()
+	if err != nil {
+		r.fail("reading the lock: %v", err)
+		return
+	}
+	r.count("observe")
+	r.observed(client, l, call, ret)
+}
+
 // awaitExpiry waits until the controller expired a holding whose client was
-// told it lost it (a crash, mostly). Only the last read enters the history.
+// told it lost it (a crash, mostly). Only the last read enters the porcupine history.
 func (r *modelRun) awaitExpiry(lease string) {
 	Eventually(func(g Gomega) {
-		call := r.now()
-		l := &locksv1alpha1.DistributedLock{}
-		err := env.Client.Get(r.ctx, clientKey(r.ns), l)
-		ret := r.now()
+		l, call, ret, err := r.read()
 		g.Expect(err).NotTo(HaveOccurred())
 		h := l.Status.Holder
 		g.Expect(h != nil && h.LeaseID == lease).To(BeFalse())
-		out := history.Output{Outcome: history.OK, Token: l.Status.FencingToken}
-		if h != nil {
-			out.Lease, out.Req = h.LeaseID, h.RequestID
-		}
 		r.count("await-expiry")
-		r.record(len(r.clients), history.Input{Kind: history.KindObserve}, out, call, ret)
+		r.observed(len(r.clients), l, call, ret)
 	}).WithTimeout(15*time.Second).WithPolling(50*time.Millisecond).Should(Succeed(),
 		r.msg("the controller did not expire lease %s, lost by its client, within 15s", lease))
 }
@@ -673,68 +691,66 @@ func (r *modelRun) checkStep() {
 	Expect(errs).To(BeEmpty(), r.msg("operations failed"))
 
 	// Read the stored object first: a handle live after the read was live
-	// during it, and a live handle's lease cannot have been expired (I5).
-	s := r.get()
-	st := &s.Status
+	// during it, so the read must show its holding (I1). A handle whose Done
+	// fired has its end recorded before the check, even if its AfterFunc
+	// has not run yet.
+	s, _, _, err := r.read()
+	Expect(err).NotTo(HaveOccurred(), r.msg("reading the lock"))
 	r.mu.Lock()
-	live := map[string][]int{}
+	var done []trackedHandle
 	kept := r.handles[:0]
 	for _, t := range r.handles {
 		if t.l.Err() == nil {
-			if !t.view || !r.released[t.l.LeaseID()] {
-				live[t.l.LeaseID()] = append(live[t.l.LeaseID()], t.client)
-			}
 			kept = append(kept, t)
+		} else {
+			done = append(done, t)
 		}
 	}
 	clear(r.handles[len(kept):])
 	r.handles = kept
 	r.mu.Unlock()
+	for _, t := range done {
+		t.lost()
+	}
+	r.checkEvents()
 
-	// I1: at most one live holding among all clients, and it is the stored holder.
-	Expect(len(live)).To(BeNumerically("<=", 1), r.msg("more than one live holding (lease -> clients): %v", live))
-	for lease, cs := range live {
-		Expect(st.Holder).NotTo(BeNil(), r.msg("client(s) %v hold lease %s but the stored lock is free", cs, lease))
-		Expect(st.Holder.LeaseID).To(Equal(lease), r.msg("client(s) %v hold lease %s but the stored holder is %s (%s)", cs, lease, st.Holder.LeaseID, st.Holder.RequestID))
+	// status.fencingToken is the token of the current or most recent holding.
+	st := &s.Status
+	if recent := st.RecentAcquisitions; st.Holder == nil && len(recent) > 0 {
+		Expect(st.FencingToken).To(Equal(recent[len(recent)-1].FencingToken), r.msg("status.fencingToken is not the token of the most recent holding"))
 	}
-
-	// The stored history: finished holdings oldest first, then the holder.
-	var seen []storedHolding
-	for _, f := range st.RecentAcquisitions {
-		seen = append(seen, storedHolding{req: f.RequestID, lease: f.LeaseID, token: f.FencingToken, reason: f.EndReason})
-	}
-	if h := st.Holder; h != nil {
-		seen = append(seen, storedHolding{req: h.RequestID, lease: h.LeaseID, user: h.User, token: st.FencingToken})
-	}
-	// I2: tokens strictly increase along the stored history; status.fencingToken
-	// is the token of the current or most recent holding.
-	for i := 1; i < len(seen); i++ {
-		Expect(seen[i].token).To(BeNumerically(">", seen[i-1].token), r.msg("stored holdings %s and %s have tokens %d, %d", seen[i-1].lease, seen[i].lease, seen[i-1].token, seen[i].token))
-	}
-	if len(seen) > 0 {
-		Expect(st.FencingToken).To(Equal(seen[len(seen)-1].token), r.msg("status.fencingToken is not the token of the current or most recent holding"))
-	}
-
-	r.checkHistory(s, seen)
+	r.checkStored(s)
 	// Waiters leave the queue when they acquire or time out (or the
 	// controller drops them past their deadline): nothing stays queued.
 	Eventually(func() int { return len(r.get().Status.Waiters) }, 10*time.Second).Should(BeZero(), r.msg("waiters stay queued"))
 }
 
-// storedHolding is a holding as the stored object shows it.
-type storedHolding struct {
-	req, lease, user string
-	token            int64
-	reason           locksv1alpha1.EndReason
+// checkEvents runs test/history's checkers of I1, I2 and I6 (the fault
+// suite's) over everything recorded so far.
+func (r *modelRun) checkEvents() {
+	r.mu.Lock()
+	evs := slices.Clone(r.events)
+	r.mu.Unlock()
+	hs := history.Holdings(evs)
+	vs := history.CheckHoldings(hs)
+	vs = append(vs, history.CheckRequestIDs(evs)...)
+	vs = append(vs, history.CheckStored(evs, hs)...)
+	Expect(vs).To(BeEmpty(), r.msg("I1, I2 or I6 broken"))
 }
 
-// checkHistory adds the holdings the stored object s shows to the history of
-// every holding the lock ever had, and checks it against the clients' acquisitions.
-func (r *modelRun) checkHistory(s *locksv1alpha1.DistributedLock, seen []storedHolding) {
+// checkStored accounts for every holding the stored object s shows, which the
+// model test, reading after every step, sees all of: each is a client's
+// acquisition or a timed-out acquire's whose write committed after all (a
+// phantom), each acquisition shows up, status.transitions counts each once,
+// and the holder is written as its client's user.
+func (r *modelRun) checkStored(s *locksv1alpha1.DistributedLock) {
 	st := &s.Status
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	type holding struct{ lease, req string }
+	var seen []holding
 	for _, f := range st.RecentAcquisitions {
+		seen = append(seen, holding{f.LeaseID, f.RequestID})
 		if !r.ended[f.LeaseID] {
 			r.ended[f.LeaseID] = true
 			if f.EndReason == locksv1alpha1.EndReasonExpired {
@@ -742,48 +758,34 @@ func (r *modelRun) checkHistory(s *locksv1alpha1.DistributedLock, seen []storedH
 			}
 		}
 	}
+	if h := st.Holder; h != nil {
+		seen = append(seen, holding{h.LeaseID, h.RequestID})
+		owner, ok := r.reqOwner[h.RequestID]
+		Expect(ok).To(BeTrue(), r.msg("unknown request %s holds the lock", h.RequestID))
+		Expect(h.User).To(Equal(r.clients[owner].user), r.msg("holder %s written as user %s, its client is %s", h.LeaseID, h.User, r.clients[owner].user))
+	}
 	for _, h := range seen {
-		if old, ok := r.server[h.lease]; ok {
-			Expect(old.req).To(Equal(h.req), r.msg("lease %s changed its request ID", h.lease))
-			Expect(old.token).To(Equal(h.token), r.msg("lease %s changed its token", h.lease))
+		if r.stored[h.lease] {
 			continue
 		}
-		// I6: a request ID creates at most one holding.
-		if other, ok := r.serverRq[h.req]; ok {
-			Fail(r.msg("request %s created two holdings, %s and %s (I6)", h.req, other, h.lease))
-		}
-		r.server[h.lease] = serverHolding{req: h.req, user: h.user, token: h.token}
-		r.serverRq[h.req] = h.lease
+		r.stored[h.lease] = true
 		a, ok := r.acqs[h.req]
 		switch {
 		case ok && a.lease == h.lease:
-			// I2: the token the client got is the stored token of its holding.
-			Expect(h.token).To(Equal(a.token), r.msg("client %d got token %d for lease %s; status stores %d", a.client, a.token, h.lease, h.token))
 		case !ok && r.failed[h.req]:
 			// A timed-out Acquire whose write committed after all; nobody
 			// renews it and the controller expires it.
 			r.phantoms++
 		default:
-			Fail(r.msg("the stored lock has holding %s (request %s, token %d) that no client acquired", h.lease, h.req, h.token))
+			Fail(r.msg("the stored lock has holding %s (request %s) that no client acquired", h.lease, h.req))
 		}
 	}
-	if h := st.Holder; h != nil {
-		owner, ok := r.reqOwner[h.RequestID]
-		Expect(ok).To(BeTrue(), r.msg("unknown request %s holds the lock", h.RequestID))
-		Expect(h.User).To(Equal(r.clients[owner].user), r.msg("holder %s written as user %s, its client is %s", h.LeaseID, h.User, r.clients[owner].user))
-	}
 	for req, a := range r.acqs {
-		Expect(r.server).To(HaveKey(a.lease), r.msg("client %d acquired lease %s (request %s) but the stored lock never showed it", a.client, a.lease, req))
+		Expect(r.stored).To(HaveKey(a.lease), r.msg("client %d acquired lease %s (request %s) but the stored lock never showed it", a.client, a.lease, req))
 	}
-	// I6: every acquisition counted once; retries add none.
-	Expect(st.Transitions).To(Equal(int64(len(r.server))), r.msg("status.transitions is %d, the stored history has %d distinct holdings", st.Transitions, len(r.server)))
-	Expect(r.server).To(HaveLen(len(r.acqs)+r.phantoms), r.msg("stored holdings vs client acquisitions"))
-	// I2: everything acquired in this step got a token above every token
-	// issued before the step.
-	for _, a := range r.roundAcqs {
-		Expect(a.token).To(BeNumerically(">", r.last.Status.FencingToken), r.msg("client %d acquired token %d, not above %d stored before the step", a.client, a.token, r.last.Status.FencingToken))
-	}
-	r.roundAcqs = nil
+	// Every acquisition counted once; retries add none.
+	Expect(st.Transitions).To(Equal(int64(len(r.stored))), r.msg("status.transitions is %d, the stored history has %d distinct holdings", st.Transitions, len(r.stored)))
+	Expect(r.stored).To(HaveLen(len(r.acqs)+r.phantoms), r.msg("stored holdings vs client acquisitions"))
 	r.last = s
 }
 
@@ -822,23 +824,6 @@ func (r *modelRun) drain() {
 		r.checkStep()
 	}
 	Expect(r.last.Status.Holder).To(BeNil(), r.msg("the lock is still held after the drain"))
-}
-
-// checkTokenOrder: an acquisition that returned before another one was called
-// has the smaller token (I2, in real time).
-func (r *modelRun) checkTokenOrder() {
-	acqs := make([]modelAcq, 0, len(r.acqs))
-	for _, a := range r.acqs {
-		acqs = append(acqs, a)
-	}
-	sort.Slice(acqs, func(i, j int) bool { return acqs[i].call < acqs[j].call })
-	for i, a := range acqs {
-		for _, b := range acqs[i+1:] {
-			if a.ret < b.call {
-				Expect(a.token).To(BeNumerically("<", b.token), r.msg("request %s (token %d) returned before request %s (token %d) was called", a.req, a.token, b.req, b.token))
-			}
-		}
-	}
 }
 
 // checkLinearizable checks the whole history against the sequential model.

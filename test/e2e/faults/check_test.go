@@ -73,6 +73,7 @@ func check(ctx context.Context, row result, prefix string) result {
 	var vs []history.Violation
 	vs = append(vs, history.CheckHoldings(hs)...)
 	vs = append(vs, history.CheckRequestIDs(evs)...)
+	vs = append(vs, history.CheckStored(evs, hs)...)
 	writes := fenceWrites(ctx, prefix)
 	vs = append(vs, history.CheckFence(writes, hs)...)
 	res, info, nops := history.CheckLinearizable(evs, 3*time.Minute)
