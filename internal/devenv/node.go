@@ -170,9 +170,9 @@ func (e *env) buildImages(ctx context.Context) error {
 	}
 	e.imageArchive = filepath.Join(dir, "images.tar")
 	err = images.WriteArchive(e.imageArchive,
-		images.Image{Ref: ManagerImage, Binary: filepath.Join(dir, "manager")},
-		images.Image{Ref: KubelockImage, Binary: filepath.Join(dir, "kubelock")},
-		images.Image{Ref: pauseImage, Binary: filepath.Join(dir, "pause")})
+		images.Image{Ref: ManagerImage, Binaries: []string{filepath.Join(dir, "manager")}},
+		images.Image{Ref: KubelockImage, Binaries: []string{filepath.Join(dir, "kubelock")}},
+		images.Image{Ref: pauseImage, Binaries: []string{filepath.Join(dir, "pause")}})
 	if err != nil {
 		return fmt.Errorf("writing the images: %w", err)
 	}
@@ -406,17 +406,17 @@ func (e *env) waitNodeReady(ctx context.Context) error {
 			}
 		}
 		n := &corev1.Node{}
-		if last = c.Get(ctx, client.ObjectKey{Name: e.nodeIP}, n); last != nil {
-			return false, nil
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady {
-				last = fmt.Errorf("Ready=%s: %s", cond.Status, cond.Message)
-				return cond.Status == corev1.ConditionTrue, nil
+		if last = c.Get(ctx, client.ObjectKey{Name: e.nodeIP}, n); last == nil {
+			last = errors.New("no Ready condition yet")
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					last = nil
+				} else if cond.Type == corev1.NodeReady {
+					last = fmt.Errorf("not ready: %s", cond.Message)
+				}
 			}
 		}
-		last = errors.New("no Ready condition yet")
-		return false, nil
+		return last == nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("node %s not Ready: %w (logs: %s)", e.nodeIP, errors.Join(err, last), e.logDir)
@@ -458,14 +458,15 @@ func (e *env) deployOperator(ctx context.Context) error {
 	var last error
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		d := &appsv1.Deployment{}
-		if last = c.Get(ctx, client.ObjectKey{Namespace: OperatorNamespace, Name: OperatorDeployment}, d); last != nil {
-			return false, nil
+		if last = c.Get(ctx, client.ObjectKey{Namespace: OperatorNamespace, Name: OperatorDeployment}, d); last == nil {
+			if s, want := d.Status, *d.Spec.Replicas; s.AvailableReplicas != want || s.UpdatedReplicas != want {
+				last = fmt.Errorf("%d of %d replicas available", s.AvailableReplicas, want)
+			}
 		}
-		last = fmt.Errorf("%d of %d replicas available", d.Status.AvailableReplicas, *d.Spec.Replicas)
-		return d.Status.AvailableReplicas == *d.Spec.Replicas && d.Status.UpdatedReplicas == *d.Spec.Replicas, nil
+		return last == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("Deployment %s/%s: %w (kubectl -n %s describe pods; logs in %s)", OperatorNamespace, OperatorDeployment, errors.Join(err, last), OperatorNamespace, e.logDir)
+		return fmt.Errorf("the operator's Deployment %s/%s: %w (kubectl -n %s describe pods; logs in %s)", OperatorNamespace, OperatorDeployment, errors.Join(err, last), OperatorNamespace, e.logDir)
 	}
 	e.progress("operator Deployment %s/%s available after %s (the node's first pods)", OperatorNamespace, OperatorDeployment, time.Since(started).Round(10*time.Millisecond))
 	service := fmt.Sprintf("Service %s/kubelock-webhook-service", OperatorNamespace)

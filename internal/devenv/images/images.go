@@ -22,11 +22,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// Image is one image: Binary (a static executable on this machine) becomes
-// /<base name of Binary>, its entrypoint.
+// Image is one image: each of Binaries (static executables on this machine)
+// becomes /<its base name>; the first is the entrypoint.
 type Image struct {
-	Ref    string
-	Binary string
+	Ref      string
+	Binaries []string
 	// User is the image's user ("65532:65532" when empty; "0" for root).
 	User string
 }
@@ -50,7 +50,7 @@ func WriteArchive(file string, imgs ...Image) error {
 }
 
 func build(im Image) (v1.Image, error) {
-	layer, err := rootfs(im.Binary)
+	layer, err := rootfs(im.Binaries)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ func build(im Image) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	// containerd's import drops an image without a platform; the pod runs the entrypoint.
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config.Entrypoint = []string{"/" + path.Base(im.Binary)}
+	cf.Config.Entrypoint = []string{"/" + path.Base(im.Binaries[0])}
 	cf.Config.User = im.User
 	if cf.Config.User == "" {
 		cf.Config.User = "65532:65532"
@@ -74,13 +74,9 @@ func build(im Image) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
-// rootfs is the image's one layer: the binary, /etc/passwd and /etc/group with
-// root and nonroot, a world-writable /tmp and the machine's CA certificates.
-func rootfs(binary string) (v1.Layer, error) {
-	bin, err := os.ReadFile(binary)
-	if err != nil {
-		return nil, err
-	}
+// rootfs is the image's one layer: the binaries, /etc/passwd and /etc/group
+// with root and nonroot, a world-writable /tmp and the machine's CA certificates.
+func rootfs(binaries []string) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	now := time.Unix(0, 0)
@@ -95,23 +91,26 @@ func rootfs(binary string) (v1.Layer, error) {
 		_, err := tw.Write(data)
 		return err
 	}
-	files := []struct {
+	type file struct {
 		name string
 		mode int64
-		data []byte
-	}{
+		data []byte // nil: a folder
+	}
+	files := []file{
 		{"etc/", 0o755, nil},
 		{"etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
 		{"etc/group", 0o644, []byte("root:x:0:\nnonroot:x:65532:\n")},
 		{"tmp/", 0o1777, nil},
-		{path.Base(binary), 0o755, bin},
 	}
 	if certs, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt"); err == nil {
-		files = append(files, struct {
-			name string
-			mode int64
-			data []byte
-		}{"etc/ssl/certs/ca-certificates.crt", 0o644, certs})
+		files = append(files, file{"etc/ssl/certs/ca-certificates.crt", 0o644, certs})
+	}
+	for _, b := range binaries {
+		data, err := os.ReadFile(b)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, file{path.Base(b), 0o755, data})
 	}
 	for _, f := range files {
 		if err := add(f.name, f.mode, f.data); err != nil {

@@ -18,14 +18,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,10 +44,17 @@ import (
 	"github.com/kubelock/kubelock/internal/devenv"
 	"github.com/kubelock/kubelock/internal/devenv/images"
 	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/pkg/fencing/postgres"
+	"github.com/kubelock/kubelock/test/pgtest"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
-const appImage = "orders-writer:latest" // the sample's main container, test/e2e/cluster/app
+// The samples' workload images: test/e2e/cluster/app, and for the Job's
+// `kubelock run` the kubelock binary next to it.
+const (
+	appImage = "orders-writer:latest"
+	jobImage = "orders-migrations:latest"
+)
 
 var (
 	skipReason string        // why the suite cannot run here; empty when it runs
@@ -158,7 +169,9 @@ func startCluster(tmp string) (*exec.Cmd, error) {
 	}
 	// The sample's main container, imported as the node's other images are.
 	archive := filepath.Join(tmp, "app.tar")
-	if err := images.WriteArchive(archive, images.Image{Ref: appImage, Binary: filepath.Join(bin, "app")}); err != nil {
+	err = images.WriteArchive(archive, images.Image{Ref: appImage, Binaries: []string{filepath.Join(bin, "app")}},
+		images.Image{Ref: jobImage, Binaries: []string{filepath.Join(bin, "app"), filepath.Join(bin, "kubelock")}})
+	if err != nil {
 		return dev, err
 	}
 	imp := exec.Command(filepath.Join(nodeDir, "ctr"), "--address", filepath.Join(dataDir, "node", "containerd", "containerd.sock"),
@@ -212,12 +225,18 @@ func stopCluster(dev *exec.Cmd) error {
 
 func freePorts(n int) ([]int, error) {
 	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
 	for range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = ln.Close() }()
+		lns = append(lns, ln)
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port) //nolint:errcheck // a TCP listener's address
 	}
 	return ports, nil
@@ -378,10 +397,8 @@ func records(t *testing.T, dir, pod string) []record {
 
 func TestSidecarSample(t *testing.T) {
 	ctx := requireCluster(t)
-	recDir := t.TempDir()
-	if err := os.Chmod(recDir, 0o777); err != nil { // the app runs as 65532
-		t.Fatal(err)
-	}
+	recDir := recordDir(t)
+	db := database(ctx, t)
 	lockObj := &locksv1alpha1.DistributedLock{}
 	readSample(t, "locks_v1alpha1_distributedlock.yaml", lockObj)
 	if err := c.Create(ctx, lockObj); err != nil {
@@ -395,12 +412,7 @@ func TestSidecarSample(t *testing.T) {
 			cs[i].ImagePullPolicy = corev1.PullNever
 		}
 	}
-	app := &spec.Containers[0]
-	app.Env = append(app.Env,
-		corev1.EnvVar{Name: "RECORD_DIR", Value: "/record"},
-		corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}})
-	app.VolumeMounts = append(app.VolumeMounts, corev1.VolumeMount{Name: "record", MountPath: "/record"})
-	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "record", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: recDir}}})
+	recording(spec, recDir, db.dsn)
 	started := time.Now()
 	if err := c.Create(ctx, d); err != nil {
 		t.Fatal(err)
@@ -418,7 +430,7 @@ func TestSidecarSample(t *testing.T) {
 	eventually(ctx, t, 200*time.Millisecond, 2*time.Minute, func(ctx context.Context) (bool, error) {
 		l, err := lock(ctx)
 		if err != nil || l.Status.Holder == nil {
-			return false, fmt.Errorf("no holder yet (%v)", err)
+			return false, errors.Join(errors.New("no holder yet"), err)
 		}
 		holderPod, token = l.Status.Holder.PodName, l.Status.FencingToken
 		pods := &corev1.PodList{}
@@ -487,6 +499,67 @@ func TestSidecarSample(t *testing.T) {
 		recs := records(t, recDir, waiterPod)
 		return len(recs) == 1 && recs[0].token == strconv.FormatInt(next.Status.FencingToken, 10), fmt.Errorf("records %v", recs)
 	})
+
+	// Two replicas never run their critical sections at once: through more
+	// hand-overs, every fenced row the apps wrote is accepted (no stale
+	// token), and the rows' tokens only rise, one pod per token.
+	holderPod = waiterPod
+	for range 2 {
+		token = next.Status.FencingToken
+		db.waitRows(ctx, t, token)
+		if err := c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: holderPod}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(ctx, t, 50*time.Millisecond, 2*time.Minute, func(ctx context.Context) (bool, error) {
+			l, err := lock(ctx)
+			if err != nil {
+				return false, err
+			}
+			next = l
+			return l.Status.Holder != nil && l.Status.Holder.PodName != holderPod && l.Status.FencingToken > token, fmt.Errorf("holder %+v", l.Status.Holder)
+		})
+		holderPod = next.Status.Holder.PodName
+	}
+	db.waitRows(ctx, t, next.Status.FencingToken)
+	db.checkRows(ctx, t, 4)
+	checkNoStale(t, recDir)
+}
+
+// recording mounts recDir at /record into the pod's first container and sets
+// the app's RECORD_DIR, POD_NAME and PG_DSN.
+func recording(spec *corev1.PodSpec, recDir, dsn string) {
+	app := &spec.Containers[0]
+	app.Env = append(app.Env, corev1.EnvVar{Name: "RECORD_DIR", Value: "/record"}, corev1.EnvVar{Name: "PG_DSN", Value: dsn})
+	if !slices.ContainsFunc(app.Env, func(e corev1.EnvVar) bool { return e.Name == "POD_NAME" }) {
+		app.Env = append(app.Env, corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}})
+	}
+	app.VolumeMounts = append(app.VolumeMounts, corev1.VolumeMount{Name: "record", MountPath: "/record"})
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "record", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: recDir}}})
+}
+
+func recordDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o777); err != nil { // the app runs as 65532
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// checkNoStale fails when an app recorded a write refused for a stale token.
+func checkNoStale(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		for _, r := range records(t, dir, e.Name()) {
+			if r.event == "stale" || r.event == "error" {
+				t.Errorf("pod %s: %s with token %s at %v", e.Name(), r.event, r.token, r.at)
+			}
+		}
+	}
 }
 
 func readSample(t *testing.T, name string, into any) {
@@ -498,4 +571,177 @@ func readSample(t *testing.T, name string, into any) {
 	if err := yaml.Unmarshal(data, into); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// db is a PostgreSQL database on the host that the pods write fenced rows to.
+type db struct {
+	dsn  string
+	conn *pgx.Conn
+}
+
+// database starts PostgreSQL listening on the node's address too, with the
+// fence table and the apps' rows table.
+func database(ctx context.Context, t *testing.T) *db {
+	t.Helper()
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil || len(nodes.Items) != 1 {
+		t.Fatalf("nodes: %v %v", nodes.Items, err)
+	}
+	var nodeIP string
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			nodeIP = a.Address
+		}
+	}
+	srv, err := pgtest.Start(ctx, nodeIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	dsn, err := srv.CreateDatabase(ctx, "cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if err := postgres.NewGuard(conn).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE rows (id bigserial PRIMARY KEY, pod text NOT NULL, token bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return &db{dsn: strings.Replace(dsn, "127.0.0.1", nodeIP, 1), conn: conn}
+}
+
+// waitRows waits for a row with token.
+func (d *db) waitRows(ctx context.Context, t *testing.T, token int64) {
+	t.Helper()
+	eventually(ctx, t, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		var n int
+		err := d.conn.QueryRow(ctx, `SELECT count(*) FROM rows WHERE token = $1`, token).Scan(&n)
+		return n > 0, errors.Join(err, fmt.Errorf("%d rows with token %d", n, token))
+	})
+}
+
+// checkRows checks the rows in the order they were written: tokens never go
+// down, each token is one pod's, and there are at least holders tokens.
+func (d *db) checkRows(ctx context.Context, t *testing.T, holders int) {
+	t.Helper()
+	rows, err := d.conn.Query(ctx, `SELECT pod, token FROM rows ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	podOf := map[int64]string{}
+	var last int64
+	n := 0
+	for rows.Next() {
+		var pod string
+		var token int64
+		if err := rows.Scan(&pod, &token); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if token < last {
+			t.Fatalf("row %d: token %d after %d: two holders wrote at once", n, token, last)
+		}
+		if p, seen := podOf[token]; seen && p != pod {
+			t.Fatalf("token %d written by %s and %s", token, p, pod)
+		}
+		podOf[token], last = pod, token
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(podOf) < holders {
+		t.Fatalf("rows of %d holders (%v), want %d", len(podOf), podOf, holders)
+	}
+	t.Logf("%d fenced rows from %d holders in turn, tokens only rising", n, len(podOf))
+}
+
+// TestJobKubelockRun runs the Job sample with three parallel pods: each
+// `kubelock run` waits for the lock, runs the app (1 s of fenced writes) with
+// its token, and releases; the pods take turns and never overlap.
+func TestJobKubelockRun(t *testing.T) {
+	ctx := requireCluster(t)
+	recDir := recordDir(t)
+	db := database(ctx, t)
+	lockObj := &locksv1alpha1.DistributedLock{}
+	readSample(t, "locks_v1alpha1_distributedlock.yaml", lockObj)
+	lockObj.Name = "migrations"
+	delete(lockObj.Annotations, locksv1alpha1.KeyAnnotation)
+	if err := c.Create(ctx, lockObj); err != nil {
+		t.Fatal(err)
+	}
+	job := &batchv1.Job{}
+	readSample(t, "job_kubelock_run.yaml", job)
+	three := int32(3)
+	job.Spec.Parallelism, job.Spec.Completions = &three, &three
+	spec := &job.Spec.Template.Spec
+	mig := &spec.Containers[0]
+	mig.Image, mig.ImagePullPolicy = jobImage, corev1.PullNever
+	for i, a := range mig.Command {
+		switch a {
+		case "orders-db":
+			mig.Command[i] = lockObj.Name
+		case "/app/migrate.sh":
+			mig.Command = append(mig.Command[:i], "/app", "job")
+		}
+	}
+	recording(spec, recDir, db.dsn)
+	started := time.Now()
+	if err := c.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), job, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	})
+	eventually(ctx, t, 200*time.Millisecond, 3*time.Minute, func(ctx context.Context) (bool, error) {
+		j := &batchv1.Job{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(job), j); err != nil {
+			return false, err
+		}
+		if j.Status.Failed > 0 {
+			return false, fmt.Errorf("%d pods failed", j.Status.Failed)
+		}
+		return j.Status.Succeeded == 3, fmt.Errorf("%d of 3 succeeded", j.Status.Succeeded)
+	})
+	t.Logf("3 Job pods done after %s", time.Since(started).Round(10*time.Millisecond))
+
+	// Each pod's run, in start order: it starts after the previous one
+	// stopped, with a higher token.
+	type span struct {
+		pod         string
+		start, stop record
+	}
+	var spans []span
+	entries, err := os.ReadDir(recDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		recs := records(t, recDir, e.Name())
+		if len(recs) != 2 || recs[0].event != "start" || recs[1].event != "stop" {
+			t.Fatalf("pod %s records %v, want a start and a stop", e.Name(), recs)
+		}
+		spans = append(spans, span{e.Name(), recs[0], recs[1]})
+	}
+	if len(spans) != 3 {
+		t.Fatalf("%d pods recorded, want 3", len(spans))
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].start.at.Before(spans[j].start.at) })
+	for i := 1; i < len(spans); i++ {
+		prev, cur := spans[i-1], spans[i]
+		pt, _ := strconv.ParseInt(prev.start.token, 10, 64)
+		ct, _ := strconv.ParseInt(cur.start.token, 10, 64)
+		if cur.start.at.Before(prev.stop.at) || ct <= pt {
+			t.Fatalf("%s ran from %v with token %d, before %s (token %d) stopped at %v", cur.pod, cur.start.at, ct, prev.pod, pt, prev.stop.at)
+		}
+		t.Logf("%s started %s after %s stopped, token %d > %d", cur.pod, cur.start.at.Sub(prev.stop.at).Round(time.Millisecond), prev.pod, ct, pt)
+	}
+	db.checkRows(ctx, t, 3)
+	checkNoStale(t, recDir)
 }
