@@ -94,7 +94,9 @@ NODE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,kubelet kube-scheduler kube-proxy
 node: $(NODE_BINS) ## Build what `make dev NODE=1` adds: kubelet, kube-scheduler, kube-proxy, containerd, runc and the CNI plugins, from Go modules into ./bin.
 
 $(NODE_BINS) &: hack/build-node.sh hack/lib/build.sh
-	@[ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || [ "$$(id -u)" != 0 ] || { apt-get update -qq && apt-get install -y -qq libseccomp-dev iptables conntrack; }
+	@# Debian's packages the node needs: the static libseccomp for runc, iptables and conntrack for kube-proxy.
+	@{ [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] && command -v iptables && command -v conntrack; } >/dev/null || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev iptables conntrack; }
 	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) NODE_DIR=$(NODE_DIR) hack/build-node.sh
 	@touch $(NODE_BINS)
 
