@@ -137,7 +137,7 @@ func (e *env) releaseHost() error {
 		}
 	}
 	_ = os.Remove(hostLockFile)
-	_ = e.hostLock.Close() // and with it the lock
+	_ = e.hostLock.Close()    // and with it the lock
 	_ = os.Remove(hostRunDir) // when empty
 	e.hostLock = nil
 	if err == nil {

@@ -130,20 +130,10 @@ func (e *env) startNode(ctx context.Context) error {
 	}
 	started := time.Now()
 	e.nodeFrom = len(e.children)
-	if err := e.startScheduler(ctx); err != nil {
-		return err
-	}
-	if err := e.startContainerd(ctx); err != nil {
-		return err
-	}
-	if err := e.startKubelet(ctx); err != nil {
-		return err
-	}
-	if err := e.startKubeProxy(ctx); err != nil {
-		return err
-	}
-	if err := e.waitNodeReady(ctx); err != nil {
-		return err
+	for _, step := range []func(context.Context) error{e.startScheduler, e.startContainerd, e.startKubelet, e.startKubeProxy, e.waitNodeReady} {
+		if err := step(ctx); err != nil {
+			return err
+		}
 	}
 	e.progress("node %s Ready after %s", e.nodeIP, time.Since(started).Round(10*time.Millisecond))
 	return e.deployOperator(ctx)
@@ -189,28 +179,35 @@ func (e *env) startScheduler(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := proc.Start("kube-scheduler", filepath.Join(e.o.AssetsDir, "kube-scheduler"), filepath.Join(e.logDir, "kube-scheduler.log"),
+	return e.runComponent(ctx, "kube-scheduler", fmt.Sprintf("https://127.0.0.1:%d/healthz", port),
 		"--kubeconfig="+kc, "--authentication-kubeconfig="+kc, "--authorization-kubeconfig="+kc,
 		"--leader-elect=false", "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port))
+}
+
+// runComponent starts the control plane folder's binary name with args and
+// waits for its health endpoint (its HTTPS certificate is self-signed).
+func (e *env) runComponent(ctx context.Context, name, healthURL string, args ...string) error {
+	c, err := proc.Start(name, filepath.Join(e.o.AssetsDir, name), filepath.Join(e.logDir, name+".log"), args...)
 	if err != nil {
 		return err
 	}
 	e.children = append(e.children, c)
-	return e.waitHealthy(ctx, c, fmt.Sprintf("https://127.0.0.1:%d/healthz", port))
-}
-
-// waitHealthy waits for a component's self-signed health endpoint.
-func (e *env) waitHealthy(ctx context.Context, c *proc.Child, url string) error {
 	hc := &http.Client{Transport: proc.InsecureTransport()}
 	defer hc.CloseIdleConnections()
-	err := c.WaitFor(ctx, "healthy", e.o.StartTimeout, func(ctx context.Context) error {
-		_, err := proc.GetOK(ctx, hc, url)
+	err = c.WaitFor(ctx, "healthy", e.o.StartTimeout, func(ctx context.Context) error {
+		_, err := proc.GetOK(ctx, hc, healthURL)
 		return err
 	})
 	if err == nil {
-		e.progress("%s up", c.Name)
+		e.progress("%s up", name)
 	}
 	return err
+}
+
+// writeConfig writes a component's configuration file into the node folder.
+func (e *env) writeConfig(name, cfg string) (string, error) {
+	path := e.nodeDir(name)
+	return path, writeFile(path, []byte(cfg))
 }
 
 func (e *env) containerdSocket() string { return e.nodeDir("containerd", "containerd.sock") }
@@ -343,22 +340,13 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%%, imagefs.available
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 `, e.nodeIP, kubeletPort, crtPath, keyPath, filepath.Join(e.pkiDir, "ca.crt"), e.containerdSocket(), e.nodeDir("pods"))
-	cfgPath := e.nodeDir("kubelet.yaml")
-	if err := writeFile(cfgPath, []byte(cfg)); err != nil {
-		return err
-	}
-	c, err := proc.Start("kubelet", filepath.Join(e.o.AssetsDir, "kubelet"), filepath.Join(e.logDir, "kubelet.log"),
-		"--config="+cfgPath, "--kubeconfig="+kc, "--root-dir="+e.nodeDir("kubelet"),
-		"--hostname-override="+e.nodeIP, "--node-ip="+e.nodeIP)
+	cfgPath, err := e.writeConfig("kubelet.yaml", cfg)
 	if err != nil {
 		return err
 	}
-	e.children = append(e.children, c)
-	hc := &http.Client{Timeout: time.Second}
-	return c.WaitFor(ctx, "healthy", e.o.StartTimeout, func(ctx context.Context) error {
-		_, err := proc.GetOK(ctx, hc, "http://127.0.0.1:10248/healthz")
-		return err
-	})
+	return e.runComponent(ctx, "kubelet", "http://127.0.0.1:10248/healthz",
+		"--config="+cfgPath, "--kubeconfig="+kc, "--root-dir="+e.nodeDir("kubelet"),
+		"--hostname-override="+e.nodeIP, "--node-ip="+e.nodeIP)
 }
 
 func (e *env) startKubeProxy(ctx context.Context) error {
@@ -377,20 +365,11 @@ healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0}
 `, kc, e.nodeIP, podCIDR)
-	cfgPath := e.nodeDir("kube-proxy.yaml")
-	if err := writeFile(cfgPath, []byte(cfg)); err != nil {
-		return err
-	}
-	c, err := proc.Start("kube-proxy", filepath.Join(e.o.AssetsDir, "kube-proxy"), filepath.Join(e.logDir, "kube-proxy.log"), "--config="+cfgPath)
+	cfgPath, err := e.writeConfig("kube-proxy.yaml", cfg)
 	if err != nil {
 		return err
 	}
-	e.children = append(e.children, c)
-	hc := &http.Client{Timeout: time.Second}
-	return c.WaitFor(ctx, "healthy", e.o.StartTimeout, func(ctx context.Context) error {
-		_, err := proc.GetOK(ctx, hc, "http://127.0.0.1:10256/healthz")
-		return err
-	})
+	return e.runComponent(ctx, "kube-proxy", "http://127.0.0.1:10256/healthz", "--config="+cfgPath)
 }
 
 func (e *env) waitNodeReady(ctx context.Context) error {

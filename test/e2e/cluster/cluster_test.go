@@ -397,13 +397,7 @@ func records(t *testing.T, dir, pod string) []record {
 
 func TestSidecarSample(t *testing.T) {
 	ctx := requireCluster(t)
-	recDir := recordDir(t)
-	db := database(ctx, t)
-	lockObj := &locksv1alpha1.DistributedLock{}
-	readSample(t, "locks_v1alpha1_distributedlock.yaml", lockObj)
-	if err := c.Create(ctx, lockObj); err != nil {
-		t.Fatal(err)
-	}
+	recDir, db, lockObj := recordDir(t), database(ctx, t), sampleLock(ctx, t, "orders-db")
 	d := &appsv1.Deployment{}
 	readSample(t, "deployment_sidecar.yaml", d)
 	spec := &d.Spec.Template.Spec
@@ -562,6 +556,21 @@ func checkNoStale(t *testing.T, dir string) {
 	}
 }
 
+// sampleLock creates the sample lock (config/samples) named name.
+func sampleLock(ctx context.Context, t *testing.T, name string) *locksv1alpha1.DistributedLock {
+	t.Helper()
+	l := &locksv1alpha1.DistributedLock{}
+	readSample(t, "locks_v1alpha1_distributedlock.yaml", l)
+	if l.Name != name {
+		l.Name = name
+		delete(l.Annotations, locksv1alpha1.KeyAnnotation)
+	}
+	if err := c.Create(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 func readSample(t *testing.T, name string, into any) {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "samples", name))
@@ -667,15 +676,7 @@ func (d *db) checkRows(ctx context.Context, t *testing.T, holders int) {
 // its token, and releases; the pods take turns and never overlap.
 func TestJobKubelockRun(t *testing.T) {
 	ctx := requireCluster(t)
-	recDir := recordDir(t)
-	db := database(ctx, t)
-	lockObj := &locksv1alpha1.DistributedLock{}
-	readSample(t, "locks_v1alpha1_distributedlock.yaml", lockObj)
-	lockObj.Name = "migrations"
-	delete(lockObj.Annotations, locksv1alpha1.KeyAnnotation)
-	if err := c.Create(ctx, lockObj); err != nil {
-		t.Fatal(err)
-	}
+	recDir, db, lockObj := recordDir(t), database(ctx, t), sampleLock(ctx, t, "migrations")
 	job := &batchv1.Job{}
 	readSample(t, "job_kubelock_run.yaml", job)
 	three := int32(3)
