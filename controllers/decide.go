@@ -11,13 +11,8 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// timing holds the controller's configurable durations.
-type timing struct {
-	// grace is added to every lease before the controller expires it.
-	grace time.Duration
-	// idleTimeout is how long an auto-created lock stays idle before it is deleted.
-	idleTimeout time.Duration
-}
+// timing holds the controller's configurable durations (WithExpiryGrace, WithIdleTimeout).
+type timing struct{ grace, idleTimeout time.Duration }
 
 // dropReason says why a waiter left the queue.
 type dropReason string
@@ -35,9 +30,8 @@ const (
 
 // droppedWaiter is a waiter the controller removes from the queue.
 type droppedWaiter struct {
-	requestID string
-	identity  string
-	reason    dropReason
+	requestID, identity string
+	reason              dropReason
 }
 
 // ending ends the current holding: endReason reason, because of why.
@@ -46,15 +40,14 @@ type ending struct {
 	why    string
 }
 
-// decision is what one reconcile does to a lock.
+// decision is what one reconcile does to a lock: end the current holding
+// (when end.reason is set), drop waiters, delete an idle auto-created lock,
+// and come back after requeueAfter, the time to the nearest future deadline
+// (0: none).
 type decision struct {
-	// end, when its reason is set, ends the current holding.
-	end ending
-	// drop removes these waiters from the queue.
-	drop []droppedWaiter
-	// delete removes an idle auto-created lock.
-	delete bool
-	// requeueAfter is the time to the nearest future deadline; 0 when there is none.
+	end          ending
+	drop         []droppedWaiter
+	delete       bool
 	requeueAfter time.Duration
 }
 
@@ -175,17 +168,14 @@ func sessionDeadline(s *locksv1alpha1.LockSession, seen sessionObservation, grac
 	return seen.renewSeen.Add(seconds(s.TTL()) + grace)
 }
 
-// sessionDecision is what one reconcile does to a session.
+// sessionDecision is what one reconcile does to a session. lapsed: no
+// renewal observed for TTL plus grace; the locks that name it are told first,
+// and it is deleted once none does. locks is the status.locks to write (nil:
+// the stored one is right); requeueAfter the time to its deadline (0: none).
 type sessionDecision struct {
-	// lapsed: no renewal observed for TTL plus grace. The locks that name it
-	// are told first; it is deleted once none names it any more.
-	lapsed bool
-	// delete removes the lapsed session that no lock names.
-	delete bool
-	// locks is the status.locks to write, nil when the stored one is right.
-	locks *int32
-	// requeueAfter is the time to its deadline; 0 when there is none.
-	requeueAfter time.Duration
+	lapsed, delete bool
+	locks          *int32
+	requeueAfter   time.Duration
 }
 
 // decideSession is the controller's judgement about session s, observed as

@@ -40,7 +40,7 @@ func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lo
 	lock = &locksv1alpha1.DistributedLock{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), lock); err != nil {
 		if r.malformed.first(key, u.GetResourceVersion()) {
-			metrics.LockDecodeError(key.Namespace)
+			metrics.LockDecodeErrors.WithLabelValues(key.Namespace).Inc()
 			log.FromContext(ctx).Error(err, "lock cannot be decoded; leaving it alone until it is fixed or deleted",
 				"lock", key, "resourceVersion", u.GetResourceVersion())
 		}
@@ -51,30 +51,16 @@ func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lo
 }
 
 // malformedLocks remembers the resourceVersion at which each lock last failed
-// to decode, so that each malformed version is logged and counted once.
-type malformedLocks struct {
-	mu sync.Mutex
-	rv map[types.NamespacedName]string
-}
+// to decode (types.NamespacedName → string), so that each malformed version
+// is logged and counted once.
+type malformedLocks struct{ rv sync.Map }
 
 // first records that key failed to decode at resourceVersion rv and reports
 // whether that version is new.
 func (m *malformedLocks) first(key types.NamespacedName, rv string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.rv == nil {
-		m.rv = make(map[types.NamespacedName]string)
-	}
-	if seen, ok := m.rv[key]; ok && seen == rv {
-		return false
-	}
-	m.rv[key] = rv
-	return true
+	seen, ok := m.rv.Swap(key, rv)
+	return !ok || seen != rv
 }
 
 // forget drops key, once it decodes again or is gone.
-func (m *malformedLocks) forget(key types.NamespacedName) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.rv, key)
-}
+func (m *malformedLocks) forget(key types.NamespacedName) { m.rv.Delete(key) }

@@ -51,8 +51,8 @@ func TestReadLockDecodesEachObjectOnItsOwn(t *testing.T) {
 	if err != nil || ok || lock != nil {
 		t.Fatalf("malformed lock: got %v, %v, %v; want nil, false, nil", lock, ok, err)
 	}
-	if m := r.malformed.rv[client.ObjectKeyFromObject(bad)]; m != "7" {
-		t.Errorf("the malformed version is remembered as %q, want 7", m)
+	if m, _ := r.malformed.rv.Load(client.ObjectKeyFromObject(bad)); m != "7" {
+		t.Errorf("the malformed version is remembered as %v, want 7", m)
 	}
 	if _, _, err := r.readLock(context.Background(), types.NamespacedName{Namespace: "ns", Name: "gone"}); !apierrors.IsNotFound(err) {
 		t.Errorf("a missing lock: got %v, want NotFound", err)

@@ -15,32 +15,24 @@ import (
 	"github.com/kubelock/kubelock/internal/metrics"
 )
 
-// Defaults of the per-lock Event rate limit.
+// The per-lock Event rate limit of the controller: a token bucket per lock
+// holding up to DefaultEventBurst tokens, refilled with one token every
+// DefaultEventInterval; DefaultEventLocks bounds how many locks' buckets are
+// remembered, the least recently used forgotten first (and starting again
+// with a full burst).
 const (
-	// DefaultEventBurst is how many Events a lock may emit in a burst.
-	DefaultEventBurst = 20
-	// DefaultEventInterval is how often a lock that used its burst may emit one more Event.
+	DefaultEventBurst    = 20
 	DefaultEventInterval = 10 * time.Second
-	// DefaultEventLocks bounds how many locks' buckets are remembered; the least
-	// recently used is forgotten first (and starts again with a full burst).
-	DefaultEventLocks = 10000
+	DefaultEventLocks    = 10000
 )
 
-// EventLimit configures the per-lock Event rate limit: a token bucket per lock
-// holding up to Burst tokens, refilled with one token every Interval. A zero
-// Burst turns the limit off.
+// EventLimit configures a per-lock Event rate limit: a token bucket per lock
+// holding up to Burst tokens, refilled with one every Interval, for at most
+// Locks locks. A zero Burst turns the limit off.
 type EventLimit struct {
-	// Burst is the bucket size; default DefaultEventBurst.
-	Burst int
-	// Interval is the time to earn one token; default DefaultEventInterval.
+	Burst    int
 	Interval time.Duration
-	// Locks bounds the number of buckets kept (LRU); default DefaultEventLocks.
-	Locks int
-}
-
-// DefaultEventLimit is the limit NewReconciler applies unless told otherwise.
-func DefaultEventLimit() EventLimit {
-	return EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}
+	Locks    int
 }
 
 // RateLimitedRecorder passes Events on to a recorder unless the object they
@@ -59,19 +51,13 @@ type RateLimitedRecorder struct {
 
 // NewRateLimitedRecorder wraps next with the per-object limit l, measured on clk.
 func NewRateLimitedRecorder(next events.EventRecorder, l EventLimit, clk clock.PassiveClock) *RateLimitedRecorder {
-	if l.Interval <= 0 {
-		l.Interval = DefaultEventInterval
-	}
-	if l.Locks <= 0 {
-		l.Locks = DefaultEventLocks
-	}
 	return &RateLimitedRecorder{next: next, limit: l, clock: clk, buckets: lru.New(l.Locks)}
 }
 
 // Eventf implements events.EventRecorder.
 func (r *RateLimitedRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
 	if !r.allow(regarding) {
-		metrics.EventSuppressed(reason)
+		metrics.EventsSuppressed.WithLabelValues(reason).Inc()
 		return
 	}
 	r.next.Eventf(regarding, related, eventtype, reason, action, note, args...)

@@ -31,33 +31,29 @@ type observation struct {
 	holding *holdingObservation
 	// waiters maps each queued requestID to when this controller first saw it queued.
 	waiters map[string]time.Time
-	// freeHead is the head waiter of the lock while it was seen free, "" otherwise.
-	freeHead string
-	// freeHeadSince is when the lock was first seen free with freeHead at the head.
+	// freeHead is the head waiter while the lock was seen free ("" otherwise),
+	// first seen so at freeHeadSince.
+	freeHead      string
 	freeHeadSince time.Time
-	// idle is true while the lock was seen free with an empty queue.
-	idle bool
-	// idleToken is the fencing token of the idle lock; a new token means it was used.
+	// idle: the lock was seen free with an empty queue, first at idleSince
+	// with fencing token idleToken (a new token means it was used).
+	idle      bool
 	idleToken int64
-	// idleSince is when the lock was first seen idle with idleToken.
 	idleSince time.Time
 }
 
 // holdingObservation is one holding as this controller saw it.
 type holdingObservation struct {
-	leaseID   string
-	identity  string
-	requestID string
-	token     int64
+	leaseID, identity, requestID string
+	token                        int64
 	// renewMark identifies the holder's last renewal (its renewTime, else acquireTime).
 	renewMark int64
 	// renewSeen is when this controller first saw renewMark: the lease runs from here.
 	renewSeen time.Time
-	// since is when this controller first saw the holding (metrics only).
-	since time.Time
-	// lease is the holding's lease duration (metrics only).
-	lease time.Duration
-	// inSession is true for a holding that lives as long as its session (metrics only).
+	// For metrics only: when this controller first saw the holding, its lease
+	// duration, and whether it lives as long as its session instead.
+	since     time.Time
+	lease     time.Duration
 	inSession bool
 }
 
@@ -71,10 +67,9 @@ const (
 
 // transition is a change of holder seen between two observations.
 type transition struct {
-	kind     transitionKind
-	leaseID  string
-	identity string
-	token    int64
+	kind              transitionKind
+	leaseID, identity string
+	token             int64
 	// reason and endedBy come from recentAcquisitions for an ended holding;
 	// reason is empty when status no longer remembers it.
 	reason  locksv1alpha1.EndReason
@@ -305,7 +300,7 @@ func (o *sessionObservations) observe(s *locksv1alpha1.LockSession, now time.Tim
 	if p, ok := o.m[key]; ok {
 		prev = &p
 	} else {
-		metrics.SessionsTracked(1)
+		metrics.SessionsObserved.Inc()
 	}
 	next := observeSession(prev, s, now)
 	o.m[key] = next
@@ -316,7 +311,7 @@ func (o *sessionObservations) forget(key types.NamespacedName) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if _, ok := o.m[key]; ok {
-		metrics.SessionsTracked(-1)
+		metrics.SessionsObserved.Dec()
 		delete(o.m, key)
 	}
 }
@@ -325,6 +320,6 @@ func (o *sessionObservations) forget(key types.NamespacedName) {
 func (o *sessionObservations) clear() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	metrics.SessionsTracked(-len(o.m))
+	metrics.SessionsObserved.Add(float64(-len(o.m)))
 	o.m = nil
 }

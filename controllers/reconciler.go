@@ -7,7 +7,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -57,19 +56,18 @@ const (
 	EventDeleted        = "IdleLockDeleted"
 )
 
-// Reconciler reconciles DistributedLocks. Build it with NewReconciler.
+// Reconciler reconciles DistributedLocks. Setup builds it.
 type Reconciler struct {
 	client   client.Client
 	recorder events.EventRecorder
 	clock    clock.PassiveClock
 	timing   timing
 	ctrlOpts controller.Options
-	events   EventLimit
 
 	obs      observations
 	sessions sessionObservations
 	// reader reads locks as unstructured objects (see decode.go), sessions
-	// and pod metadata: the manager's cache once Setup ran, the client before.
+	// and pod metadata: the manager's cache.
 	reader client.Reader
 	// apiReader reads live, to confirm that a session or pod the cache lacks is gone.
 	apiReader client.Reader
@@ -97,10 +95,6 @@ func WithIdleTimeout(d time.Duration) Option { return func(r *Reconciler) { r.ti
 // default the controller learns its own with a SelfSubjectReview.
 func WithUsername(name string) Option { return func(r *Reconciler) { r.username = name } }
 
-// WithEventLimit sets the per-lock Event rate limit; default DefaultEventLimit.
-// A zero Burst emits every Event.
-func WithEventLimit(l EventLimit) Option { return func(r *Reconciler) { r.events = l } }
-
 // WithControllerOptions sets controller-runtime options such as MaxConcurrentReconciles.
 func WithControllerOptions(o controller.Options) Option {
 	return func(r *Reconciler) { r.ctrlOpts = o }
@@ -111,22 +105,37 @@ func WithControllerOptions(o controller.Options) Option {
 // controller-runtime controller it runs only while mgr holds the leader lease.
 // The operator and the test environment both call it.
 func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
-	r, err := newReconciler(mgr.GetClient(), mgr.GetEventRecorder("kubelock-controller"), opts...)
-	if err != nil {
-		return nil, err
+	c := mgr.GetClient()
+	r := &Reconciler{
+		client: c,
+		clock:  clock.RealClock{},
+		timing: timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
+		self:   lock.NewSelf(c),
+		// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
+		reader:    mgr.GetCache(),
+		apiReader: mgr.GetAPIReader(),
 	}
+	for _, o := range opts {
+		o(r)
+	}
+	switch {
+	case r.timing.grace < 0:
+		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
+	case r.timing.idleTimeout <= 0:
+		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
+	}
+	r.recorder = NewRateLimitedRecorder(mgr.GetEventRecorder("kubelock-controller"),
+		EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}, r.clock)
 	if err := mgr.Add(&leaderReporter{obs: &r.obs, sessions: &r.sessions, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return nil, err
 	}
-	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
-	r.reader, r.apiReader = mgr.GetCache(), mgr.GetAPIReader()
 	if err := indexLocks(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return nil, err
 	}
 	kick := make(chan event.GenericEvent)
 	// Pods are watched as metadata only: a deletion is all that matters, and
 	// whole pods of the cluster would cost far more memory.
-	err = ctrl.NewControllerManagedBy(mgr).
+	err := ctrl.NewControllerManagedBy(mgr).
 		For(newUnstructuredLock()).
 		Watches(&locksv1alpha1.LockSession{}, handler.EnqueueRequestsFromMapFunc(r.locksOfSession), builder.WithPredicates(sessionEnding)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksOfPod), builder.OnlyMetadata, builder.WithPredicates(podDeleted)).
@@ -146,35 +155,6 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 		Complete(sr)
 }
 
-// newReconciler returns a reconciler that writes with c and emits Events with recorder.
-func newReconciler(c client.Client, recorder events.EventRecorder, opts ...Option) (*Reconciler, error) {
-	r := &Reconciler{
-		client:    c,
-		recorder:  recorder,
-		clock:     clock.RealClock{},
-		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
-		events:    DefaultEventLimit(),
-		self:      lock.NewSelf(c),
-		reader:    c,
-		apiReader: c,
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	switch {
-	case r.clock == nil:
-		return nil, errors.New("controllers: the clock must not be nil")
-	case r.timing.grace < 0:
-		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
-	case r.timing.idleTimeout <= 0:
-		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
-	case r.events.Burst < 0 || r.events.Interval < 0 || r.events.Locks < 0:
-		return nil, fmt.Errorf("controllers: event limit must not be negative, got %+v", r.events)
-	}
-	r.recorder = NewRateLimitedRecorder(recorder, r.events, r.clock)
-	return r, nil
-}
-
 // +kubebuilder:rbac:groups=locks.kubelock.io,resources=distributedlocks,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=locks.kubelock.io,resources=distributedlocks/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -191,7 +171,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.malformed.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	case err != nil:
-		metrics.ReconcileError(metrics.StepGet)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
 		return ctrl.Result{}, err
 	case !ok:
 		return ctrl.Result{}, nil
@@ -211,7 +191,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// and this controller's clock only.
 	live, err := r.liveness(ctx, lock, now)
 	if err != nil {
-		metrics.ReconcileError(metrics.StepGet)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
 		return ctrl.Result{}, err
 	}
 	d := decide(lock, obs, live, now, r.timing)
@@ -223,11 +203,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	updated, err := r.writeStatus(ctx, lock, d, now)
 	switch {
 	case apierrors.IsConflict(err):
-		metrics.WriteConflict()
+		metrics.WriteConflicts.Inc()
 		log.FromContext(ctx).V(1).Info("lock changed meanwhile; reconciling again")
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	case err != nil:
-		metrics.ReconcileError(metrics.StepWrite)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepWrite).Inc()
 		return ctrl.Result{}, err
 	case updated != nil:
 		// Our own write is observed now, without reporting it a second time.
@@ -261,10 +241,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 	logger := log.FromContext(ctx)
 	if reason := string(d.end.reason); reason != "" {
 		if d.end.reason == locksv1alpha1.EndReasonExpired {
-			metrics.Expired()
+			metrics.Expirations.Inc()
 		}
 		// The write is the change of holder; its watch event is not reported again.
-		metrics.TransitionObserved(reason)
+		metrics.TransitionsObserved.WithLabelValues(reason).Inc()
 		h := lock.Status.Holder
 		logger.Info("holding ended", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
 			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "reason", reason, "why", d.end.why)
@@ -272,7 +252,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 			"lease %s of %s (fencing token %d) ended %s: %s", h.LeaseID, h.Identity, lock.Status.FencingToken, reason, d.end.why)
 	}
 	for _, w := range d.drop {
-		metrics.WaiterDropped(string(w.reason))
+		metrics.WaitersDropped.WithLabelValues(string(w.reason)).Inc()
 		logger.Info("waiter dropped", "lock", client.ObjectKeyFromObject(lock), "waiter", w.identity,
 			"requestID", w.requestID, "reason", w.reason)
 		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, EventWaiterDropped, "DropWaiter",
@@ -288,15 +268,15 @@ func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.Distrib
 	err := r.client.Delete(ctx, lock, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 	switch {
 	case apierrors.IsConflict(err):
-		metrics.WriteConflict()
+		metrics.WriteConflicts.Inc()
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	case apierrors.IsNotFound(err):
 		return ctrl.Result{}, nil
 	case err != nil:
-		metrics.ReconcileError(metrics.StepDelete)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepDelete).Inc()
 		return ctrl.Result{}, err
 	}
-	metrics.IdleLockDeleted()
+	metrics.IdleLocksDeleted.Inc()
 	log.FromContext(ctx).Info("idle auto-created lock deleted", "lock", client.ObjectKeyFromObject(lock),
 		"token", lock.Status.FencingToken, "idleTimeout", r.timing.idleTimeout)
 	r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventDeleted, "Delete",
@@ -311,7 +291,7 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 	for _, t := range ts {
 		switch t.kind {
 		case transitionAcquired:
-			metrics.TransitionObserved(EventAcquired)
+			metrics.TransitionsObserved.WithLabelValues(EventAcquired).Inc()
 			metrics.Acquisition(len(lock.Status.Waiters), t.waited.Seconds(), t.handoff.Seconds())
 			metrics.Hot.Acquired(key.Namespace, key.Name)
 			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID)
@@ -322,7 +302,7 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			if reason == "" {
 				reason = EventReleased
 			}
-			metrics.TransitionObserved(reason)
+			metrics.TransitionsObserved.WithLabelValues(reason).Inc()
 			logger.Info("holding ended", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID,
 				"reason", reason, "endedBy", t.endedBy)
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, reason, "Observe",
@@ -338,4 +318,42 @@ func (r *Reconciler) Username(ctx context.Context) (string, error) {
 		return r.username, nil
 	}
 	return r.self.Username(ctx)
+}
+
+// The controller's metrics live in internal/metrics; this file connects the
+// reconciler's observations and its leadership to them.
+
+// leaderReporter is a manager runnable that needs leader election: the manager
+// starts it when this replica becomes leader (at once without leader
+// election) and stops it when leadership ends.
+type leaderReporter struct {
+	obs      *observations
+	sessions *sessionObservations
+	clock    interface{ Now() time.Time }
+	grace    time.Duration
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable.
+func (*leaderReporter) NeedLeaderElection() bool { return true }
+
+// Start implements manager.Runnable.
+func (l *leaderReporter) Start(ctx context.Context) error {
+	metrics.Leading(true)
+	metrics.SetHoldingSource(func() metrics.HoldingStats { return l.obs.stats(l.clock.Now(), l.grace) })
+	<-ctx.Done()
+	metrics.Leading(false)
+	metrics.SetHoldingSource(nil)
+	// A replica that no longer leads stops reconciling; what it observed no
+	// longer describes the fleet.
+	l.obs.clear()
+	l.sessions.clear()
+	return nil
+}
+
+// stateOf is what the fleet gauges count of an observation (nil: none).
+func stateOf(o *observation) metrics.LockState {
+	if o == nil {
+		return metrics.LockState{}
+	}
+	return metrics.LockState{Exists: true, Held: o.holding != nil, Waiters: len(o.waiters)}
 }

@@ -62,7 +62,7 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			r.sessions.forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
-		metrics.ReconcileError(metrics.StepGet)
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
 		return ctrl.Result{}, err
 	}
 	if s.DeletionTimestamp != nil {
@@ -71,25 +71,20 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	now := r.clock.Now()
 	seen := r.sessions.observe(s, now)
-	holders, err := listLocks(ctx, r.reader, s.Namespace, indexHolderSession, s.Name)
+	holders, refs, err := locksNaming(ctx, r.reader, s)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	waiting, err := listLocks(ctx, r.reader, s.Namespace, indexWaiterSession, s.Name)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	refs := union(holders, waiting)
 	d := decideSession(s, seen, len(holders), len(refs), now, r.grace)
 	logger := log.FromContext(ctx)
 	switch {
 	case d.delete:
 		uid := s.UID
 		if err := r.client.Delete(ctx, s, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-			metrics.ReconcileError(metrics.StepDelete)
+			metrics.ReconcileErrors.WithLabelValues(metrics.StepDelete).Inc()
 			return ctrl.Result{}, err
 		}
-		metrics.SessionExpired()
+		metrics.SessionsExpired.Inc()
 		r.sessions.forget(req.NamespacedName)
 		logger.Info("session expired and deleted", "session", req.NamespacedName, "user", s.Spec.User, "ttlSeconds", s.TTL())
 		return ctrl.Result{}, nil
@@ -109,7 +104,7 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		patched := s.DeepCopy()
 		patched.Status.Locks = *d.locks
 		if err := r.client.Status().Patch(ctx, patched, client.MergeFrom(s)); err != nil && !apierrors.IsNotFound(err) {
-			metrics.ReconcileError(metrics.StepWrite)
+			metrics.ReconcileErrors.WithLabelValues(metrics.StepWrite).Inc()
 			return ctrl.Result{}, err
 		}
 	}
@@ -198,14 +193,18 @@ func listLocks(ctx context.Context, reader client.Reader, ns, field, value strin
 	return keys, nil
 }
 
-func union(a, b []types.NamespacedName) []types.NamespacedName {
-	out := slices.Clone(a)
-	for _, k := range b {
-		if !slices.Contains(a, k) {
-			out = append(out, k)
+// locksNaming lists the locks whose holder names session s, and those whose
+// holder or waiters do.
+func locksNaming(ctx context.Context, reader client.Reader, s client.Object) (holders, refs []types.NamespacedName, err error) {
+	holders, err1 := listLocks(ctx, reader, s.GetNamespace(), indexHolderSession, s.GetName())
+	waiting, err2 := listLocks(ctx, reader, s.GetNamespace(), indexWaiterSession, s.GetName())
+	refs = slices.Clone(holders)
+	for _, k := range waiting {
+		if !slices.Contains(holders, k) {
+			refs = append(refs, k)
 		}
 	}
-	return out
+	return holders, refs, errors.Join(err1, err2)
 }
 
 func requests(keys []types.NamespacedName) []reconcile.Request {
@@ -218,12 +217,11 @@ func requests(keys []types.NamespacedName) []reconcile.Request {
 
 // locksOfSession maps a session event to the locks that name it.
 func (r *Reconciler) locksOfSession(ctx context.Context, o client.Object) []reconcile.Request {
-	holders, err1 := listLocks(ctx, r.reader, o.GetNamespace(), indexHolderSession, o.GetName())
-	waiting, err2 := listLocks(ctx, r.reader, o.GetNamespace(), indexWaiterSession, o.GetName())
-	if err := errors.Join(err1, err2); err != nil {
+	_, refs, err := locksNaming(ctx, r.reader, o)
+	if err != nil {
 		log.FromContext(ctx).Error(err, "cannot list the locks of a session", "session", client.ObjectKeyFromObject(o))
 	}
-	return requests(union(holders, waiting))
+	return requests(refs)
 }
 
 // locksOfPod maps a pod's deletion to the locks it held without a session.

@@ -7,7 +7,6 @@ import (
 	"strconv"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,41 +23,18 @@ import (
 // FencedPath is where the webhook server serves the fenced-object validator.
 const FencedPath = "/validate-fenced-object"
 
-// The fenced-object rules (docs/security.md).
-const (
-	// RuleStaleToken: every write of a fenced object carries the guarding
-	// lock's current token, at least the highest the object accepted.
-	RuleStaleToken Rule = "stale-token"
-	// RuleFencedWriter: the write comes from the user (and pod) holding the
-	// guarding lock, or from a user with the force-release verb on it.
-	RuleFencedWriter Rule = "fenced-writer"
-	// RuleFencedBy: one write never moves an object from one guarding lock to another.
-	RuleFencedBy Rule = "fenced-by"
-)
-
 var (
 	fencedByPath = field.NewPath("metadata", "annotations").Key(locksv1alpha1.FencedByAnnotation)
 	fenceTokPath = field.NewPath("metadata", "annotations").Key(locksv1alpha1.FencingTokenAnnotation)
 )
 
-// FencedLock is what the fenced-object rules need of the guarding lock.
+// FencedLock is what the fenced-object rules need of the guarding lock:
+// whether it exists, status.fencingToken (the latest token it issued), and
+// the current holding's user and pod UID ("" when free).
 type FencedLock struct {
-	// Exists is false when the lock was not found.
-	Exists bool
-	// Token is status.fencingToken, the latest token the lock issued.
-	Token int64
-	// HolderUser and HolderPodUID describe the current holding ("" when free).
-	HolderUser   string
-	HolderPodUID string
-}
-
-// FencedLockOf reads a lock's state for the fenced-object rules.
-func FencedLockOf(l *locksv1alpha1.DistributedLock) FencedLock {
-	f := FencedLock{Exists: true, Token: l.Status.FencingToken}
-	if h := l.Status.Holder; h != nil {
-		f.HolderUser, f.HolderPodUID = h.User, h.PodUID
-	}
-	return f
+	Exists                   bool
+	Token                    int64
+	HolderUser, HolderPodUID string
 }
 
 // GuardingLock is the name of the lock that guards a write of a fenced
@@ -100,14 +76,11 @@ func ValidateFencedWrite(op admissionv1.Operation, oldObj, newObj metav1.Object,
 	if err != nil {
 		return field.ErrorList{err}
 	}
-	if err := checkHighest(oldObj, name, token); err != nil {
-		return field.ErrorList{err}
-	}
-	if err := checkCurrent(op, lock, name, token); err != nil {
-		return field.ErrorList{err}
-	}
-	if err := checkWriter(lock, name, a); err != nil {
-		return field.ErrorList{err}
+	// The first failing check is the answer.
+	for _, err := range []*field.Error{checkHighest(oldObj, name, token), checkCurrent(op, lock, name, token), checkWriter(lock, name, a)} {
+		if err != nil {
+			return field.ErrorList{err}
+		}
 	}
 	return nil
 }
@@ -192,35 +165,17 @@ func onlyWriterErrors(errs field.ErrorList) bool {
 // The fenced-object validator reads the namespace of a refused DELETE.
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 
-// FencedValidator is the admission handler for objects fenced by a lock. It
-// reads the guarding locks, asks SubjectAccessReviews, and reads the
-// namespace of a refused DELETE (a namespace being deleted is emptied by the
-// namespace controller, which holds no lock).
-type FencedValidator struct {
-	decoder admission.Decoder
-	reader  client.Reader
-	sar     sarCreator
-}
+// Fenced is the admission handler for objects fenced by a lock. It reads the
+// guarding locks, asks SubjectAccessReviews, and reads the namespace of a
+// refused DELETE (a namespace being deleted is emptied by the namespace
+// controller, which holds no lock).
+func (v *Validator) Fenced() admission.Handler { return fencedHandler{v} }
 
-// sarCreator creates SubjectAccessReviews (any client.Client).
-type sarCreator interface {
-	Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error
-}
-
-// NewFencedValidator returns the handler. reader reads the guarding locks and
-// should read the apiserver, not a cache (the rule compares with the lock's
-// current token); sar creates the SubjectAccessReviews for the force-release
-// verb (nil: nobody counts as having it).
-func NewFencedValidator(decoder admission.Decoder, reader client.Reader, sar client.Client) *FencedValidator {
-	v := &FencedValidator{decoder: decoder, reader: reader}
-	if sar != nil {
-		v.sar = sar
-	}
-	return v
-}
+type fencedHandler struct{ v *Validator }
 
 // Handle validates one CREATE, UPDATE or DELETE of a possibly fenced object.
-func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
+func (h fencedHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	v := h.v
 	oldObj, err := v.decodeIf(req.Operation != admissionv1.Create, req.OldObject.Raw)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
@@ -231,8 +186,7 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 	}
 	name := GuardingLock(oldObj, newObj)
 	if name == "" {
-		observe("", true)
-		return admission.Allowed("")
+		return respond(nil)
 	}
 	lock, err := v.readLock(ctx, req.Namespace, name)
 	if err != nil {
@@ -240,8 +194,8 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 	}
 	a := Actor{Username: req.UserInfo.Username, Extra: extra(req.UserInfo.Extra)}
 	errs := ValidateFencedWrite(req.Operation, oldObj, newObj, lock, a)
-	if onlyWriterErrors(errs) && v.sar != nil {
-		if a.CanForceRelease, err = v.canForceRelease(ctx, req, name); err != nil {
+	if onlyWriterErrors(errs) {
+		if a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, req.Namespace, name, locksv1alpha1.ForceReleaseVerb); err != nil {
 			return admission.Errored(http.StatusInternalServerError, err)
 		}
 		errs = ValidateFencedWrite(req.Operation, oldObj, newObj, lock, a)
@@ -249,18 +203,18 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 	if len(errs) > 0 && req.Operation == admissionv1.Delete {
 		// The namespace controller empties a namespace that is being deleted;
 		// nobody can create in it any more, so its fenced objects may go.
-		terminating, err := v.namespaceTerminating(ctx, req.Namespace)
-		if err != nil {
-			return admission.Errored(http.StatusInternalServerError, err)
+		n := &corev1.Namespace{}
+		if err := v.reader.Get(ctx, client.ObjectKey{Name: req.Namespace}, n); err != nil {
+			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("webhook: reading namespace %s: %w", req.Namespace, err))
 		}
-		if terminating {
-			observe("", true)
+		if n.DeletionTimestamp != nil {
+			metrics.AdmissionDecision("", true)
 			return admission.Allowed("namespace " + req.Namespace + " is being deleted")
 		}
 	}
 	for _, e := range errs {
 		if ruleOf(e) == RuleStaleToken {
-			metrics.StaleTokenRejected(req.Namespace + "/" + name)
+			metrics.StaleTokenRejections.WithLabelValues(req.Namespace + "/" + name).Inc()
 		}
 	}
 	return respond(errs)
@@ -268,7 +222,7 @@ func (v *FencedValidator) Handle(ctx context.Context, req admission.Request) adm
 
 // decodeIf decodes raw when the operation has that object; nil otherwise
 // (an untyped nil, so that callers can test for it).
-func (v *FencedValidator) decodeIf(has bool, raw []byte) (metav1.Object, error) {
+func (v *Validator) decodeIf(has bool, raw []byte) (metav1.Object, error) {
 	if !has || len(raw) == 0 {
 		return nil, nil
 	}
@@ -279,7 +233,7 @@ func (v *FencedValidator) decodeIf(has bool, raw []byte) (metav1.Object, error) 
 	return u, nil
 }
 
-func (v *FencedValidator) readLock(ctx context.Context, ns, name string) (FencedLock, error) {
+func (v *Validator) readLock(ctx context.Context, ns, name string) (FencedLock, error) {
 	l := &locksv1alpha1.DistributedLock{}
 	switch err := v.reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, l); {
 	case apierrors.IsNotFound(err):
@@ -287,33 +241,9 @@ func (v *FencedValidator) readLock(ctx context.Context, ns, name string) (Fenced
 	case err != nil:
 		return FencedLock{}, fmt.Errorf("webhook: reading lock %s/%s: %w", ns, name, err)
 	}
-	return FencedLockOf(l), nil
-}
-
-// namespaceTerminating reports whether ns is being deleted.
-func (v *FencedValidator) namespaceTerminating(ctx context.Context, ns string) (bool, error) {
-	n := &corev1.Namespace{}
-	if err := v.reader.Get(ctx, client.ObjectKey{Name: ns}, n); err != nil {
-		return false, fmt.Errorf("webhook: reading namespace %s: %w", ns, err)
+	f := FencedLock{Exists: true, Token: l.Status.FencingToken}
+	if h := l.Status.Holder; h != nil {
+		f.HolderUser, f.HolderPodUID = h.User, h.PodUID
 	}
-	return n.DeletionTimestamp != nil, nil
-}
-
-// canForceRelease asks whether the writer has the force-release verb on the guarding lock.
-func (v *FencedValidator) canForceRelease(ctx context.Context, req admission.Request, lock string) (bool, error) {
-	u := req.UserInfo
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: u.Username, UID: u.UID, Groups: u.Groups, Extra: sarExtra(u.Extra),
-		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: req.Namespace,
-			Verb:      locksv1alpha1.ForceReleaseVerb,
-			Group:     locksv1alpha1.GroupVersion.Group,
-			Resource:  "distributedlocks",
-			Name:      lock,
-		},
-	}}
-	if err := v.sar.Create(ctx, sar); err != nil {
-		return false, fmt.Errorf("webhook: checking the force-release verb with a SubjectAccessReview: %w", err)
-	}
-	return sar.Status.Allowed, nil
+	return f, nil
 }

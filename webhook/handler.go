@@ -4,17 +4,22 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 // Path is where the webhook server serves the lock validator.
@@ -40,24 +45,24 @@ func Setup(srv ctrlwebhook.Server, scheme *runtime.Scheme, reader client.Reader,
 	if err != nil {
 		return err
 	}
-	v.SetSessionReader(reader)
+	v.reader = reader
 	srv.Register(Path, &admission.Webhook{Handler: Quiet(v)})
 	srv.Register(SessionPath, &admission.Webhook{Handler: Quiet(v.Sessions())})
-	srv.Register(FencedPath, &admission.Webhook{Handler: Quiet(NewFencedValidator(admission.NewDecoder(scheme), reader, c))})
+	srv.Register(FencedPath, &admission.Webhook{Handler: Quiet(v.Fenced())})
 	return nil
 }
 
-// Validator is the admission handler for DistributedLocks.
+// Validator is the admission handler for DistributedLocks; Sessions and
+// Fenced return those for LockSessions and fenced objects.
 type Validator struct {
 	decoder admission.Decoder
-	// sar creates SubjectAccessReviews for the force-release and update verbs.
+	// sar creates SubjectAccessReviews.
 	sar client.Client
+	// reader reads the sessions a lock names and the locks guarding fenced
+	// objects: Setup's live reader, else sar.
+	reader client.Reader
 	// controllers are the user names allowed to expire holdings and drop waiters.
 	controllers map[string]bool
-	// sessions reads the sessions holdings and waiters name; gc are the
-	// garbage collector's user names (session_handler.go).
-	sessions client.Reader
-	gc       map[string]bool
 }
 
 // NewValidator returns the handler. c creates SubjectAccessReviews;
@@ -66,7 +71,7 @@ func NewValidator(scheme *runtime.Scheme, c client.Client, controllerUsers ...st
 	if len(controllerUsers) == 0 {
 		return nil, fmt.Errorf("webhook: at least one controller user name is required")
 	}
-	v := &Validator{decoder: admission.NewDecoder(scheme), sar: c, controllers: map[string]bool{}}
+	v := &Validator{decoder: admission.NewDecoder(scheme), sar: c, reader: c, controllers: map[string]bool{}}
 	for _, u := range controllerUsers {
 		v.controllers[u] = true
 	}
@@ -75,148 +80,94 @@ func NewValidator(scheme *runtime.Scheme, c client.Client, controllerUsers ...st
 
 // Handle validates one admission request.
 func (v *Validator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	status := req.Operation == admissionv1.Update && req.SubResource == "status"
 	switch {
-	case req.Operation == admissionv1.Update && req.SubResource == "status":
-		return v.handleStatus(ctx, req)
-	case req.Operation == admissionv1.Delete && req.SubResource == "":
-		return v.handleDelete(ctx, req)
-	case req.Operation == admissionv1.Create && req.SubResource == "":
-		return v.handleCreate(ctx, req)
-	case req.Operation == admissionv1.Update && req.SubResource == "":
-		return v.handleMetadataUpdate(ctx, req)
-	default:
-		// Nothing else is registered.
-		observe("", true)
-		return admission.Allowed("")
-	}
-}
-
-func (v *Validator) handleStatus(ctx context.Context, req admission.Request) admission.Response {
-	// Times Go cannot parse get the rule's denial, not a decode error.
-	if errs := ValidateRawStatusTimes(req.Object.Raw); len(errs) > 0 {
-		return respond(errs)
+	case status:
+		// Times Go cannot parse get the rule's denial, not a decode error.
+		if errs := ValidateRawStatusTimes(req.Object.Raw); len(errs) > 0 {
+			return respond(errs)
+		}
+	case req.SubResource != "" || req.Operation == admissionv1.Connect:
+		return respond(nil) // nothing else is registered
 	}
 	oldObj, newObj := &locksv1alpha1.DistributedLock{}, &locksv1alpha1.DistributedLock{}
-	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
+	if err := v.decode(req, oldObj, newObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	if err := v.decoder.DecodeRaw(req.Object, newObj); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
+	return answer(v.validate(ctx, req, oldObj, newObj))
+}
+
+func (v *Validator) validate(ctx context.Context, req admission.Request, oldObj, newObj *locksv1alpha1.DistributedLock) (field.ErrorList, error) {
 	a := v.actor(req.UserInfo)
-	if NeedsForceCheck(oldObj, newObj) {
-		ok, err := v.canForceRelease(ctx, req.UserInfo, oldObj)
-		if err != nil {
-			return admission.Errored(http.StatusInternalServerError, err)
+	var err error
+	switch req.Operation {
+	case admissionv1.Create:
+		// Only what the lock's contents make relevant is asked: a default lock
+		// (what pkg/lock auto-creates) costs no SubjectAccessReview.
+		m, err := v.metaActor(ctx, req, a, CreateChecks(newObj))
+		return ValidateCreate(newObj, m), err
+	case admissionv1.Delete:
+		if oldObj.Status.Holder != nil && oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" {
+			a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, oldObj.Namespace, oldObj.Name, locksv1alpha1.ForceReleaseVerb)
 		}
-		a.CanForceRelease = ok
+		return ValidateDelete(oldObj, a), err
+	}
+	if req.SubResource == "" {
+		if !MetadataChanged(oldObj, newObj) {
+			return nil, nil // a spec or label edit (the matchConditions normally keep it away)
+		}
+		m, err := v.metaActor(ctx, req, a, UpdateChecks(oldObj, newObj))
+		return ValidateMetadataUpdate(oldObj, newObj, m), err
+	}
+	if NeedsForceCheck(oldObj, newObj) {
+		if a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, oldObj.Namespace, oldObj.Name, locksv1alpha1.ForceReleaseVerb); err != nil {
+			return nil, err
+		}
 	}
 	sessionErrs, err := v.sessionRefErrors(ctx, oldObj, newObj, a)
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	return respond(append(ValidateStatusUpdate(oldObj, newObj, a), sessionErrs...))
+	return append(ValidateStatusUpdate(oldObj, newObj, a), sessionErrs...), err
 }
 
-func (v *Validator) handleDelete(ctx context.Context, req admission.Request) admission.Response {
-	oldObj := &locksv1alpha1.DistributedLock{}
-	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	a := v.actor(req.UserInfo)
-	if oldObj.Status.Holder != nil && oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" {
-		ok, err := v.canForceRelease(ctx, req.UserInfo, oldObj)
-		if err != nil {
-			return admission.Errored(http.StatusInternalServerError, err)
+// decode decodes the objects the operation has: the old one unless it is a
+// CREATE, the new one unless it is a DELETE.
+func (v *Validator) decode(req admission.Request, oldObj, newObj runtime.Object) error {
+	if req.Operation != admissionv1.Create {
+		if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
+			return err
 		}
-		a.CanForceRelease = ok
 	}
-	return respond(ValidateDelete(oldObj, a))
+	if req.Operation != admissionv1.Delete {
+		return v.decoder.DecodeRaw(req.Object, newObj)
+	}
+	return nil
 }
 
-// handleCreate asks the apiserver only what the lock's contents make relevant:
-// a default lock (what pkg/lock auto-creates) costs no SubjectAccessReview.
-func (v *Validator) handleCreate(ctx context.Context, req admission.Request) admission.Response {
-	obj := &locksv1alpha1.DistributedLock{}
-	if err := v.decoder.DecodeRaw(req.Object, obj); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	a, err := v.metaActor(ctx, req, CreateChecks(obj))
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	return respond(ValidateCreate(obj, a))
-}
-
-func (v *Validator) handleMetadataUpdate(ctx context.Context, req admission.Request) admission.Response {
-	oldObj, newObj := &locksv1alpha1.DistributedLock{}, &locksv1alpha1.DistributedLock{}
-	if err := v.decoder.DecodeRaw(req.OldObject, oldObj); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	if err := v.decoder.DecodeRaw(req.Object, newObj); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	if !MetadataChanged(oldObj, newObj) {
-		// A spec or label edit (the matchConditions normally keep it away).
-		observe("", true)
-		return admission.Allowed("")
-	}
-	a, err := v.metaActor(ctx, req, UpdateChecks(oldObj, newObj))
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	return respond(ValidateMetadataUpdate(oldObj, newObj, a))
-}
-
-// metaActor is the writer with the SubjectAccessReviews c asks for.
-func (v *Validator) metaActor(ctx context.Context, req admission.Request, c MetaChecks) (MetaActor, error) {
-	a := MetaActor{Actor: v.actor(req.UserInfo)}
-	var err error
+// metaActor is a with the SubjectAccessReviews c asks for.
+func (v *Validator) metaActor(ctx context.Context, req admission.Request, a Actor, c MetaChecks) (m MetaActor, err error) {
+	m.Actor = a
 	if c.ForceRelease {
-		if a.CanForceRelease, err = v.can(ctx, req, locksv1alpha1.ForceReleaseVerb); err != nil {
-			return a, err
+		if m.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, req.Namespace, req.Name, locksv1alpha1.ForceReleaseVerb); err != nil {
+			return m, err
 		}
 	}
 	if c.Update {
-		if a.CanUpdate, err = v.can(ctx, req, UpdateVerb); err != nil {
-			return a, err
-		}
+		m.CanUpdate, err = v.can(ctx, req.UserInfo, lockResource, req.Namespace, req.Name, UpdateVerb)
 	}
-	return a, nil
+	return m, err
 }
 
 func (v *Validator) actor(u authenticationv1.UserInfo) Actor {
 	return Actor{Username: u.Username, Extra: extra(u.Extra), IsController: v.controllers[u.Username]}
 }
 
-// canForceRelease asks the apiserver whether u has the force-release verb on lock.
-func (v *Validator) canForceRelease(ctx context.Context, u authenticationv1.UserInfo, lock *locksv1alpha1.DistributedLock) (bool, error) {
-	return v.sarAllowed(ctx, u, lock.Namespace, lock.Name, locksv1alpha1.ForceReleaseVerb)
-}
+const lockResource = "distributedlocks"
 
-// can asks the apiserver whether the request's user has verb on the request's lock.
-func (v *Validator) can(ctx context.Context, req admission.Request, verb string) (bool, error) {
-	return v.sarAllowed(ctx, req.UserInfo, req.Namespace, req.Name, verb)
-}
-
-// sarAllowed asks with a SubjectAccessReview whether u has verb on lock namespace/name.
-func (v *Validator) sarAllowed(ctx context.Context, u authenticationv1.UserInfo, namespace, name, verb string) (bool, error) {
-	return v.sarAllowedOn(ctx, u, "distributedlocks", namespace, name, verb)
-}
-
-// sarAllowedOn asks with a SubjectAccessReview whether u has verb on resource namespace/name.
-func (v *Validator) sarAllowedOn(ctx context.Context, u authenticationv1.UserInfo, resource, namespace, name, verb string) (bool, error) {
+// can asks with a SubjectAccessReview whether u has verb on resource namespace/name.
+func (v *Validator) can(ctx context.Context, u authenticationv1.UserInfo, resource, namespace, name, verb string) (bool, error) {
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User:   u.Username,
-		UID:    u.UID,
-		Groups: u.Groups,
-		Extra:  sarExtra(u.Extra),
+		User: u.Username, UID: u.UID, Groups: u.Groups, Extra: sarExtra(u.Extra),
 		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: namespace,
-			Verb:      verb,
-			Group:     locksv1alpha1.GroupVersion.Group,
-			Resource:  resource,
-			Name:      name,
+			Namespace: namespace, Verb: verb, Group: locksv1alpha1.GroupVersion.Group, Resource: resource, Name: name,
 		},
 	}}
 	if err := v.sar.Create(ctx, sar); err != nil {
@@ -225,14 +176,24 @@ func (v *Validator) sarAllowedOn(ctx context.Context, u authenticationv1.UserInf
 	return sar.Status.Allowed, nil
 }
 
-// respond turns the rule errors into an admission response and counts it by rule.
+// answer turns what a handler found into an admission response: an error
+// errs, otherwise respond.
+func answer(errs field.ErrorList, err error) admission.Response {
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return respond(errs)
+}
+
+// respond turns the rule errors into an admission response and counts it by
+// rule (kubelock_webhook_admission_decisions_total, internal/metrics).
 func respond(errs field.ErrorList) admission.Response {
 	if len(errs) == 0 {
-		observe("", true)
+		metrics.AdmissionDecision("", true)
 		return admission.Allowed("")
 	}
 	for _, e := range errs {
-		observe(ruleOf(e), false)
+		metrics.AdmissionDecision(string(ruleOf(e)), false)
 	}
 	return admission.Denied(errs.ToAggregate().Error())
 }
@@ -251,4 +212,91 @@ func sarExtra(in map[string]authenticationv1.ExtraValue) map[string]authorizatio
 		out[k] = authorizationv1.ExtraValue(v)
 	}
 	return out
+}
+
+// SessionPath is where the webhook server serves the session validator.
+const SessionPath = "/validate-locks-kubelock-io-v1alpha1-locksession"
+
+// Every write of a LockSession, main resource and status.
+// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-locksession,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=locksessions;locksessions/status,verbs=create;update;delete,versions=v1alpha1,name=vlocksession.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
+// The lock validator reads the sessions holdings and waiters name.
+// +kubebuilder:rbac:groups=locks.kubelock.io,resources=locksessions,verbs=get;list;watch
+
+// Sessions is the admission handler for LockSessions.
+func (v *Validator) Sessions() admission.Handler { return sessionHandler{v} }
+
+type sessionHandler struct{ v *Validator }
+
+func (h sessionHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation == admissionv1.Connect {
+		return respond(nil)
+	}
+	v := h.v
+	oldObj, newObj := &locksv1alpha1.LockSession{}, &locksv1alpha1.LockSession{}
+	if err := v.decode(req, oldObj, newObj); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	a := SessionActor{Actor: v.actor(req.UserInfo), IsGarbageCollector: slices.Contains(DefaultGarbageCollectors, req.UserInfo.Username)}
+	switch {
+	case req.Operation == admissionv1.Create:
+		return respond(ValidateSessionCreate(newObj, a.Actor))
+	case req.Operation == admissionv1.Update && req.SubResource == "status":
+		return respond(ValidateSessionStatus(oldObj, newObj, a.Actor))
+	case req.Operation == admissionv1.Update:
+		return respond(ValidateSessionUpdate(oldObj, newObj, a))
+	}
+	var err error
+	if user, pod := a.owns(oldObj); !(user && pod) && !a.IsController && !a.IsGarbageCollector {
+		a.CanForceRelease, err = v.can(ctx, req.UserInfo, locksv1alpha1.LockSessionsResource, req.Namespace, req.Name, locksv1alpha1.ForceReleaseVerb)
+	}
+	return answer(ValidateSessionDelete(oldObj, a), err)
+}
+
+// sessionRefErrors checks the session fields of a lock's status write,
+// reading each session it newly names from the apiserver.
+func (v *Validator) sessionRefErrors(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) (field.ErrorList, error) {
+	sessions := map[string]*locksv1alpha1.LockSession{}
+	for _, name := range SessionsNamed(oldObj, newObj) {
+		s := &locksv1alpha1.LockSession{}
+		switch err := v.reader.Get(ctx, client.ObjectKey{Namespace: oldObj.Namespace, Name: name}, s); {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("webhook: reading session %s: %w", name, err)
+		}
+		sessions[name] = s
+	}
+	return ValidateSessionRefs(oldObj, newObj, a, sessions), nil
+}
+
+// Quiet wraps an admission handler so that its errors never echo what it
+// read: an error (not a denial) answers with a fixed message per status code,
+// and the detail — which may quote the object or the stored lock, e.g. a
+// time that failed to parse — goes to the operator's log only. Denials keep
+// their rule messages. Register every handler through it.
+func Quiet(h admission.Handler) admission.Handler { return quiet{h} }
+
+type quiet struct{ h admission.Handler }
+
+// Generic messages of errored admission responses.
+const (
+	MsgUndecodable   = "kubelock webhook: the object could not be decoded"
+	MsgInternalError = "kubelock webhook: internal error; the operator's log has the details"
+)
+
+func (q quiet) Handle(ctx context.Context, req admission.Request) admission.Response {
+	resp := q.h.Handle(ctx, req)
+	r := resp.Result
+	if resp.Allowed || r == nil || r.Reason == metav1.StatusReasonForbidden {
+		return resp
+	}
+	logf.FromContext(ctx).WithName("webhook").Info("admission request errored",
+		"uid", req.UID, "kind", req.Kind, "namespace", req.Namespace, "name", req.Name,
+		"operation", req.Operation, "code", r.Code, "error", r.Message)
+	msg := MsgInternalError
+	if r.Code == http.StatusBadRequest {
+		msg = MsgUndecodable
+	}
+	resp.Result = &metav1.Status{Code: r.Code, Message: msg}
+	return resp
 }

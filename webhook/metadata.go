@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -11,17 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-)
-
-// Rules of the main resource (CREATE, UPDATE and DELETE of distributedlocks;
-// docs/security.md). RuleHeldDelete (rules.go) also covers finalizers here.
-const (
-	// RuleForceDelete: adding or changing the force-delete annotation needs the force-release verb.
-	RuleForceDelete Rule = "force-delete"
-	// RuleCreate: a creator without update on distributedlocks creates only
-	// locks with the default spec, no finalizers, no force-delete annotation,
-	// no ownerReferences and small metadata (maxCreateMeta).
-	RuleCreate Rule = "create"
 )
 
 // UpdateVerb is the RBAC verb on distributedlocks that makes a user an
@@ -50,10 +38,7 @@ type specDefault struct {
 
 // specDefaults lists every spec field with its CRD default, in the order
 // denials name them; config/policy's metadata policy has the same list, and
-// TestSpecDefaultsMatchCRD holds it to the CRD. maxWaitersPerUser and
-// maxWaitSeconds are the queue bounds of issue 13 (helper "status"): listing
-// them before they exist costs nothing and keeps lock users' creates working
-// once they do.
+// TestSpecDefaultsMatchCRD holds it to the CRD.
 var specDefaults = []specDefault{
 	{"leaseDurationSeconds", locksv1alpha1.DefaultLeaseDurationSeconds},
 	{"maxLeaseDurationSeconds", locksv1alpha1.DefaultMaxLeaseDurationSeconds},
@@ -167,7 +152,7 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 	known := map[string]bool{}
 	for _, d := range specDefaults {
 		known[d.field] = true
-		if v, ok := spec[d.field]; ok && v.String() != fmt.Sprint(d.value) {
+		if v, ok := spec[d.field]; ok && string(v) != fmt.Sprint(d.value) {
 			out = append(out, fmt.Sprintf("spec.%s=%s (default %d)", d.field, v, d.value))
 		}
 	}
@@ -208,24 +193,11 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 var maxCreateMeta = map[string]int{"labels": 16, "annotations": 16, "managedFields": 1}
 
 // specJSON is spec as the apiserver stores it: field name → JSON value.
-func specJSON(spec locksv1alpha1.DistributedLockSpec) (map[string]json.Number, error) {
+func specJSON(spec locksv1alpha1.DistributedLockSpec) (map[string]json.RawMessage, error) {
+	var out map[string]json.RawMessage
 	b, err := json.Marshal(spec)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		err = json.Unmarshal(b, &out)
 	}
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	var raw map[string]any
-	if err := d.Decode(&raw); err != nil {
-		return nil, err
-	}
-	out := make(map[string]json.Number, len(raw))
-	for k, v := range raw {
-		if n, ok := v.(json.Number); ok {
-			out[k] = n
-		} else {
-			out[k] = json.Number(fmt.Sprint(v))
-		}
-	}
-	return out, nil
+	return out, err
 }

@@ -19,44 +19,35 @@ import (
 // "[kubelock:<rule>]" in both engines, so users and tests can tell which rule failed.
 type Rule string
 
-// The rule table (docs/design.md "Transitions", docs/security.md).
+// The rule table: docs/security.md says what each rule guards, docs/design.md
+// "Transitions" when it applies.
 const (
-	// RuleIdentity: holder.user and a new waiter's user are the requesting user.
-	RuleIdentity Rule = "identity"
-	// RulePodBinding: holder pod fields match the pod of a bound service-account token.
-	RulePodBinding Rule = "pod-binding"
-	// RuleHolderOnly: only the holder's user renews or releases, with the current leaseID.
-	RuleHolderOnly Rule = "holder-only"
-	// RuleHolderFields: while held, only holder.renewTime changes.
-	RuleHolderFields Rule = "holder-fields"
-	// RuleQueueHead: a lock is acquired only when free, by the queue's head if there is a queue.
-	RuleQueueHead Rule = "queue-head"
-	// RuleFencingToken: an acquisition's token is the old resourceVersion + 1; otherwise unchanged.
-	RuleFencingToken Rule = "fencing-token"
-	// RuleEndRecord: ending a holding appends exactly its record, endedBy the writer.
-	RuleEndRecord Rule = "end-record"
-	// RuleControllerOnly: only the controller expires holdings; it never acquires or enqueues.
+	RuleIdentity       Rule = "identity"
+	RulePodBinding     Rule = "pod-binding"
+	RuleHolderOnly     Rule = "holder-only"
+	RuleHolderFields   Rule = "holder-fields"
+	RuleQueueHead      Rule = "queue-head"
+	RuleFencingToken   Rule = "fencing-token"
+	RuleEndRecord      Rule = "end-record"
 	RuleControllerOnly Rule = "controller-only"
-	// RuleForceRelease: ForceReleased needs the force-release verb on distributedlocks.
-	RuleForceRelease Rule = "force-release"
-	// RuleQueue: waiters join only at the tail as themselves and leave only by
-	// themselves, by acquiring, or by the controller; entries never change.
-	RuleQueue Rule = "queue"
-	// RuleHistory: recentAcquisitions only grows by the ending holding's record.
-	RuleHistory Rule = "history"
-	// RuleHeldDelete: a held lock is deleted only with force.
-	RuleHeldDelete Rule = "held-delete"
-	// RuleBookkeeping: a lock user sets observedGeneration only to generation and
-	// conditions only to the one Held condition in step with the holder.
-	RuleBookkeeping Rule = "bookkeeping"
-	// RuleTimeFormat: every time string in status parses with Go's metav1 types.
-	RuleTimeFormat Rule = "time-format"
-	// RuleWaitBound: a new waiter waits at most spec.maxWaitSeconds.
-	RuleWaitBound Rule = "wait-bound"
-	// RuleLeaseID: an acquisition's leaseID is fresh (not the holder's, not a recent one).
-	RuleLeaseID Rule = "lease-id"
-	// RuleTerminating: a lock being deleted is neither acquired nor queued for.
-	RuleTerminating Rule = "terminating"
+	RuleForceRelease   Rule = "force-release"
+	RuleQueue          Rule = "queue"
+	RuleHistory        Rule = "history"
+	RuleHeldDelete     Rule = "held-delete"
+	RuleBookkeeping    Rule = "bookkeeping"
+	RuleTimeFormat     Rule = "time-format"
+	RuleWaitBound      Rule = "wait-bound"
+	RuleLeaseID        Rule = "lease-id"
+	RuleTerminating    Rule = "terminating"
+	// The main resource's (metadata.go); RuleHeldDelete covers finalizers too.
+	RuleForceDelete Rule = "force-delete"
+	RuleCreate      Rule = "create"
+	// Fenced objects' (fenced.go).
+	RuleStaleToken   Rule = "stale-token"
+	RuleFencedWriter Rule = "fenced-writer"
+	RuleFencedBy     Rule = "fenced-by"
+	// LockSessions' and the session fields of locks (session.go).
+	RuleSession Rule = "session"
 )
 
 // Extra keys a bound service-account token carries.
@@ -65,13 +56,11 @@ const (
 	ExtraPodUID  = locksv1alpha1.PodUIDExtra
 )
 
-// Actor is who writes, as admission sees it.
+// Actor is who writes, as admission sees it: request.userInfo's username
+// and extra, and whether it is the controller's service account.
 type Actor struct {
-	// Username is request.userInfo.username.
-	Username string
-	// Extra is request.userInfo.extra.
-	Extra map[string][]string
-	// IsController is true for the controller's service account.
+	Username     string
+	Extra        map[string][]string
 	IsController bool
 	// CanForceRelease is the answer of a SubjectAccessReview for force-release;
 	// callers compute it only when NeedsForceCheck says so.

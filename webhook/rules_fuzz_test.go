@@ -396,3 +396,8 @@ func unquote(t *testing.T, b []byte) string {
 	}
 	return s
 }
+
+func quote(s string) []byte {
+	b, _ := json.Marshal(s)
+	return b
+}

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -129,41 +130,11 @@ func printable(s string) bool {
 // by a Go client fails. A year-0 time with a positive offset parses but
 // marshals as year -1 (issue 13, class 1).
 func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
-	var errs field.ErrorList
-	micro := func(p *field.Path, t metav1.MicroTime) {
-		if b, err := t.MarshalJSON(); err != nil || !validJSONTime(b, ValidMicroTime) {
-			errs = append(errs, deny(p, RuleTimeFormat, msgMicroTime))
-		}
+	b, err := json.Marshal(map[string]any{"status": s})
+	if err != nil {
+		return field.ErrorList{field.InternalError(statusPath, err)}
 	}
-	if h := s.Holder; h != nil {
-		micro(holderPath.Child("acquireTime"), h.AcquireTime)
-		if h.RenewTime != nil {
-			micro(holderPath.Child("renewTime"), *h.RenewTime)
-		}
-	}
-	for i, w := range s.Waiters {
-		micro(waitersPath.Index(i).Child("enqueueTime"), w.EnqueueTime)
-		micro(waitersPath.Index(i).Child("deadline"), w.Deadline)
-	}
-	for i, r := range s.RecentAcquisitions {
-		micro(recentPath.Index(i).Child("endTime"), r.EndTime)
-	}
-	for i, c := range s.Conditions {
-		if b, err := c.LastTransitionTime.MarshalJSON(); err != nil || !validJSONTime(b, ValidTime) {
-			errs = append(errs, deny(conditionsPath.Index(i).Child("lastTransitionTime"), RuleTimeFormat, msgTime))
-		}
-	}
-	return errs
-}
-
-// validJSONTime applies valid to a marshalled time; a zero time marshals as
-// null, which the schema's required markers judge, not this rule.
-func validJSONTime(b []byte, valid func(string) bool) bool {
-	var s *string
-	if json.Unmarshal(b, &s) != nil {
-		return false
-	}
-	return s == nil || valid(*s)
+	return ValidateRawStatusTimes(b)
 }
 
 // addedWaiters are the entries of n that o does not have, by requestID.
@@ -255,4 +226,90 @@ func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, h *locksv1alpha1
 func samePod(uid string, a Actor) bool {
 	_, mine := a.pod()
 	return uid == "" || uid == mine
+}
+
+var (
+	microTimeRE = regexp.MustCompile(locksv1alpha1.MicroTimePattern)
+	timeRE      = regexp.MustCompile(locksv1alpha1.TimePattern)
+)
+
+// rawStatus holds the time strings of a status as written, before Go's types
+// parse them: a string they cannot parse must give a time-format denial, not a
+// decode error.
+type rawStatus struct {
+	Status struct {
+		Holder *struct {
+			AcquireTime json.RawMessage `json:"acquireTime"`
+			RenewTime   json.RawMessage `json:"renewTime"`
+		} `json:"holder"`
+		Waiters []struct {
+			EnqueueTime json.RawMessage `json:"enqueueTime"`
+			Deadline    json.RawMessage `json:"deadline"`
+		} `json:"waiters"`
+		RecentAcquisitions []struct {
+			EndTime json.RawMessage `json:"endTime"`
+		} `json:"recentAcquisitions"`
+		Conditions []struct {
+			LastTransitionTime json.RawMessage `json:"lastTransitionTime"`
+		} `json:"conditions"`
+	} `json:"status"`
+}
+
+// ValidateRawStatusTimes checks every time string of a lock's JSON: each must
+// be one Go's metav1 types parse and marshal back to a parseable string. JSON
+// that does not have the lock's shape is left to the decoder.
+func ValidateRawStatusTimes(raw []byte) field.ErrorList {
+	var r rawStatus
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil
+	}
+	var errs field.ErrorList
+	check := func(p *field.Path, v json.RawMessage, micro bool) {
+		if len(v) == 0 || string(v) == "null" {
+			return
+		}
+		var s string
+		ok := json.Unmarshal(v, &s) == nil
+		switch {
+		case micro && !(ok && ValidMicroTime(s)):
+			errs = append(errs, deny(p, RuleTimeFormat, msgMicroTime))
+		case !micro && !(ok && ValidTime(s)):
+			errs = append(errs, deny(p, RuleTimeFormat, msgTime))
+		}
+	}
+	s := &r.Status
+	if h := s.Holder; h != nil {
+		check(holderPath.Child("acquireTime"), h.AcquireTime, true)
+		check(holderPath.Child("renewTime"), h.RenewTime, true)
+	}
+	for i, w := range s.Waiters {
+		check(waitersPath.Index(i).Child("enqueueTime"), w.EnqueueTime, true)
+		check(waitersPath.Index(i).Child("deadline"), w.Deadline, true)
+	}
+	for i, a := range s.RecentAcquisitions {
+		check(recentPath.Index(i).Child("endTime"), a.EndTime, true)
+	}
+	for i, c := range s.Conditions {
+		check(conditionsPath.Index(i).Child("lastTransitionTime"), c.LastTransitionTime, false)
+	}
+	return errs
+}
+
+// ValidMicroTime reports whether s is a metav1.MicroTime as the CRD pattern
+// describes it, that Go parses and marshals back to a string Go parses again.
+func ValidMicroTime(s string) bool { return validTime(s, microTimeRE, &metav1.MicroTime{}) }
+
+// ValidTime is ValidMicroTime for metav1.Time (RFC 3339, optional fraction).
+func ValidTime(s string) bool { return validTime(s, timeRE, &metav1.Time{}) }
+
+func validTime(s string, re *regexp.Regexp, t interface {
+	json.Marshaler
+	json.Unmarshaler
+}) bool {
+	q, _ := json.Marshal(s)
+	if !re.MatchString(s) || t.UnmarshalJSON(q) != nil {
+		return false
+	}
+	b, err := t.MarshalJSON()
+	return err == nil && t.UnmarshalJSON(b) == nil
 }

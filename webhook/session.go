@@ -11,12 +11,6 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// RuleSession is the session rule: a LockSession is its user's own (created as itself, from its
-// pod when the token is pod-bound, renewed and closed only by it, the
-// controller, the garbage collector or force-release), and a holding or waiter
-// names only a live session of its writer (docs/security.md "Sessions").
-const RuleSession Rule = "session"
-
 // Fixed messages of the session rules; config/policy's session policy gives
 // the same words.
 const (
@@ -47,11 +41,7 @@ var DefaultGarbageCollectors = []string{
 	"system:kube-controller-manager",
 }
 
-var (
-	sessionSpecPath   = field.NewPath("spec")
-	sessionStatusPath = field.NewPath("status")
-	ownerRefsPath     = metadataPath.Child("ownerReferences")
-)
+var ownerRefsPath = metadataPath.Child("ownerReferences")
 
 // SessionActor is who writes a LockSession.
 type SessionActor struct {
@@ -69,18 +59,18 @@ func (a Actor) owns(s *locksv1alpha1.LockSession) (user, pod bool) {
 func ValidateSessionCreate(s *locksv1alpha1.LockSession, a Actor) field.ErrorList {
 	var errs field.ErrorList
 	if s.Spec.User != a.Username {
-		errs = append(errs, deny(sessionSpecPath.Child("user"), RuleSession, "spec.user must be the requesting user %q, not %q", a.Username, s.Spec.User))
+		errs = append(errs, deny(specPath.Child("user"), RuleSession, "spec.user must be the requesting user %q, not %q", a.Username, s.Spec.User))
 	}
 	podName, podUID := a.pod()
 	if podUID != "" {
 		if s.Spec.PodName != podName || s.Spec.PodUID != podUID || !podOwner(s.OwnerReferences, podName, podUID) {
-			errs = append(errs, deny(sessionSpecPath, RuleSession, msgSessionPod))
+			errs = append(errs, deny(specPath, RuleSession, msgSessionPod))
 		}
 		if ns, ok := serviceAccountNamespace(a.Username); ok && ns != s.Namespace {
 			errs = append(errs, deny(metadataPath.Child("namespace"), RuleSession, msgSessionPodNamespace))
 		}
 	} else if s.Spec.PodName != "" || s.Spec.PodUID != "" || len(s.OwnerReferences) > 0 {
-		errs = append(errs, deny(sessionSpecPath, RuleSession, msgSessionNoPod))
+		errs = append(errs, deny(specPath, RuleSession, msgSessionNoPod))
 	}
 	if len(s.Finalizers) > 0 {
 		errs = append(errs, deny(finalizersPath, RuleSession, msgSessionFinalizers))
@@ -136,9 +126,9 @@ func validateSessionOwner(s *locksv1alpha1.LockSession, a Actor) field.ErrorList
 	user, pod := a.owns(s)
 	switch {
 	case !user:
-		return field.ErrorList{deny(sessionSpecPath.Child("user"), RuleSession, "only the session's user %q may renew or change session %s; %q is not its user", s.Spec.User, s.Name, a.Username)}
+		return field.ErrorList{deny(specPath.Child("user"), RuleSession, "only the session's user %q may renew or change session %s; %q is not its user", s.Spec.User, s.Name, a.Username)}
 	case !pod:
-		return field.ErrorList{deny(sessionSpecPath.Child("podUID"), RuleSession, msgSessionPodOnly)}
+		return field.ErrorList{deny(specPath.Child("podUID"), RuleSession, msgSessionPodOnly)}
 	}
 	return nil
 }
@@ -150,16 +140,16 @@ func ValidateSessionStatus(oldObj, newObj *locksv1alpha1.LockSession, a Actor) f
 	if a.IsController {
 		n.Locks = o.Locks
 		if !equality.Semantic.DeepEqual(o, n) {
-			return field.ErrorList{deny(sessionStatusPath, RuleSession, msgSessionControllerSt)}
+			return field.ErrorList{deny(statusPath, RuleSession, msgSessionControllerSt)}
 		}
 		return nil
 	}
 	errs := validateSessionOwner(oldObj, a)
 	if n.Locks != o.Locks {
-		errs = append(errs, deny(sessionStatusPath.Child("locks"), RuleSession, msgSessionLocks))
+		errs = append(errs, deny(statusPath.Child("locks"), RuleSession, msgSessionLocks))
 	}
 	if o.RenewTime != nil && (n.RenewTime == nil || n.RenewTime.Before(o.RenewTime)) {
-		errs = append(errs, deny(sessionStatusPath.Child("renewTime"), RuleSession, msgSessionRenewTime))
+		errs = append(errs, deny(statusPath.Child("renewTime"), RuleSession, msgSessionRenewTime))
 	}
 	return errs
 }
@@ -173,7 +163,7 @@ func ValidateSessionDelete(s *locksv1alpha1.LockSession, a SessionActor) field.E
 	if (user && pod) || a.IsController || a.IsGarbageCollector || a.CanForceRelease {
 		return nil
 	}
-	return field.ErrorList{deny(sessionSpecPath.Child("user"), RuleSession,
+	return field.ErrorList{deny(specPath.Child("user"), RuleSession,
 		"user %q may not close session %s of %q: only its user (from its pod), the controller, the garbage collector or a user with the %q verb on locksessions.locks.kubelock.io in namespace %s may",
 		a.Username, s.Name, s.Spec.User, locksv1alpha1.ForceReleaseVerb, s.Namespace)}
 }

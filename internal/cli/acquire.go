@@ -14,7 +14,9 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/apimachinery/pkg/util/validation"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 )
 
@@ -56,8 +58,7 @@ func (f *acquireFlags) check(key string) error {
 
 // acquire takes the lock with pkg/lock: TryAcquire when --wait is 0, else
 // Acquire, showing the live waiting line on errOut.
-func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer) (*lock.Lock, error) {
-	opts := []lock.AcquireOption{}
+func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, errOut io.Writer, opts ...lock.AcquireOption) (*lock.Lock, error) {
 	if f.lease > 0 {
 		opts = append(opts, lock.LeaseDuration(f.lease))
 	}
@@ -111,19 +112,43 @@ func signalExit(s os.Signal) error {
 
 func newAcquireCommand(o *options) *cobra.Command {
 	var f acquireFlags
+	var sessionTTL time.Duration
 	cmd := &cobra.Command{
-		Use:   "acquire KEY",
-		Short: "Take a lock and print its lease (token, lease ID, expiry); it is not renewed",
+		Use:   "acquire KEY...",
+		Short: "Take a lock (or several, in one session) and print its lease (token, lease ID, expiry); it is not renewed",
 		Long: `Take the lock for KEY and print the lease. The lease is not renewed: it ends
 when it runs out, or earlier with "kubelock release KEY --lease-id ID".
-Use "kubelock run" or "kubelock sidecar" to hold a lock while work runs.`,
+Use "kubelock run" or "kubelock sidecar" to hold a lock while work runs.
+
+With --session-ttl, take every KEY in one new LockSession, in order; if one
+cannot be taken, the session is closed and the ones taken end with it. Nobody
+renews the session once acquire exits: every lock in it ends when the session
+lapses (SessionExpired, after its TTL) or is closed with
+"kubelock force-release --session NAME" (SessionClosed).`,
 		Example: `  kubelock acquire orders-db --wait 30s --lease 5m -o json
-  kubelock release orders-db --lease-id 2b0c...`,
-		Args: exactArgs(1, "one KEY"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			key := args[0]
-			if err := f.check(key); err != nil {
-				return err
+  kubelock release orders-db --lease-id 2b0c...
+  kubelock acquire stock-1 stock-2 stock-3 --create --session-ttl 10m`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageErrorf("expected at least one KEY")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, keys []string) error {
+			for _, key := range keys {
+				if err := f.check(key); err != nil {
+					return err
+				}
+			}
+			switch {
+			case len(keys) > 1 && sessionTTL == 0:
+				return usageErrorf("several KEYs are held in one session: add --session-ttl")
+			case len(keys) > 1 && f.requestID != "":
+				return usageErrorf("--request-id goes with one KEY")
+			case sessionTTL != 0 && (sessionTTL < locksv1alpha1.MinSessionTTLSeconds*time.Second ||
+				sessionTTL > locksv1alpha1.MaxSessionTTLSeconds*time.Second || sessionTTL%time.Second != 0):
+				return usageErrorf("--session-ttl must be whole seconds within %ds..%ds, got %s",
+					locksv1alpha1.MinSessionTTLSeconds, locksv1alpha1.MaxSessionTTLSeconds, sessionTTL)
 			}
 			if err := o.checkOutput(); err != nil {
 				return err
@@ -138,22 +163,54 @@ Use "kubelock run" or "kubelock sidecar" to hold a lock while work runs.`,
 			}
 			ctx, interrupted, stop := signalContext(cmd.Context())
 			defer stop()
-			l, err := f.acquire(ctx, c, key, o.streams.ErrOut)
+			views, err := f.acquireAll(ctx, c, keys, sessionTTL, o.streams.ErrOut)
 			if err != nil {
 				if s, ok := interrupted(); ok {
 					return signalExit(s)
 				}
 				return err
 			}
-			return printLease(o.streams.Out, o.output, leaseView{
-				Namespace: c.Namespace(), Name: l.Name(), Key: l.Key(), Identity: c.Identity(),
-				FencingToken: l.FencingToken(), LeaseID: l.LeaseID(), RequestID: l.RequestID(), ExpiresAt: l.ExpiresAt(),
-			}, o.now())
+			return printLeases(o.streams.Out, o.output, views, o.now())
 		},
 	}
 	f.add(cmd.Flags(), 0, true)
+	cmd.Flags().DurationVar(&sessionTTL, "session-ttl", 0, fmt.Sprintf("take the KEYs in one new session with this TTL (%ds..%ds); it is not renewed after acquire exits",
+		locksv1alpha1.MinSessionTTLSeconds, locksv1alpha1.MaxSessionTTLSeconds))
 	o.addOutputFlag(cmd.Flags())
 	return cmd
+}
+
+// acquireAll takes keys in order, in a new session when ttl is set; on an
+// error it closes the session, which ends what it took.
+func (f *acquireFlags) acquireAll(ctx context.Context, c *lock.Client, keys []string, ttl time.Duration, errOut io.Writer) ([]leaseView, error) {
+	var s *lock.Session
+	var opts []lock.AcquireOption
+	if ttl > 0 {
+		var err error
+		if s, err = c.NewSession(ctx, lock.SessionTTL(ttl)); err != nil {
+			return nil, err
+		}
+		opts = append(opts, lock.InSession(s))
+	}
+	var views []leaseView
+	for _, key := range keys {
+		l, err := f.acquire(ctx, c, key, errOut, opts...)
+		if err != nil {
+			if s != nil {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				_ = s.Close(cctx) // best effort: unclosed, it lapses after its TTL
+				cancel()
+			}
+			return nil, err
+		}
+		v := leaseView{Namespace: c.Namespace(), Name: l.Name(), Key: l.Key(), Identity: c.Identity(),
+			FencingToken: l.FencingToken(), LeaseID: l.LeaseID(), RequestID: l.RequestID(), ExpiresAt: l.ExpiresAt()}
+		if s != nil {
+			v.Session = s.Name()
+		}
+		views = append(views, v)
+	}
+	return views, nil
 }
 
 func newReleaseCommand(o *options) *cobra.Command {
@@ -179,13 +236,20 @@ func newReleaseCommand(o *options) *cobra.Command {
 }
 
 func newForceReleaseCommand(o *options) *cobra.Command {
-	var reason string
+	var reason, session string
 	cmd := o.keyCommand(&cobra.Command{
-		Use:   "force-release KEY --reason TEXT",
-		Short: "Break a lock whoever holds it (needs the RBAC verb force-release on distributedlocks)",
+		Use:   "force-release (KEY --reason TEXT | --session NAME)",
+		Short: "Break a lock, or a session and every lock held in it, whoever holds it (needs the RBAC verb force-release)",
 		Long: `End the current holding of KEY, recording you and the reason in the lock's
 recentAcquisitions and an Event. The holder learns at its next renewal that it
-lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
+lost the lock. Needs the verb force-release on distributedlocks (break-glass).
+
+With --session NAME, delete the LockSession NAME instead: the controller ends
+every holding in it at once (endReason SessionClosed) and prints which locks
+were held in it. Needs the verb force-release on locksessions, unless the
+session is your own.`,
+		Example: `  kubelock force-release orders-db --reason "stuck job, ticket 42"
+  kubelock force-release --session worker-7d9f-x2k8q`,
 	}, func() error {
 		if reason == "" {
 			return usageErrorf("--reason is required: it is recorded with the lock")
@@ -204,7 +268,27 @@ lost the lock. Needs the verb force-release on distributedlocks (break-glass).`,
 		}
 		return nil
 	})
-	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the lock's history and event (required, at most 256 characters)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, recorded in the lock's history and event (required with KEY, at most 256 characters)")
+	cmd.Flags().StringVar(&session, "session", "", "end this session (a LockSession in the namespace) and every lock held in it")
+	byKey := cmd.RunE
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if session == "" {
+			return exactArgs(1, "one KEY or --session NAME")(c, args)
+		}
+		return exactArgs(0, "no KEY with --session")(c, args)
+	}
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if session == "" {
+			return byKey(c, args)
+		}
+		if reason != "" {
+			return usageErrorf("--reason goes with a KEY: deleting a session records no reason (its locks end with SessionClosed)")
+		}
+		if errs := validation.IsDNS1123Subdomain(session); len(errs) > 0 {
+			return usageErrorf("--session %q is not a session name: %s", session, errs[0])
+		}
+		return o.forceReleaseSession(c.Context(), session)
+	}
 	return cmd
 }
 

@@ -144,8 +144,12 @@ func newDescribeCommand(o *options) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		events, note := lockEvents(ctx, rc, l)
-		return describeLock(o.streams.Out, l, events, note, o.now())
+		var d lockDetails
+		if h := l.Status.Holder; h != nil && h.Session != "" {
+			d.session = sessionLine(ctx, rc, l.Namespace, h.Session, o.now())
+		}
+		d.events, d.eventsNote = lockEvents(ctx, rc, l)
+		return describeLock(o.streams.Out, l, d, o.now())
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,13 +69,16 @@ func leaseEnd(h *locksv1alpha1.LockHolder) time.Time {
 	return from.Add(time.Duration(h.LeaseDurationSeconds) * time.Second)
 }
 
-// expiresIn is the time left on the holder's lease, "-" when free, and
-// "overdue Ns" when the holder's last renewal is older than its lease (the
-// controller expires it shortly).
+// expiresIn is the time left on the holder's lease, "-" when free, "session"
+// when the holding lives as long as its session, and "overdue Ns" when the
+// holder's last renewal is older than its lease (the controller expires it shortly).
 func expiresIn(l *locksv1alpha1.DistributedLock, now time.Time) string {
 	h := l.Status.Holder
-	if h == nil {
+	switch {
+	case h == nil:
 		return "-"
+	case h.Session != "":
+		return "session"
 	}
 	left := leaseEnd(h).Sub(now)
 	if left < 0 {
@@ -153,10 +157,18 @@ func until(t time.Time, now time.Time) string {
 	return duration.HumanDuration(now.Sub(t)) + " ago"
 }
 
+// lockDetails is what describe reads besides the lock.
+type lockDetails struct {
+	// session describes the holder's session (sessionLine); empty without one.
+	session string
+	events  []corev1.Event
+	// eventsNote replaces the events table when they could not be read.
+	eventsNote string
+}
+
 // describeLock writes the describe view: spec, holder, queue with positions,
-// recent acquisitions, conditions and events. eventsNote replaces the events
-// table when they could not be read.
-func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1.Event, eventsNote string, now time.Time) error {
+// recent acquisitions, conditions and events.
+func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, d lockDetails, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	p := func(format string, args ...any) { printf(tw, format+"\n", args...) }
 	secs := func(s int32) string { return (time.Duration(s) * time.Second).String() }
@@ -189,10 +201,15 @@ func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1
 		p("  Request ID:\t%s", h.RequestID)
 		p("  Lease:\t%s", secs(h.LeaseDurationSeconds))
 		p("  Acquired:\t%s", stamp(h.AcquireTime.Time, now))
-		if h.RenewTime != nil {
-			p("  Renewed:\t%s", stamp(h.RenewTime.Time, now))
+		if h.Session != "" {
+			p("  Session:\t%s", d.session)
+			p("  Expires:\twith its session (a holding in a session is not renewed itself)")
+		} else {
+			if h.RenewTime != nil {
+				p("  Renewed:\t%s", stamp(h.RenewTime.Time, now))
+			}
+			p("  Expires:\t%s (by the holder's clock)", expiresIn(l, now))
 		}
-		p("  Expires:\t%s (by the holder's clock)", expiresIn(l, now))
 	} else {
 		p("Holder:\t<free>")
 	}
@@ -200,11 +217,20 @@ func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1
 		return err
 	}
 
+	inSessions := slices.ContainsFunc(l.Status.Waiters, func(q locksv1alpha1.Waiter) bool { return q.Session != "" })
 	section(w, "Queue", len(l.Status.Waiters), func(tw *tabwriter.Writer) {
-		printRow(tw, "  ", "POSITION", "IDENTITY", "USER", "WAITING", "GIVES UP", "REQUEST-ID")
+		head := []string{"POSITION", "IDENTITY", "USER", "WAITING", "GIVES UP", "REQUEST-ID"}
+		if inSessions {
+			head = append(head, "SESSION")
+		}
+		printRow(tw, "  ", head...)
 		for i, q := range l.Status.Waiters {
-			printRow(tw, "  ", strconv.Itoa(i+1), q.Identity, q.User,
-				duration.HumanDuration(now.Sub(q.EnqueueTime.Time)), until(q.Deadline.Time, now), q.RequestID)
+			row := []string{strconv.Itoa(i + 1), q.Identity, q.User,
+				duration.HumanDuration(now.Sub(q.EnqueueTime.Time)), until(q.Deadline.Time, now), q.RequestID}
+			if inSessions {
+				row = append(row, orDash(q.Session))
+			}
+			printRow(tw, "  ", row...)
 		}
 	})
 	section(w, "Recent acquisitions (oldest first)", len(l.Status.RecentAcquisitions), func(tw *tabwriter.Writer) {
@@ -221,10 +247,11 @@ func describeLock(w io.Writer, l *locksv1alpha1.DistributedLock, events []corev1
 				duration.HumanDuration(now.Sub(c.LastTransitionTime.Time)), orDash(c.Message))
 		}
 	})
-	if eventsNote != "" {
-		printf(w, "%s%s\n", label("Events"), eventsNote)
+	if d.eventsNote != "" {
+		printf(w, "%s%s\n", label("Events"), d.eventsNote)
 		return nil
 	}
+	events := d.events
 	sort.SliceStable(events, func(i, j int) bool { return eventTime(&events[i]).Before(eventTime(&events[j])) })
 	section(w, "Events", len(events), func(tw *tabwriter.Writer) {
 		printRow(tw, "  ", "TYPE", "REASON", "AGE", "FROM", "MESSAGE")
@@ -284,15 +311,33 @@ type leaseView struct {
 	LeaseID      string    `json:"leaseID"`
 	RequestID    string    `json:"requestID"`
 	ExpiresAt    time.Time `json:"expiresAt"`
+	// Session is the session the lock is held in, if any.
+	Session string `json:"session,omitempty"`
 }
 
-func printLease(w io.Writer, format string, v leaseView, now time.Time) error {
-	if format != "table" {
-		return printData(w, format, v)
+// printLeases writes what acquire took: one object, or a list for several
+// locks, as JSON or YAML; a table with a SESSION column when held in one.
+func printLeases(w io.Writer, format string, vs []leaseView, now time.Time) error {
+	switch {
+	case format != "table" && len(vs) == 1:
+		return printData(w, format, vs[0])
+	case format != "table":
+		return printData(w, format, vs)
+	}
+	inSession := vs[0].Session != ""
+	head := []string{"NAME", "TOKEN", "LEASE-ID", "EXPIRES-AT", "EXPIRES-IN"}
+	if inSession {
+		head = append(head, "SESSION")
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
-	printRow(tw, "", "NAME", "TOKEN", "LEASE-ID", "EXPIRES-AT", "EXPIRES-IN")
-	printRow(tw, "", v.Name, strconv.FormatInt(v.FencingToken, 10), v.LeaseID,
-		v.ExpiresAt.UTC().Format(time.RFC3339), duration.HumanDuration(v.ExpiresAt.Sub(now)))
+	printRow(tw, "", head...)
+	for _, v := range vs {
+		row := []string{v.Name, strconv.FormatInt(v.FencingToken, 10), v.LeaseID,
+			v.ExpiresAt.UTC().Format(time.RFC3339), duration.HumanDuration(v.ExpiresAt.Sub(now))}
+		if inSession {
+			row = append(row, v.Session)
+		}
+		printRow(tw, "", row...)
+	}
 	return tw.Flush()
 }

@@ -125,7 +125,7 @@ func TestDescribeGolden(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer
-			if err := describeLock(&b, &tc.lock, tc.events, tc.note, now); err != nil {
+			if err := describeLock(&b, &tc.lock, lockDetails{events: tc.events, eventsNote: tc.note}, now); err != nil {
 				t.Fatal(err)
 			}
 			golden(t, tc.name, b.Bytes())
@@ -137,8 +137,40 @@ func TestLeaseTableGolden(t *testing.T) {
 	var b bytes.Buffer
 	v := leaseView{Namespace: "shop", Name: "orders-db", Key: "orders-db", Identity: "laptop-ann", FencingToken: 4712,
 		LeaseID: "3c1d", RequestID: "r9", ExpiresAt: now.Add(27 * time.Second)}
-	if err := printLease(&b, "table", v, now); err != nil {
+	if err := printLeases(&b, "table", []leaseView{v}, now); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "acquire.golden", b.Bytes())
+}
+
+func TestSessionsGolden(t *testing.T) {
+	renewed := ago(3 * time.Second)
+	sessions := []locksv1alpha1.LockSession{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "worker-7d9f-x2k8q", CreationTimestamp: metav1.NewTime(now.Add(-5 * time.Minute))},
+			Spec:   locksv1alpha1.LockSessionSpec{User: "system:serviceaccount:shop:worker", Identity: "worker-7d9f", TTLSeconds: 30, PodName: "worker-7d9f", PodUID: "6a1f"},
+			Status: locksv1alpha1.LockSessionStatus{RenewTime: &renewed, Locks: 3}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "laptop-ann-q9z7m", CreationTimestamp: metav1.NewTime(now.Add(-2 * time.Second))},
+			Spec: locksv1alpha1.LockSessionSpec{User: "ann", Identity: "laptop-ann"}},
+	}
+	var b bytes.Buffer
+	if err := printSessionTable(&b, sessions, now, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := printSessionTable(&b, sessions, now, true); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "sessions.golden", b.Bytes())
+
+	// A lock held in a session, one of its waiters in another.
+	l := fixtures()[0]
+	l.Status.Holder.Session, l.Status.Holder.RenewTime = sessions[0].Name, nil
+	l.Status.Waiters[1].Session = sessions[1].Name
+	var d bytes.Buffer
+	if err := printLockTable(&d, []locksv1alpha1.DistributedLock{l}, now, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := describeLock(&d, &l, lockDetails{session: sessions[0].Name + " (of system:serviceaccount:shop:worker, TTL 30s, renewed 3s ago, 3 locks)"}, now); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "describe_session.golden", d.Bytes())
 }

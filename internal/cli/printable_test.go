@@ -117,13 +117,13 @@ func TestHostileNamesAreEscapedInTables(t *testing.T) {
 	if err := printLockTable(&b, []locksv1alpha1.DistributedLock{l}, now, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := describeLock(&b, &l, events, "", now); err != nil {
+	if err := describeLock(&b, &l, lockDetails{events: events}, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := describeLock(&b, &l, nil, "<cannot list events: \x1b[5m>", now); err != nil {
+	if err := describeLock(&b, &l, lockDetails{eventsNote: "<cannot list events: \x1b[5m>"}, now); err != nil {
 		t.Fatal(err)
 	}
-	if err := printLease(&b, "table", leaseView{Name: "n\x1b", LeaseID: "l\u202e", ExpiresAt: now}, now); err != nil {
+	if err := printLeases(&b, "table", []leaseView{{Name: "n\x1b", LeaseID: "l\u202e", ExpiresAt: now}}, now); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
@@ -142,7 +142,7 @@ func TestHostileNamesAreEscapedInTables(t *testing.T) {
 	}
 	golden(t, "describe_hostile.golden", func() []byte {
 		var d bytes.Buffer
-		_ = describeLock(&d, &l, events, "", now)
+		_ = describeLock(&d, &l, lockDetails{events: events}, now)
 		return d.Bytes()
 	}())
 }

@@ -104,7 +104,7 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	root.AddCommand(
 		newGetCommand(o), newListCommand(o), newDescribeCommand(o),
 		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
-		newRunCommand(o), newSidecarCommand(o), newProbeCommand(o), newVersionCommand(o),
+		newSessionsCommand(o), newRunCommand(o), newSidecarCommand(o), newProbeCommand(o), newVersionCommand(o),
 		newDevCommand(o),
 	)
 	return root

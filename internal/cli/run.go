@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 )
 
@@ -29,15 +30,19 @@ var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
 
 func newRunCommand(o *options) *cobra.Command {
 	var (
-		f     acquireFlags
-		grace time.Duration
+		f       acquireFlags
+		grace   time.Duration
+		session bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run KEY [flags] -- CMD [ARGS...]",
 		Short: "Hold a lock while a command runs; stop the command if the lock is lost",
 		Long: `Take the lock for KEY (waiting up to --wait), then run CMD in its own process
 group with ` + EnvFencingToken + `, ` + EnvLeaseID + `, ` + EnvLock + ` (namespace/name) and
-` + EnvKey + ` in its environment, renewing the lease while it runs.
+` + EnvKey + ` in its environment, renewing the lease while it runs. The lock is
+held in a session of its own (a LockSession with the lease as its TTL, closed
+after the release); --session=false renews the lock itself, for clusters
+without the LockSession kind or RBAC for it.
 
 SIGINT, SIGTERM and SIGHUP are forwarded to the whole process group. If the
 lock is lost, the whole group (the command and everything it started) gets
@@ -61,15 +66,16 @@ group (setsid, double-fork daemons) are not followed.`,
 			if grace < 0 {
 				return usageErrorf("--grace must not be negative, got %s", grace)
 			}
-			return o.run(cmd.Context(), args[0], args[1:], &f, grace)
+			return o.run(cmd.Context(), args[0], args[1:], &f, grace, session)
 		},
 	}
 	f.add(cmd.Flags(), lock.DefaultMaxWait, true)
+	addSessionFlag(cmd, &session)
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long the command's process group has after SIGTERM before SIGKILL (never beyond the lease's safe deadline)")
 	return cmd
 }
 
-func (o *options) run(ctx context.Context, key string, argv []string, f *acquireFlags, grace time.Duration) error {
+func (o *options) run(ctx context.Context, key string, argv []string, f *acquireFlags, grace time.Duration, session bool) error {
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return withCode(ExitCommandNotFound, errorf("command %q: %w", argv[0], err))
@@ -98,7 +104,16 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 		case <-actx.Done():
 		}
 	}()
-	l, err := f.acquire(actx, c, key, o.streams.ErrOut)
+	var sess *lock.Session
+	if session {
+		if sess, err = o.openSession(actx, c, key, f.lease); err == nil {
+			defer o.closeSession(sess) // after the release below
+		}
+	}
+	var l *lock.Lock
+	if err == nil {
+		l, err = f.acquire(actx, c, key, o.streams.ErrOut, lock.InSession(sess))
+	}
 	cancel()
 	if err != nil {
 		if interrupted != nil {
@@ -172,6 +187,37 @@ func (o *options) run(ctx context.Context, key string, argv []string, f *acquire
 		o.warnRelease(err)
 	}
 	return g.exitCode()
+}
+
+// addSessionFlag adds --session, which run and sidecar share.
+func addSessionFlag(cmd *cobra.Command, on *bool) {
+	cmd.Flags().BoolVar(on, "session", true, "hold the lock in a LockSession renewed once for the process (TTL = the lease); false renews the lock itself, for clusters without the LockSession kind or RBAC for it")
+}
+
+// openSession creates the session run or sidecar holds its lock in. Its TTL
+// is the lease the lock would get without one: --lease, else the lock's
+// spec.leaseDurationSeconds, else the default; at least the shortest TTL.
+func (o *options) openSession(ctx context.Context, c *lock.Client, key string, lease time.Duration) (*lock.Session, error) {
+	if lease == 0 {
+		lease = lock.DefaultSessionTTL
+		if obj, err := c.Get(ctx, key); err == nil && obj.Spec.LeaseDurationSeconds > 0 {
+			lease = time.Duration(obj.Spec.LeaseDurationSeconds) * time.Second
+		}
+	}
+	s, err := c.NewSession(ctx, lock.SessionTTL(max(lease, locksv1alpha1.MinSessionTTLSeconds*time.Second)))
+	if err != nil {
+		return nil, fmt.Errorf("%w (without the LockSession kind or RBAC for it, pass --session=false)", err)
+	}
+	return s, nil
+}
+
+// closeSession deletes s after its lock was released.
+func (o *options) closeSession(s *lock.Session) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Close(ctx); err != nil {
+		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s; the session will lapse after its TTL\n", oneLine(err))
+	}
 }
 
 func (o *options) releaseLock(l *lock.Lock) error {

@@ -33,6 +33,7 @@ func newSidecarCommand(o *options) *cobra.Command {
 		f         acquireFlags
 		tokenFile string
 		listen    string
+		session   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "sidecar KEY",
@@ -46,7 +47,10 @@ it again whenever it is lost. While held, the fencing token is in --token-file
   GET /readyz    200 only while the lock is held, else 503 (active/passive pods)
 
 are served on --listen (default ` + DefaultSidecarListen + `: the pod's containers only). On
-SIGTERM or SIGINT it stops being ready, releases the lock and exits 0. Run it
+SIGTERM or SIGINT it stops being ready, releases the lock, closes its session
+and exits 0. The lock is held in a LockSession (TTL = the lease; a new one
+when a session ends); --session=false renews the lock itself, for clusters
+without the LockSession kind or RBAC for it. Run it
 as a Kubernetes native sidecar (an initContainer with restartPolicy: Always)
 with exec probes, "kubelock probe readyz" as the readinessProbe and "kubelock
 probe healthz" as the livenessProbe. The token file's default is
@@ -66,13 +70,14 @@ back-off, as are unreachable apiservers: they change when the lock does.`,
 				name, _ := lock.NameForKey(key)
 				tokenFile = filepath.Join("/run/kubelock", name, "token")
 			}
-			return o.sidecar(cmd.Context(), key, &f, tokenFile, listen)
+			return o.sidecar(cmd.Context(), key, &f, tokenFile, listen, session)
 		},
 	}
 	f.add(cmd.Flags(), lock.DefaultMaxWait, false)
 	_ = cmd.Flags().MarkHidden("wait") // the sidecar waits for as long as it runs
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "where to write the fencing token (default /run/kubelock/<name>/token)")
 	cmd.Flags().StringVar(&listen, "listen", DefaultSidecarListen, "address for /v1/lock, /healthz and /readyz (port 0 picks a free one)")
+	addSessionFlag(cmd, &session)
 	return cmd
 }
 
@@ -152,7 +157,7 @@ func (s *sidecarState) handler() http.Handler {
 	return mux
 }
 
-func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, tokenFile, listen string) error {
+func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, tokenFile, listen string, session bool) error {
 	extra := []lock.Option{}
 	if f.create {
 		extra = append(extra, lock.WithAutoCreate())
@@ -178,8 +183,26 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 	ctx, interrupted, stop := signalContext(ctx)
 	defer stop()
 	back := sidecarBackoff()
+	var sess *lock.Session
+	defer func() { // after the release below
+		if sess != nil {
+			o.closeSession(sess)
+		}
+	}()
 	for {
-		l, err := c.Acquire(ctx, key, f.options(state.queued)...)
+		var (
+			l   *lock.Lock
+			err error
+		)
+		if session && (sess == nil || sess.Err() != nil) {
+			if sess != nil {
+				o.closeSession(sess) // it ended: make sure nothing waits for it to lapse
+			}
+			sess, err = o.openSession(ctx, c, key, f.lease)
+		}
+		if err == nil {
+			l, err = c.Acquire(ctx, key, append(f.options(state.queued), lock.InSession(sess))...)
+		}
 		err = notFound(err, c.Namespace(), key, true)
 		switch {
 		case ctx.Err() != nil:

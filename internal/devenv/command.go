@@ -48,8 +48,8 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "kubelock-dev",
 		Short: "Run kubelock locally: etcd, kube-apiserver, the CRD and the operator, until Ctrl-C",
 		Long: `kubelock-dev starts a local kubelock for trying it by hand: etcd,
-kube-apiserver and kube-controller-manager (garbage collector, namespace and
-service-account controllers) from the control plane "make control-plane" builds
+kube-apiserver and kube-controller-manager (garbage collector, namespace,
+service-account and resource quota controllers) from the control plane "make control-plane" builds
 (--assets-dir), the DistributedLock CRD, the operator (controller and admission webhook) in this
 process with a locally generated CA, users alice and bob (lock users) and carol
 (lock user with break-glass) in namespace default, and a lock named demo. It

@@ -452,8 +452,8 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	return nil
 }
 
-// startControllerManager runs kube-controller-manager's garbage collector,
-// namespace and service-account controllers, so a pod's deletion deletes what it owned.
+// startControllerManager runs kube-controller-manager's proc.Controllers, so a
+// pod's deletion deletes what it owned and a ResourceQuota counts sessions.
 func (e *env) startControllerManager(ctx context.Context) error {
 	kubeconfig, err := e.userKubeconfig("kube-controller-manager.kubeconfig", controllerManagerUser, "system:masters")
 	if err != nil {
@@ -475,7 +475,7 @@ func (e *env) startControllerManager(ctx context.Context) error {
 		return err
 	}
 	e.children = append(e.children, c)
-	e.progress("kube-controller-manager up: %s", strings.Join(proc.PodBoundControllers, ", "))
+	e.progress("kube-controller-manager up: %s", strings.Join(proc.Controllers, ", "))
 	return nil
 }
 

@@ -74,6 +74,9 @@ func NextSteps(kubeconfig, binDir string) [][2]string {
 		{"kubectl lock release demo --lease-id <bob's LEASE-ID> --context alice", "denied: [kubelock:holder-only]"},
 		{"kubectl lock force-release demo --reason trying-break-glass --context carol", "carol has the force-release verb"},
 		{"kubectl lock describe demo", "history, conditions and events"},
+		{"kubectl lock acquire stock-1 stock-2 stock-3 --create --session-ttl 5m --context alice", "three locks in one session: one renewal for all (none once acquire exits: it lapses in 5m)"},
+		{"kubectl lock sessions", "alice's session holds 3 locks (LOCKS, counted by the controller)"},
+		{"kubectl lock force-release --session <SESSION> --context carol", "ends the session and the three locks held in it (SessionClosed)"},
 	}
 }
 

@@ -6,6 +6,7 @@ package manager
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,82 +23,52 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
 	"github.com/kubelock/kubelock/internal/metrics"
 )
 
-// Options are the operator's settings; each has a command-line flag.
+// Options are the operator's settings; BindFlags documents each with its flag.
 type Options struct {
-	// MetricsAddr is where Prometheus metrics are served; "0" disables them.
-	MetricsAddr string
-	// MetricsSecure serves metrics over HTTPS to authenticated and authorized
-	// clients only (a bearer token the apiserver reviews, and RBAC get on the
-	// non-resource URL /metrics); off, over plain HTTP to anyone.
-	MetricsSecure bool
-	// MetricsCertDir holds the metrics server's tls.crt and tls.key; empty (or
-	// without those files) means a self-signed certificate.
+	MetricsAddr    string
+	MetricsSecure  bool
 	MetricsCertDir string
-	// ProbeAddr is where /healthz and /readyz are served; "0" disables them.
-	ProbeAddr string
-	// LeaderElect makes only one replica reconcile at a time.
-	LeaderElect bool
-	// LeaderElectionNamespace holds the leader Lease; empty means the pod's namespace.
+	ProbeAddr      string
+
+	LeaderElect             bool
 	LeaderElectionNamespace string
-	// LeaderElectionID is the name of the leader Lease.
-	LeaderElectionID string
-	// LeaseDuration, RenewDeadline and RetryPeriod are the leader election's
-	// timings (client-go's defaults: 15s, 10s, 2s). Shorter ones let a standby
-	// take over sooner; longer ones ride out apiserver latency without losing
-	// leadership. A new leader never expires a lease early either way.
+	LeaderElectionID        string
+	// The leader election's timings (client-go's defaults: 15s, 10s, 2s).
+	// Shorter ones let a standby take over sooner; longer ones ride out
+	// apiserver latency without losing leadership. A new leader never
+	// expires a lease early either way.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
-	// ExpiryGrace is added to every lease before the controller expires it.
+
 	ExpiryGrace time.Duration
-	// IdleTimeout is how long an auto-created lock may stay idle before deletion.
 	IdleTimeout time.Duration
-	// Username is written to recentAcquisitions[].endedBy on expiry; empty means
-	// learn it with a SelfSubjectReview at start.
-	Username string
-	// Concurrency is the number of locks reconciled in parallel.
+	Username    string
 	Concurrency int
 
-	// EnableWebhook serves the validating admission webhook (on every replica).
-	EnableWebhook bool
-	// WebhookPort is the webhook server's HTTPS port.
-	WebhookPort int
-	// WebhookHost is the address the webhook server binds to; empty means all.
-	WebhookHost string
-	// WebhookCertDir holds the serving tls.crt and tls.key.
-	WebhookCertDir string
-	// WebhookClientCAFile is a PEM bundle of CAs; when set, the webhook server
-	// completes TLS only with clients that present a certificate they signed
-	// (the apiserver, configured with an AdmissionConfiguration whose
-	// kubeConfigFile holds a client certificate). Empty: any TLS client.
-	WebhookClientCAFile string
-	// WebhookControllerUsers may expire holdings and drop waiters; empty means
-	// the controller's own user name (Username, or learned with a SelfSubjectReview).
+	EnableWebhook          bool
+	WebhookPort            int
+	WebhookHost            string
+	WebhookCertDir         string
+	WebhookClientCAFile    string
 	WebhookControllerUsers []string
-	// CertRotation provisions and rotates the serving certificate in the Secret
-	// CertSecretNamespace/CertSecretName, writes it to WebhookCertDir and keeps
-	// the caBundle of WebhookConfigName current. Off when cert-manager does it.
-	CertRotation bool
-	// CertSecretName is the Secret that keeps the CA and the serving pair.
-	CertSecretName string
-	// CertSecretNamespace is the operator's namespace: the Secret's and the webhook Service's.
-	CertSecretNamespace string
-	// WebhookServiceName is the Service the certificate is issued for.
-	WebhookServiceName string
-	// WebhookConfigName is the ValidatingWebhookConfiguration whose caBundle is kept current.
-	WebhookConfigName string
-	// FencedWebhookConfigName is the optional fenced-objects
-	// ValidatingWebhookConfiguration (config/fenced-objects) whose caBundle
-	// CertRotation also keeps current; empty means none.
+	// CertRotation: the serving certificate in the Secret
+	// CertSecretNamespace/CertSecretName, written to WebhookCertDir, and the
+	// caBundle of WebhookConfigName (and FencedWebhookConfigName, if set).
+	CertRotation            bool
+	CertSecretName          string
+	CertSecretNamespace     string
+	WebhookServiceName      string
+	WebhookConfigName       string
 	FencedWebhookConfigName string
-	// CertExtraDNSNames are added to the serving certificate's DNS names.
-	CertExtraDNSNames []string
+	CertExtraDNSNames       []string
 
-	// Zap configures logging.
 	Zap zap.Options
 }
 
@@ -149,14 +120,14 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.WebhookHost, "webhook-host", o.WebhookHost, "Address the admission webhook server binds to; empty means all addresses.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir, "Directory with the webhook's serving tls.crt and tls.key; the server starts, and /readyz passes, once they exist.")
 	fs.StringVar(&o.WebhookClientCAFile, "webhook-client-ca-file", o.WebhookClientCAFile, "PEM file of the CAs whose client certificates the webhook server requires (the apiserver's, from its --admission-control-config-file); empty accepts any TLS client. Read at start.")
-	fs.Var(listFlag{&o.WebhookControllerUsers}, "webhook-controller-users", "Comma-separated user names the webhook lets expire holdings and drop waiters; empty means the controller's own user name (--controller-username, or learned with a SelfSubjectReview).")
+	fs.Func("webhook-controller-users", "Comma-separated user names the webhook lets expire holdings and drop waiters; empty means the controller's own user name (--controller-username, or learned with a SelfSubjectReview).", setList(&o.WebhookControllerUsers))
 	fs.BoolVar(&o.CertRotation, "cert-rotation", o.CertRotation, "Provision and rotate the webhook's serving certificate in --cert-secret-name, write it to --webhook-cert-dir and keep the caBundle of --webhook-config-name current; turn off when cert-manager issues the certificate.")
 	fs.StringVar(&o.CertSecretName, "cert-secret-name", o.CertSecretName, "Secret (existing, may be empty) in which --cert-rotation keeps the CA and the serving certificate.")
 	fs.StringVar(&o.CertSecretNamespace, "cert-secret-namespace", o.CertSecretNamespace, "The operator's namespace: that of --cert-secret-name and of --webhook-service-name.")
 	fs.StringVar(&o.WebhookServiceName, "webhook-service-name", o.WebhookServiceName, "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	fs.StringVar(&o.WebhookConfigName, "webhook-config-name", o.WebhookConfigName, "ValidatingWebhookConfiguration whose caBundle --cert-rotation keeps current.")
 	fs.StringVar(&o.FencedWebhookConfigName, "fenced-webhook-config-name", o.FencedWebhookConfigName, "ValidatingWebhookConfiguration of the optional fenced-objects component whose caBundle --cert-rotation also keeps current (logged and skipped while it does not exist); empty means none.")
-	fs.Var(listFlag{&o.CertExtraDNSNames}, "cert-extra-dns-names", "Comma-separated extra DNS names for the self-rotated serving certificate.")
+	fs.Func("cert-extra-dns-names", "Comma-separated extra DNS names for the self-rotated serving certificate.", setList(&o.CertExtraDNSNames))
 	o.Zap.BindFlags(fs)
 }
 
@@ -325,4 +296,30 @@ func CacheOptions() cache.Options {
 // Exit runs Main with the process arguments and exits.
 func Exit() {
 	os.Exit(Main(os.Args[1:], os.Stderr))
+}
+
+// Metrics are served over HTTPS to callers the apiserver authenticates (a
+// bearer token, TokenReview) and authorizes (get on the non-resource URL
+// /metrics, SubjectAccessReview): config/rbac's kubelock-metrics-reader
+// ClusterRole grants that, config/prometheus scrapes with it.
+//
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// metricsOptions configures controller-runtime's metrics server from o.
+func metricsOptions(o Options) metricsserver.Options {
+	m := metricsserver.Options{BindAddress: o.MetricsAddr}
+	if !o.MetricsSecure {
+		return m
+	}
+	m.SecureServing = true
+	m.FilterProvider = filters.WithAuthenticationAndAuthorization
+	m.CertDir = o.MetricsCertDir
+	m.TLSOpts = []func(*tls.Config){func(c *tls.Config) {
+		c.MinVersion = tls.VersionTLS12
+		// HTTP/1.1 only: no exposure to HTTP/2 stream-reset floods
+		// (CVE-2023-44487) on an endpoint any pod can reach.
+		c.NextProtos = []string{"http/1.1"}
+	}}
+	return m
 }

@@ -106,6 +106,12 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 	secret := types.NamespacedName{Namespace: o.CertSecretNamespace, Name: o.CertSecretName}
 	dns := o.webhookDNSNames()
 	injected := make(chan struct{})
+	// The fenced-objects configuration is optional: while it does not exist
+	// the rotator logs and skips it.
+	hooks := []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}}
+	if o.FencedWebhookConfigName != "" {
+		hooks = append(hooks, rotator.WebhookInfo{Name: o.FencedWebhookConfigName, Type: rotator.Validating})
+	}
 	if err := rotator.AddRotator(mgr, &rotator.CertRotator{
 		SecretKey:      secret,
 		CertDir:        o.WebhookCertDir,
@@ -114,7 +120,7 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 		DNSName:        dns[0],
 		ExtraDNSNames:  dns[1:],
 		IsReady:        injected,
-		Webhooks:       injectInto(o),
+		Webhooks:       hooks,
 		FieldOwner:     certFieldOwner,
 		ControllerName: "cert-rotator",
 		// Every replica serves the webhook, so every replica keeps its files
@@ -134,17 +140,6 @@ func setupWebhook(ctx context.Context, mgr manager.Manager, r *controllers.Recon
 			return fmt.Errorf("the CA is not yet injected into ValidatingWebhookConfiguration %s", o.WebhookConfigName)
 		}
 	})
-}
-
-// injectInto are the webhook configurations whose caBundle the rotator keeps
-// current: the lock webhook and, when installed, the fenced-objects one (a
-// missing configuration is logged and skipped).
-func injectInto(o Options) []rotator.WebhookInfo {
-	hooks := []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Validating}}
-	if o.FencedWebhookConfigName != "" {
-		hooks = append(hooks, rotator.WebhookInfo{Name: o.FencedWebhookConfigName, Type: rotator.Validating})
-	}
-	return hooks
 }
 
 // webhookControllerUsers are the user names the validator lets expire holdings
@@ -343,28 +338,15 @@ func (s *secretToFiles) write(crt, key []byte) (bool, error) {
 	return true, renameio.WriteFile(filepath.Join(s.dir, certName), crt, 0o600)
 }
 
-// splitList parses a comma-separated flag value, dropping blanks.
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
+// setList sets *list from a comma-separated flag value, dropping blanks.
+func setList(list *[]string) func(string) error {
+	return func(s string) error {
+		*list = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				*list = append(*list, p)
+			}
 		}
+		return nil
 	}
-	return out
-}
-
-// listFlag is a comma-separated list flag.
-type listFlag struct{ list *[]string }
-
-func (f listFlag) String() string {
-	if f.list == nil {
-		return ""
-	}
-	return strings.Join(*f.list, ",")
-}
-
-func (f listFlag) Set(s string) error {
-	*f.list = splitList(s)
-	return nil
 }

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 
@@ -128,8 +130,7 @@ func (h *HotLocks) Describe(ch chan<- *prometheus.Desc) {
 // waiters nor heat are forgotten here.
 func (h *HotLocks) Collect(ch chan<- prometheus.Metric) {
 	e := h.epoch()
-	byWaiters := topN[lockKey]{n: h.n}
-	byHeat := topN[lockKey]{n: h.n}
+	var byWaiters, byHeat []ranked
 	h.mu.Lock()
 	for k, l := range h.locks {
 		heat := l.heat(e)
@@ -138,61 +139,32 @@ func (h *HotLocks) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		if l.waiters > 0 {
-			byWaiters.offer(k, uint64(l.waiters), float64(l.waiters), less(k))
+			byWaiters = append(byWaiters, ranked{k, uint64(l.waiters), float64(l.waiters)})
 		}
 		if heat > 0 {
-			byHeat.offer(k, heat, float64(l.total), less(k))
+			byHeat = append(byHeat, ranked{k, heat, float64(l.total)})
 		}
 	}
 	h.mu.Unlock()
-	for _, it := range byWaiters.items {
+	for _, it := range top(byWaiters, h.n) {
 		ch <- prometheus.MustNewConstMetric(h.waitersDesc, prometheus.GaugeValue, it.value, it.key.namespace, it.key.name)
 	}
-	for _, it := range byHeat.items {
+	for _, it := range top(byHeat, h.n) {
 		ch <- prometheus.MustNewConstMetric(h.acquisitionsDesc, prometheus.CounterValue, it.value, it.key.namespace, it.key.name)
 	}
 }
 
-func less(k lockKey) func(lockKey) bool {
-	return func(o lockKey) bool {
-		if k.namespace != o.namespace {
-			return k.namespace < o.namespace
-		}
-		return k.name < o.name
-	}
-}
-
-// topN keeps the n items of highest score, sorted best first; n is small, so
-// insertion into a short sorted slice beats a heap.
-type topN[K any] struct {
-	n     int
-	items []ranked[K]
-}
-
-type ranked[K any] struct {
-	key   K
+// ranked is a lock's score in one ranking and the value it reports.
+type ranked struct {
+	key   lockKey
 	score uint64
 	value float64
 }
 
-// offer considers key with score; keyLess tells whether key sorts before
-// another key, to break ties.
-func (t *topN[K]) offer(key K, score uint64, value float64, keyLess func(K) bool) {
-	if t.n == 0 {
-		return
-	}
-	better := func(o ranked[K]) bool { return score > o.score || (score == o.score && keyLess(o.key)) }
-	if len(t.items) == t.n && !better(t.items[len(t.items)-1]) {
-		return
-	}
-	i := len(t.items)
-	for i > 0 && better(t.items[i-1]) {
-		i--
-	}
-	t.items = append(t.items, ranked[K]{})
-	copy(t.items[i+1:], t.items[i:])
-	t.items[i] = ranked[K]{key: key, score: score, value: value}
-	if len(t.items) > t.n {
-		t.items = t.items[:t.n]
-	}
+// top is the n items of highest score, ties broken by namespace and name.
+func top(items []ranked, n int) []ranked {
+	slices.SortFunc(items, func(a, b ranked) int {
+		return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.key.namespace, b.key.namespace), cmp.Compare(a.key.name, b.key.name))
+	})
+	return items[:min(n, len(items))]
 }

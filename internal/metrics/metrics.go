@@ -1,8 +1,7 @@
 // Package metrics holds every Prometheus metric of the kubelock operator
 // binary: the controller's (subsystem "controller") and the admission
 // webhook's (subsystem "webhook"). Register adds them to controller-runtime's
-// registry, which the manager serves on its metrics endpoint; the typed helpers
-// below are the only way the rest of the operator touches them.
+// registry, which the manager serves on its metrics endpoint.
 //
 // Per-lock series are never created for the whole fleet: the hot-lock tracker
 // exports at most HotLocks series per per-lock metric, whatever the number of
@@ -10,7 +9,9 @@
 package metrics
 
 import (
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
@@ -24,43 +25,47 @@ const (
 	WebhookSubsystem    = "webhook"
 )
 
-// Label values of AdmissionDecision's outcome.
-const (
-	OutcomeAllowed = "allowed"
-	OutcomeDenied  = "denied"
-)
-
-// Reconcile steps whose errors ReconcileError counts.
+// Reconcile steps, the step label of ReconcileErrors.
 const (
 	StepGet    = "get"
 	StepWrite  = "write_status"
 	StepDelete = "delete"
 )
 
+// collectors are every operator collector, in the order they are declared.
+var collectors []prometheus.Collector
+
+func add[C prometheus.Collector](c C) C {
+	collectors = append(collectors, c)
+	return c
+}
+
 func counter(subsystem, name, help string) prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help})
+	return add(prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}))
 }
 
 func counterVec(subsystem, name, help string, labels ...string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}, labels)
+	return add(prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Subsystem: subsystem, Name: name, Help: help}, labels))
 }
 
 func gauge(name, help string) prometheus.Gauge {
-	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help})
+	return add(prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help}))
 }
 
 func histogram(name, help string, buckets []float64) prometheus.Histogram {
-	return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help, Buckets: buckets})
+	return add(prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: name, Help: help, Buckets: buckets}))
 }
 
 const ctrl, hook = ControllerSubsystem, WebhookSubsystem
 
+// The operator's metrics: the exported ones are counted where they happen,
+// the others through the helpers below. Each Help says what it counts.
 var (
-	expirationsTotal    = counter(ctrl, "expirations_total", "Leases the controller expired.")
-	waitersDroppedTotal = counterVec(ctrl, "waiters_dropped_total",
+	Expirations    = counter(ctrl, "expirations_total", "Leases the controller expired.")
+	WaitersDropped = counterVec(ctrl, "waiters_dropped_total",
 		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout, SessionExpired, SessionClosed).", "reason")
-	idleLocksDeletedTotal    = counter(ctrl, "idle_locks_deleted_total", "Idle auto-created locks the controller deleted.")
-	transitionsObservedTotal = counterVec(ctrl, "transitions_observed_total",
+	IdleLocksDeleted    = counter(ctrl, "idle_locks_deleted_total", "Idle auto-created locks the controller deleted.")
+	TransitionsObserved = counterVec(ctrl, "transitions_observed_total",
 		"Changes of holder the controller observed, by kind (Acquired, Released, Expired, ForceReleased, SessionExpired, SessionClosed).", "kind")
 	waitSeconds = histogram("wait_seconds",
 		"Time from the controller first seeing a waiter queued to seeing it acquire the lock.",
@@ -71,19 +76,19 @@ var (
 	queueLength = histogram("queue_length",
 		"Length of a lock's wait queue each time the controller observes a change of holder.",
 		[]float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024})
-	locksObserved        = gauge("locks", "DistributedLocks this controller currently observes (0 on a replica that is not the leader).")
-	locksHeld            = gauge("locks_held", "DistributedLocks this controller last observed with a holder.")
-	waiters              = gauge("waiters", "Waiters queued over all locks, as this controller last observed them.")
-	reconcileErrorsTotal = counterVec(ctrl, "reconcile_errors_total",
+	locksObserved   = gauge("locks", "DistributedLocks this controller currently observes (0 on a replica that is not the leader).")
+	locksHeld       = gauge("locks_held", "DistributedLocks this controller last observed with a holder.")
+	waiters         = gauge("waiters", "Waiters queued over all locks, as this controller last observed them.")
+	ReconcileErrors = counterVec(ctrl, "reconcile_errors_total",
 		"Reconciles that returned an error, by step (get, write_status, delete).", "step")
 	// One series per namespace that ever held a malformed lock: bounded by namespaces.
-	lockDecodeErrorsTotal = counterVec(ctrl, "lock_decode_errors_total",
+	LockDecodeErrors = counterVec(ctrl, "lock_decode_errors_total",
 		"Versions of DistributedLocks the controller could not decode (e.g. a time Go's metav1 types do not parse) and left alone, by namespace; each malformed resourceVersion counts once.", "namespace")
-	writeConflictsTotal   = counter(ctrl, "write_conflicts_total", "Controller writes that lost a race (409 Conflict) and were retried.")
-	eventsSuppressedTotal = counterVec(ctrl, "events_suppressed_total",
+	WriteConflicts   = counter(ctrl, "write_conflicts_total", "Controller writes that lost a race (409 Conflict) and were retried.")
+	EventsSuppressed = counterVec(ctrl, "events_suppressed_total",
 		"Events not emitted because their lock exceeded its per-lock event rate, by reason.", "reason")
-	sessionsObserved     = gauge("sessions", "LockSessions this controller currently observes (0 on a replica that is not the leader).")
-	sessionsExpiredTotal = counter(ctrl, "sessions_expired_total",
+	SessionsObserved = gauge("sessions", "LockSessions this controller currently observes (0 on a replica that is not the leader).")
+	SessionsExpired  = counter(ctrl, "sessions_expired_total",
 		"LockSessions the controller deleted after observing no renewal for their TTL plus grace (their holdings ended first).")
 	isLeader           = gauge("is_leader", "1 while this replica holds the leader lease and runs the controller, else 0.")
 	leaderChangesTotal = counter(ctrl, "leader_changes_total",
@@ -93,26 +98,18 @@ var (
 		"Admission decisions on DistributedLock and fenced-object writes, by rule and outcome (allowed or denied); allowed requests count under rule \"none\".",
 		"rule", "outcome")
 	// Fenced objects are few, so one series per guarding lock stays bounded.
-	staleTokenRejectionsTotal = counterVec(hook, "stale_token_rejections_total",
+	StaleTokenRejections = counterVec(hook, "stale_token_rejections_total",
 		"Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).", "lock")
 
 	// Hot is the tracker behind the per-lock hot-lock series.
-	Hot = newHotLocks(DefaultHotLocks, clock.RealClock{})
+	Hot = add(newHotLocks(DefaultHotLocks, clock.RealClock{}))
 	// Holdings reports the longest and the most overdue holding at each scrape.
-	Holdings = &holdings{}
+	Holdings = add(&holdings{})
 )
 
 // Collectors returns every operator collector, for Register and for tests
 // that check the dashboard names only exported metrics.
-func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{
-		expirationsTotal, waitersDroppedTotal, idleLocksDeletedTotal, transitionsObservedTotal,
-		waitSeconds, handoffSeconds, queueLength, locksObserved, locksHeld, waiters,
-		reconcileErrorsTotal, lockDecodeErrorsTotal, writeConflictsTotal, eventsSuppressedTotal, isLeader, leaderChangesTotal,
-		sessionsObserved, sessionsExpiredTotal,
-		admissionDecisionsTotal, staleTokenRejectionsTotal, Hot, Holdings,
-	}
-}
+func Collectors() []prometheus.Collector { return slices.Clone(collectors) }
 
 var registerOnce sync.Once
 
@@ -121,18 +118,6 @@ var registerOnce sync.Once
 func Register() {
 	registerOnce.Do(func() { ctrlmetrics.Registry.MustRegister(Collectors()...) })
 }
-
-// Expired counts a lease the controller expired.
-func Expired() { expirationsTotal.Inc() }
-
-// WaiterDropped counts a waiter the controller removed, by reason.
-func WaiterDropped(reason string) { waitersDroppedTotal.WithLabelValues(reason).Inc() }
-
-// IdleLockDeleted counts an idle auto-created lock the controller deleted.
-func IdleLockDeleted() { idleLocksDeletedTotal.Inc() }
-
-// TransitionObserved counts a change of holder by kind.
-func TransitionObserved(kind string) { transitionsObservedTotal.WithLabelValues(kind).Inc() }
 
 // Acquisition records an observed acquisition: the queue length at that moment
 // and, when the controller saw them (non-zero), the wait and hand-off times.
@@ -169,19 +154,6 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// ReconcileError counts a reconcile that returned an error at step.
-func ReconcileError(step string) { reconcileErrorsTotal.WithLabelValues(step).Inc() }
-
-// LockDecodeError counts a version of a lock in namespace that the controller
-// could not decode.
-func LockDecodeError(namespace string) { lockDecodeErrorsTotal.WithLabelValues(namespace).Inc() }
-
-// WriteConflict counts a controller write that lost a race.
-func WriteConflict() { writeConflictsTotal.Inc() }
-
-// EventSuppressed counts an Event dropped by the per-lock rate limit.
-func EventSuppressed(reason string) { eventsSuppressedTotal.WithLabelValues(reason).Inc() }
-
 // Leading records that this replica became (true) or stopped being (false) the leader.
 func Leading(leading bool) {
 	if leading {
@@ -192,20 +164,55 @@ func Leading(leading bool) {
 	isLeader.Set(0)
 }
 
-// SessionsTracked moves the count of observed sessions by delta.
-func SessionsTracked(delta int) { sessionsObserved.Add(float64(delta)) }
-
-// SessionExpired counts a lapsed session the controller deleted.
-func SessionExpired() { sessionsExpiredTotal.Inc() }
-
 // AdmissionDecision counts an admission decision; rule is ignored when allowed.
 func AdmissionDecision(rule string, allowed bool) {
-	outcome := OutcomeDenied
+	outcome := "denied"
 	if allowed {
-		outcome, rule = OutcomeAllowed, "none"
+		outcome, rule = "allowed", "none"
 	}
 	admissionDecisionsTotal.WithLabelValues(rule, outcome).Inc()
 }
 
-// StaleTokenRejected counts a fenced-object write refused for a stale token.
-func StaleTokenRejected(lock string) { staleTokenRejectionsTotal.WithLabelValues(lock).Inc() }
+// HoldingStats summarises the current holdings as the controller observed them.
+type HoldingStats struct {
+	// LongestLeases is the age of the longest current holding in multiples of
+	// its lease duration (since the controller first saw it).
+	LongestLeases float64
+	// MaxOverdueSeconds is how far the most overdue held lease is past its
+	// expiry (lease + grace after the last observed renewal) without having
+	// been expired; 0 when none is.
+	MaxOverdueSeconds float64
+}
+
+// holdings is a collector that asks the controller for HoldingStats at each
+// scrape, so no per-lock series and no periodic scan are needed.
+type holdings struct {
+	source atomic.Pointer[func() HoldingStats]
+}
+
+var (
+	longestHoldingDesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, ControllerSubsystem, "longest_holding_leases"),
+		"Age of the longest current holding in multiples of its lease duration, measured from when the controller first saw it.", nil, nil)
+	maxOverdueDesc = prometheus.NewDesc(prometheus.BuildFQName(Namespace, ControllerSubsystem, "max_overdue_seconds"),
+		"How far the most overdue held lease is past its expiry (lease + grace after the last observed renewal) without having been expired; 0 when none is.", nil, nil)
+)
+
+// SetHoldingSource sets the function the holding gauges are computed with at
+// scrape time; the running controller sets it, nil reports zeros.
+func SetHoldingSource(f func() HoldingStats) { Holdings.source.Store(&f) }
+
+// Describe implements prometheus.Collector.
+func (h *holdings) Describe(ch chan<- *prometheus.Desc) {
+	ch <- longestHoldingDesc
+	ch <- maxOverdueDesc
+}
+
+// Collect implements prometheus.Collector.
+func (h *holdings) Collect(ch chan<- prometheus.Metric) {
+	var s HoldingStats
+	if f := h.source.Load(); f != nil && *f != nil {
+		s = (*f)()
+	}
+	ch <- prometheus.MustNewConstMetric(longestHoldingDesc, prometheus.GaugeValue, s.LongestLeases)
+	ch <- prometheus.MustNewConstMetric(maxOverdueDesc, prometheus.GaugeValue, s.MaxOverdueSeconds)
+}

@@ -10,15 +10,17 @@ import (
 	"time"
 )
 
-// PodBoundControllers are the kube-controller-manager controllers pod-bound
-// sessions need: the garbage collector deletes what a deleted Pod owned; the
-// others clean up deleted namespaces and give each its "default" service
-// account. These are the names the health checks carry (the short ones are aliases).
-var PodBoundControllers = []string{"garbage-collector-controller", "namespace-controller", "serviceaccount-controller", "serviceaccount-token-controller"}
+// Controllers are the kube-controller-manager controllers kubelock needs: the
+// garbage collector deletes what a deleted Pod owned (pod-bound sessions); the
+// namespace and service-account ones clean up deleted namespaces and give each
+// its "default" service account; the resource quota controller computes a
+// ResourceQuota's usage, without which the apiserver refuses every create the
+// quota covers. These are the names the health checks carry (the short ones are aliases).
+var Controllers = []string{"garbage-collector-controller", "namespace-controller", "serviceaccount-controller", "serviceaccount-token-controller", "resourcequota-controller"}
 
 // StartControllerManager starts the kube-controller-manager at path, without
 // leader election, connected with kubeconfig (a system:masters user's: the
-// garbage collector deletes anything), running PodBoundControllers; saKey is
+// garbage collector deletes anything), running Controllers; saKey is
 // the apiserver's service-account signing key; extraArgs are added (a
 // repeated --controllers adds to the list). It returns once /healthz, on a
 // free port of 127.0.0.1, lists each controller as ok.
@@ -29,7 +31,7 @@ func StartControllerManager(ctx context.Context, path, logPath, kubeconfig, saKe
 	}
 	c, err := Start("kube-controller-manager", path, logPath, append([]string{
 		"--kubeconfig=" + kubeconfig,
-		"--controllers=" + strings.Join(PodBoundControllers, ","),
+		"--controllers=" + strings.Join(Controllers, ","),
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
 		"--service-account-private-key-file=" + saKey,
@@ -42,7 +44,7 @@ func StartControllerManager(ctx context.Context, path, logPath, kubeconfig, saKe
 	url := fmt.Sprintf("https://127.0.0.1:%d/healthz?verbose", port)
 	// A controller is listed once it started, so this waits for all of them.
 	err = c.WaitFor(ctx, "running its controllers", timeout, func(ctx context.Context) error {
-		return listsHealthy(ctx, hc, url, PodBoundControllers)
+		return listsHealthy(ctx, hc, url, Controllers)
 	})
 	if err != nil {
 		_ = c.Stop(10 * time.Second)

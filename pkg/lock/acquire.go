@@ -73,6 +73,16 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 	if a.user, err = c.User(ctx); err != nil {
 		return nil, err
 	}
+	if err := a.checkSession(); err != nil {
+		return nil, err
+	}
+	if s := a.cfg.session; s != nil {
+		// Stop waiting when the session ends: its queue entry would be dropped.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(s.ctx, cancel)()
+	}
 	if wait {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, a.cfg.waitTimeout)
@@ -211,8 +221,12 @@ func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (
 		}
 		// The holding may come from an earlier call with this request ID whose
 		// send time is unknown here: prove it with a renewal before trusting it.
+		// A holding in this call's session lives as long as the session.
+		if s := a.cfg.session; (s != nil || h.Session != "") && (s == nil || h.Session != s.name) {
+			return nil, true, fmt.Errorf("kubelock: acquire %q: request ID %s holds the lock in session %q, not this call's", a.key, a.cfg.requestID, h.Session)
+		}
 		l := a.c.newLock(a, obj)
-		if !a.firstSent.IsZero() {
+		if !a.firstSent.IsZero() || l.session != nil {
 			l.start(a.firstSent)
 			return l, true, nil
 		}
@@ -271,6 +285,7 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 		LeaseDurationSeconds: int32(lease / time.Second),
 		PodName:              podName,
 		PodUID:               podUID,
+		Session:              a.sessionName(),
 		AcquireTime:          now,
 		RenewTime:            &now,
 	}, token)
@@ -311,6 +326,7 @@ func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLoc
 		Deadline:    metav1.NewMicroTime(deadline),
 		PodName:     podName,
 		PodUID:      podUID,
+		Session:     a.sessionName(),
 	})
 	next.Status.ObservedGeneration = next.Generation
 	if err := a.c.c.Status().Update(ctx, next); err != nil {
@@ -393,8 +409,19 @@ func keepCause(last, err error) error {
 	return err
 }
 
+// sessionName is the name of the call's session, "" without one.
+func (a *attempt) sessionName() string {
+	if a.cfg.session == nil {
+		return ""
+	}
+	return a.cfg.session.name
+}
+
 // waitErr says why the call's context ended: ErrTimeout at its deadline.
 func (a *attempt) waitErr(ctx context.Context) error {
+	if err := a.checkSession(); err != nil {
+		return err
+	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return ErrTimeout
 	}

@@ -18,4 +18,9 @@
 // until the client's safe deadline (the time the last successful renewal was
 // sent, plus the lease, minus a margin), the lock's context is cancelled —
 // before the controller can give the lock to anyone else (invariant I5).
+//
+// A process holding many locks renews one Session instead (NewSession, then
+// Acquire with InSession or a client made WithSession): its holdings renew
+// nothing, and their contexts end with the session's, which keeps I5 per
+// session. A Client uses no session unless asked.
 package lock

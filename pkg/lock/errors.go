@@ -70,6 +70,8 @@ func endedHolding(f *locksv1alpha1.FinishedHolding) error {
 		cause = lostForceReleased
 	case locksv1alpha1.EndReasonReleased:
 		cause = lostReleased
+	case locksv1alpha1.EndReasonSessionExpired, locksv1alpha1.EndReasonSessionClosed:
+		cause = lostSession
 	}
 	return lostWith(cause, "lease %s (token %d) already ended: %s by %s", f.LeaseID, f.FencingToken, f.EndReason, f.EndedBy)
 }

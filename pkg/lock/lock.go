@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -34,28 +35,36 @@ type Lock struct {
 	wmu sync.Mutex
 	obj *locksv1alpha1.DistributedLock // last version this holder wrote or read
 
+	// session is the session whose renewals keep this holding alive, nil when
+	// the holding renews its own lease.
+	session *Session
+
+	// deadline is the last proven send + lease - margin; in a session, the
+	// session's deadline when the holding was last found held.
+	deadline safeDeadline
+
 	// mu guards the fields below. It is never held across a request, so the
 	// watchdog can always end the holding on time.
 	mu       sync.Mutex
-	deadline time.Time // safe deadline: last proven send + lease - margin
 	finished bool
-	unproven bool          // the holding ended because the safe deadline passed, not by the server's word
-	ownsSlot bool          // started: ending the holding gives the process's queue slot back
-	acquired time.Time     // when the holding started, on this client's clock
-	extended chan struct{} // closed and replaced when the deadline moves
-	stopped  chan struct{} // closed when the background loop exits
+	unproven bool      // the holding ended because the safe deadline passed, not by the server's word
+	ownsSlot bool      // started: ending the holding gives the process's queue slot back
+	acquired time.Time // when the holding started, on this client's clock
 }
 
 func (c *Client) newLock(a *attempt, obj *locksv1alpha1.DistributedLock) *Lock {
 	h := obj.Status.Holder
 	lease := time.Duration(h.LeaseDurationSeconds) * time.Second
-	ctx, cancel := context.WithCancelCause(context.Background())
+	parent := context.Background()
+	if s := a.cfg.session; s != nil {
+		parent = s.ctx // the holding ends when its session does
+	}
+	ctx, cancel := context.WithCancelCause(parent)
 	return &Lock{
 		c: c, key: a.key, name: a.name, user: a.user,
 		requestID: h.RequestID, leaseID: h.LeaseID, token: obj.Status.FencingToken,
-		lease: lease, margin: safetyMargin(lease),
+		lease: lease, margin: safetyMargin(lease), session: a.cfg.session,
 		ctx: ctx, cancel: cancel, obj: obj,
-		extended: make(chan struct{}),
 	}
 }
 
@@ -77,18 +86,31 @@ func (l *Lock) recorded(f *locksv1alpha1.FinishedHolding) bool {
 func safetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*time.Millisecond) }
 
 // start sets the safe deadline from the send time of the write that proved the
-// holding and starts the background renewal and the deadline watchdog.
+// holding and starts the background renewal and the deadline watchdog. A
+// holding in a session has neither: its context is a child of the session's,
+// which its own watchdog ends.
 func (l *Lock) start(sent time.Time) {
 	l.mu.Lock()
-	l.deadline = sent.Add(l.lease - l.margin)
 	l.ownsSlot = true
 	l.acquired = l.c.cfg.clock.Now()
 	l.mu.Unlock()
 	l.c.metrics.acquired()
-	l.stopped = make(chan struct{})
-	go l.watchdog()
+	if l.session != nil {
+		// Give the queue slot back and count the end however the session ends.
+		context.AfterFunc(l.ctx, func() { l.finish(context.Cause(l.ctx)) })
+		l.session.track(l)
+		return
+	}
+	l.deadline.extend(sent.Add(l.lease - l.margin))
+	go l.deadline.watch(l.c.cfg.clock, l.ctx.Done(), l.finishUnproven)
 	if l.c.cfg.autoRenew {
-		go l.renewLoop()
+		go keepRenewing(l.ctx, l.c.cfg.clock, l.lease/3, func() error {
+			err := l.Renew(l.ctx)
+			if err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrReleased) {
+				l.c.cfg.log.Info("renewal failed; retrying", "lock", l.name, "leaseID", l.leaseID, "error", err.Error())
+			}
+			return err
+		})
 	}
 }
 
@@ -110,10 +132,17 @@ func (l *Lock) RequestID() string { return l.requestID }
 
 // ExpiresAt is the client's conservative view of the end of the lease: the send
 // time of the last successful renewal plus the lease, minus a safety margin.
+// In a session it is the session's (Session.ExpiresAt) while the holding
+// lasts; once it ended by itself (force-released), the session's from before
+// the renewal after which the holder learned it.
 func (l *Lock) ExpiresAt() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
+	if l.session == nil {
+		return l.deadline.get()
+	}
+	if d := l.deadline.get(); !d.IsZero() && l.Err() != nil && l.session.Err() == nil {
+		return d
+	}
+	return l.session.ExpiresAt()
 }
 
 // Context is how to observe the end of the holding: it ends when the holding
@@ -134,8 +163,12 @@ func (l *Lock) Err() error {
 
 // Renew extends the lease now. It returns an error wrapping ErrLockLost when the
 // holding is over; a failed renewal that leaves the outcome unknown returns the
-// error and keeps the old deadline.
+// error and keeps the old deadline. A holding in a session renews nothing: its
+// session renews it, and Renew returns Err (nil while the holding lives).
 func (l *Lock) Renew(ctx context.Context) (err error) {
+	if l.session != nil {
+		return l.Err()
+	}
 	defer l.c.timed(opRenew)(&err)
 	sent, err := l.renew(ctx)
 	if err != nil {
@@ -145,8 +178,7 @@ func (l *Lock) Renew(ctx context.Context) (err error) {
 	return nil
 }
 
-// renew writes renewTime with the last known resourceVersion. It is the one
-// function a session-based renewal would replace.
+// renew writes renewTime with the last known resourceVersion.
 func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
@@ -207,15 +239,7 @@ func (l *Lock) refresh(ctx context.Context) (*locksv1alpha1.FinishedHolding, err
 }
 
 // extend moves the safe deadline to sent + lease - margin.
-func (l *Lock) extend(sent time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if d := sent.Add(l.lease - l.margin); d.After(l.deadline) {
-		l.deadline = d
-		close(l.extended)
-		l.extended = make(chan struct{})
-	}
-}
+func (l *Lock) extend(sent time.Time) { l.deadline.extend(sent.Add(l.lease - l.margin)) }
 
 // Release gives the lock up. It is idempotent: releasing again returns nil.
 // Releasing a lock that was lost returns an error wrapping ErrLockLost and never
@@ -278,20 +302,20 @@ func (l *Lock) finish(cause error) {
 	l.finishLocked(cause)
 }
 
-// finishUnproven ends the holding because its safe deadline passed, unless a
-// renewal moved the deadline meanwhile; it reports whether it ended it.
-func (l *Lock) finishUnproven(deadline time.Time) bool {
+// finishUnproven ends the holding because its safe deadline passed.
+func (l *Lock) finishUnproven() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.deadline.After(deadline) {
-		return false
-	}
 	l.unproven = true
 	l.finishLocked(lostWith(lostDeadline, "could not renew %s before its safe deadline", l.name))
-	return true
 }
 
+// isUnproven: the holding (or its session) ended because its safe deadline
+// passed, so the apiserver may still show it.
 func (l *Lock) isUnproven() bool {
+	if l.session != nil {
+		return l.session.isUnproven()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.unproven
@@ -318,21 +342,53 @@ func (l *Lock) finishLocked(cause error) {
 	}
 }
 
-// watchdog ends the holding when the safe deadline passes without a renewal (I5).
-func (l *Lock) watchdog() {
-	defer close(l.stopped)
-	clk := l.c.cfg.clock
+// safeDeadline is when a client stops trusting what it holds (I5): the send
+// time of its last proven write plus the lease, minus the margin. It only
+// moves later.
+type safeDeadline struct {
+	mu       sync.Mutex
+	at       time.Time
+	extended chan struct{} // closed when at moves; nil while nobody watches
+}
+
+func (d *safeDeadline) get() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.at
+}
+
+// extend moves the deadline to t, if that is later.
+func (d *safeDeadline) extend(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if t.After(d.at) {
+		d.at = t
+		if d.extended != nil {
+			close(d.extended)
+			d.extended = nil
+		}
+	}
+}
+
+// watch calls expire once the deadline passes without being extended, unless
+// done closes first. It never waits for a request, so a renewal that hangs
+// cannot delay expire.
+func (d *safeDeadline) watch(clk clock.Clock, done <-chan struct{}, expire func()) {
 	for {
-		l.mu.Lock()
-		deadline, extended := l.deadline, l.extended
-		l.mu.Unlock()
-		left := deadline.Sub(clk.Now())
-		if left <= 0 && l.finishUnproven(deadline) {
+		d.mu.Lock()
+		if d.extended == nil {
+			d.extended = make(chan struct{})
+		}
+		at, extended := d.at, d.extended
+		d.mu.Unlock()
+		left := at.Sub(clk.Now())
+		if left <= 0 {
+			expire()
 			return
 		}
 		t := clk.NewTimer(left)
 		select {
-		case <-l.ctx.Done():
+		case <-done:
 			t.Stop()
 			return
 		case <-extended:
@@ -342,29 +398,25 @@ func (l *Lock) watchdog() {
 	}
 }
 
-// renewLoop renews every lease/3 with jitter, and retries sooner after a failure.
-func (l *Lock) renewLoop() {
-	clk := l.c.cfg.clock
-	interval := l.lease / 3
+// keepRenewing calls renew every interval with jitter, sooner after a
+// failure, until ctx ends or renew says the holding is over.
+func keepRenewing(ctx context.Context, clk clock.Clock, interval time.Duration, renew func() error) {
 	wait := renewJitter(interval)
 	for {
 		t := clk.NewTimer(wait)
 		select {
-		case <-l.ctx.Done():
+		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C():
 		}
-		// The watchdog cancels l.ctx at the safe deadline, which also ends a
-		// renewal request that hangs.
-		err := l.Renew(l.ctx)
+		err := renew()
 		switch {
 		case err == nil:
 			wait = renewJitter(interval)
-		case errors.Is(err, ErrLockLost) || errors.Is(err, ErrReleased):
+		case ctx.Err() != nil || errors.Is(err, ErrLockLost) || errors.Is(err, ErrReleased):
 			return
 		default:
-			l.c.cfg.log.Info("renewal failed; retrying", "lock", l.name, "leaseID", l.leaseID, "error", err.Error())
 			wait = min(interval/4, time.Second)
 		}
 	}

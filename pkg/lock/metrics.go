@@ -65,6 +65,8 @@ const (
 	lostDeleted = "deleted"
 	// lostReleased: the holding was released by another process (release --lease-id).
 	lostReleased = "released"
+	// lostSession: the holding's session ended (closed, deleted or lapsed).
+	lostSession = "session"
 	// lostReplaced: the holding is gone and status no longer says how.
 	lostReplaced = "replaced"
 )

@@ -39,6 +39,7 @@ type config struct {
 	log           logr.Logger
 	clock         clock.WithTicker
 	registerer    prometheus.Registerer
+	session       *Session
 }
 
 func defaultConfig() config {
@@ -139,6 +140,7 @@ type acquireConfig struct {
 	waitTimeout time.Duration
 	lease       time.Duration
 	onQueue     func(QueueStatus)
+	session     *Session
 }
 
 // QueueStatus is where a waiting Acquire stands in the lock's wait queue.
@@ -173,7 +175,7 @@ func OnQueue(f func(QueueStatus)) AcquireOption { return func(a *acquireConfig) 
 func LeaseDuration(d time.Duration) AcquireOption { return func(a *acquireConfig) { a.lease = d } }
 
 func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
-	a := acquireConfig{waitTimeout: c.cfg.maxWait, lease: c.cfg.leaseDuration}
+	a := acquireConfig{waitTimeout: c.cfg.maxWait, lease: c.cfg.leaseDuration, session: c.cfg.session}
 	for _, o := range opts {
 		o(&a)
 	}
@@ -185,6 +187,10 @@ func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
 	}
 	if a.waitTimeout <= 0 || a.waitTimeout > c.cfg.maxWait {
 		return a, fmt.Errorf("kubelock: wait timeout %s is outside 0..%s (raise it with WithMaxWait)", a.waitTimeout, c.cfg.maxWait)
+	}
+	if a.session != nil {
+		a.lease = a.session.ttl
+		return a, nil
 	}
 	return a, validateLease(a.lease, true)
 }

@@ -1,11 +1,13 @@
-// Package gc tests what pod-bound sessions rely on from the real control plane
-// with kube-controller-manager running: the garbage collector deletes what a
-// deleted Pod owned, and a token bound to a Pod names that Pod.
+// Package gc tests what sessions rely on from the real control plane with
+// kube-controller-manager running: the garbage collector deletes what a deleted
+// Pod owned, a token bound to a Pod names that Pod, and a ResourceQuota counts
+// sessions.
 package gc
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -28,29 +30,40 @@ const (
 	podUIDExtra  = "authentication.kubernetes.io/pod-uid"
 )
 
-func TestPodBound(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+// env is the control plane with kube-controller-manager that the tests share.
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
+	var err error
+	if env, err = testenv.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
 	started := time.Now()
 	kcm, err := env.StartControllerManager(ctx)
 	if err != nil {
-		t.Fatal(err)
+		_ = env.Stop()
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	t.Logf("kube-controller-manager ready after %s", time.Since(started).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := kcm.Stop(); err != nil {
-			t.Error(err)
+	fmt.Printf("kube-controller-manager ready after %s\n", time.Since(started).Round(time.Millisecond))
+	code := m.Run()
+	for _, stop := range []func() error{kcm.Stop, env.Stop} {
+		if err := stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
 		}
-	})
+	}
+	return code
+}
+
+func TestPodBound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	cs := kubernetes.NewForConfigOrDie(env.Config)
 	ns := newNamespace(ctx, t, cs)
 

@@ -120,13 +120,13 @@ func NewClient(ctx context.Context, ns string, opts ...lock.Option) (*lock.Clien
 	return c, user
 }
 
-// GrantForceRelease gives user the force-release verb on locks in ns.
+// GrantForceRelease gives user the force-release verb on locks and sessions in ns.
 func GrantForceRelease(ctx context.Context, ns, user string) {
 	role := &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "breakglass-" + user},
 		Rules: []rbacv1.PolicyRule{{
 			APIGroups: []string{locksv1alpha1.GroupVersion.Group},
-			Resources: []string{"distributedlocks"},
+			Resources: []string{"distributedlocks", locksv1alpha1.LockSessionsResource},
 			Verbs:     []string{locksv1alpha1.ForceReleaseVerb},
 		}},
 	}

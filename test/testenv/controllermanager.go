@@ -24,7 +24,7 @@ type ControllerManager struct {
 }
 
 // StartControllerManager starts kube-controller-manager from AssetsDir running
-// proc.PodBoundControllers, and returns once the garbage collector collects.
+// proc.Controllers, and returns once the garbage collector collects.
 // Stop it with Stop.
 func (e *Env) StartControllerManager(ctx context.Context) (*ControllerManager, error) {
 	user, err := e.AddUser(envtest.User{Name: "system:kube-controller-manager", Groups: []string{"system:masters"}}, nil)

@@ -119,7 +119,7 @@ var _ = Describe("kubelock-dev", func() {
 		DeferCleanup(func() { s.Kill().Wait() })
 		Eventually(s.Out, 2*time.Minute).Should(gbytes.Say(`(?m)^` + regexp.QuoteMeta(devenv.ReadyLine) + `$`))
 		GinkgoWriter.Printf("ready after %s\n", time.Since(started))
-		Eventually(s.Out).Should(gbytes.Say(`kubectl lock describe demo.*\n`))
+		Eventually(s.Out).Should(gbytes.Say(`kubectl lock force-release --session.*\n`))
 		Expect(bytes.Count(s.Out.Contents(), []byte(devenv.ReadyLine))).To(Equal(1))
 
 		// The next steps, as printed.
@@ -140,7 +140,7 @@ var _ = Describe("kubelock-dev", func() {
 		Expect(steps).NotTo(BeEmpty())
 
 		env := os.Environ()
-		var leaseID string
+		var leaseID, session string
 		ran := 0
 		for _, st := range steps {
 			By(st.cmd)
@@ -153,13 +153,25 @@ var _ = Describe("kubelock-dev", func() {
 				ran++
 				continue
 			}
-			cmdline := strings.NewReplacer("<LEASE-ID>", leaseID, "<bob's LEASE-ID>", leaseID).Replace(st.cmd)
-			cmd := exec.Command("sh", "-c", cmdline)
-			cmd.Env, cmd.Dir = env, testenv.RepoRoot()
+			cmdline := strings.NewReplacer("<LEASE-ID>", leaseID, "<bob's LEASE-ID>", leaseID, "<SESSION>", session).Replace(st.cmd)
+			var cmd *exec.Cmd
 			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
-			out := stdout.String() + stderr.String()
+			var err error
+			var out string
+			runStep := func() {
+				cmd = exec.Command("sh", "-c", cmdline)
+				cmd.Env, cmd.Dir = env, testenv.RepoRoot()
+				stdout.Reset()
+				stderr.Reset()
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				err = cmd.Run()
+				out = stdout.String() + stderr.String()
+			}
+			runStep()
+			if st.cmd == "kubectl lock sessions" {
+				// The controller counts the session's locks shortly after they are taken.
+				Eventually(func() string { runStep(); return out }).Should(MatchRegexp(`(?m)^` + session + `\s+alice\s+\S+\s+5m\s+\S+\s+3\s`))
+			}
 			GinkgoWriter.Printf("$ %s\n%s", cmdline, out)
 			ran++
 			switch {
@@ -170,6 +182,21 @@ var _ = Describe("kubelock-dev", func() {
 			case st.cmd == "kubectl get dlock":
 				Expect(err).NotTo(HaveOccurred(), out)
 				Expect(out).To(And(ContainSubstring("demo"), ContainSubstring("orders-db")))
+			case strings.Contains(st.cmd, "--session-ttl"):
+				Expect(err).NotTo(HaveOccurred(), out)
+				// NAME TOKEN LEASE-ID EXPIRES-AT EXPIRES-IN SESSION, one row per lock
+				rows := regexp.MustCompile(`(?m)^(stock-[123])\s+[0-9]+\s+[0-9a-f]{32}\s+\S+\s+\S+\s+(\S+)$`).FindAllStringSubmatch(stdout.String(), -1)
+				Expect(rows).To(HaveLen(3), out)
+				session = rows[0][2]
+				for _, r := range rows {
+					Expect(r[2]).To(Equal(session), "one session for the three locks")
+				}
+			case st.cmd == "kubectl lock sessions":
+				Expect(err).NotTo(HaveOccurred(), out)
+			case strings.Contains(st.cmd, "force-release --session"):
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(out).To(MatchRegexp(`force-released session default/` + session + ` of alice \(.*\): 3 lock\(s\) held in it end with SessionClosed`))
+				Expect(out).To(And(ContainSubstring("stock-1"), ContainSubstring("stock-2"), ContainSubstring("stock-3")))
 			case strings.Contains(st.cmd, "lock acquire demo"):
 				Expect(err).NotTo(HaveOccurred(), out)
 				// NAME TOKEN LEASE-ID EXPIRES-AT EXPIRES-IN

@@ -26,6 +26,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/manager"
 	"github.com/kubelock/kubelock/internal/pki"
+	"github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -50,6 +51,11 @@ type controlPlane struct {
 	apiserver *process
 	host      string
 	admin     *rest.Config
+	// saKey signs service-account tokens (the apiserver's and the controller-manager's).
+	saKey string
+	// kcm is kube-controller-manager (garbage collector, namespace, service-account and
+	// quota controllers), started once the apiserver is ready.
+	kcm *proc.Child
 }
 
 func startControlPlane(dir string) *controlPlane {
@@ -80,18 +86,39 @@ func startControlPlane(dir string) *controlPlane {
 	port := freePort()
 	cp.host = fmt.Sprintf("https://127.0.0.1:%d", port)
 	crt, key := servingPair(cp.ca, filepath.Join(dir, "apiserver"))
-	sa := serviceAccountKey(dir)
+	cp.saKey = serviceAccountKey(dir)
+	sa := cp.saKey
 	cp.apiserver = newProcess("kube-apiserver", filepath.Join(assets, "kube-apiserver"),
 		"--etcd-servers="+strings.Join(clientURLs, ","),
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none", fmt.Sprintf("--secure-port=%d", port),
 		"--tls-cert-file="+crt, "--tls-private-key-file="+key, "--client-ca-file="+cp.caFile,
 		"--cert-dir="+filepath.Join(dir, "apiserver"),
 		"--service-account-issuer="+cp.host+"/", "--service-account-key-file="+sa, "--service-account-signing-key-file="+sa,
-		"--service-cluster-ip-range=10.0.0.0/24", "--disable-admission-plugins=ServiceAccount",
+		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=RBAC", "--allow-privileged=true")
 	must(cp.apiserver.start())
 	cp.admin = cp.userConfig("kubelock-faults-admin", "system:masters")
 	return cp
+}
+
+// startControllerManager starts kube-controller-manager once the apiserver is ready.
+func (cp *controlPlane) startControllerManager(ctx context.Context, dir string) error {
+	kc := kubeconfig(filepath.Join(dir, "kcm.kubeconfig"), cp.userConfig("system:kube-controller-manager", "system:masters"))
+	var err error
+	cp.kcm, err = proc.StartControllerManager(ctx, filepath.Join(testenv.AssetsDir(), "kube-controller-manager"),
+		filepath.Join(dir, "kube-controller-manager.log"), kc, cp.saKey, time.Minute)
+	return err
+}
+
+// stop stops kube-controller-manager, then the apiserver, then etcd.
+func (cp *controlPlane) stop() {
+	if cp.kcm != nil {
+		_ = cp.kcm.Stop(20 * time.Second)
+	}
+	cp.apiserver.stop()
+	for _, m := range cp.etcd {
+		m.stop()
+	}
 }
 
 // userConfig is a connection as name (a client certificate of the suite's CA).
@@ -153,6 +180,8 @@ func (cp *controlPlane) install(ctx context.Context, c client.Client, webhookURL
 			Rules: []rbacv1.PolicyRule{
 				{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks"}, Verbs: []string{"get", "list", "watch", "create"}},
 				{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks/status"}, Verbs: []string{"get", "update", "patch"}},
+				{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{locksv1alpha1.LockSessionsResource}, Verbs: []string{"get", "list", "watch", "create", "delete"}},
+				{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{locksv1alpha1.LockSessionsResource + "/status"}, Verbs: []string{"get", "update", "patch"}},
 				{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"selfsubjectreviews"}, Verbs: []string{"create"}},
 			},
 		},

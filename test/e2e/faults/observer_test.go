@@ -109,14 +109,16 @@ func (o *observer) read(ctx context.Context, key string) {
 	}
 }
 
-// expiries returns the holdings of key prefix seen ended by expiry, with when
-// they were first seen ended and the send time of the last read that still saw them held.
+// expiries returns the holdings of key prefix seen ended by expiry (their
+// lease's, or their session's), with when they were first seen ended and the
+// send time of the last read that still saw them held.
 func (o *observer) expiries(prefix string) map[string][2]int64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := map[string][2]int64{}
 	for lease, e := range o.ended {
-		if e.reason == locksv1alpha1.EndReasonExpired && hasPrefix(e.key, prefix) {
+		expired := e.reason == locksv1alpha1.EndReasonExpired || e.reason == locksv1alpha1.EndReasonSessionExpired
+		if expired && hasPrefix(e.key, prefix) {
 			out[lease] = [2]int64{e.t, o.lastHeld[lease]}
 		}
 	}

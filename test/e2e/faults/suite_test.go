@@ -1,7 +1,7 @@
 //go:build faults
 
 // Package faults is kubelock's fault-injection suite: a three-member etcd
-// cluster behind one kube-apiserver, two operator replicas with leader
+// cluster behind one kube-apiserver with kube-controller-manager, two operator replicas with leader
 // election serving the admission webhook behind a TCP balancer, lock clients
 // as separate processes behind a fault proxy, and a PostgreSQL table guarded
 // by pkg/fencing. Each scenario injects its faults, then checks the recorded
@@ -109,13 +109,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	// Three etcd members and the apiserver.
 	cp = startControlPlane(workDir)
-	DeferCleanup(func() {
-		cp.apiserver.stop()
-		for _, m := range cp.etcd {
-			m.stop()
-		}
-	})
+	DeferCleanup(cp.stop)
 	Expect(cp.ready(ctx)).To(Succeed())
+	Expect(cp.startControllerManager(ctx, workDir)).To(Succeed())
 	sch, err := manager.Scheme()
 	Expect(err).NotTo(HaveOccurred())
 	admin, err = client.New(cp.admin, client.Options{Scheme: sch})

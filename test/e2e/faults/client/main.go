@@ -5,6 +5,9 @@
 // lines on stdin, answers each on stdout, and records every operation it
 // invokes and every answer, loss and safe deadline it sees in a history file
 // (test/history), with writes to a PostgreSQL table guarded by pkg/fencing.
+// In session mode (a session command, then acquires with inSession) its locks
+// are held in one LockSession: each lock's safe deadline is the session's, and
+// each lock's loss is recorded, so I5 is checked per lock of the session.
 package main
 
 import (
@@ -41,7 +44,9 @@ type proc struct {
 	outMu sync.Mutex
 	out   *bufio.Writer
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// session is the client's one session (the session command), nil before.
+	session *lock.Session
 	held    map[string]*lock.Lock
 	cancels map[int64]context.CancelFunc
 	loops   []func() int64
@@ -104,7 +109,13 @@ func run(server, name, namespace, histPath, dsn string) error {
 	for _, l := range p.held {
 		_ = l.Release(ctx)
 	}
+	s := p.session
 	p.mu.Unlock()
+	if s != nil {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_ = s.Close(cctx)
+	}
 	return nil
 }
 
@@ -118,6 +129,17 @@ func (p *proc) reply(r wire.Reply) {
 
 func (p *proc) do(c wire.Command) wire.Reply {
 	switch c.Cmd {
+	case "session":
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		s, err := p.lc.NewSession(ctx, lock.SessionTTL(c.TTL))
+		if err != nil {
+			return wire.Reply{ID: c.ID, Outcome: outcome(err), Err: err.Error()}
+		}
+		p.mu.Lock()
+		p.session = s
+		p.mu.Unlock()
+		return wire.Reply{ID: c.ID, Outcome: history.OK, Session: s.Name()}
 	case "acquire":
 		ctx, cancel := context.WithCancel(context.Background())
 		p.mu.Lock()
@@ -196,6 +218,11 @@ func (p *proc) acquire(ctx context.Context, c wire.Command) (*lock.Lock, wire.Re
 	opts = append(opts, lock.RequestID(req))
 	if c.Lease > 0 {
 		opts = append(opts, lock.LeaseDuration(c.Lease))
+	}
+	if c.InSession {
+		p.mu.Lock()
+		opts = append(opts, lock.InSession(p.session))
+		p.mu.Unlock()
 	}
 	wait := c.Wait
 	if wait <= 0 {
@@ -344,7 +371,7 @@ func (p *proc) loop(c wire.Command) wire.Reply {
 		for ctx.Err() == nil {
 			key := c.Keys[rng.IntN(len(c.Keys))]
 			try := rng.IntN(4) == 0
-			l, r := p.acquire(ctx, wire.Command{Key: key, Try: try, Wait: c.Wait, Lease: c.Lease})
+			l, r := p.acquire(ctx, wire.Command{Key: key, Try: try, Wait: c.Wait, Lease: c.Lease, InSession: c.InSession})
 			ops++
 			if r.Outcome != history.OK {
 				if r.Outcome != history.Locked {

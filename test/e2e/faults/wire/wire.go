@@ -10,10 +10,14 @@ import "time"
 // Command is one line of input.
 type Command struct {
 	ID  int64  `json:"id"`
-	Cmd string `json:"cmd"` // acquire, release, write, loop, stop, cancel, exit
+	Cmd string `json:"cmd"` // session, acquire, release, write, loop, stop, cancel, exit
 	Key string `json:"key,omitempty"`
 	Req string `json:"req,omitempty"`
 	Try bool   `json:"try,omitempty"`
+	// InSession acquires in the client's session (made by a session command).
+	InSession bool `json:"inSession,omitempty"`
+	// TTL is the TTL of the session a session command creates.
+	TTL time.Duration `json:"ttl,omitempty"`
 	// Wait bounds an acquire (its WaitTimeout, and its context).
 	Wait time.Duration `json:"wait,omitempty"`
 	// Lease asks for a lease other than the lock's default.
@@ -40,4 +44,6 @@ type Reply struct {
 	Accepted int    `json:"accepted,omitempty"`
 	Stale    int    `json:"stale,omitempty"`
 	Ops      int64  `json:"ops,omitempty"`
+	// Session is the name of the session a session command created.
+	Session string `json:"session,omitempty"`
 }
