@@ -517,6 +517,62 @@ func TestSidecarSample(t *testing.T) {
 	db.waitRows(ctx, t, next.Status.FencingToken)
 	db.checkRows(ctx, t, 4)
 	checkNoStale(t, recDir)
+
+	// Pod-bound: the holder's sidecar holds the lock in a session its pod owns.
+	// With the sidecar frozen (it can release nothing) and the pod deleted at
+	// once, the garbage collector deletes the session and the controller frees
+	// the lock for the other pod.
+	token, holderPod = next.Status.FencingToken, next.Status.Holder.PodName
+	session := next.Status.Holder.Session
+	if session == "" {
+		t.Fatalf("the holder %s holds the lock outside a session", holderPod)
+	}
+	pid := sidecarPid(t, holderPod)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	deleted = time.Now()
+	if err := c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: holderPod}}, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(ctx, t, 20*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		l, err := lock(ctx)
+		if err != nil {
+			return false, err
+		}
+		next = l
+		return l.Status.Holder != nil && l.Status.Holder.PodName != holderPod && l.Status.FencingToken > token, fmt.Errorf("holder %+v", l.Status.Holder)
+	})
+	freed := time.Since(deleted)
+	t.Logf("pod-bound: %s (sidecar frozen) force-deleted; its session %s went and %s holds with token %d after %s", holderPod, session, next.Status.Holder.PodName, next.Status.FencingToken, freed.Round(time.Millisecond))
+	if freed > 2*time.Second {
+		t.Errorf("the pod-bound session's lock was freed %s after its pod was deleted, want within 2s", freed)
+	}
+	db.waitRows(ctx, t, next.Status.FencingToken)
+	db.checkRows(ctx, t, 5) // the frozen pod's app may still try: its writes are refused
+}
+
+// sidecarPid is the process of the kubelock sidecar in pod, found through
+// its environment (this suite runs on the node, as root).
+func sidecarPid(t *testing.T, pod string) int {
+	t.Helper()
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		env, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "environ"))
+		if strings.HasPrefix(string(cmdline), "/kubelock\x00sidecar\x00") && slices.Contains(strings.Split(string(env), "\x00"), "POD_NAME="+pod) {
+			return pid
+		}
+	}
+	t.Fatalf("no sidecar process of pod %s", pod)
+	return 0
 }
 
 // recording mounts recDir at /record into the pod's first container and sets
