@@ -60,12 +60,14 @@ vet: ## Run go vet (both modules).
 lint-fix: $(GOLANGCI_LINT) ## Run golangci-lint and apply the fixes it knows (both modules).
 	$(GOLANGCI_LINT) run --fix --allow-serial-runners ./...
 	$(GOLANGCI_LINT) run --fix --allow-serial-runners --build-tags faults ./internal/manager/... ./test/e2e/faults/...
+	$(GOLANGCI_LINT) run --fix --allow-serial-runners --build-tags cluster ./test/e2e/cluster/...
 	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --fix --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## Run golangci-lint (both modules, with the root's .golangci.yml).
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (both modules, with the root's .golangci.yml; the faults and cluster builds too).
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
 	$(GOLANGCI_LINT) run --allow-serial-runners --build-tags faults ./internal/manager/... ./test/e2e/faults/...
+	$(GOLANGCI_LINT) run --allow-serial-runners --build-tags cluster ./test/e2e/cluster/...
 	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: verify
@@ -79,9 +81,26 @@ CONTROL_PLANE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,etcd kube-apiserver kube
 control-plane: $(CONTROL_PLANE_BINS) ## Build etcd, kube-apiserver, kube-controller-manager and kubectl from Go modules into ./bin.
 
 # Grouped (&:): one script run makes all four.
-$(CONTROL_PLANE_BINS) &: hack/build-control-plane.sh
+$(CONTROL_PLANE_BINS) &: hack/build-control-plane.sh hack/lib/build.sh
 	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) hack/build-control-plane.sh
 	@touch $(CONTROL_PLANE_BINS)
+
+# A real node next to the control plane (hack/build-node.sh): kubelet,
+# kube-scheduler and kube-proxy into CONTROL_PLANE_DIR; containerd v2, runc
+# (seccomp, static; needs Debian's libseccomp-dev) and the CNI plugins into NODE_DIR.
+NODE_DIR ?= $(LOCALBIN)/node
+NODE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,kubelet kube-scheduler kube-proxy) \
+	$(addprefix $(NODE_DIR)/,containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/host-local cni/loopback cni/portmap)
+
+.PHONY: node
+node: $(NODE_BINS) ## Build what `make dev NODE=1` adds: kubelet, kube-scheduler, kube-proxy, containerd, runc and the CNI plugins, from Go modules into ./bin.
+
+$(NODE_BINS) &: hack/build-node.sh hack/lib/build.sh
+	@# Debian's packages the node needs: the static libseccomp for runc, iptables and conntrack for kube-proxy.
+	@{ [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] && command -v iptables && command -v conntrack; } >/dev/null || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp-dev iptables conntrack; }
+	K8S_VERSION=$(K8S_VERSION) ETCD_VERSION=$(ETCD_VERSION) CONTROL_PLANE_DIR=$(CONTROL_PLANE_DIR) NODE_DIR=$(NODE_DIR) hack/build-node.sh
+	@touch $(NODE_BINS)
 
 .PHONY: test-deps
 test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL server, from Debian's packages).
@@ -110,14 +129,24 @@ test-integration: manifests generate control-plane test-deps ## Run the admissio
 test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI and kubelock-dev as processes).
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(E2E_PKGS)
 
+# The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
+# the operator Deployment, failover, the webhook through its Service, the sidecar
+# sample as pods. Root only; outside `make test`, so a run without root is never a pass.
+.PHONY: test-cluster
+test-cluster: manifests generate control-plane node ## Run the real-node suite as root (kubelet, containerd, kube-proxy; the operator and the samples as pods).
+	@[ "$$(id -u)" = 0 ] || { echo "make test-cluster needs root (kubelet, containerd, iptables): not run"; exit 1; }
+	go test -tags cluster -count=1 -timeout 30m -v ./test/e2e/cluster/
+
 ##@ Run
 
 # Flags for kubelock-dev, e.g. DEV_FLAGS="--persist --apiserver-port 6443".
 DEV_FLAGS ?=
+# NODE=1: a real node (root): kubelet, containerd, kube-proxy, the operator as a Deployment.
+NODE ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps.
-	$(LOCALBIN)/kubelock-dev $(DEV_FLAGS)
+dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root).
+	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(DEV_FLAGS)
 
 ##@ Deploy
 

@@ -22,8 +22,8 @@ var operatorCode = []string{
 }
 
 // heavyDeps are what users of the lock client and of HTTP fencing must not
-// link: the benchmark's plotting, Redis and etcd clients, and pgx (which only
-// pkg/fencing/postgres needs).
+// link: the benchmark's plotting, Redis and etcd clients, pgx (which only
+// pkg/fencing/postgres needs) and the image library (only kubelock-dev --node).
 var heavyDeps = []string{
 	"gonum.org/v1",
 	"github.com/go-redsync/redsync",
@@ -31,6 +31,7 @@ var heavyDeps = []string{
 	"go.etcd.io/etcd/client",
 	"github.com/google/pprof",
 	"github.com/jackc/pgx",
+	"github.com/google/go-containerregistry",
 }
 
 func TestLinksNoOperatorCode(t *testing.T) {

@@ -58,7 +58,13 @@ next to it (or on PATH) as the kubectl-lock plugin, prints "` + ReadyLine + `"
 and the next steps, and runs until SIGINT or SIGTERM; then it stops everything it
 started. "make dev" builds it and runs it.
 
-Without --persist the data folder starts fresh at every start.`,
+Without --persist the data folder starts fresh at every start.
+
+With --node (root only; "make dev NODE=1") it also runs a real node: kube-scheduler,
+containerd, kubelet and kube-proxy with pods on a CNI bridge, imports images of the
+operator and kubelock built from the checkout, and deploys the operator from
+config/default instead of running it in this process. One node per machine; on
+SIGINT or SIGTERM it puts the host back as it found it.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usageError{fmt.Errorf("unexpected argument %q: kubelock-dev takes flags only", args[0])}
@@ -86,6 +92,8 @@ Without --persist the data folder starts fresh at every start.`,
 	f.IntVar(&d.WebhookPort, "webhook-port", d.WebhookPort, "admission webhook port on 127.0.0.1")
 	f.IntVar(&d.ProbePort, "probe-port", d.ProbePort, "operator /healthz and /readyz port on 127.0.0.1; 0 turns them off")
 	f.IntVar(&d.MetricsPort, "metrics-port", d.MetricsPort, "operator metrics port on 127.0.0.1; 0 turns them off")
+	f.BoolVar(&d.Node, "node", d.Node, "run a real node as root (kube-scheduler, containerd, kubelet, kube-proxy, which make node builds) and deploy the operator from config/default with images built from the checkout")
+	f.StringVar(&d.NodeDir, "node-dir", d.NodeDir, "folder with containerd, ctr, the runc shim, runc and cni/ (with --node)")
 	f.DurationVar(&d.StartTimeout, "start-timeout", d.StartTimeout, "how long each start-up stage may take")
 	return cmd
 }

@@ -26,8 +26,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -73,6 +71,13 @@ type Options struct {
 	ProbePort   int
 	MetricsPort int
 
+	// Node runs a real node (root only): kube-scheduler, containerd, kubelet
+	// and kube-proxy, with the operator deployed from config/default instead
+	// of running in this process. NodeDir holds containerd, runc and the CNI
+	// plugins (`make node`).
+	Node    bool
+	NodeDir string
+
 	// StartTimeout bounds each start-up stage.
 	StartTimeout time.Duration
 	// Out receives the ready line and the next steps; Progress, one line per
@@ -90,6 +95,7 @@ func DefaultOptions() Options {
 		EtcdPort:      12379,
 		EtcdPeerPort:  12380,
 		WebhookPort:   19443,
+		NodeDir:       DefaultNodeDir(),
 		StartTimeout:  time.Minute,
 	}
 }
@@ -119,6 +125,15 @@ type env struct {
 	admin    *rest.Config
 
 	operatorLog string
+
+	// --node: the node's address and name, the image archive, the checkout,
+	// the node lock and the host state to put back.
+	nodeIP       string
+	imageArchive string
+	root         string
+	hostLock     *os.File
+	host         *hostState
+	nodeFrom     int // the index in children of the node's first process
 }
 
 // Run starts the environment, prints the ready line and next steps to o.Out,
@@ -126,14 +141,26 @@ type env struct {
 // started, in reverse order, and returns the failure, if any.
 func Run(ctx context.Context, o Options) (err error) {
 	e := &env{o: o}
+	if o.Node {
+		if err := e.checkNode(); err != nil {
+			return err
+		}
+	}
 	if err := e.check(); err != nil {
 		return err
 	}
 	started := time.Now()
-	defer func() { err = errors.Join(err, e.stopChildren()) }()
 	if err := e.prepare(); err != nil {
 		return err
 	}
+	if o.Node {
+		// Deferred first, so it runs after the node's processes have stopped.
+		defer func() { err = errors.Join(err, e.releaseHost()) }()
+		if err := e.claimHost(); err != nil {
+			return err
+		}
+	}
+	defer func() { err = errors.Join(err, e.stopChildren()) }()
 	if err := e.startEtcd(ctx); err != nil {
 		return err
 	}
@@ -147,27 +174,33 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 
-	// The operator, in this process; its logs go to a file.
-	mgrCtx, stopMgr := context.WithCancel(context.Background())
-	mgrDone := make(chan error, 1)
-	if err := e.startOperator(mgrCtx, mgrDone); err != nil {
-		stopMgr()
-		return err
-	}
-	defer func() {
-		stopMgr()
-		if mErr := <-mgrDone; mErr != nil {
-			err = errors.Join(err, fmt.Errorf("operator: %w", mErr))
+	mgrDone := make(chan error, 1) // the in-process operator's end; never without it
+	if o.Node {
+		if err := e.startNode(ctx); err != nil {
+			return err
 		}
-	}()
-	if err := e.waitOperator(ctx, mgrDone); err != nil {
-		return err
-	}
-	if err := e.registerWebhook(ctx); err != nil {
-		return err
-	}
-	if err := e.registerFencedObjects(ctx); err != nil {
-		return err
+	} else {
+		// The operator, in this process; its logs go to a file.
+		mgrCtx, stopMgr := context.WithCancel(context.Background())
+		if err := e.startOperator(mgrCtx, mgrDone); err != nil {
+			stopMgr()
+			return err
+		}
+		defer func() {
+			stopMgr()
+			if mErr := <-mgrDone; mErr != nil {
+				err = errors.Join(err, fmt.Errorf("operator: %w", mErr))
+			}
+		}()
+		if err := e.waitOperator(ctx, mgrDone); err != nil {
+			return err
+		}
+		if err := e.registerWebhook(ctx); err != nil {
+			return err
+		}
+		if err := e.registerFencedObjects(ctx); err != nil {
+			return err
+		}
 	}
 	if err := e.writeKubeconfig(); err != nil {
 		return err
@@ -337,7 +370,14 @@ func (e *env) startEtcd(ctx context.Context) error {
 
 func (e *env) startAPIServer(ctx context.Context) error {
 	o := &e.o
-	crt, key, err := e.ca.Serving("kube-apiserver")
+	// With a node, pods reach the apiserver through the kubernetes Service
+	// (serviceIP, forwarded to the node IP), so it listens there too.
+	var hosts []string
+	bind, authz := "127.0.0.1", "RBAC"
+	if o.Node {
+		hosts, bind, authz = []string{serviceIP, e.nodeIP, "kubernetes.default.svc"}, "0.0.0.0", "Node,RBAC"
+	}
+	crt, key, err := e.ca.Serving("kube-apiserver", hosts...)
 	if err != nil {
 		return err
 	}
@@ -357,17 +397,32 @@ func (e *env) startAPIServer(ctx context.Context) error {
 	args := []string{
 		"--admission-control-config-file=" + admission, // a client certificate for webhooks
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", o.EtcdPort),
-		"--bind-address=127.0.0.1",
+		"--bind-address=" + bind,
 		"--secure-port=" + strconv.Itoa(o.APIServerPort),
 		"--tls-cert-file=" + crtPath, "--tls-private-key-file=" + keyPath,
 		"--client-ca-file=" + filepath.Join(e.pkiDir, "ca.crt"),
 		"--service-account-issuer=" + server,
 		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		"--authorization-mode=RBAC",
+		"--service-cluster-ip-range=" + serviceCIDR,
+		"--authorization-mode=" + authz,
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--cert-dir=" + filepath.Join(e.pkiDir, "apiserver"),
+	}
+	if o.Node {
+		kubeletCrt, kubeletKey, err := e.ca.Client("kube-apiserver-kubelet-client", "system:masters")
+		if err != nil {
+			return err
+		}
+		kcrt, kkey, err := writePair(e.pkiDir, "apiserver-kubelet-client.crt", "apiserver-kubelet-client.key", kubeletCrt, kubeletKey)
+		if err != nil {
+			return err
+		}
+		// The kubelet authenticates and authorizes the apiserver (logs, exec) by
+		// its client certificate; kubelets are authorized by the Node authorizer.
+		args = append(args, "--advertise-address="+e.nodeIP,
+			"--kubelet-client-certificate="+kcrt, "--kubelet-client-key="+kkey,
+			"--kubelet-preferred-address-types=InternalIP")
 	}
 	c, err := proc.Start("kube-apiserver", filepath.Join(o.AssetsDir, "kube-apiserver"), filepath.Join(e.logDir, "kube-apiserver.log"), args...)
 	if err != nil {
@@ -400,25 +455,22 @@ func (e *env) startAPIServer(ctx context.Context) error {
 // startControllerManager runs kube-controller-manager's proc.Controllers, so a
 // pod's deletion deletes what it owned and a ResourceQuota counts sessions.
 func (e *env) startControllerManager(ctx context.Context) error {
-	crt, key, err := e.ca.Client(controllerManagerUser, "system:masters")
+	kubeconfig, err := e.userKubeconfig("kube-controller-manager.kubeconfig", controllerManagerUser, "system:masters")
 	if err != nil {
-		return err
-	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["dev"] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.ca.PEM}
-	kc.AuthInfos["kcm"] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
-	kc.Contexts["kcm"] = &clientcmdapi.Context{Cluster: "dev", AuthInfo: "kcm"}
-	kc.CurrentContext = "kcm"
-	kubeconfig := filepath.Join(e.pkiDir, "kube-controller-manager.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
 		return err
 	}
 	saKey, err := serviceAccountKey(e.pkiDir) // the apiserver's signing key
 	if err != nil {
 		return err
 	}
+	var extra []string
+	if e.o.Node {
+		// Deployments, ReplicaSets, Jobs, EndpointSlices, node lifecycle...; pods
+		// get the CA in their service-account volume.
+		extra = []string{"--controllers=*", "--root-ca-file=" + filepath.Join(e.pkiDir, "ca.crt")}
+	}
 	c, err := proc.StartControllerManager(ctx, filepath.Join(e.o.AssetsDir, "kube-controller-manager"),
-		filepath.Join(e.logDir, "kube-controller-manager.log"), kubeconfig, saKey, e.o.StartTimeout)
+		filepath.Join(e.logDir, "kube-controller-manager.log"), kubeconfig, saKey, e.o.StartTimeout, extra...)
 	if err != nil {
 		return err
 	}
@@ -513,6 +565,11 @@ func (e *env) stopChildren() error {
 	var errs []error
 	for i := len(e.children) - 1; i >= 0; i-- {
 		errs = append(errs, e.children[i].Stop(20*time.Second))
+		if i == e.nodeFrom && e.host != nil {
+			// The node's processes have stopped; its containers go before the
+			// control plane, whose apiserver would wait for their watches.
+			e.host.killContainers()
+		}
 	}
 	e.children = nil
 	return errors.Join(errs...)

@@ -144,11 +144,16 @@ func (e *env) registerWebhook(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return e.waitWebhook(ctx, c, host)
+}
 
+// waitWebhook returns once the apiserver enforces the lock webhook (served at
+// where): a dry-run write the webhook must deny is denied.
+func (e *env) waitWebhook(ctx context.Context, c client.Client, where string) error {
 	// A waiter written in someone else's name passes the CRD's rules and
 	// is denied by the webhook ([kubelock:identity]).
 	var last error
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		l := &locksv1alpha1.DistributedLock{}
 		if last = c.Get(ctx, client.ObjectKey{Namespace: "default", Name: DemoLock}, l); last == nil {
 			now := metav1.NowMicro()
@@ -164,7 +169,7 @@ func (e *env) registerWebhook(ctx context.Context) error {
 		return strings.Contains(last.Error(), "[kubelock:"), nil
 	})
 	if err != nil {
-		return fmt.Errorf("the apiserver does not call the admission webhook at %s: %w (operator log: %s)", host, last, e.operatorLog)
+		return fmt.Errorf("the apiserver does not call the admission webhook at %s: %w (operator log: %s)", where, last, e.operatorLog)
 	}
 	e.progress("admission webhook registered and enforced")
 	return nil
@@ -219,8 +224,15 @@ func (e *env) registerFencedObjects(ctx context.Context) error {
 	if err := bindConfigMapWriters(ctx, c); err != nil {
 		return err
 	}
+	return e.waitFencedWebhook(ctx, c, host)
+}
+
+// waitFencedWebhook returns once the apiserver enforces the fenced-objects
+// webhook (served at where): a dry-run create of a fenced ConfigMap without a
+// token is denied.
+func (e *env) waitFencedWebhook(ctx context.Context, c client.Client, where string) error {
 	var last error
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 			Namespace: "default", Name: "kubelock-dev-probe",
 			Labels:      map[string]string{locksv1alpha1.FencedLabel: "true"},
@@ -232,7 +244,7 @@ func (e *env) registerFencedObjects(ctx context.Context) error {
 		return strings.Contains(last.Error(), "[kubelock:"+string(webhook.RuleStaleToken)+"]"), nil
 	})
 	if err != nil {
-		return fmt.Errorf("the apiserver does not call the fenced-objects webhook at %s: %w (operator log: %s)", host, last, e.operatorLog)
+		return fmt.Errorf("the apiserver does not call the fenced-objects webhook at %s: %w (operator log: %s)", where, last, e.operatorLog)
 	}
 	e.progress("fenced-objects webhook registered for ConfigMaps labelled %s=true", locksv1alpha1.FencedLabel)
 	return nil
@@ -284,22 +296,31 @@ func readObjects(patterns ...string) ([]*unstructured.Unstructured, error) {
 			if err != nil {
 				return nil, err
 			}
-			dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-			for {
-				var m map[string]any
-				if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-					break
-				} else if err != nil {
-					return nil, fmt.Errorf("reading %s: %w", path.Join("config", f), err)
-				}
-				if len(m) == 0 {
-					continue
-				}
-				out = append(out, &unstructured.Unstructured{Object: m})
+			objs, err := decodeObjects(data)
+			if err != nil {
+				return nil, fmt.Errorf("reading %s: %w", path.Join("config", f), err)
 			}
+			out = append(out, objs...)
 		}
 	}
 	return out, nil
+}
+
+// decodeObjects reads a multi-document YAML (or JSON) stream of objects.
+func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			return out, nil
+		} else if err != nil {
+			return nil, err
+		}
+		if len(m) > 0 {
+			out = append(out, &unstructured.Unstructured{Object: m})
+		}
+	}
 }
 
 // apply creates or updates obj by server-side apply, as kubelock-dev.

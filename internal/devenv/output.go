@@ -91,7 +91,12 @@ func (e *env) printNextSteps() error {
 		persist = "kept across restarts (--persist)"
 	}
 	fmt.Fprintf(tw, "  data\t%s (%s); logs in %s\n", o.Dir, persist, e.logDir)
-	fmt.Fprintf(tw, "  operator\tcontroller + admission webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)
+	if o.Node {
+		fmt.Fprintf(tw, "  node\t%s: kubelet, containerd, kube-proxy, kube-scheduler; images %s and %s built from the checkout (imagePullPolicy: Never)\n", e.nodeIP, ManagerImage, KubelockImage)
+		fmt.Fprintf(tw, "  operator\tDeployment %s/%s from config/default (2 replicas, leader election), webhook behind Service %s/kubelock-webhook-service\n", OperatorNamespace, OperatorDeployment, OperatorNamespace)
+	} else {
+		fmt.Fprintf(tw, "  operator\tcontroller + admission webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)
+	}
 	fmt.Fprintf(tw, "  fenced objects\tConfigMaps labelled %s=true: every write needs the current token of the lock named by %s, from its holder (config/samples/fenced_configmap.yaml)\n",
 		locksv1alpha1.FencedLabel, locksv1alpha1.FencedByAnnotation)
 	fmt.Fprintf(tw, "  kubeconfig\t%s: contexts %s (admin, current), %s (lock users), %s (lock user + break-glass)\n",

@@ -84,14 +84,23 @@ func (ca *CA) Write(crtPath, keyPath string) error {
 	return errors.Join(os.WriteFile(crtPath, ca.PEM, 0o600), os.WriteFile(keyPath, keyPEM, 0o600))
 }
 
-// Serving issues a serving certificate for 127.0.0.1 and localhost.
-func (ca *CA) Serving(name string) (crt, key []byte, err error) {
-	return ca.issue(&x509.Certificate{
+// Serving issues a serving certificate for 127.0.0.1, localhost and hosts
+// (IP addresses or DNS names).
+func (ca *CA) Serving(name string, hosts ...string) (crt, key []byte, err error) {
+	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: name},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:    []string{"localhost"},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-	})
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	return ca.issue(tmpl)
 }
 
 // Client issues a client certificate: the apiserver reads the user name from

@@ -2,7 +2,6 @@ package proc
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,25 +21,25 @@ var Controllers = []string{"garbage-collector-controller", "namespace-controller
 // StartControllerManager starts the kube-controller-manager at path, without
 // leader election, connected with kubeconfig (a system:masters user's: the
 // garbage collector deletes anything), running Controllers; saKey is
-// the apiserver's service-account signing key. It returns once /healthz, on a
+// the apiserver's service-account signing key; extraArgs are added (a
+// repeated --controllers adds to the list). It returns once /healthz, on a
 // free port of 127.0.0.1, lists each controller as ok.
-func StartControllerManager(ctx context.Context, path, logPath, kubeconfig, saKey string, timeout time.Duration) (*Child, error) {
-	port, err := freePort()
+func StartControllerManager(ctx context.Context, path, logPath, kubeconfig, saKey string, timeout time.Duration, extraArgs ...string) (*Child, error) {
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	c, err := Start("kube-controller-manager", path, logPath,
-		"--kubeconfig="+kubeconfig,
-		"--controllers="+strings.Join(Controllers, ","),
+	c, err := Start("kube-controller-manager", path, logPath, append([]string{
+		"--kubeconfig=" + kubeconfig,
+		"--controllers=" + strings.Join(Controllers, ","),
 		"--leader-elect=false",
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
-		"--service-account-private-key-file="+saKey,
-	)
+		"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port),
+		"--service-account-private-key-file=" + saKey,
+	}, extraArgs...)...)
 	if err != nil {
 		return nil, err
 	}
-	// Its serving certificate is self-signed, in memory; /healthz is all this client reads.
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a local health probe
+	hc := &http.Client{Transport: InsecureTransport()}
 	defer hc.CloseIdleConnections()
 	url := fmt.Sprintf("https://127.0.0.1:%d/healthz?verbose", port)
 	// A controller is listed once it started, so this waits for all of them.
@@ -68,8 +67,8 @@ func listsHealthy(ctx context.Context, hc *http.Client, url string, names []stri
 	return nil
 }
 
-// freePort is a port nothing listens on now (as envtest picks the apiserver's).
-func freePort() (int, error) {
+// FreePort is a port nothing listens on now (as envtest picks the apiserver's).
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -31,8 +31,9 @@ type Server struct {
 // Start initialises a new cluster in a temporary folder and starts it on a free
 // loopback port. Binaries come from $PG_BIN, else the newest
 // /usr/lib/postgresql/*/bin. PostgreSQL refuses to run as root, so as root the
-// server runs as the "postgres" user that the Debian package creates.
-func Start(ctx context.Context) (*Server, error) {
+// server runs as the "postgres" user that the Debian package creates. It also
+// listens on the addresses in listen, open to any client (pods on a node).
+func Start(ctx context.Context, listen ...string) (*Server, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -62,7 +63,14 @@ func Start(ctx context.Context) (*Server, error) {
 		s.cleanup()
 		return nil, fmt.Errorf("pgtest: initdb: %w: %s", err, out)
 	}
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c max_connections=200", s.port, dir)
+	if len(listen) > 0 {
+		if err := appendFile(filepath.Join(data, "pg_hba.conf"), "host all all 0.0.0.0/0 trust\n"); err != nil {
+			s.cleanup()
+			return nil, err
+		}
+	}
+	addrs := strings.Join(append([]string{"127.0.0.1"}, listen...), ",")
+	opts := fmt.Sprintf("-c listen_addresses=%s -p %d -k %s -c fsync=off -c max_connections=200", addrs, s.port, dir)
 	if out, err := s.cmd(ctx, "pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start").CombinedOutput(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "log"))
 		s.cleanup()
@@ -138,4 +146,13 @@ func freePort() (int, error) {
 		return 0, fmt.Errorf("pgtest: unexpected listener address %v", l.Addr())
 	}
 	return addr.Port, nil
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(text)
+	return errors.Join(err, f.Close())
 }
