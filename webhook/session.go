@@ -28,6 +28,7 @@ const (
 	msgSessionLocks        = "status.locks of a session is the controller's count"
 	msgSessionRenewTime    = "status.renewTime of a session is never removed and never moves backwards"
 	msgSessionRenew        = "a holding in a session is renewed through its session"
+	msgSessionTTL          = "session %s has ttlSeconds %d, more than the lock's spec.maxLeaseDurationSeconds %d: a holding in it could outlive the lock's bound"
 )
 
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
@@ -173,6 +174,7 @@ type sessionRef struct {
 	path    *field.Path
 	session string
 	podUID  string
+	holds   bool
 }
 
 // newSessionRefs are the session references a lock write adds: the new
@@ -181,11 +183,11 @@ func newSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock) []sessionRef 
 	var refs []sessionRef
 	o, n := &oldObj.Status, &newObj.Status
 	if o.Holder == nil && n.Holder != nil && n.Holder.Session != "" {
-		refs = append(refs, sessionRef{holderPath.Child("session"), n.Holder.Session, n.Holder.PodUID})
+		refs = append(refs, sessionRef{holderPath.Child("session"), n.Holder.Session, n.Holder.PodUID, true})
 	}
 	for _, i := range addedWaiters(o, n) {
 		if w := n.Waiters[i]; w.Session != "" {
-			refs = append(refs, sessionRef{waitersPath.Index(i).Child("session"), w.Session, w.PodUID})
+			refs = append(refs, sessionRef{waitersPath.Index(i).Child("session"), w.Session, w.PodUID, false})
 		}
 	}
 	return refs
@@ -225,6 +227,11 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 			errs = append(errs, deny(r.path, RuleSession, "session %s is not the requesting user's: it belongs to %q, not %q", r.session, s.Spec.User, a.Username))
 		case s.Spec.PodUID != "" && s.Spec.PodUID != r.podUID:
 			errs = append(errs, deny(r.path, RuleSession, "session %s is bound to pod %s (UID %s); a holding or waiter in it must carry that podUID, not %q", r.session, s.Spec.PodName, s.Spec.PodUID, r.podUID))
+		}
+		// A holding lasts its session's TTL past the last renewal: the lock's
+		// bound on that holds for sessions as for leases.
+		if r.holds && s != nil && s.TTL() > newObj.MaxLease() {
+			errs = append(errs, deny(r.path, RuleSession, msgSessionTTL, r.session, s.TTL(), newObj.MaxLease()))
 		}
 	}
 	return errs
