@@ -158,6 +158,8 @@ func sessionEnd(st sessionState, user, podUID string, maxTTL int32, now time.Tim
 		return closed("session %s belongs to %s, not %s", st.name, s.Spec.User, user)
 	case s.Spec.PodUID != "" && s.Spec.PodUID != podUID:
 		return closed("session %s is bound to pod %s (uid %s), not to pod uid %q", st.name, s.Spec.PodName, s.Spec.PodUID, podUID)
+	case s.Spec.PodUID == "" && podUID != "":
+		return closed("session %s is bound to no pod, not to pod uid %q", st.name, podUID)
 	case maxTTL > 0 && s.TTL() > maxTTL:
 		return closed("session %s has ttlSeconds %d, more than the lock's maxLeaseDurationSeconds %d", st.name, s.TTL(), maxTTL)
 	case !now.Before(sessionDeadline(s, st.seen, grace)):

@@ -207,7 +207,7 @@ func SessionsNamed(oldObj, newObj *locksv1alpha1.DistributedLock) []string {
 
 // ValidateSessionRefs checks the session fields of a lock's status write by
 // a: a holding in a session is not renewed itself, and a new holding or
-// waiter names a live session of the writer (from its pod, if pod-bound).
+// waiter names a live session of the writer bound to the same pod (or to none).
 // sessions holds the sessions SessionsNamed lists, as read from the
 // apiserver; a missing entry is a session that does not exist.
 func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor, sessions map[string]*locksv1alpha1.LockSession) field.ErrorList {
@@ -227,6 +227,9 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 			errs = append(errs, deny(r.path, RuleSession, "session %s is not the requesting user's: it belongs to %q, not %q", r.session, s.Spec.User, a.Username))
 		case s.Spec.PodUID != "" && s.Spec.PodUID != r.podUID:
 			errs = append(errs, deny(r.path, RuleSession, "session %s is bound to pod %s (UID %s); a holding or waiter in it must carry that podUID, not %q", r.session, s.Spec.PodName, s.Spec.PodUID, r.podUID))
+		case s.Spec.PodUID == "" && r.podUID != "":
+			// Else the pod's holding outlives the pod, renewed by another credential of its account.
+			errs = append(errs, deny(r.path, RuleSession, "session %s is bound to no pod; a holding or waiter of pod UID %q must be in a session of that pod", r.session, r.podUID))
 		}
 		// A holding lasts its session's TTL past the last renewal: the lock's
 		// bound on that holds for sessions as for leases.

@@ -145,7 +145,8 @@ func FuzzValidateSessionRules(f *testing.F) {
 
 // FuzzValidateSessionRefs holds the lock rules plus the session references
 // to their purpose: an accepted write never puts a holding or waiter in a
-// session that is missing, terminating, another user's or another pod's, or
+// session that is missing, terminating, another user's or another pod's (or no
+// pod's, for a pod's holding or waiter), or
 // (a holding) whose TTL exceeds the lock's maxLeaseDurationSeconds, and never
 // renews a holding that is in a session.
 func FuzzValidateSessionRefs(f *testing.F) {
@@ -193,7 +194,7 @@ func FuzzValidateSessionRefs(f *testing.F) {
 				t.Fatalf("accepted %s in a terminating session", r.path)
 			case ls.Spec.User != a.Username:
 				t.Fatalf("accepted %s in %s's session by %s", r.path, ls.Spec.User, a.Username)
-			case ls.Spec.PodUID != "" && ls.Spec.PodUID != r.podUID:
+			case ls.Spec.PodUID != r.podUID:
 				t.Fatalf("accepted %s with podUID %q in pod %s's session", r.path, r.podUID, ls.Spec.PodUID)
 			case r.holds && ls.TTL() > newObj.MaxLease():
 				t.Fatalf("accepted a holding in session %s of TTL %d beyond the lock's maxLeaseDurationSeconds %d", r.session, ls.TTL(), newObj.MaxLease())

@@ -4,6 +4,10 @@ import (
 	"context"
 
 	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	kwebhook "github.com/kubelock/kubelock/webhook"
@@ -32,10 +36,19 @@ func redteamSessionEntries() []TableEntry {
 	return []TableEntry{
 		Entry("hold a lock past its maxLeaseDurationSeconds in a session with a longer TTL", sessionHostile{by: "alice", do: longSessionHolding,
 			want: []string{session + "session ", " has ttlSeconds 3600, more than the lock's spec.maxLeaseDurationSeconds 300"}, policyAdmits: true, lock: true}),
+		// A pod's holding in a session its service account made without a pod
+		// would live on after the pod: the unbound credential (or anyone of the
+		// account recreating a gone pod session's name) keeps it renewed.
+		Entry("a pod holds in a session of its service account bound to no pod", sessionHostile{owner: unboundPod, by: podSA,
+			do:   acquireIn(pod0Name, pod0UID),
+			want: []string{session + "session ", ` is bound to no pod; a holding or waiter of pod UID "` + pod0UID + `" must be in a session of that pod`}, policyAdmits: true, lock: true}),
 	}
 }
 
 var _ = Describe("session admission, red team", Ordered, ContinueOnFailure, func() {
+	BeforeAll(func(ctx SpecContext) {
+		Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}))).To(Succeed())
+	})
 	for _, e := range []engine{engineWebhook, enginePolicy} {
 		Context("with the "+string(e)+" engine", func() {
 			var ns string
