@@ -28,7 +28,9 @@ const (
 	msgSessionLocks        = "status.locks of a session is the controller's count"
 	msgSessionRenewTime    = "status.renewTime of a session is never removed and never moves backwards"
 	msgSessionRenew        = "a holding in a session is renewed through its session"
-	msgSessionTTL          = "session %s has ttlSeconds %d, more than the lock's spec.maxLeaseDurationSeconds %d: a holding in it could outlive the lock's bound"
+	// MsgSessionPodRef is exported for the admission suite: both engines say it.
+	MsgSessionPodRef = "a holding or waiter in a session carries a podUID only when written from that pod's bound token"
+	msgSessionTTL    = "session %s has ttlSeconds %d, more than the lock's spec.maxLeaseDurationSeconds %d: a holding in it could outlive the lock's bound"
 )
 
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
@@ -216,7 +218,12 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 	if o != nil && n != nil && o.Session != "" && o.LeaseID == n.LeaseID && !equality.Semantic.DeepEqual(o.RenewTime, n.RenewTime) {
 		errs = append(errs, deny(holderPath.Child("renewTime"), RuleSession, msgSessionRenew))
 	}
+	_, mine := a.pod()
 	for _, r := range newSessionRefs(oldObj, newObj) {
+		if r.podUID != "" && mine == "" {
+			// A pod-bound writer's podUID is checked as pod-binding.
+			errs = append(errs, deny(r.path, RuleSession, MsgSessionPodRef))
+		}
 		s := sessions[r.session]
 		switch {
 		case s == nil:

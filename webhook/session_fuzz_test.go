@@ -185,7 +185,11 @@ func FuzzValidateSessionRefs(f *testing.F) {
 		if o != nil && n != nil && o.Session != "" && o.LeaseID == n.LeaseID && !equality.Semantic.DeepEqual(o.RenewTime, n.RenewTime) {
 			t.Fatalf("accepted a renewal of a holding in session %s", o.Session)
 		}
+		_, mine := a.pod()
 		for _, r := range newSessionRefs(oldObj, newObj) {
+			if r.podUID != "" && mine == "" {
+				t.Fatalf("accepted %s with podUID %q from a token bound to no pod", r.path, r.podUID)
+			}
 			ls := sessions[r.session]
 			switch {
 			case ls == nil:
