@@ -154,6 +154,28 @@ func TestDecideWithSessions(t *testing.T) {
 			want: decision{end: closed(`session worker-s1 is bound to pod worker-0 (uid pod-uid-1), not to pod uid "pod-uid-2"`)},
 		},
 		{
+			// Red team: the policy engine cannot read the session, so a
+			// holding with an in-bounds leaseDurationSeconds in a session of TTL
+			// 3600 would otherwise hold a lock bounded to 300 s for an hour.
+			name: "its session's TTL exceeds the lock's maxLeaseDurationSeconds: SessionClosed at once",
+			lock: newLock(held("a", 10, clientTime), inSession("worker-s1")),
+			live: liveness{sessions: alive(newSession(func(s *locksv1alpha1.LockSession) { s.Spec.TTLSeconds = 3600 }))},
+			want: decision{end: closed("session worker-s1 has ttlSeconds 3600, more than the lock's maxLeaseDurationSeconds 300")},
+		},
+		{
+			// Red team: a pod's holding in its account's pod-less session
+			// (made by an unbound token, or recreated under a gone pod
+			// session's name) would outlive the pod.
+			name: "a pod's holding in a session bound to no pod",
+			lock: func() *locksv1alpha1.DistributedLock {
+				l := newLock(held("a", 10, clientTime), inSession("worker-s1"))
+				l.Status.Holder.PodName, l.Status.Holder.PodUID = "worker-0", "pod-uid-1"
+				return l
+			}(),
+			live: liveness{sessions: alive(newSession())},
+			want: decision{end: closed(`session worker-s1 is bound to no pod, not to pod uid "pod-uid-1"`)},
+		},
+		{
 			name: "a pod-bound holder without a session whose pod is gone: Expired",
 			lock: func() *locksv1alpha1.DistributedLock {
 				l := newLock(held("a", 30, clientTime))

@@ -28,6 +28,9 @@ const (
 	msgSessionLocks        = "status.locks of a session is the controller's count"
 	msgSessionRenewTime    = "status.renewTime of a session is never removed and never moves backwards"
 	msgSessionRenew        = "a holding in a session is renewed through its session"
+	// MsgSessionPodRef is exported for the admission suite: both engines say it.
+	MsgSessionPodRef = "a holding or waiter in a session carries a podUID only when written from that pod's bound token"
+	msgSessionTTL    = "session %s has ttlSeconds %d, more than the lock's spec.maxLeaseDurationSeconds %d: a holding in it could outlive the lock's bound"
 )
 
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
@@ -173,6 +176,7 @@ type sessionRef struct {
 	path    *field.Path
 	session string
 	podUID  string
+	holds   bool
 }
 
 // newSessionRefs are the session references a lock write adds: the new
@@ -181,11 +185,11 @@ func newSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock) []sessionRef 
 	var refs []sessionRef
 	o, n := &oldObj.Status, &newObj.Status
 	if o.Holder == nil && n.Holder != nil && n.Holder.Session != "" {
-		refs = append(refs, sessionRef{holderPath.Child("session"), n.Holder.Session, n.Holder.PodUID})
+		refs = append(refs, sessionRef{holderPath.Child("session"), n.Holder.Session, n.Holder.PodUID, true})
 	}
 	for _, i := range addedWaiters(o, n) {
 		if w := n.Waiters[i]; w.Session != "" {
-			refs = append(refs, sessionRef{waitersPath.Index(i).Child("session"), w.Session, w.PodUID})
+			refs = append(refs, sessionRef{waitersPath.Index(i).Child("session"), w.Session, w.PodUID, false})
 		}
 	}
 	return refs
@@ -205,7 +209,7 @@ func SessionsNamed(oldObj, newObj *locksv1alpha1.DistributedLock) []string {
 
 // ValidateSessionRefs checks the session fields of a lock's status write by
 // a: a holding in a session is not renewed itself, and a new holding or
-// waiter names a live session of the writer (from its pod, if pod-bound).
+// waiter names a live session of the writer bound to the same pod (or to none).
 // sessions holds the sessions SessionsNamed lists, as read from the
 // apiserver; a missing entry is a session that does not exist.
 func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor, sessions map[string]*locksv1alpha1.LockSession) field.ErrorList {
@@ -214,7 +218,12 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 	if o != nil && n != nil && o.Session != "" && o.LeaseID == n.LeaseID && !equality.Semantic.DeepEqual(o.RenewTime, n.RenewTime) {
 		errs = append(errs, deny(holderPath.Child("renewTime"), RuleSession, msgSessionRenew))
 	}
+	_, mine := a.pod()
 	for _, r := range newSessionRefs(oldObj, newObj) {
+		if r.podUID != "" && mine == "" {
+			// A pod-bound writer's podUID is checked as pod-binding.
+			errs = append(errs, deny(r.path, RuleSession, MsgSessionPodRef))
+		}
 		s := sessions[r.session]
 		switch {
 		case s == nil:
@@ -225,6 +234,14 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 			errs = append(errs, deny(r.path, RuleSession, "session %s is not the requesting user's: it belongs to %q, not %q", r.session, s.Spec.User, a.Username))
 		case s.Spec.PodUID != "" && s.Spec.PodUID != r.podUID:
 			errs = append(errs, deny(r.path, RuleSession, "session %s is bound to pod %s (UID %s); a holding or waiter in it must carry that podUID, not %q", r.session, s.Spec.PodName, s.Spec.PodUID, r.podUID))
+		case s.Spec.PodUID == "" && r.podUID != "":
+			// Else the pod's holding outlives the pod, renewed by another credential of its account.
+			errs = append(errs, deny(r.path, RuleSession, "session %s is bound to no pod; a holding or waiter of pod UID %q must be in a session of that pod", r.session, r.podUID))
+		}
+		// A holding lasts its session's TTL past the last renewal: the lock's
+		// bound on that holds for sessions as for leases.
+		if r.holds && s != nil && s.TTL() > newObj.MaxLease() {
+			errs = append(errs, deny(r.path, RuleSession, msgSessionTTL, r.session, s.TTL(), newObj.MaxLease()))
 		}
 	}
 	return errs

@@ -145,8 +145,10 @@ func FuzzValidateSessionRules(f *testing.F) {
 
 // FuzzValidateSessionRefs holds the lock rules plus the session references
 // to their purpose: an accepted write never puts a holding or waiter in a
-// session that is missing, terminating, another user's or another pod's, and
-// never renews a holding that is in a session.
+// session that is missing, terminating, another user's or another pod's (or no
+// pod's, for a pod's holding or waiter), or
+// (a holding) whose TTL exceeds the lock's maxLeaseDurationSeconds, and never
+// renews a holding that is in a session.
 func FuzzValidateSessionRefs(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x01"))
@@ -171,6 +173,11 @@ func FuzzValidateSessionRefs(f *testing.F) {
 			ls := s.session()
 			sessions[ls.Name] = ls
 		}
+		for _, name := range fuzzSessionNames {
+			if ls := sessions[name]; ls != nil && s.bool() {
+				ls.Spec.TTLSeconds = locksv1alpha1.MaxLeaseDurationSeconds
+			}
+		}
 		if len(ValidateStatusUpdate(oldObj, newObj, a)) > 0 || len(ValidateSessionRefs(oldObj, newObj, a, sessions)) > 0 {
 			return
 		}
@@ -178,7 +185,11 @@ func FuzzValidateSessionRefs(f *testing.F) {
 		if o != nil && n != nil && o.Session != "" && o.LeaseID == n.LeaseID && !equality.Semantic.DeepEqual(o.RenewTime, n.RenewTime) {
 			t.Fatalf("accepted a renewal of a holding in session %s", o.Session)
 		}
+		_, mine := a.pod()
 		for _, r := range newSessionRefs(oldObj, newObj) {
+			if r.podUID != "" && mine == "" {
+				t.Fatalf("accepted %s with podUID %q from a token bound to no pod", r.path, r.podUID)
+			}
 			ls := sessions[r.session]
 			switch {
 			case ls == nil:
@@ -187,8 +198,10 @@ func FuzzValidateSessionRefs(f *testing.F) {
 				t.Fatalf("accepted %s in a terminating session", r.path)
 			case ls.Spec.User != a.Username:
 				t.Fatalf("accepted %s in %s's session by %s", r.path, ls.Spec.User, a.Username)
-			case ls.Spec.PodUID != "" && ls.Spec.PodUID != r.podUID:
+			case ls.Spec.PodUID != r.podUID:
 				t.Fatalf("accepted %s with podUID %q in pod %s's session", r.path, r.podUID, ls.Spec.PodUID)
+			case r.holds && ls.TTL() > newObj.MaxLease():
+				t.Fatalf("accepted a holding in session %s of TTL %d beyond the lock's maxLeaseDurationSeconds %d", r.session, ls.TTL(), newObj.MaxLease())
 			}
 		}
 	})

@@ -50,6 +50,15 @@ func (l *DistributedLock) MaxWaiters() int {
 	return int(*l.Spec.MaxWaiters)
 }
 
+// MaxLease is spec.maxLeaseDurationSeconds with its default applied: the
+// longest a holding may outlive its last renewal, its session's TTL included.
+func (l *DistributedLock) MaxLease() int32 {
+	if l.Spec.MaxLeaseDurationSeconds <= 0 {
+		return DefaultMaxLeaseDurationSeconds
+	}
+	return l.Spec.MaxLeaseDurationSeconds
+}
+
 // MaxWaitersPerUser is how many queue entries one user may have:
 // spec.maxWaitersPerUser (default applied), but never more than MaxWaiters.
 func (l *DistributedLock) MaxWaitersPerUser() int {

@@ -342,48 +342,7 @@ var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
 			})
 
 			DescribeTable("rejects a hostile session write and leaves the session unchanged",
-				func(ctx SpecContext, h sessionHostile) {
-					s := sessionOf(ns, h.by)
-					var before []byte
-					if h.owner != "" {
-						s = sessionOf(ns, h.owner)
-						Expect(sessionActor(h.owner).c.Create(ctx, s)).To(Succeed())
-						if h.setup != nil {
-							h.setup(ctx, s)
-						}
-						Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
-						var err error
-						before, err = getSessionRaw(ctx, s)
-						Expect(err).NotTo(HaveOccurred())
-					}
-
-					err := h.do(ctx, sessionActor(h.by), s.DeepCopy())
-					GinkgoWriter.Printf("HOSTILE\t%s\t%s\t%v\n", CurrentSpecReport().LeafNodeText, e, err)
-					if h.policyAdmits && e == enginePolicy {
-						// The documented gap: admitted here, ended by the controller.
-						Expect(err).NotTo(HaveOccurred())
-						return
-					}
-					Expect(err).To(HaveOccurred(), "the write was admitted")
-					Expect(isDenial(err)).To(BeTrue(), "not a denial: %v", err)
-					for _, w := range h.want {
-						Expect(err.Error()).To(ContainSubstring(w))
-					}
-					switch {
-					case h.lock:
-						Expect(err.Error()).To(ContainSubstring(denialPrefix(e)), "the engine under test said it")
-					case strings.HasPrefix(h.want[0], "[kubelock:"):
-						Expect(err.Error()).To(ContainSubstring(sessionDenialPrefix(e)), "the engine under test said it")
-					}
-
-					after, err := getSessionRaw(ctx, s)
-					if h.owner == "" {
-						Expect(apierrors.IsNotFound(err)).To(BeTrue(), "want no session, got %v %s", err, after)
-						return
-					}
-					Expect(err).NotTo(HaveOccurred())
-					Expect(string(after)).To(Equal(string(before)))
-				},
+				func(ctx SpecContext, h sessionHostile) { checkSessionHostile(ctx, e, ns, h) },
 				sessionEntries(),
 			)
 
@@ -480,6 +439,51 @@ type boundPod struct {
 
 // podsWithBoundTokens creates a service account in ns bound to the lock-user
 // role and n pods of it, each with a bound token.
+// checkSessionHostile runs hostile case h against engine e in namespace ns:
+// denied with every string of h.want by that engine, nothing changed.
+func checkSessionHostile(ctx context.Context, e engine, ns string, h sessionHostile) {
+	s := sessionOf(ns, h.by)
+	var before []byte
+	if h.owner != "" {
+		s = sessionOf(ns, h.owner)
+		Expect(sessionActor(h.owner).c.Create(ctx, s)).To(Succeed())
+		if h.setup != nil {
+			h.setup(ctx, s)
+		}
+		Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
+		var err error
+		before, err = getSessionRaw(ctx, s)
+		Expect(err).NotTo(HaveOccurred())
+	}
+
+	err := h.do(ctx, sessionActor(h.by), s.DeepCopy())
+	GinkgoWriter.Printf("HOSTILE\t%s\t%s\t%v\n", CurrentSpecReport().LeafNodeText, e, err)
+	if h.policyAdmits && e == enginePolicy {
+		// The documented gap: admitted here, ended by the controller.
+		Expect(err).NotTo(HaveOccurred())
+		return
+	}
+	Expect(err).To(HaveOccurred(), "the write was admitted")
+	Expect(isDenial(err)).To(BeTrue(), "not a denial: %v", err)
+	for _, w := range h.want {
+		Expect(err.Error()).To(ContainSubstring(w))
+	}
+	switch {
+	case h.lock:
+		Expect(err.Error()).To(ContainSubstring(denialPrefix(e)), "the engine under test said it")
+	case strings.HasPrefix(h.want[0], "[kubelock:"):
+		Expect(err.Error()).To(ContainSubstring(sessionDenialPrefix(e)), "the engine under test said it")
+	}
+
+	after, err := getSessionRaw(ctx, s)
+	if h.owner == "" {
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "want no session, got %v %s", err, after)
+		return
+	}
+	Expect(err).NotTo(HaveOccurred())
+	Expect(string(after)).To(Equal(string(before)))
+}
+
 func podsWithBoundTokens(ctx context.Context, ns string, n int) ([]boundPod, string) {
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker"}}
 	Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, sa))).To(Succeed())
