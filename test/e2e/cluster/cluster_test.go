@@ -530,6 +530,18 @@ func TestSidecarSample(t *testing.T) {
 // its environment (this suite runs on the node, as root).
 func sidecarPid(t *testing.T, pod string) int {
 	t.Helper()
+	pid := findProcess(t, func(args, env []string) bool {
+		return len(args) > 1 && args[0] == "/kubelock" && args[1] == "sidecar" && slices.Contains(env, "POD_NAME="+pod)
+	})
+	if pid == 0 {
+		t.Fatalf("no sidecar process of pod %s", pod)
+	}
+	return pid
+}
+
+// findProcess is the first process whose arguments and environment match (0 if none).
+func findProcess(t *testing.T, match func(args, env []string) bool) int {
+	t.Helper()
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
@@ -541,11 +553,10 @@ func sidecarPid(t *testing.T, pod string) int {
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
 		env, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "environ"))
-		if strings.HasPrefix(string(cmdline), "/kubelock\x00sidecar\x00") && slices.Contains(strings.Split(string(env), "\x00"), "POD_NAME="+pod) {
+		if match(strings.Split(string(cmdline), "\x00"), strings.Split(string(env), "\x00")) {
 			return pid
 		}
 	}
-	t.Fatalf("no sidecar process of pod %s", pod)
 	return 0
 }
 
@@ -879,22 +890,9 @@ func TestKubeletRestart(t *testing.T) {
 // kubeletPid is the kubelet's process (0 if none), found by its root folder.
 func kubeletPid(t *testing.T) int {
 	t.Helper()
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		args := strings.Split(string(cmdline), "\x00")
-		if filepath.Base(args[0]) == "kubelet" && slices.Contains(args, "--root-dir="+filepath.Join(dataDir, "node", "kubelet")) {
-			return pid
-		}
-	}
-	return 0
+	return findProcess(t, func(args, _ []string) bool {
+		return filepath.Base(args[0]) == "kubelet" && slices.Contains(args, "--root-dir="+filepath.Join(dataDir, "node", "kubelet"))
+	})
 }
 
 func kubeletHealthy(ctx context.Context) bool {
