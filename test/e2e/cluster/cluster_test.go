@@ -93,15 +93,16 @@ func fail(err error) int {
 	return 1
 }
 
-// startCluster builds kubelock-dev and starts it with --node (which builds and
+// startCluster builds kubelock-dev and kubelock and starts kubelock-dev --node (which builds and
 // imports the operator's and the samples' images) and returns once it printed
 // the ready line.
 func startCluster(tmp string) (*exec.Cmd, error) {
 	bin := filepath.Join(tmp, "bin")
-	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/kubelock-dev")
+	// kubelock-dev links the kubelock next to it as the next steps' kubectl-lock.
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/kubelock-dev", "./cmd/kubelock")
 	build.Dir = testenv.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build ./cmd/kubelock-dev: %w: %s", err, out)
+		return nil, fmt.Errorf("go build: %w: %s", err, out)
 	}
 	ports, err := freePorts(4)
 	if err != nil {
