@@ -64,7 +64,8 @@ With --node (root only; "make dev NODE=1") it also runs a real node: kube-schedu
 containerd, kubelet and kube-proxy with pods on a CNI bridge, imports images of the
 operator and kubelock built from the checkout, and deploys the operator from
 config/default instead of running it in this process. One node per machine; on
-SIGINT or SIGTERM it puts the host back as it found it.`,
+SIGINT or SIGTERM it puts the host back as it found it. SIGUSR1 restarts the
+kubelet (the pods run on).`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usageError{fmt.Errorf("unexpected argument %q: kubelock-dev takes flags only", args[0])}

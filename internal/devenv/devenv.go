@@ -17,9 +17,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kubelock/kubelock/internal/proc"
@@ -134,6 +137,7 @@ type env struct {
 	hostLock     *os.File
 	host         *hostState
 	nodeFrom     int // the index in children of the node's first process
+	kubeletArgs  []string
 }
 
 // Run starts the environment, prints the ready line and next steps to o.Out,
@@ -210,22 +214,56 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 
-	failed := make(chan error, len(e.children))
-	for _, c := range e.children {
-		go func() { <-c.Done(); failed <- c.Exited() }()
+	return e.serve(ctx, mgrDone)
+}
+
+// serve runs until ctx ends or a component fails. With --node, SIGUSR1
+// restarts the kubelet (the cluster suite's node restart).
+func (e *env) serve(ctx context.Context, mgrDone chan error) error {
+	exited, done := make(chan *proc.Child), make(chan struct{})
+	defer close(done)
+	watch := func(c *proc.Child) {
+		go func() {
+			select {
+			case <-c.Done():
+				select {
+				case exited <- c:
+				case <-done:
+				}
+			case <-done:
+			}
+		}()
 	}
-	select {
-	case <-ctx.Done():
-		e.progress("stopping")
-		return nil
-	case err := <-failed:
-		return err
-	case err := <-mgrDone:
-		mgrDone <- nil // the deferred stop reads it again
-		if err == nil {
-			err = errors.New("stopped unexpectedly")
+	for _, c := range e.children {
+		watch(c)
+	}
+	restart := make(chan os.Signal, 1)
+	if e.o.Node {
+		signal.Notify(restart, syscall.SIGUSR1)
+		defer signal.Stop(restart)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			e.progress("stopping")
+			return nil
+		case c := <-exited:
+			if slices.Contains(e.children, c) { // not a kubelet stopped for a restart
+				return c.Exited()
+			}
+		case <-restart:
+			c, err := e.restartKubelet(ctx)
+			if err != nil {
+				return err
+			}
+			watch(c)
+		case err := <-mgrDone:
+			mgrDone <- nil // the deferred stop reads it again
+			if err == nil {
+				err = errors.New("stopped unexpectedly")
+			}
+			return fmt.Errorf("operator: %w", err)
 		}
-		return fmt.Errorf("operator: %w", err)
 	}
 }
 

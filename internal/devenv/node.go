@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,10 +34,13 @@ import (
 // from config/default with images built from the checkout.
 const (
 	// ManagerImage and KubelockImage are the images config/default and the
-	// samples name; they are imported, never pulled (imagePullPolicy: Never).
-	ManagerImage  = "kubelock/manager:latest"
-	KubelockImage = "kubelock:latest"
-	pauseImage    = "kubelock.local/pause:latest"
+	// samples name; they are imported, never pulled (imagePullPolicy: Never,
+	// or IfNotPresent in the samples), as are the samples' app images.
+	ManagerImage    = "kubelock/manager:latest"
+	KubelockImage   = "kubelock:latest"
+	appImage        = "orders-writer:latest"
+	migrationsImage = "orders-migrations:latest"
+	pauseImage      = "kubelock.local/pause:latest"
 	// OperatorNamespace and OperatorDeployment are config/default's.
 	OperatorNamespace  = "kubelock-system"
 	OperatorDeployment = "kubelock-controller-manager"
@@ -46,7 +50,8 @@ const (
 	podCIDR     = "10.244.0.0/24"
 	bridgeName  = "kubelock0"
 	// The kubelet's and kube-proxy's ports are fixed: one node per machine.
-	kubeletPort = 10250
+	kubeletPort    = 10250
+	kubeletHealthz = "http://127.0.0.1:10248/healthz"
 )
 
 // DefaultNodeDir is where `make node` builds containerd, runc and the CNI plugins.
@@ -139,8 +144,9 @@ func (e *env) startNode(ctx context.Context) error {
 	return e.deployOperator(ctx)
 }
 
-// buildImages builds manager, kubelock and pause as static binaries from the
-// checkout (the working directory's module) and writes them as images.
+// buildImages builds manager, kubelock, pause and the samples' app as static
+// binaries from the checkout (the working directory's module) and writes them
+// as images.
 func (e *env) buildImages(ctx context.Context) error {
 	started := time.Now()
 	dir := e.nodeDir("images")
@@ -151,7 +157,7 @@ func (e *env) buildImages(ctx context.Context) error {
 	if err != nil {
 		return errors.New("--node builds its images from the checkout: run kubelock-dev from the repository (with go on PATH)")
 	}
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", dir+"/", "./cmd/manager", "./cmd/kubelock", "./internal/devenv/pause")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", dir+"/", "./cmd/manager", "./cmd/kubelock", "./internal/devenv/pause", "./config/samples/app")
 	e.root = strings.TrimSpace(string(root))
 	build.Dir = e.root
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -159,14 +165,22 @@ func (e *env) buildImages(ctx context.Context) error {
 		return fmt.Errorf("building the images' binaries: %w: %s", err, out)
 	}
 	e.imageArchive = filepath.Join(dir, "images.tar")
+	bin := func(names ...string) []string {
+		for i, n := range names {
+			names[i] = filepath.Join(dir, n)
+		}
+		return names
+	}
 	err = images.WriteArchive(e.imageArchive,
-		images.Image{Ref: ManagerImage, Binaries: []string{filepath.Join(dir, "manager")}},
-		images.Image{Ref: KubelockImage, Binaries: []string{filepath.Join(dir, "kubelock")}},
-		images.Image{Ref: pauseImage, Binaries: []string{filepath.Join(dir, "pause")}})
+		images.Image{Ref: ManagerImage, Binaries: bin("manager")},
+		images.Image{Ref: KubelockImage, Binaries: bin("kubelock")},
+		images.Image{Ref: pauseImage, Binaries: bin("pause")},
+		images.Image{Ref: appImage, Binaries: bin("app")},
+		images.Image{Ref: migrationsImage, Binaries: bin("app", "kubelock")})
 	if err != nil {
 		return fmt.Errorf("writing the images: %w", err)
 	}
-	e.progress("built images %s, %s and %s from the checkout in %s", ManagerImage, KubelockImage, pauseImage, time.Since(started).Round(10*time.Millisecond))
+	e.progress("built images %s, %s, %s, %s and %s from the checkout in %s", ManagerImage, KubelockImage, appImage, migrationsImage, pauseImage, time.Since(started).Round(10*time.Millisecond))
 	return nil
 }
 
@@ -344,9 +358,33 @@ imageGCLowThresholdPercent: 99
 	if err != nil {
 		return err
 	}
-	return e.runComponent(ctx, "kubelet", "http://127.0.0.1:10248/healthz",
-		"--config="+cfgPath, "--kubeconfig="+kc, "--root-dir="+e.nodeDir("kubelet"),
-		"--hostname-override="+e.nodeIP, "--node-ip="+e.nodeIP)
+	e.kubeletArgs = []string{"--config=" + cfgPath, "--kubeconfig=" + kc, "--root-dir=" + e.nodeDir("kubelet"),
+		"--hostname-override=" + e.nodeIP, "--node-ip=" + e.nodeIP}
+	return e.runComponent(ctx, "kubelet", kubeletHealthz, e.kubeletArgs...)
+}
+
+// restartKubelet stops the kubelet and starts it again in its place among
+// the children. The pods' containers run on under containerd meanwhile, and
+// the restarted kubelet takes them over.
+func (e *env) restartKubelet(ctx context.Context) (*proc.Child, error) {
+	i := slices.IndexFunc(e.children, func(c *proc.Child) bool { return c.Name == "kubelet" })
+	if i < 0 {
+		return nil, errors.New("no kubelet to restart")
+	}
+	started := time.Now()
+	if err := e.children[i].Stop(20 * time.Second); err != nil {
+		return nil, err
+	}
+	e.progress("kubelet stopped; starting it again")
+	err := e.runComponent(ctx, "kubelet", kubeletHealthz, e.kubeletArgs...)
+	last := len(e.children) - 1
+	c := e.children[last]
+	e.children[i], e.children = c, e.children[:last]
+	if err != nil {
+		return nil, err
+	}
+	e.progress("kubelet restarted in %s", time.Since(started).Round(10*time.Millisecond))
+	return c, nil
 }
 
 func (e *env) startKubeProxy(ctx context.Context) error {

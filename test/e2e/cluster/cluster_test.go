@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,23 +43,16 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/devenv"
-	"github.com/kubelock/kubelock/internal/devenv/images"
 	"github.com/kubelock/kubelock/internal/manager"
 	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/test/pgtest"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
-// The samples' workload images: test/e2e/cluster/app, and for the Job's
-// `kubelock run` the kubelock binary next to it.
-const (
-	appImage = "orders-writer:latest"
-	jobImage = "orders-migrations:latest"
-)
-
 var (
 	skipReason string        // why the suite cannot run here; empty when it runs
 	c          client.Client // the dev cluster's admin
+	devCmd     *exec.Cmd     // kubelock-dev --node
 	dataDir    string
 	nodeDir    string
 )
@@ -83,12 +77,12 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	defer func() { _ = os.RemoveAll(tmp) }()
-	dev, err := startCluster(tmp)
+	devCmd, err = startCluster(tmp)
 	if err != nil {
 		return fail(err)
 	}
 	code := m.Run()
-	if err := stopCluster(dev); err != nil {
+	if err := stopCluster(devCmd); err != nil {
 		return fail(err)
 	}
 	return code
@@ -99,17 +93,16 @@ func fail(err error) int {
 	return 1
 }
 
-// startCluster builds kubelock-dev, kubelock and the app, starts kubelock-dev
-// --node and returns once it printed the ready line.
+// startCluster builds kubelock-dev and kubelock and starts kubelock-dev --node (which builds and
+// imports the operator's and the samples' images) and returns once it printed
+// the ready line.
 func startCluster(tmp string) (*exec.Cmd, error) {
 	bin := filepath.Join(tmp, "bin")
-	for out, pkg := range map[string]string{"kubelock-dev": "./cmd/kubelock-dev", "kubelock": "./cmd/kubelock", "app": "./test/e2e/cluster/app"} {
-		build := exec.Command("go", "build", "-o", filepath.Join(bin, out), pkg)
-		build.Dir = testenv.RepoRoot()
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("go build %s: %w: %s", pkg, err, out)
-		}
+	// kubelock-dev links the kubelock next to it as the next steps' kubectl-lock.
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/kubelock-dev", "./cmd/kubelock")
+	build.Dir = testenv.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build: %w: %s", err, out)
 	}
 	ports, err := freePorts(4)
 	if err != nil {
@@ -166,18 +159,6 @@ func startCluster(tmp string) (*exec.Cmd, error) {
 	}
 	if c, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		return dev, err
-	}
-	// The sample's main container, imported as the node's other images are.
-	archive := filepath.Join(tmp, "app.tar")
-	err = images.WriteArchive(archive, images.Image{Ref: appImage, Binaries: []string{filepath.Join(bin, "app")}},
-		images.Image{Ref: jobImage, Binaries: []string{filepath.Join(bin, "app"), filepath.Join(bin, "kubelock")}})
-	if err != nil {
-		return dev, err
-	}
-	imp := exec.Command(filepath.Join(nodeDir, "ctr"), "--address", filepath.Join(dataDir, "node", "containerd", "containerd.sock"),
-		"-n", "k8s.io", "images", "import", archive)
-	if out, err := imp.CombinedOutput(); err != nil {
-		return dev, fmt.Errorf("importing %s: %w: %s", appImage, err, out)
 	}
 	return dev, nil
 }
@@ -400,13 +381,7 @@ func TestSidecarSample(t *testing.T) {
 	recDir, db, lockObj := recordDir(t), database(ctx, t), sampleLock(ctx, t, "orders-db")
 	d := &appsv1.Deployment{}
 	readSample(t, "deployment_sidecar.yaml", d)
-	spec := &d.Spec.Template.Spec
-	for _, cs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
-		for i := range cs {
-			cs[i].ImagePullPolicy = corev1.PullNever
-		}
-	}
-	recording(spec, recDir, db.dsn)
+	recording(&d.Spec.Template.Spec, recDir, db.dsn)
 	started := time.Now()
 	if err := c.Create(ctx, d); err != nil {
 		t.Fatal(err)
@@ -556,6 +531,18 @@ func TestSidecarSample(t *testing.T) {
 // its environment (this suite runs on the node, as root).
 func sidecarPid(t *testing.T, pod string) int {
 	t.Helper()
+	pid := findProcess(t, func(args, env []string) bool {
+		return len(args) > 1 && args[0] == "/kubelock" && args[1] == "sidecar" && slices.Contains(env, "POD_NAME="+pod)
+	})
+	if pid == 0 {
+		t.Fatalf("no sidecar process of pod %s", pod)
+	}
+	return pid
+}
+
+// findProcess is the first process whose arguments and environment match (0 if none).
+func findProcess(t *testing.T, match func(args, env []string) bool) int {
+	t.Helper()
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
@@ -567,11 +554,10 @@ func sidecarPid(t *testing.T, pod string) int {
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
 		env, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "environ"))
-		if strings.HasPrefix(string(cmdline), "/kubelock\x00sidecar\x00") && slices.Contains(strings.Split(string(env), "\x00"), "POD_NAME="+pod) {
+		if match(strings.Split(string(cmdline), "\x00"), strings.Split(string(env), "\x00")) {
 			return pid
 		}
 	}
-	t.Fatalf("no sidecar process of pod %s", pod)
 	return 0
 }
 
@@ -648,12 +634,8 @@ type db struct {
 // fence table and the apps' rows table.
 func database(ctx context.Context, t *testing.T) *db {
 	t.Helper()
-	nodes := &corev1.NodeList{}
-	if err := c.List(ctx, nodes); err != nil || len(nodes.Items) != 1 {
-		t.Fatalf("nodes: %v %v", nodes.Items, err)
-	}
 	var nodeIP string
-	for _, a := range nodes.Items[0].Status.Addresses {
+	for _, a := range theNode(ctx, t).Status.Addresses {
 		if a.Type == corev1.NodeInternalIP {
 			nodeIP = a.Address
 		}
@@ -739,15 +721,7 @@ func TestJobKubelockRun(t *testing.T) {
 	job.Spec.Parallelism, job.Spec.Completions = &three, &three
 	spec := &job.Spec.Template.Spec
 	mig := &spec.Containers[0]
-	mig.Image, mig.ImagePullPolicy = jobImage, corev1.PullNever
-	for i, a := range mig.Command {
-		switch a {
-		case "orders-db":
-			mig.Command[i] = lockObj.Name
-		case "/app/migrate.sh":
-			mig.Command = append(mig.Command[:i], "/app", "job")
-		}
-	}
+	mig.Command[slices.Index(mig.Command, "orders-db")] = lockObj.Name
 	recording(spec, recDir, db.dsn)
 	started := time.Now()
 	if err := c.Create(ctx, job); err != nil {
@@ -801,4 +775,146 @@ func TestJobKubelockRun(t *testing.T) {
 	}
 	db.checkRows(ctx, t, 3)
 	checkNoStale(t, recDir)
+}
+
+// TestKubeletRestart stops and restarts the kubelet (SIGUSR1 to kubelock-dev):
+// the pods' containers run on (same container IDs, no restarts), a sidecar's
+// holding continues past a lease (same lease, same token) because the sidecar
+// never stopped renewing, and the operator keeps its leader.
+func TestKubeletRestart(t *testing.T) {
+	ctx := requireCluster(t)
+	lockObj := sampleLock(ctx, t, "node-restart")
+	d := &appsv1.Deployment{}
+	readSample(t, "deployment_sidecar.yaml", d)
+	one, labels := int32(1), map[string]string{"app": "node-restart"}
+	d.Name, d.Spec.Replicas, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels = "node-restart", &one, labels, labels
+	sidecar, app := &d.Spec.Template.Spec.InitContainers[0], &d.Spec.Template.Spec.Containers[0]
+	sidecar.Args[slices.Index(sidecar.Args, "orders-db")] = lockObj.Name
+	app.Env[0].Value = "/run/kubelock/" + lockObj.Name + "/token"
+	if err := c.Create(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), d) })
+	eventually(ctx, t, 200*time.Millisecond, 2*time.Minute, deploymentAvailable("default", d.Name))
+
+	type snapshot struct {
+		containers map[string]string // namespace/pod/container: its ID and restart count
+		lease      string
+		token      int64
+		leader     string
+	}
+	snap := func(ctx context.Context) (snapshot, error) {
+		s := snapshot{containers: map[string]string{}}
+		for _, sel := range []client.ListOption{client.MatchingLabels(labels), client.InNamespace(devenv.OperatorNamespace)} {
+			pods := &corev1.PodList{}
+			if err := c.List(ctx, pods, sel); err != nil {
+				return s, err
+			}
+			for _, p := range pods.Items {
+				ready := false
+				for _, cond := range p.Status.Conditions {
+					ready = ready || cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue
+				}
+				if !ready {
+					return s, fmt.Errorf("pod %s not Ready", p.Name)
+				}
+				for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+					s.containers[p.Namespace+"/"+p.Name+"/"+cs.Name] = fmt.Sprintf("%s restarts %d", cs.ContainerID, cs.RestartCount)
+				}
+			}
+		}
+		l := &locksv1alpha1.DistributedLock{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(lockObj), l); err != nil {
+			return s, err
+		}
+		if l.Status.Holder == nil {
+			return s, errors.New("lock not held")
+		}
+		s.lease, s.token = l.Status.Holder.LeaseID, l.Status.FencingToken
+		le := &coordinationv1.Lease{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: "kubelock-manager.locks.kubelock.io"}, le); err != nil {
+			return s, err
+		}
+		if le.Spec.HolderIdentity != nil {
+			s.leader = *le.Spec.HolderIdentity
+		}
+		return s, nil
+	}
+	var before snapshot
+	eventually(ctx, t, 200*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		var err error
+		before, err = snap(ctx)
+		return err == nil && before.leader != "", err
+	})
+
+	node, oldPid := theNode(ctx, t).Name, kubeletPid(t)
+	restarted := time.Now()
+	if err := devCmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	notReady := false
+	eventually(ctx, t, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		n := &corev1.Node{}
+		if err := c.Get(ctx, client.ObjectKey{Name: node}, n); err == nil {
+			for _, cond := range n.Status.Conditions {
+				notReady = notReady || cond.Type == corev1.NodeReady && cond.Status != corev1.ConditionTrue
+			}
+		}
+		pid := kubeletPid(t)
+		return pid != 0 && pid != oldPid && kubeletHealthy(ctx), fmt.Errorf("kubelet pid %d (was %d)", pid, oldPid)
+	})
+	t.Logf("kubelet restarted and healthy after %s (node NotReady seen: %v)", time.Since(restarted).Round(10*time.Millisecond), notReady)
+
+	// Past a whole lease (the sample's --lease=15s) after the kubelet stopped,
+	// everything is as before and Ready again.
+	time.Sleep(time.Until(restarted.Add(16 * time.Second)))
+	var after snapshot
+	eventually(ctx, t, 200*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		var err error
+		after, err = snap(ctx)
+		return err == nil, err
+	})
+	for k, v := range before.containers {
+		if after.containers[k] != v {
+			t.Errorf("container %s: %s before the kubelet restart, %q after", k, v, after.containers[k])
+		}
+	}
+	if after.lease != before.lease || after.token != before.token {
+		t.Errorf("the sidecar's holding: lease %s token %d before, lease %s token %d after", before.lease, before.token, after.lease, after.token)
+	}
+	if after.leader != before.leader {
+		t.Errorf("the operator's leader: %s before, %s after", before.leader, after.leader)
+	}
+	t.Logf("%d containers kept running; lease %s token %d held throughout; operator leader %s kept", len(before.containers), after.lease, after.token, after.leader)
+}
+
+// kubeletPid is the kubelet's process (0 if none), found by its root folder.
+func kubeletPid(t *testing.T) int {
+	t.Helper()
+	return findProcess(t, func(args, _ []string) bool {
+		return filepath.Base(args[0]) == "kubelet" && slices.Contains(args, "--root-dir="+filepath.Join(dataDir, "node", "kubelet"))
+	})
+}
+
+func kubeletHealthy(ctx context.Context) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:10248/healthz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// theNode is the cluster's one node.
+func theNode(ctx context.Context, t *testing.T) *corev1.Node {
+	t.Helper()
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil || len(nodes.Items) != 1 {
+		t.Fatalf("nodes: %v %v", nodes.Items, err)
+	}
+	return &nodes.Items[0]
 }

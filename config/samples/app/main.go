@@ -1,14 +1,16 @@
-// Command app stands in for the samples' workloads in the cluster suite. It
-// records, in $RECORD_DIR/$POD_NAME, when it started and stopped and its
-// fencing token ("none" when it has none), and while it runs it writes fenced
-// rows (pkg/fencing/postgres) to the table rows of $PG_DSN, if set: one every
-// 50 ms, each with its pod and token; a write refused for a stale token is
-// recorded as "stale".
+// Command app is the samples' stand-in workload: the image orders-writer of
+// deployment_sidecar.yaml and, next to kubelock, orders-migrations of
+// job_kubelock_run.yaml; kubelock-dev --node builds both. It prints when it
+// started and stopped and its fencing token ("none" when it has none), also
+// into $RECORD_DIR/$POD_NAME when RECORD_DIR is set (the cluster suite reads
+// them there after the pod is gone). With $PG_DSN set it writes fenced rows
+// (pkg/fencing/postgres) to the table rows while it runs: one every 50 ms, each
+// with its pod and token; a write refused for a stale token is recorded as "stale".
 //
-// With no argument it is the sidecar sample's main container (orders-writer):
-// the token is in $FENCING_TOKEN_FILE, and it writes until the token changes
-// or SIGTERM. With the argument "job" it is the work `kubelock run` starts in
-// the Job sample: the token is $KUBELOCK_FENCING_TOKEN; it writes for 1 s and exits.
+// With no argument it is the sidecar sample's main container: the token is in
+// $FENCING_TOKEN_FILE, and it writes until the token changes or SIGTERM. With
+// the argument "migrate" it is the work `kubelock run` starts in the Job
+// sample: the token is $KUBELOCK_FENCING_TOKEN; it writes for 1 s and exits.
 package main
 
 import (
@@ -32,7 +34,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	job := len(os.Args) > 1 && os.Args[1] == "job"
+	job := len(os.Args) > 1 && os.Args[1] == "migrate"
 	token := fileToken
 	lock := "default/orders-db"
 	if job {
@@ -105,7 +107,11 @@ func write(ctx context.Context, lock, start string, token func() string) {
 func record(event, token string) {
 	line := fmt.Sprintf("%s %d %s\n", event, time.Now().UnixNano(), token)
 	fmt.Print(line)
-	f, err := os.OpenFile(filepath.Join(os.Getenv("RECORD_DIR"), os.Getenv("POD_NAME")), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	dir := os.Getenv("RECORD_DIR")
+	if dir == "" {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(dir, os.Getenv("POD_NAME")), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return
