@@ -113,9 +113,11 @@ E2E_PKGS := ./test/e2e/...
 UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/gc' -e '/test/integration' -e '/test/observability' -e '/test/e2e')
 
 .PHONY: test
-test: manifests generate control-plane test-deps ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, and the benchmark module's.
+test: manifests generate control-plane test-deps ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, the benchmark module's, and (as root) the real-node suite.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 	go -C $(BENCH_DIR) test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
+	@# The real-node suite needs root; without it, say plainly that it did not run.
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) test-cluster; else echo "make test: the real-node suite (make test-cluster) needs root: NOT RUN"; fi
 
 .PHONY: test-unit
 test-unit: manifests generate control-plane test-deps ## Run the packages outside test/'s suites.
@@ -131,7 +133,7 @@ test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI
 
 # The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
 # the operator Deployment, failover, the webhook through its Service, the sidecar
-# sample as pods. Root only; outside `make test`, so a run without root is never a pass.
+# sample as pods. Root only: `make test` runs it as root and says NOT RUN otherwise.
 .PHONY: test-cluster
 test-cluster: manifests generate control-plane node ## Run the real-node suite as root (kubelet, containerd, kube-proxy; the operator and the samples as pods).
 	@[ "$$(id -u)" = 0 ] || { echo "make test-cluster needs root (kubelet, containerd, iptables): not run"; exit 1; }
