@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -63,9 +64,20 @@ func newSessionFixture(t *testing.T, objs ...client.Object) *sessionFixture {
 }
 
 // armed waits until n loops have armed their fake timers, so a step reaches them.
-func (f *sessionFixture) armed(n int) {
-	for f.clk.Waiters() < n {
-		time.Sleep(time.Millisecond) // waiting for goroutines to reach their timers, not for time to pass
+func (f *sessionFixture) armed(t *testing.T, n int) {
+	t.Helper()
+	until(t, "loops arm their fake timers", func() bool { return f.clk.Waiters() >= n })
+}
+
+// until waits for a condition that goroutines of the code under test make
+// true (a timer armed, a renewal sent), not for time to pass; it fails the
+// test instead of hanging when the condition never comes.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("waiting until %s: %v", what, err)
 	}
 }
 
@@ -115,27 +127,21 @@ func TestSessionDeadline(t *testing.T) {
 	}
 
 	// A committed renewal moves the deadline to its send time + TTL - margin.
-	f.armed(2)
+	f.armed(t, 2)
 	f.clk.Step(2200 * time.Millisecond) // past TTL/3 with jitter (at most 2.16s)
-	for f.renewals.Load() < 1 {
-		time.Sleep(time.Millisecond)
-	}
+	until(t, "the first renewal is sent", func() bool { return f.renewals.Load() >= 1 })
 	renewedAt := f.clk.Now()
 	want := renewedAt.Add(6*time.Second - margin)
-	for !s.ExpiresAt().Equal(want) {
-		time.Sleep(time.Millisecond) // the renewal's answer is on its way
-	}
+	until(t, "the renewal's answer moves the deadline", func() bool { return s.ExpiresAt().Equal(want) })
 
 	// Renewals that fail with an unknown outcome do not extend it.
 	f.fail.Store(true)
-	f.armed(2)
+	f.armed(t, 2)
 	for i := 0; i < 6 && f.clk.Now().Before(want.Add(-time.Second)); i++ {
 		n := f.renewals.Load()
 		f.clk.Step(2200 * time.Millisecond) // past the next renewal, successful or not
-		for f.renewals.Load() == n {
-			time.Sleep(time.Millisecond)
-		}
-		f.armed(2)
+		until(t, "the next renewal is sent", func() bool { return f.renewals.Load() != n })
+		f.armed(t, 2)
 	}
 	if !s.ExpiresAt().Equal(want) {
 		t.Fatalf("failed renewals moved ExpiresAt to %s (want %s)", s.ExpiresAt(), want)
@@ -183,14 +189,12 @@ func TestLockInSession(t *testing.T) {
 	if err := la.Renew(ctx); err != nil {
 		t.Fatalf("Renew of a live session holding = %v, want nil", err)
 	}
-	f.armed(2) // the session's watchdog and renewal; the locks run neither
+	f.armed(t, 2) // the session's watchdog and renewal; the locks run neither
 	for range 3 {
 		n := f.renewals.Load()
 		f.clk.Step(3300 * time.Millisecond)
-		for f.renewals.Load() == n {
-			time.Sleep(time.Millisecond)
-		}
-		f.armed(2)
+		until(t, "the next renewal is sent", func() bool { return f.renewals.Load() != n })
+		f.armed(t, 2)
 	}
 	if w := f.lockWrites.Load(); w != writes {
 		t.Fatalf("%d lock writes while the session renewed: holdings in a session renew nothing", w-writes)
@@ -266,7 +270,7 @@ func TestSessionNoticesAForceReleasedHolding(t *testing.T) {
 	}
 	ended(t, l.Done(), false, "the lock, before the session's next renewal,")
 	proven := s.ExpiresAt()
-	f.armed(2)
+	f.armed(t, 2)
 	f.clk.Step(2200 * time.Millisecond) // the renewal answers status.locks 0: fewer than the client holds
 	ended(t, l.Done(), true, "the force-released lock after the session's renewal")
 	if !l.ExpiresAt().Equal(proven) || !s.ExpiresAt().After(proven) {

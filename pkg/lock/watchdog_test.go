@@ -63,9 +63,7 @@ func TestWatchdogFiresWhileARenewalHangs(t *testing.T) {
 	// Let the first renewal start and hang: both loops (watchdog, renewal)
 	// must have armed their timers before the clock moves, or the renewal's
 	// timer starts after the step and never fires.
-	for clk.Waiters() < 2 {
-		time.Sleep(time.Millisecond) // waiting for the loops to arm their fake timers, not for the lock
-	}
+	until(t, "both loops arm their fake timers", func() bool { return clk.Waiters() >= 2 })
 	clk.Step(1100 * time.Millisecond)
 	select {
 	case <-renewing:

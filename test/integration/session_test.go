@@ -248,8 +248,9 @@ var _ = Describe("a session cut off from the apiserver (I5 per session)", Serial
 			held[i], err = a.TryAcquire(ctx, k, lock.InSession(s))
 			Expect(err).NotTo(HaveOccurred())
 		}
-		// Let a renewal or two land, so the deadline comes from a renewal.
-		time.Sleep(ttl / 2)
+		// The deadline the cut is measured against comes from a renewal, not the create.
+		created := s.ExpiresAt()
+		Eventually(s.ExpiresAt).WithTimeout(2*ttl).Should(BeTemporally(">", created), "a renewal lands before the cut")
 
 		proxy.SetRule(func(*http.Request) faultproxy.Action { return faultproxy.Refuse })
 		cutAt := time.Now()

@@ -129,7 +129,13 @@ var _ = Describe("a session client SIGSTOPped past its TTL", Serial, func() {
 		for range keys {
 			Eventually(holder.Out).Should(gbytes.Say(`write \S+ \d+ ok`))
 		}
-		time.Sleep(ttl / 2) // a renewal or two land first
+		// The deadline the holder is stopped past comes from a renewal, not the create.
+		Eventually(func() []locksv1alpha1.LockSession {
+			list := &locksv1alpha1.LockSessionList{}
+			Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+			return list.Items
+		}).WithTimeout(2 * ttl).
+			Should(ConsistOf(HaveField("Status.RenewTime", Not(BeNil()))), "the holder's session is renewed before it is stopped")
 
 		By("stopping the holder past its TTL while another client waits for its locks")
 		Expect(holder.Command.Process.Signal(syscall.SIGSTOP)).To(Succeed())
