@@ -83,7 +83,7 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	if h := s.Holder; h != nil {
 		switch {
 		case h.Session != "":
-			d.end = sessionEnd(live.sessions[h.Session], h.User, h.PodUID, lock.MaxLease(), now, t.grace)
+			d.end = sessionEnd(live.sessions[h.Session], lock.Namespace, h.User, h.PodUID, lock.MaxLease(), now, t.grace)
 		case live.podGone:
 			d.end = ending{locksv1alpha1.EndReasonExpired, fmt.Sprintf("holder pod %s deleted", h.PodName)}
 		case obs.holding != nil:
@@ -99,7 +99,7 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	dropped := map[string]bool{}
 	for _, w := range s.Waiters {
 		if w.Session != "" {
-			if e := sessionEnd(live.sessions[w.Session], w.User, w.PodUID, 0, now, t.grace); e.reason != "" {
+			if e := sessionEnd(live.sessions[w.Session], lock.Namespace, w.User, w.PodUID, 0, now, t.grace); e.reason != "" {
 				d.drop = append(d.drop, droppedWaiter{requestID: w.RequestID, identity: w.Identity, reason: dropReason(e.reason)})
 				dropped[w.RequestID] = true
 				continue
@@ -138,31 +138,17 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 }
 
 // sessionEnd says whether, and why, a holding or waiter of user (and podUID)
-// in session st ends at now: SessionClosed at once when the session is gone,
-// terminating or not theirs; SessionExpired when this controller observed no
-// renewal of it for its TTL plus grace. A holding (maxTTL > 0) ends at once,
-// SessionClosed, in a session whose TTL exceeds maxTTL, the lock's
-// maxLeaseDurationSeconds, which the policy engine cannot check. A zero
-// ending means it lives on.
-func sessionEnd(st sessionState, user, podUID string, maxTTL int32, now time.Time, grace time.Duration) ending {
-	closed := func(format string, args ...any) ending {
-		return ending{locksv1alpha1.EndReasonSessionClosed, fmt.Sprintf(format, args...)}
-	}
+// in session st ends at now: SessionClosed at once when admission would refuse
+// it in that session (v1alpha1.SessionRefusal: gone, terminating, not theirs,
+// or, for a holding, a TTL above maxLease), which the policy engine cannot
+// check; SessionExpired when this controller observed no renewal of it for its
+// TTL plus grace. A zero ending means it lives on.
+func sessionEnd(st sessionState, ns, user, podUID string, maxLease int32, now time.Time, grace time.Duration) ending {
 	s := st.session
-	switch {
-	case s == nil:
-		return closed("session %s not found", st.name)
-	case s.DeletionTimestamp != nil:
-		return closed("session %s deleted", st.name)
-	case s.Spec.User != user:
-		return closed("session %s belongs to %s, not %s", st.name, s.Spec.User, user)
-	case s.Spec.PodUID != "" && s.Spec.PodUID != podUID:
-		return closed("session %s is bound to pod %s (uid %s), not to pod uid %q", st.name, s.Spec.PodName, s.Spec.PodUID, podUID)
-	case s.Spec.PodUID == "" && podUID != "":
-		return closed("session %s is bound to no pod, not to pod uid %q", st.name, podUID)
-	case maxTTL > 0 && s.TTL() > maxTTL:
-		return closed("session %s has ttlSeconds %d, more than the lock's maxLeaseDurationSeconds %d", st.name, s.TTL(), maxTTL)
-	case !now.Before(sessionDeadline(s, st.seen, grace)):
+	if why := locksv1alpha1.SessionRefusal(ns, st.name, s, user, podUID, maxLease); why != "" {
+		return ending{locksv1alpha1.EndReasonSessionClosed, why}
+	}
+	if !now.Before(sessionDeadline(s, st.seen, grace)) {
 		return ending{locksv1alpha1.EndReasonSessionExpired,
 			fmt.Sprintf("no renewal of session %s observed for its TTL %ds + %s grace", st.name, s.TTL(), grace)}
 	}

@@ -125,13 +125,13 @@ func TestDecideWithSessions(t *testing.T) {
 			name: "its session is missing: SessionClosed at once",
 			lock: newLock(held("a", 10, clientTime), inSession("gone")),
 			live: liveness{sessions: map[string]sessionState{"gone": {name: "gone"}}},
-			want: decision{end: closed("session gone not found")},
+			want: decision{end: closed("session gone does not exist in namespace shop")},
 		},
 		{
 			name: "its session is terminating",
 			lock: newLock(held("a", 10, clientTime), inSession("worker-s1")),
 			live: liveness{sessions: alive(terminating)},
-			want: decision{end: closed("session worker-s1 deleted")},
+			want: decision{end: closed("session worker-s1 is being deleted")},
 		},
 		{
 			name: "its session is someone else's",
@@ -141,7 +141,7 @@ func TestDecideWithSessions(t *testing.T) {
 				return l
 			}(),
 			live: liveness{sessions: alive(newSession())},
-			want: decision{end: closed("session worker-s1 belongs to " + owner + ", not mallory")},
+			want: decision{end: closed(`session worker-s1 is not the holder's: it belongs to "` + owner + `", not "mallory"`)},
 		},
 		{
 			name: "its session is bound to another pod",
@@ -151,7 +151,7 @@ func TestDecideWithSessions(t *testing.T) {
 				return l
 			}(),
 			live: liveness{sessions: alive(podBound)},
-			want: decision{end: closed(`session worker-s1 is bound to pod worker-0 (uid pod-uid-1), not to pod uid "pod-uid-2"`)},
+			want: decision{end: closed(`session worker-s1 is bound to pod worker-0 (UID pod-uid-1); a holding or waiter in it must carry that podUID, not "pod-uid-2"`)},
 		},
 		{
 			// Red team: the policy engine cannot read the session, so a
@@ -160,7 +160,7 @@ func TestDecideWithSessions(t *testing.T) {
 			name: "its session's TTL exceeds the lock's maxLeaseDurationSeconds: SessionClosed at once",
 			lock: newLock(held("a", 10, clientTime), inSession("worker-s1")),
 			live: liveness{sessions: alive(newSession(func(s *locksv1alpha1.LockSession) { s.Spec.TTLSeconds = 3600 }))},
-			want: decision{end: closed("session worker-s1 has ttlSeconds 3600, more than the lock's maxLeaseDurationSeconds 300")},
+			want: decision{end: closed("session worker-s1 has ttlSeconds 3600, more than the lock's spec.maxLeaseDurationSeconds 300: a holding in it could outlive the lock's bound")},
 		},
 		{
 			// Red team: a pod's holding in its account's pod-less session
@@ -173,7 +173,7 @@ func TestDecideWithSessions(t *testing.T) {
 				return l
 			}(),
 			live: liveness{sessions: alive(newSession())},
-			want: decision{end: closed(`session worker-s1 is bound to no pod, not to pod uid "pod-uid-1"`)},
+			want: decision{end: closed(`session worker-s1 is bound to no pod; a holding or waiter of pod UID "pod-uid-1" must be in a session of that pod`)},
 		},
 		{
 			name: "a pod-bound holder without a session whose pod is gone: Expired",

@@ -30,7 +30,6 @@ const (
 	msgSessionRenew        = "a holding in a session is renewed through its session"
 	// MsgSessionPodRef is exported for the admission suite: both engines say it.
 	MsgSessionPodRef = "a holding or waiter in a session carries a podUID only when written from that pod's bound token"
-	msgSessionTTL    = "session %s has ttlSeconds %d, more than the lock's spec.maxLeaseDurationSeconds %d: a holding in it could outlive the lock's bound"
 )
 
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
@@ -224,24 +223,12 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 			// A pod-bound writer's podUID is checked as pod-binding.
 			errs = append(errs, deny(r.path, RuleSession, MsgSessionPodRef))
 		}
-		s := sessions[r.session]
-		switch {
-		case s == nil:
-			errs = append(errs, deny(r.path, RuleSession, "session %s does not exist in namespace %s", r.session, oldObj.Namespace))
-		case s.DeletionTimestamp != nil:
-			errs = append(errs, deny(r.path, RuleSession, "session %s is being deleted", r.session))
-		case s.Spec.User != a.Username:
-			errs = append(errs, deny(r.path, RuleSession, "session %s is not the requesting user's: it belongs to %q, not %q", r.session, s.Spec.User, a.Username))
-		case s.Spec.PodUID != "" && s.Spec.PodUID != r.podUID:
-			errs = append(errs, deny(r.path, RuleSession, "session %s is bound to pod %s (UID %s); a holding or waiter in it must carry that podUID, not %q", r.session, s.Spec.PodName, s.Spec.PodUID, r.podUID))
-		case s.Spec.PodUID == "" && r.podUID != "":
-			// Else the pod's holding outlives the pod, renewed by another credential of its account.
-			errs = append(errs, deny(r.path, RuleSession, "session %s is bound to no pod; a holding or waiter of pod UID %q must be in a session of that pod", r.session, r.podUID))
+		maxLease := int32(0)
+		if r.holds {
+			maxLease = newObj.MaxLease()
 		}
-		// A holding lasts its session's TTL past the last renewal: the lock's
-		// bound on that holds for sessions as for leases.
-		if r.holds && s != nil && s.TTL() > newObj.MaxLease() {
-			errs = append(errs, deny(r.path, RuleSession, msgSessionTTL, r.session, s.TTL(), newObj.MaxLease()))
+		if why := locksv1alpha1.SessionRefusal(oldObj.Namespace, r.session, sessions[r.session], a.Username, r.podUID, maxLease); why != "" {
+			errs = append(errs, deny(r.path, RuleSession, "%s", why))
 		}
 	}
 	return errs

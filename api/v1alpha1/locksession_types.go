@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -117,4 +119,29 @@ func (s *LockSession) TTL() int32 {
 		return DefaultSessionTTLSeconds
 	}
 	return s.Spec.TTLSeconds
+}
+
+// SessionRefusal says why a holding or waiter of user (and podUID) may not be
+// in session name of namespace ns, stored as s (nil: it does not exist); ""
+// when it may. maxLease is the lock's maxLeaseDurationSeconds for a holding
+// (a holding lasts its session's TTL past the last renewal), 0 for a waiter.
+// Admission refuses such a write with it and the controller ends what the
+// policy engine, which cannot read sessions, let through.
+func SessionRefusal(ns, name string, s *LockSession, user, podUID string, maxLease int32) string {
+	switch {
+	case s == nil:
+		return fmt.Sprintf("session %s does not exist in namespace %s", name, ns)
+	case s.DeletionTimestamp != nil:
+		return fmt.Sprintf("session %s is being deleted", name)
+	case s.Spec.User != user:
+		return fmt.Sprintf("session %s is not the holder's: it belongs to %q, not %q", name, s.Spec.User, user)
+	case s.Spec.PodUID != "" && s.Spec.PodUID != podUID:
+		return fmt.Sprintf("session %s is bound to pod %s (UID %s); a holding or waiter in it must carry that podUID, not %q", name, s.Spec.PodName, s.Spec.PodUID, podUID)
+	case s.Spec.PodUID == "" && podUID != "":
+		// Else the pod's holding outlives the pod, renewed by another credential of its account.
+		return fmt.Sprintf("session %s is bound to no pod; a holding or waiter of pod UID %q must be in a session of that pod", name, podUID)
+	case maxLease > 0 && s.TTL() > maxLease:
+		return fmt.Sprintf("session %s has ttlSeconds %d, more than the lock's spec.maxLeaseDurationSeconds %d: a holding in it could outlive the lock's bound", name, s.TTL(), maxLease)
+	}
+	return ""
 }

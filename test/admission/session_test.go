@@ -301,9 +301,9 @@ func sessionEntries() []TableEntry {
 			},
 			want: []string{session + "a holding in a session is renewed through its session"}, lock: true}),
 		Entry("name someone else's session in a holding", sessionHostile{owner: "alice", by: "bob", do: acquireIn(),
-			want: []string{session + "session ", ` is not the requesting user's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
+			want: []string{session + "session ", ` is not the holder's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
 		Entry("name someone else's session in a waiter", sessionHostile{owner: "alice", by: "bob", do: enqueueIn,
-			want: []string{session + "session ", ` is not the requesting user's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
+			want: []string{session + "session ", ` is not the holder's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
 		Entry("name a session that does not exist", sessionHostile{owner: "alice", by: "alice",
 			do: func(ctx context.Context, u *user, s *locksv1alpha1.LockSession) error {
 				s = s.DeepCopy()
