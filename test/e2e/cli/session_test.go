@@ -134,7 +134,7 @@ var _ = Describe("a session client SIGSTOPped past its TTL", Serial, func() {
 			list := &locksv1alpha1.LockSessionList{}
 			Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
 			return list.Items
-		}).WithTimeout(2 * ttl).
+		}).WithTimeout(2*ttl).
 			Should(ConsistOf(HaveField("Status.RenewTime", Not(BeNil()))), "the holder's session is renewed before it is stopped")
 
 		By("stopping the holder past its TTL while another client waits for its locks")
