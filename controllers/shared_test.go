@@ -92,7 +92,7 @@ var _ = Describe("shared modes", func() {
 			g.Expect(l.Status.Waiters).NotTo(BeEmpty(), "the writer was dropped")
 			g.Expect(l.Status.Waiters[0].RequestID).To(Equal("writer"))
 			g.Expect(l.Admits(locksv1alpha1.Exclusive)).To(BeTrue())
-			token = acquireAsHead(g, ctx, l, "lease-writer-000001")
+			token = acquireAsHead(ctx, g, l, "lease-writer-000001")
 		}).Should(Succeed())
 		Expect(time.Since(lastRenew)).To(BeNumerically(">=", 2*time.Second+grace), "the last reader expired before lease+grace after its last renewal was sent")
 		l = getLock(ctx, key)
@@ -227,7 +227,7 @@ func acquireShared(ctx context.Context, key types.NamespacedName, leaseID string
 // acquireAsHead acquires l exclusively as the waiter at its head, in one
 // write conditioned on l's version, and returns the token; it fails through g
 // (for Eventually to retry) when the lock changed meanwhile.
-func acquireAsHead(g Gomega, ctx context.Context, l *locksv1alpha1.DistributedLock, leaseID string) int64 {
+func acquireAsHead(ctx context.Context, g Gomega, l *locksv1alpha1.DistributedLock, leaseID string) int64 {
 	token, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
 	g.Expect(err).NotTo(HaveOccurred())
 	now := metav1.NewMicroTime(time.Now())
