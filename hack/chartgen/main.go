@@ -110,22 +110,12 @@ type object struct {
 	body       map[string]any
 }
 
+// main runs from the repository's root, as `make manifests` does.
 func main() {
-	root := flag("--root", ".")
-	if err := run(root); err != nil {
+	if err := run("."); err != nil {
 		fmt.Fprintln(os.Stderr, "chartgen:", err)
 		os.Exit(1)
 	}
-}
-
-// flag returns the value of --name=value in os.Args, or def.
-func flag(name, def string) string {
-	for _, a := range os.Args[1:] {
-		if v, ok := strings.CutPrefix(a, name+"="); ok {
-			return v
-		}
-	}
-	return def
 }
 
 func run(root string) error {
