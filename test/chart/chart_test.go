@@ -24,7 +24,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kubelock/kubelock/test/testenv"
 )
@@ -535,7 +534,7 @@ func checkFlags(t *testing.T, flags, want map[string]string) {
 // need, and returns a kubectl for an admin.
 func startControlPlane(t *testing.T) func(args ...string) (string, error) {
 	t.Helper()
-	kubectl := kubectlPath(t)
+	kubectlPath(t) // fails clearly when the control plane lacks kubectl
 	env, err := testenv.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -547,20 +546,9 @@ func startControlPlane(t *testing.T) func(args ...string) (string, error) {
 			t.Fatal(err)
 		}
 	}
-	admin, err := env.AddUser(envtest.User{Name: "chart-admin", Groups: []string{"system:masters"}}, nil)
+	run, err := env.Kubectl("chart-admin")
 	if err != nil {
 		t.Fatal(err)
-	}
-	run := func(args ...string) (string, error) {
-		k, err := admin.Kubectl()
-		if err != nil {
-			return "", err
-		}
-		k.Path = kubectl
-		stdout, stderr, err := k.Run(args...)
-		out, _ := io.ReadAll(stdout)
-		msg, _ := io.ReadAll(stderr)
-		return string(out) + string(msg), err
 	}
 	installStandInCRDs(t, run)
 	return run
@@ -575,30 +563,13 @@ var standIns = []struct{ group, kind, plural string }{
 	{"monitoring.coreos.com", "PrometheusRule", "prometheusrules"},
 }
 
-// installStandInCRDs installs CRDs for standIns that accept any content, so
-// the dry run checks everything of those objects but their spec: kind,
-// version, namespace, name, metadata.
+// installStandInCRDs installs testenv.StandInCRD for each of standIns.
 func installStandInCRDs(t *testing.T, kubectl func(args ...string) (string, error)) {
 	t.Helper()
 	var b strings.Builder
 	names := []string{"--for=condition=Established", "--timeout=60s"}
 	for _, s := range standIns {
-		fmt.Fprintf(&b, `---
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: %[3]s.%[1]s
-spec:
-  group: %[1]s
-  scope: Namespaced
-  names: {kind: %[2]s, plural: %[3]s, singular: %[4]s, listKind: %[2]sList}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-`, s.group, s.kind, s.plural, strings.ToLower(s.kind))
+		b.WriteString(testenv.StandInCRD(s.group, s.kind, s.plural))
 		names = append(names, "crd/"+s.plural+"."+s.group)
 		t.Logf("dry runs use a stand-in CRD for %s.%s/v1 (any spec): the apiserver checks those objects' metadata, not their spec", s.kind, s.group)
 	}
