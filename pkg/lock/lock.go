@@ -375,7 +375,7 @@ func (l *Lock) leave() (last bool, prior error) {
 func (l *Lock) enter() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.finished || l.ctx.Err() != nil {
+	if l.finished || !l.live() {
 		return false
 	}
 	l.count++
