@@ -130,10 +130,7 @@ var _ = Describe("multi-lock (AcquireAll)", func() {
 		y, _ := suite.NewClient(ctx, ns)
 		ls, err := y.AcquireAll(ctx, []string{"a", "b"})
 		Expect(err).NotTo(HaveOccurred())
-		breaker, breakerName := suite.NewClient(ctx, ns)
-		suite.GrantForceRelease(ctx, ns, breakerName)
-		_, err = breaker.ForceRelease(ctx, "b", "test")
-		Expect(err).NotTo(HaveOccurred())
+		forceRelease(ctx, ns, "b", "test")
 		Consistently(ls.Done(), 200*time.Millisecond).ShouldNot(BeClosed(), "nothing is known before the holder learns it")
 
 		b := ls.Locks()[1]

@@ -127,10 +127,7 @@ var _ = Describe("reentrant holdings (WithReentrancy)", func() {
 			Expect(err).NotTo(HaveOccurred())
 			entries = append(entries, l)
 		}
-		breaker, breakerName := suite.NewClient(ctx, ns)
-		suite.GrantForceRelease(ctx, ns, breakerName)
-		_, err := breaker.ForceRelease(ctx, "orders", "test")
-		Expect(err).NotTo(HaveOccurred())
+		forceRelease(ctx, ns, "orders", "test")
 		Expect(entries[0].Renew(ctx)).To(MatchError(lock.ErrLockLost))
 		for _, l := range entries {
 			Expect(l.Done()).To(BeClosed())

@@ -48,6 +48,16 @@ func acquireLater(ctx context.Context, c *lock.Client, key string, opts ...lock.
 	return got
 }
 
+// forceRelease breaks every holding of key as a fresh user with the
+// force-release verb, and returns the records and that user's name.
+func forceRelease(ctx context.Context, ns, key, reason string) ([]locksv1alpha1.FinishedHolding, string) {
+	breaker, breakerName := suite.NewClient(ctx, ns)
+	suite.GrantForceRelease(ctx, ns, breakerName)
+	ended, err := breaker.ForceRelease(ctx, key, reason)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return ended, breakerName
+}
+
 // waiterModes are the modes of the stored queue, head first.
 func waiterModes(ctx context.Context, ns, name string) []locksv1alpha1.Mode {
 	var modes []locksv1alpha1.Mode
@@ -284,10 +294,7 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 			Expect(err).NotTo(HaveOccurred())
 			readers = append(readers, l)
 		}
-		breaker, breakerName := suite.NewClient(ctx, ns)
-		suite.GrantForceRelease(ctx, ns, breakerName)
-		ended, err := breaker.ForceRelease(ctx, "table", "maintenance")
-		Expect(err).NotTo(HaveOccurred())
+		ended, breakerName := forceRelease(ctx, ns, "table", "maintenance")
 		Expect(ended).To(HaveLen(10))
 		leases := map[string]bool{}
 		for _, f := range ended {
