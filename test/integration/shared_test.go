@@ -312,6 +312,9 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		Expect(s.Close(ctx)).To(Succeed())
 		Expect(l.Done()).To(BeClosed())
 		Expect(l.Err()).To(MatchError(lock.ErrSessionClosed))
+		Eventually(func() *locksv1alpha1.FinishedHolding {
+			return suite.GetLock(ctx, ns, "pool").Status.FindFinished(l.RequestID())
+		}).Should(HaveField("EndReason", locksv1alpha1.EndReasonSessionClosed), "the controller ends the entry with its session")
 	})
 
 	It("force-releases every holding, more than one write's worth, each recorded", func() {
