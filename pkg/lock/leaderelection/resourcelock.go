@@ -66,6 +66,9 @@ func (o Options) withDefaults() Options {
 // least 100 ms) before it ends.
 func safetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*time.Millisecond) }
 
+// Validate checks the timings (defaults filled in) as New does.
+func (o Options) Validate() error { return o.withDefaults().validate() }
+
 func (o Options) validate() error {
 	l, rd, rp := o.LeaseDuration, o.RenewDeadline, o.RetryPeriod
 	switch {
