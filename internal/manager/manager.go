@@ -90,12 +90,12 @@ func DefaultOptions() Options {
 		// Lease until electing on kubelock is proven in production.
 		LeaderElectionLock:           ElectOnLease,
 		LeaderElectionServiceAccount: "kubelock-leader-election",
-		LeaseDuration:    15 * time.Second,
-		RenewDeadline:    10 * time.Second,
-		RetryPeriod:      2 * time.Second,
-		ExpiryGrace:      controllers.DefaultExpiryGrace,
-		IdleTimeout:      controllers.DefaultIdleTimeout,
-		Concurrency:      4,
+		LeaseDuration:                15 * time.Second,
+		RenewDeadline:                10 * time.Second,
+		RetryPeriod:                  2 * time.Second,
+		ExpiryGrace:                  controllers.DefaultExpiryGrace,
+		IdleTimeout:                  controllers.DefaultIdleTimeout,
+		Concurrency:                  4,
 
 		EnableWebhook:           true,
 		WebhookPort:             9443,
@@ -272,9 +272,9 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		LeaderElectionNamespace: o.LeaderElectionNamespace,
 		// Set only for --leader-election-lock=kubelock; it takes the timings below.
 		LeaderElectionResourceLockInterface: electionLock,
-		LeaseDuration:           &o.LeaseDuration,
-		RenewDeadline:           &o.RenewDeadline,
-		RetryPeriod:             &o.RetryPeriod,
+		LeaseDuration:                       &o.LeaseDuration,
+		RenewDeadline:                       &o.RenewDeadline,
+		RetryPeriod:                         &o.RetryPeriod,
 		// Safe because the process exits right after the manager stops, and a
 		// new leader starts with no observations, so it never expires early.
 		LeaderElectionReleaseOnCancel: true,
