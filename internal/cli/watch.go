@@ -229,7 +229,7 @@ func (p *lockWatchPrinter) printData(t watch.EventType, l *locksv1alpha1.Distrib
 		return printData(p.o.streams.Out, p.o.output, obj)
 	}
 	return printData(p.o.streams.Out, p.o.output, struct {
-		Type   watch.EventType                `json:"type"`
+		Type   watch.EventType               `json:"type"`
 		Object locksv1alpha1.DistributedLock `json:"object"`
 	}{t, obj})
 }
