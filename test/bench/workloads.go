@@ -11,6 +11,7 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -20,6 +21,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	kle "github.com/kubelock/kubelock/pkg/lock/leaderelection"
 )
 
 // client-go's documented defaults ("core clients default this value to ..."),
@@ -525,4 +527,118 @@ func (f *serverFIFO) result() (violations, checked int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.violations, f.checked
+}
+
+// kubelockElectionMutex is client-go's leader election with its default
+// timings on a DistributedLock (pkg/lock/leaderelection): leading is holding;
+// cancelling releases (ReleaseOnCancel). One ResourceLock serves one term, so
+// every attempt builds a new one, as leaderElectionMutex builds a new elector.
+func kubelockElectionMutex(c *cluster, key string) func(i int) (mutexFn, error) {
+	return func(i int) (mutexFn, error) {
+		id := fmt.Sprintf("contender-%d", i)
+		return func(ctx context.Context) (func() error, error) {
+			created := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key}})
+			if created != nil && !apierrors.IsAlreadyExists(created) {
+				return nil, created
+			}
+			return runKubelockElector(ctx, c.user, key, id, nil)
+		}, nil
+	}
+}
+
+// runKubelockElector runs an elector on key until it leads; stop cancels it
+// (and so releases). onLead, when set, is called with the ResourceLock.
+func runKubelockElector(ctx context.Context, cfg *rest.Config, key, id string, onLead func(*kle.ResourceLock)) (stop func() error, err error) {
+	rl, err := kle.New(cfg, key, kle.Options{LeaseDuration: leLeaseDuration, RenewDeadline: leRenewDeadline, RetryPeriod: leRetryPeriod},
+		lock.WithNamespace(workNS), lock.WithIdentity(id))
+	if err != nil {
+		return nil, err
+	}
+	led := make(chan struct{})
+	leCtx, cancel := context.WithCancel(ctx)
+	le, err := leaderelection.NewLeaderElector(rl.ElectionConfig(leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(context.Context) {
+			if onLead != nil {
+				onLead(rl)
+			}
+			close(led)
+		},
+		OnStoppedLeading: func() {},
+	}))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); le.Run(leCtx) }()
+	select {
+	case <-led:
+		return func() error { cancel(); <-done; return nil }, nil
+	case <-done:
+		cancel()
+		return nil, ctx.Err()
+	case <-ctx.Done():
+		cancel()
+		<-done
+		return nil, ctx.Err()
+	}
+}
+
+// kubelockElectionExpiryTrial: the leader's elector stops without releasing
+// (as if killed); its holding is not renewed and lapses; the controller
+// expires it and the waiting candidate leads. Lease end: the holding's
+// ExpiresAt plus the client's safety margin (the last renewal's send + lease).
+func kubelockElectionExpiryTrial(c *cluster, prefix string) func(ctx context.Context, j int) (time.Duration, error) {
+	return func(ctx context.Context, j int) (time.Duration, error) {
+		key := fmt.Sprintf("%s-%d", prefix, j)
+		if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key}}); err != nil {
+			return 0, err
+		}
+		aCtx, killA := context.WithCancel(ctx)
+		defer killA()
+		doomed, err := kle.New(c.user, key, kle.Options{LeaseDuration: leLeaseDuration, RenewDeadline: leRenewDeadline, RetryPeriod: leRetryPeriod},
+			lock.WithNamespace(workNS), lock.WithIdentity("doomed"))
+		if err != nil {
+			return 0, err
+		}
+		led := make(chan struct{})
+		cfg := doomed.ElectionConfig(leaderelection.LeaderCallbacks{OnStartedLeading: func(context.Context) { close(led) }, OnStoppedLeading: func() {}})
+		cfg.ReleaseOnCancel = false // killed: it never releases
+		a, err := leaderelection.NewLeaderElector(cfg)
+		if err != nil {
+			return 0, err
+		}
+		aDone := make(chan struct{})
+		go func() { defer close(aDone); a.Run(aCtx) }()
+		select {
+		case <-led:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		bLed := make(chan time.Time, 1)
+		bCtx, stopB := context.WithCancel(ctx)
+		defer stopB()
+		go func() {
+			stop, err := runKubelockElector(bCtx, c.user, key, "next", nil)
+			if err == nil {
+				bLed <- time.Now()
+				<-bCtx.Done()
+				_ = stop()
+			}
+		}()
+		time.Sleep(time.Second)
+		killA()
+		<-aDone
+		h := doomed.Holding()
+		if h == nil {
+			return 0, errors.New("the doomed leader has no holding")
+		}
+		leaseEnd := h.ExpiresAt().Add(max(leLeaseDuration/10, 100*time.Millisecond))
+		select {
+		case got := <-bLed:
+			return got.Sub(leaseEnd), nil
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
 }

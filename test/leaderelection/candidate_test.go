@@ -26,8 +26,8 @@ import (
 // stdout, one line each, with the wall-clock time in Unix nanoseconds:
 //
 //	ASKING <ns>             the elector calls Get (a kubelock candidate then
-//	                        blocks until its turn or a new holder)
-//	OBSERVED <ns>           the elector's first answer from the lock (it stands by)
+//	                        blocks until its turn)
+//	OBSERVED <ns>           the elector's first answer from the lock
 //	LEADING <ns> <token>    the leader-only runnable started (token 0 for a Lease)
 //	STOPPED <ns>            the leader-only runnable's context ended
 //	RELEASING <ns>          the elector asks to release (ReleaseOnCancel)

@@ -47,7 +47,7 @@ var _ = Describe("Two controller-runtime managers electing on a DistributedLock"
 		tokenA = a.await("LEADING", 1, 60*time.Second).token()
 		Expect(tokenA).To(BeNumerically(">", 0))
 		b = startCandidate(kindKubelock, ns, lockName, "b", writeKubeconfig(userB, cfgB), testTimings)
-		b.standingBy()
+		b.standingBy(ctx)
 		Expect(waiters(ctx, ns, lockName)).To(Equal([]string{"b"}))
 		Expect(b.has("LEADING")).To(BeFalse(), "b leads while a holds the lock")
 		return a, b, tokenA
@@ -150,12 +150,12 @@ var _ = Describe("Failover and hand-off, kubelock against a Lease", func() {
 				a := startCandidate(kind, ns, name, "a", kcA, testTimings)
 				tokenA := a.await("LEADING", 1, 60*time.Second).token()
 				b := startCandidate(kind, ns, name, "b", kcB, testTimings)
-				b.standingBy()
+				b.standingBy(ctx)
 				killed := a.signal(syscall.SIGKILL)
 				ledB := b.await("LEADING", 1, 90*time.Second)
 
 				c := startCandidate(kind, ns, name, "c", kcA, testTimings)
-				c.standingBy()
+				c.standingBy(ctx)
 				b.signal(syscall.SIGTERM)
 				released := b.await("RELEASING", 1, 30*time.Second)
 				ledC := c.await("LEADING", 1, 30*time.Second)

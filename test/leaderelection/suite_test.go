@@ -69,9 +69,10 @@ type event struct {
 
 // candidate is a manager running in a child process.
 type candidate struct {
-	id  string
-	cmd *exec.Cmd
-	log string
+	id, kind string
+	ns, name string
+	cmd      *exec.Cmd
+	log      string
 
 	mu     sync.Mutex
 	events []event
@@ -80,7 +81,7 @@ type candidate struct {
 // startCandidate runs a manager electing on kind's lock ns/name as id, with
 // the credentials in kubeconfig.
 func startCandidate(kind, ns, name, id, kubeconfig string, t timings) *candidate {
-	c := &candidate{id: id, log: filepath.Join(workDir, fmt.Sprintf("%s-%s-%s.log", ns, name, id))}
+	c := &candidate{id: id, kind: kind, ns: ns, name: name, log: filepath.Join(workDir, fmt.Sprintf("%s-%s-%s.log", ns, name, id))}
 	stderr, err := os.Create(c.log)
 	Expect(err).NotTo(HaveOccurred())
 	c.cmd = exec.Command(os.Args[0])
@@ -178,10 +179,17 @@ func (c *candidate) signal(sig syscall.Signal) time.Time {
 	return at
 }
 
-// standingBy waits until the candidate is blocked asking for its turn: its
-// elector heard of the current leader and asked again.
-func (c *candidate) standingBy() {
+// standingBy waits until the candidate stands by as it would for good. On
+// kubelock: its elector asks and blocks while the campaign waits in the
+// lock's queue. On a Lease: its elector heard of the current leader and
+// polls again.
+func (c *candidate) standingBy(ctx context.Context) {
 	GinkgoHelper()
+	if c.kind == kindKubelock {
+		c.await("ASKING", 1, 60*time.Second)
+		Eventually(func() []string { return waiters(ctx, c.ns, c.name) }).Should(ContainElement(c.id))
+		return
+	}
 	c.await("OBSERVED", 1, 60*time.Second)
 	c.await("ASKING", 2, 60*time.Second)
 }

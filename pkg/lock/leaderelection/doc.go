@@ -21,8 +21,11 @@
 // How the calls map: Get returns the lock's holder as the election record
 // (holder.identity, holder.leaseDurationSeconds, acquireTime, renewTime, and
 // status.transitions as LeaderTransitions). A candidate that does not hold the
-// lock joins the queue on its first call and then blocks in Get or Update
-// until it holds the lock, the holder changes, or the elector's context ends.
+// lock joins the queue on its first call and then blocks in Get until it holds
+// the lock or the elector's context ends: client-go pauses RetryPeriod after
+// every answer that is not "you lead", and a candidate blocked in Get is never
+// in that pause when its turn comes. (Options.ReportLeaderChanges trades this
+// for OnNewLeader callbacks on the candidates that wait.)
 // Update by the leader renews the holding when needed (below); Update with an
 // empty holder (ReleaseOnCancel) releases it. Nothing ever writes another
 // candidate's holding: an Update for a lock someone else holds waits in the

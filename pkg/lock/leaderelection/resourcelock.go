@@ -47,6 +47,14 @@ type Options struct {
 	// "stopped leading" as Events about the DistributedLock. Default: none
 	// (each Event is an apiserver write).
 	EventRecorder resourcelock.EventRecorder
+	// ReportLeaderChanges makes a waiting candidate's Get return whenever the
+	// lock passes to another holder, so that client-go's OnNewLeader and
+	// GetLeader follow the leader. The cost: after each such return client-go
+	// pauses RetryPeriod × 1..2.2 before it asks again, and a release in that
+	// pause reaches this candidate only when the pause ends. Default false:
+	// Get returns only when this candidate's turn came (or the campaign
+	// failed), and the hand-off takes milliseconds.
+	ReportLeaderChanges bool
 }
 
 func (o Options) withDefaults() Options {
@@ -210,8 +218,9 @@ func (r *ResourceLock) RecordEvent(s string) {
 
 // Get returns the lock's holder as an election record. A candidate that does
 // not hold the lock joins its queue (once) and blocks until it holds the lock,
-// the holder differs from the one the elector last heard of, the campaign
-// fails, or ctx ends. The leader's Get reads nothing after the first.
+// the campaign fails, or ctx ends (with ReportLeaderChanges, also until the
+// holder differs from the one the elector last heard of). The leader's Get
+// reads nothing after the first.
 func (r *ResourceLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	if err := r.turn(ctx); err != nil {
 		return nil, nil, err
@@ -361,9 +370,9 @@ func (r *ResourceLock) release(ctx context.Context) error {
 
 // turn waits, for a candidate that does not hold the lock, until there is
 // something the elector should hear: the campaign won or failed, the term
-// ended, or the holder is not the one last reported. The first call starts
-// the campaign, which lives as long as that call's ctx: client-go passes the
-// context of its acquire loop.
+// ended, or (with ReportLeaderChanges) the holder is not the one last
+// reported. The first call starts the campaign, which lives as long as that
+// call's ctx: client-go passes the context of its acquire loop.
 func (r *ResourceLock) turn(ctx context.Context) error {
 	for {
 		r.mu.Lock()
@@ -372,7 +381,7 @@ func (r *ResourceLock) turn(ctx context.Context) error {
 			go r.campaign(ctx)
 		}
 		news := r.held != nil || r.ended != nil || r.errs != r.errsSeen ||
-			(r.queueSeen && holderLeaseID(r.queue.Holder) != r.reported)
+			(r.o.ReportLeaderChanges && r.queueSeen && holderLeaseID(r.queue.Holder) != r.reported)
 		changed := r.changed
 		r.mu.Unlock()
 		if news {
