@@ -396,26 +396,25 @@ func bench(ctx context.Context, o options, argv []string) error {
 			rep.uncontended = append(rep.uncontended, r)
 		}
 	}
-	if systems["leaderelection"] && ctx.Err() == nil {
+	// client-go's elector on a Lease and on a DistributedLock, same timings.
+	for _, le := range []struct {
+		system, name string
+		mutex        func(i int) (mutexFn, error)
+		expiry       func(ctx context.Context, j int) (time.Duration, error)
+	}{
+		{"leaderelection", sysLE, leaderElectionMutex(userCS, "handoff-le"), leaderElectionExpiryTrial(userCS, "expiry-le")},
+		{"kubelock-le", sysKLE, kubelockElectionMutex(c, "handoff-kle"), kubelockElectionExpiryTrial(c, "expiry-kle")},
+	} {
+		if !systems[le.system] || ctx.Err() != nil {
+			continue
+		}
 		if wl["3"] {
-			r := runHandoff(ctx, sysLE, o.handoffK, o.handoffHold, o.stepWarmup, o.leMeasure, leaderElectionMutex(userCS, "handoff-le"))
+			r := runHandoff(ctx, le.name, o.handoffK, o.handoffHold, o.stepWarmup, o.leMeasure, le.mutex)
 			logHandoff(r)
 			rep.handoffs = append(rep.handoffs, r)
 		}
 		if wl["4"] {
-			r := runExpiry(ctx, sysLE, o.expiryTrials, leLeaseDuration, leaderElectionExpiryTrial(userCS, "expiry-le"))
-			logExpiry(r)
-			rep.expiries = append(rep.expiries, r)
-		}
-	}
-	if systems["kubelock-le"] && ctx.Err() == nil {
-		if wl["3"] {
-			r := runHandoff(ctx, sysKLE, o.handoffK, o.handoffHold, o.stepWarmup, o.leMeasure, kubelockElectionMutex(c, "handoff-kle"))
-			logHandoff(r)
-			rep.handoffs = append(rep.handoffs, r)
-		}
-		if wl["4"] {
-			r := runExpiry(ctx, sysKLE, o.expiryTrials, leLeaseDuration, kubelockElectionExpiryTrial(c, "expiry-kle"))
+			r := runExpiry(ctx, le.name, o.expiryTrials, leLeaseDuration, le.expiry)
 			logExpiry(r)
 			rep.expiries = append(rep.expiries, r)
 		}

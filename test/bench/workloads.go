@@ -266,27 +266,34 @@ func leaderElectionMutex(cs kubernetes.Interface, name string) func(i int) (mute
 	return func(i int) (mutexFn, error) {
 		id := fmt.Sprintf("contender-%d", i)
 		return func(ctx context.Context) (func() error, error) {
-			led := make(chan struct{})
-			leCtx, cancel := context.WithCancel(ctx)
-			le, err := newElector(cs, name, id, true, func(context.Context) { close(led) })
-			if err != nil {
-				cancel()
-				return nil, err
-			}
-			done := make(chan struct{})
-			go func() { defer close(done); le.Run(leCtx) }()
-			select {
-			case <-led:
-				return func() error { cancel(); <-done; return nil }, nil
-			case <-done:
-				cancel()
-				return nil, ctx.Err()
-			case <-ctx.Done():
-				cancel()
-				<-done
-				return nil, ctx.Err()
-			}
+			return leadUntilStopped(ctx, func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				return newElector(cs, name, id, true, onLead)
+			})
 		}, nil
+	}
+}
+
+// leadUntilStopped runs the elector newElector builds (calling onLead when it
+// leads) until it leads; stop cancels it, which releases with ReleaseOnCancel.
+func leadUntilStopped(ctx context.Context, newElector func(onLead func(context.Context)) (*leaderelection.LeaderElector, error)) (stop func() error, err error) {
+	led := make(chan struct{})
+	le, err := newElector(func(context.Context) { close(led) })
+	if err != nil {
+		return nil, err
+	}
+	leCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); le.Run(leCtx) }()
+	select {
+	case <-led:
+		return func() error { cancel(); <-done; return nil }, nil
+	case <-done:
+		cancel()
+		return nil, ctx.Err()
+	case <-ctx.Done():
+		cancel()
+		<-done
+		return nil, ctx.Err()
 	}
 }
 
@@ -380,45 +387,66 @@ func kubelockExpiryTrial(c *cluster, prefix string, lease time.Duration) func(ct
 func leaderElectionExpiryTrial(cs kubernetes.Interface, prefix string) func(ctx context.Context, j int) (time.Duration, error) {
 	return func(ctx context.Context, j int) (time.Duration, error) {
 		name := fmt.Sprintf("%s-%d", prefix, j)
-		led := make(chan struct{})
-		aCtx, killA := context.WithCancel(ctx)
-		defer killA()
-		a, err := newElector(cs, name, "doomed", false, func(context.Context) { close(led) })
-		if err != nil {
-			return 0, err
-		}
-		aDone := make(chan struct{})
-		go func() { defer close(aDone); a.Run(aCtx) }()
-		select {
-		case <-led:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
-		bLed := make(chan time.Time, 1)
-		bCtx, stopB := context.WithCancel(ctx)
-		defer stopB()
-		b, err := newElector(cs, name, "next", true, func(context.Context) { bLed <- time.Now() })
-		if err != nil {
-			return 0, err
-		}
-		go b.Run(bCtx)
-		time.Sleep(time.Second)
-		killA()
-		<-aDone
-		l, err := cs.CoordinationV1().Leases(workNS).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return 0, err
-		}
-		if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-			return 0, errors.New("lease without renewTime")
-		}
-		leaseEnd := l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
-		select {
-		case got := <-bLed:
-			return got.Sub(leaseEnd), nil
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
+		return electorExpiryTrial(ctx,
+			func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				return newElector(cs, name, "doomed", false, onLead)
+			},
+			func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				return newElector(cs, name, "next", true, onLead)
+			},
+			func(ctx context.Context) (time.Time, error) {
+				l, err := cs.CoordinationV1().Leases(workNS).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return time.Time{}, err
+				}
+				if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+					return time.Time{}, errors.New("lease without renewTime")
+				}
+				return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second), nil
+			})
+	}
+}
+
+// electorExpiryTrial: the elector newDoomed builds leads, then stops without
+// releasing (as if killed) while the one newNext builds waits; the latency is
+// from the doomed leader's lease end (leaseEnd, asked once it stopped) to the
+// next one leading.
+func electorExpiryTrial(ctx context.Context, newDoomed, newNext func(onLead func(context.Context)) (*leaderelection.LeaderElector, error),
+	leaseEnd func(context.Context) (time.Time, error)) (time.Duration, error) {
+	led := make(chan struct{})
+	aCtx, killA := context.WithCancel(ctx)
+	defer killA()
+	a, err := newDoomed(func(context.Context) { close(led) })
+	if err != nil {
+		return 0, err
+	}
+	aDone := make(chan struct{})
+	go func() { defer close(aDone); a.Run(aCtx) }()
+	select {
+	case <-led:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	bLed := make(chan time.Time, 1)
+	bCtx, stopB := context.WithCancel(ctx)
+	defer stopB()
+	b, err := newNext(func(context.Context) { bLed <- time.Now() })
+	if err != nil {
+		return 0, err
+	}
+	go b.Run(bCtx)
+	time.Sleep(time.Second)
+	killA()
+	<-aDone
+	end, err := leaseEnd(ctx)
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case got := <-bLed:
+		return got.Sub(end), nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
 }
 
@@ -541,47 +569,22 @@ func kubelockElectionMutex(c *cluster, key string) func(i int) (mutexFn, error) 
 			if created != nil && !apierrors.IsAlreadyExists(created) {
 				return nil, created
 			}
-			return runKubelockElector(ctx, c.user, key, id, nil)
+			return runKubelockElector(ctx, c.user, key, id)
 		}, nil
 	}
 }
 
-// runKubelockElector runs an elector on key until it leads; stop cancels it
-// (and so releases). onLead, when set, is called with the ResourceLock.
-func runKubelockElector(ctx context.Context, cfg *rest.Config, key, id string, onLead func(*kle.ResourceLock)) (stop func() error, err error) {
+// runKubelockElector runs an elector with client-go's default timings on the
+// DistributedLock key until it leads; stop cancels it (and so releases).
+func runKubelockElector(ctx context.Context, cfg *rest.Config, key, id string) (stop func() error, err error) {
 	rl, err := kle.New(cfg, key, kle.Options{LeaseDuration: leLeaseDuration, RenewDeadline: leRenewDeadline, RetryPeriod: leRetryPeriod},
 		lock.WithNamespace(workNS), lock.WithIdentity(id))
 	if err != nil {
 		return nil, err
 	}
-	led := make(chan struct{})
-	leCtx, cancel := context.WithCancel(ctx)
-	le, err := leaderelection.NewLeaderElector(rl.ElectionConfig(leaderelection.LeaderCallbacks{
-		OnStartedLeading: func(context.Context) {
-			if onLead != nil {
-				onLead(rl)
-			}
-			close(led)
-		},
-		OnStoppedLeading: func() {},
-	}))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); le.Run(leCtx) }()
-	select {
-	case <-led:
-		return func() error { cancel(); <-done; return nil }, nil
-	case <-done:
-		cancel()
-		return nil, ctx.Err()
-	case <-ctx.Done():
-		cancel()
-		<-done
-		return nil, ctx.Err()
-	}
+	return leadUntilStopped(ctx, func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+		return leaderelection.NewLeaderElector(rl.ElectionConfig(leaderelection.LeaderCallbacks{OnStartedLeading: onLead, OnStoppedLeading: func() {}}))
+	})
 }
 
 // kubelockElectionExpiryTrial: the leader's elector stops without releasing
@@ -594,51 +597,29 @@ func kubelockElectionExpiryTrial(c *cluster, prefix string) func(ctx context.Con
 		if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key}}); err != nil {
 			return 0, err
 		}
-		aCtx, killA := context.WithCancel(ctx)
-		defer killA()
-		doomed, err := kle.New(c.user, key, kle.Options{LeaseDuration: leLeaseDuration, RenewDeadline: leRenewDeadline, RetryPeriod: leRetryPeriod},
-			lock.WithNamespace(workNS), lock.WithIdentity("doomed"))
+		elector := func(id string, releaseOnCancel bool) (*kle.ResourceLock, func(func(context.Context)) (*leaderelection.LeaderElector, error), error) {
+			rl, err := kle.New(c.user, key, kle.Options{LeaseDuration: leLeaseDuration, RenewDeadline: leRenewDeadline, RetryPeriod: leRetryPeriod},
+				lock.WithNamespace(workNS), lock.WithIdentity(id))
+			return rl, func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				cfg := rl.ElectionConfig(leaderelection.LeaderCallbacks{OnStartedLeading: onLead, OnStoppedLeading: func() {}})
+				cfg.ReleaseOnCancel = releaseOnCancel
+				return leaderelection.NewLeaderElector(cfg)
+			}, err
+		}
+		doomed, newDoomed, err := elector("doomed", false) // killed: it never releases
 		if err != nil {
 			return 0, err
 		}
-		led := make(chan struct{})
-		cfg := doomed.ElectionConfig(leaderelection.LeaderCallbacks{OnStartedLeading: func(context.Context) { close(led) }, OnStoppedLeading: func() {}})
-		cfg.ReleaseOnCancel = false // killed: it never releases
-		a, err := leaderelection.NewLeaderElector(cfg)
+		_, newNext, err := elector("next", true)
 		if err != nil {
 			return 0, err
 		}
-		aDone := make(chan struct{})
-		go func() { defer close(aDone); a.Run(aCtx) }()
-		select {
-		case <-led:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
-		bLed := make(chan time.Time, 1)
-		bCtx, stopB := context.WithCancel(ctx)
-		defer stopB()
-		go func() {
-			stop, err := runKubelockElector(bCtx, c.user, key, "next", nil)
-			if err == nil {
-				bLed <- time.Now()
-				<-bCtx.Done()
-				_ = stop()
+		return electorExpiryTrial(ctx, newDoomed, newNext, func(context.Context) (time.Time, error) {
+			h := doomed.Holding()
+			if h == nil {
+				return time.Time{}, errors.New("the doomed leader has no holding")
 			}
-		}()
-		time.Sleep(time.Second)
-		killA()
-		<-aDone
-		h := doomed.Holding()
-		if h == nil {
-			return 0, errors.New("the doomed leader has no holding")
-		}
-		leaseEnd := h.ExpiresAt().Add(max(leLeaseDuration/10, 100*time.Millisecond))
-		select {
-		case got := <-bLed:
-			return got.Sub(leaseEnd), nil
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
+			return h.ExpiresAt().Add(max(leLeaseDuration/10, 100*time.Millisecond)), nil
+		})
 	}
 }
