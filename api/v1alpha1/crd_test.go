@@ -44,7 +44,7 @@ var _ = Describe("the DistributedLock CRD", func() {
 				columns = append(columns, c.Name)
 			}
 		}
-		Expect(columns).To(Equal([]string{"Holder", "Token", "Waiters", "Age"}))
+		Expect(columns).To(Equal([]string{"Type", "Holders", "Holder", "Token", "Waiters", "Age"}))
 	})
 
 	It("round-trips a full object, spec and status", func(ctx SpecContext) {
@@ -63,6 +63,7 @@ var _ = Describe("the DistributedLock CRD", func() {
 		end := micro()
 		l.Status = locksv1.DistributedLockStatus{
 			Holder:       &h,
+			HolderCount:  1,
 			FencingToken: token,
 			Transitions:  1,
 			Waiters:      []locksv1.Waiter{waiter("alice", 3), waiter("bob", 4)},
@@ -372,10 +373,10 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		want:   "status: Invalid value: fencingToken must not decrease"}),
 	Entry("status: token grows while the same holder holds", invalidCase{setup: held, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken++ },
-		want:   "status: Invalid value: fencingToken may change only when a new holder acquires the lock"}),
+		want:   "status: Invalid value: fencingToken may change only when a holding is acquired, and then it is the new holding's token"}),
 	Entry("status: token grows while the lock is free", invalidCase{setup: released, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken += 10 },
-		want:   "status: Invalid value: fencingToken may change only when a new holder acquires the lock"}),
+		want:   "status: Invalid value: fencingToken may change only when a holding is acquired, and then it is the new holding's token"}),
 	Entry("status: acquisition keeps the old token", invalidCase{setup: released, write: status,
 		mutate: func(l *locksv1.DistributedLock) {
 			token := l.Status.FencingToken
@@ -403,26 +404,27 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		mutate: func(l *locksv1.DistributedLock) {
 			l.Status.Holder.LeaseID = "lease-ffffffffffffffff"
 		},
-		want: `status.holder.leaseID: Invalid value: "lease-ffffffffffffffff": a held lock cannot pass to another leaseID; release it first`}),
+		want: `status.holder.leaseID: Invalid value: "lease-ffffffffffffffff": a holding cannot pass to another leaseID; release it first`}),
 	Entry("status: holder swapped for a new leaseID in one write, the old holding recorded", invalidCase{setup: held, write: status,
 		mutate: func(l *locksv1.DistributedLock) {
 			old := *l.Status.Holder
 			l.EndHolding(locksv1.EndReasonReleased, "alice", micro())
 			old.LeaseID = "lease-eeeeeeeeeeeeeeee"
 			l.Status.Holder = &old
+			l.Status.HolderCount = 1
 		},
-		want: `status.holder.leaseID: Invalid value: "lease-eeeeeeeeeeeeeeee": a held lock cannot pass to another leaseID; release it first`}),
+		want: `status.holder.leaseID: Invalid value: "lease-eeeeeeeeeeeeeeee": a holding cannot pass to another leaseID; release it first`}),
 	Entry("status: holder.user changes", invalidCase{setup: held, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.User = "mallory" },
-		want:   `status.holder.user: Invalid value: "mallory": holder.user cannot change while the lock is held`}),
+		want:   `status.holder.user: Invalid value: "mallory": a holding's user cannot change while it lasts`}),
 	Entry("status: holder.identity changes", invalidCase{setup: held, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.Identity = "someone-else" },
-		want:   `status.holder.identity: Invalid value: "someone-else": holder.identity cannot change while the lock is held`}),
+		want:   `status.holder.identity: Invalid value: "someone-else": a holding's identity cannot change while it lasts`}),
 	Entry("status: holder.requestID changes", invalidCase{setup: held, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.RequestID = "req-other" },
-		want:   `status.holder.requestID: Invalid value: "req-other": holder.requestID cannot change while the lock is held`}),
+		want:   `status.holder.requestID: Invalid value: "req-other": a holding's requestID cannot change while it lasts`}),
 	Entry("status: holder removed without recording it", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder = nil },
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder, l.Status.HolderCount = nil, 0 },
 		want:   "status: Invalid value: a holding that ends must be recorded in recentAcquisitions"}),
 	Entry("status: holder lease above spec.maxLeaseDurationSeconds", invalidCase{setup: released, write: status,
 		mutate: func(l *locksv1.DistributedLock) {
@@ -500,6 +502,7 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 
 func defaultSpec() locksv1.DistributedLockSpec {
 	return locksv1.DistributedLockSpec{
+		Type:                    locksv1.Mutex,
 		LeaseDurationSeconds:    locksv1.DefaultLeaseDurationSeconds,
 		MaxLeaseDurationSeconds: locksv1.DefaultMaxLeaseDurationSeconds,
 		MaxWaiters:              ptr.To[int32](locksv1.DefaultMaxWaiters),

@@ -41,6 +41,9 @@ const (
 	MaxLeaseDurationSeconds = 3600
 	// MaxWaitSecondsLimit is the largest spec.maxWaitSeconds.
 	MaxWaitSecondsLimit = 86400
+	// MaxSharedHolders bounds status.sharedHolders: an RWMutex's readers, and
+	// the largest spec.permits of a Semaphore.
+	MaxSharedHolders = 1024
 	// ConditionHeld is the condition type that is True while the lock has a holder.
 	ConditionHeld = "Held"
 )
@@ -92,9 +95,50 @@ const (
 	EndReasonSessionClosed EndReason = "SessionClosed"
 )
 
+// LockType says who may hold a lock at once.
+// +kubebuilder:validation:Enum=Mutex;RWMutex;Semaphore
+type LockType string
+
+const (
+	// Mutex has one holder at a time (status.holder) and no shared holders.
+	Mutex LockType = "Mutex"
+	// RWMutex has one writer (status.holder) or up to MaxSharedHolders
+	// readers (status.sharedHolders), never both.
+	RWMutex LockType = "RWMutex"
+	// Semaphore has at most spec.permits holders, each a shared holder on its
+	// own slot in [0, permits), and never an exclusive holder.
+	Semaphore LockType = "Semaphore"
+)
+
+// Mode is how a waiter wants to hold a lock.
+// +kubebuilder:validation:Enum=Exclusive;Shared
+type Mode string
+
+const (
+	// Exclusive is a Mutex's holder or an RWMutex's writer.
+	Exclusive Mode = "Exclusive"
+	// Shared is an RWMutex's reader or a Semaphore's permit.
+	Shared Mode = "Shared"
+)
+
 // DistributedLockSpec is what an administrator declares about a lock.
 // +kubebuilder:validation:XValidation:rule="self.leaseDurationSeconds <= self.maxLeaseDurationSeconds",message="spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".leaseDurationSeconds"
+// +kubebuilder:validation:XValidation:rule="self.type == 'Semaphore' ? has(self.permits) : !has(self.permits)",message="spec.permits is required for a Semaphore and allowed only for it",fieldPath=".permits"
 type DistributedLockSpec struct {
+	// type says who may hold the lock at once: Mutex (one holder), RWMutex (one
+	// writer or many readers) or Semaphore (up to permits holders). Immutable.
+	// +optional
+	// +kubebuilder:default=Mutex
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.type is immutable; create a new lock instead"
+	Type LockType `json:"type,omitempty"`
+
+	// permits is how many may hold a Semaphore at once. It may grow, never shrink.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="spec.permits may grow but never shrink"
+	Permits *int32 `json:"permits,omitempty"`
+
 	// leaseDurationSeconds is the lease a client gets when it asks for none.
 	// +optional
 	// +kubebuilder:default=30
@@ -148,14 +192,14 @@ type LockHolder struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.identity cannot change while the lock is held"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's identity cannot change while it lasts"
 	Identity string `json:"identity"`
 
 	// user is the authenticated name of the client that acquired the lock.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.user cannot change while the lock is held"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's user cannot change while it lasts"
 	User string `json:"user"`
 
 	// leaseID identifies this holding; it is random per acquisition.
@@ -163,7 +207,7 @@ type LockHolder struct {
 	// +kubebuilder:validation:MinLength=16
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z-]+$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a held lock cannot pass to another leaseID; release it first"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding cannot pass to another leaseID; release it first"
 	LeaseID string `json:"leaseID"`
 
 	// requestID is the idempotency key of the acquire that created this holding.
@@ -171,7 +215,7 @@ type LockHolder struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z._-]+$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.requestID cannot change while the lock is held"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's requestID cannot change while it lasts"
 	RequestID string `json:"requestID"`
 
 	// leaseDurationSeconds is how long the holding lasts without a renewal.
@@ -198,7 +242,7 @@ type LockHolder struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="holder.session cannot change while the lock is held"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's session cannot change while it lasts"
 	Session string `json:"session,omitempty"`
 
 	// acquireTime is when the holding began, by the holder's clock; informational.
@@ -212,6 +256,29 @@ type LockHolder struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	RenewTime *metav1.MicroTime `json:"renewTime,omitempty"`
+}
+
+// SharedHolder is one of an RWMutex's readers or a Semaphore's permits. Each
+// entry is acquired, renewed, released and expired on its own; while it lasts,
+// only renewTime may change (the list is keyed by slot, so the CRD's transition
+// rules compare an entry with the same slot's old entry).
+type SharedHolder struct {
+	LockHolder `json:",inline"`
+
+	// fencingToken is this holding's token: the lock's resourceVersion before
+	// the acquisition, plus one.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a shared holding's fencingToken cannot change"
+	FencingToken int64 `json:"fencingToken"`
+
+	// slot is the permit this holding occupies, distinct among the shared
+	// holders: in [0, spec.permits) for a Semaphore, so a resource can fence
+	// per permit; in [0, 1024) for an RWMutex's readers.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1023
+	Slot int32 `json:"slot"`
 }
 
 // Waiter is one entry of a lock's FIFO wait queue.
@@ -260,6 +327,13 @@ type Waiter struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
 	PodUID string `json:"podUID,omitempty"`
+
+	// mode is how the waiter wants to hold the lock: Exclusive (a Mutex's only
+	// mode, an RWMutex's writer) or Shared (an RWMutex's reader, a Semaphore's
+	// only mode).
+	// +optional
+	// +kubebuilder:default=Exclusive
+	Mode Mode `json:"mode,omitempty"`
 
 	// session names the LockSession (in the lock's namespace) the waiter will
 	// hold the lock in.
@@ -312,6 +386,13 @@ type FinishedHolding struct {
 	// +kubebuilder:validation:MaxLength=512
 	EndedBy string `json:"endedBy"`
 
+	// slot was the holding's permit when it was a shared holding; absent for an
+	// exclusive one.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1023
+	Slot *int32 `json:"slot,omitempty"`
+
 	// message is a note from whoever ended the holding, such as the reason for a force-release.
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
@@ -320,18 +401,37 @@ type FinishedHolding struct {
 
 // DistributedLockStatus is the lock's state, written only by lock clients and the controller.
 // +kubebuilder:validation:XValidation:rule="self.fencingToken >= oldSelf.fencingToken",message="fencingToken must not decrease"
-// +kubebuilder:validation:XValidation:rule="self.fencingToken <= oldSelf.fencingToken || (has(self.holder) && !has(oldSelf.holder))",message="fencingToken may change only when a new holder acquires the lock"
+// +kubebuilder:validation:XValidation:rule="self.fencingToken <= oldSelf.fencingToken || (has(self.holder) && !has(oldSelf.holder)) || (has(self.sharedHolders) && self.sharedHolders.exists(h, h.fencingToken == self.fencingToken))",message="fencingToken may change only when a holding is acquired, and then it is the new holding's token"
 // +kubebuilder:validation:XValidation:rule="!has(self.holder) || has(oldSelf.holder) || self.fencingToken > oldSelf.fencingToken",message="an acquisition must raise fencingToken"
-// +kubebuilder:validation:XValidation:rule="self.transitions == oldSelf.transitions + (has(self.holder) && !has(oldSelf.holder) ? 1 : 0)",message="transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
+// +kubebuilder:validation:XValidation:rule="!has(self.sharedHolders) || self.sharedHolders.all(h, h.fencingToken <= self.fencingToken)",message="a shared holding's fencingToken must not exceed status.fencingToken"
+// +kubebuilder:validation:XValidation:rule="self.transitions == oldSelf.transitions + (has(self.holder) && !has(oldSelf.holder) ? 1 : 0) + (has(self.sharedHolders) && self.sharedHolders.exists(h, h.fencingToken > oldSelf.fencingToken) ? 1 : 0)",message="transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
 // +kubebuilder:validation:XValidation:rule="(has(self.waiters) ? size(self.waiters) : 0) == self.waiterCount",message="waiterCount must equal the number of waiters"
+// +kubebuilder:validation:XValidation:rule="(has(self.holder) ? 1 : 0) + (has(self.sharedHolders) ? size(self.sharedHolders) : 0) == self.holderCount",message="holderCount must equal the number of holdings, exclusive and shared"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.holder) || has(self.holder) || (has(self.recentAcquisitions) && self.recentAcquisitions.exists(h, h.leaseID == oldSelf.holder.leaseID))",message="a holding that ends must be recorded in recentAcquisitions"
 type DistributedLockStatus struct {
 	// holder is the current holding; absent while the lock is free.
 	// +optional
 	Holder *LockHolder `json:"holder,omitempty"`
 
-	// fencingToken is the token of the current or most recent holding. It never
-	// decreases; on acquisition it is the lock's previous resourceVersion plus one.
+	// sharedHolders are an RWMutex's readers or a Semaphore's permits, each with
+	// its own token and slot. Keyed by slot, so slots are distinct.
+	// +optional
+	// +listType=map
+	// +listMapKey=slot
+	// +kubebuilder:validation:MaxItems=1024
+	SharedHolders []SharedHolder `json:"sharedHolders,omitempty"`
+
+	// holderCount is the number of holdings (holder and sharedHolders), kept for
+	// printer columns.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1024
+	HolderCount int32 `json:"holderCount"`
+
+	// fencingToken is the token of the most recent acquisition, exclusive or
+	// shared. It never decreases; on acquisition it is the lock's previous
+	// resourceVersion plus one.
 	// +optional
 	// +kubebuilder:default=0
 	// +kubebuilder:validation:Minimum=0
@@ -381,6 +481,8 @@ type DistributedLockStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=dlock,categories=locks
+// +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.spec.type`
+// +kubebuilder:printcolumn:name="Holders",type=integer,JSONPath=`.status.holderCount`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.identity`
 // +kubebuilder:printcolumn:name="Token",type=integer,JSONPath=`.status.fencingToken`
 // +kubebuilder:printcolumn:name="Waiters",type=integer,JSONPath=`.status.waiterCount`
@@ -391,6 +493,12 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Transitions",type=integer,JSONPath=`.status.transitions`,priority=1
 // +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.holder) || self.status.holder.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds",message="holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".status.holder.leaseDurationSeconds"
 // +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || size(self.status.waiters) <= self.spec.maxWaiters",message="the wait queue must not be longer than spec.maxWaiters",fieldPath=".status.waiters"
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.sharedHolders) || self.status.sharedHolders.all(h, h.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds)",message="a shared holding's leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".status.sharedHolders"
+// +kubebuilder:validation:XValidation:rule="self.spec.type != 'Mutex' || !has(self.status) || !has(self.status.sharedHolders) || size(self.status.sharedHolders) == 0",message="a Mutex has no shared holders",fieldPath=".status.sharedHolders"
+// +kubebuilder:validation:XValidation:rule="self.spec.type != 'RWMutex' || !has(self.status) || !has(self.status.holder) || !has(self.status.sharedHolders) || size(self.status.sharedHolders) == 0",message="an RWMutex has a writer or readers, never both",fieldPath=".status.holder"
+// +kubebuilder:validation:XValidation:rule="self.spec.type != 'Semaphore' || !has(self.status) || !has(self.status.holder)",message="a Semaphore has no exclusive holder; its permits are shared holdings",fieldPath=".status.holder"
+// +kubebuilder:validation:XValidation:rule="self.spec.type != 'Semaphore' || !has(self.status) || !has(self.status.sharedHolders) || (size(self.status.sharedHolders) <= self.spec.permits && self.status.sharedHolders.all(h, h.slot < self.spec.permits))",message="a Semaphore has at most spec.permits holders, on slots in [0, permits)",fieldPath=".status.sharedHolders"
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || self.spec.type == 'RWMutex' || self.status.waiters.all(w, w.mode == (self.spec.type == 'Mutex' ? 'Exclusive' : 'Shared'))",message="a Mutex's waiters are Exclusive and a Semaphore's are Shared",fieldPath=".status.waiters"
 type DistributedLock struct {
 	metav1.TypeMeta `json:",inline"`
 
@@ -400,13 +508,13 @@ type DistributedLock struct {
 
 	// spec declares the lock's limits.
 	// +optional
-	// +kubebuilder:default={leaseDurationSeconds:30,maxLeaseDurationSeconds:300,maxWaiters:128,handoffTimeoutSeconds:10,maxWaitersPerUser:16,maxWaitSeconds:3600}
+	// +kubebuilder:default={type:Mutex,leaseDurationSeconds:30,maxLeaseDurationSeconds:300,maxWaiters:128,handoffTimeoutSeconds:10,maxWaitersPerUser:16,maxWaitSeconds:3600}
 	Spec DistributedLockSpec `json:"spec,omitempty"`
 
 	// status is the lock's state. Its default makes even a never-written status
 	// exist, so the transition rules also check a lock's first status write.
 	// +optional
-	// +kubebuilder:default={fencingToken:0,transitions:0,waiterCount:0}
+	// +kubebuilder:default={fencingToken:0,transitions:0,waiterCount:0,holderCount:0}
 	Status DistributedLockStatus `json:"status,omitempty"`
 }
 

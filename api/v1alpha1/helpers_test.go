@@ -31,6 +31,7 @@ func newLock() *locksv1.DistributedLock {
 	return &locksv1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Name: "lock-" + utilrand.String(8), Namespace: ns},
 		Spec: locksv1.DistributedLockSpec{
+			Type:                    locksv1.Mutex,
 			LeaseDurationSeconds:    30,
 			MaxLeaseDurationSeconds: 300,
 			MaxWaiters:              ptr.To[int32](4),
@@ -62,6 +63,7 @@ func waiter(user string, n int) locksv1.Waiter {
 		RequestID:   fmt.Sprintf("req-%d", n),
 		EnqueueTime: now,
 		Deadline:    metav1.NewMicroTime(now.Add(time.Minute)),
+		Mode:        locksv1.Exclusive,
 	}
 }
 

@@ -152,7 +152,7 @@ var _ = Describe("a lock holding in a session", func() {
 		c.Status.Holder.Session = "other"
 		err := env.Client.Status().Update(ctx, c)
 		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422, got %v", err)
-		Expect(err.Error()).To(ContainSubstring("holder.session cannot change while the lock is held"))
+		Expect(err.Error()).To(ContainSubstring("a holding's session cannot change while it lasts"))
 
 		for _, reason := range []locksv1.EndReason{locksv1.EndReasonSessionExpired, locksv1.EndReasonSessionClosed} {
 			got.EndHolding(reason, admin, micro())

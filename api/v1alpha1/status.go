@@ -39,8 +39,95 @@ func NextFencingToken(rv string) (int64, error) {
 	return n + 1, nil
 }
 
-// IsHeld reports whether the lock has a holder.
-func (l *DistributedLock) IsHeld() bool { return l.Status.Holder != nil }
+// IsHeld reports whether the lock has any holding, exclusive or shared.
+func (l *DistributedLock) IsHeld() bool {
+	return l.Status.Holder != nil || len(l.Status.SharedHolders) > 0
+}
+
+// LockType is spec.type with its default applied.
+func (l *DistributedLock) LockType() LockType {
+	if l.Spec.Type == "" {
+		return Mutex
+	}
+	return l.Spec.Type
+}
+
+// SharedLimit is how many shared holdings the lock admits at once: a
+// Semaphore's permits, MaxSharedHolders readers of an RWMutex, none for a Mutex.
+func (l *DistributedLock) SharedLimit() int {
+	switch l.LockType() {
+	case Semaphore:
+		if l.Spec.Permits == nil {
+			return 0
+		}
+		return int(*l.Spec.Permits)
+	case RWMutex:
+		return MaxSharedHolders
+	}
+	return 0
+}
+
+// Supports reports whether the lock's type can be held in mode m: a Mutex
+// only Exclusive, a Semaphore only Shared, an RWMutex both.
+func (l *DistributedLock) Supports(m Mode) bool {
+	switch l.LockType() {
+	case Mutex:
+		return m == Exclusive
+	case Semaphore:
+		return m == Shared
+	}
+	return m == Exclusive || m == Shared
+}
+
+// DefaultMode is the mode an acquire without one asks for: Shared for a
+// Semaphore, Exclusive otherwise.
+func (l *DistributedLock) DefaultMode() Mode {
+	if l.LockType() == Semaphore {
+		return Shared
+	}
+	return Exclusive
+}
+
+// Admits reports whether a holding in mode m would fit the lock's holdings
+// now; the queue (only its head may acquire) is the caller's concern.
+func (l *DistributedLock) Admits(m Mode) bool {
+	if !l.Supports(m) || l.Status.Holder != nil {
+		return false
+	}
+	if m == Exclusive {
+		return len(l.Status.SharedHolders) == 0
+	}
+	_, free := l.FreeSlot()
+	return free
+}
+
+// FreeSlot is the lowest slot below SharedLimit no shared holder occupies.
+func (l *DistributedLock) FreeSlot() (int32, bool) {
+	limit := l.SharedLimit()
+	if len(l.Status.SharedHolders) >= limit {
+		return 0, false
+	}
+	taken := make(map[int32]bool, len(l.Status.SharedHolders))
+	for _, h := range l.Status.SharedHolders {
+		taken[h.Slot] = true
+	}
+	for s := range int32(limit) {
+		if !taken[s] {
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+// SharedIndex is the index in status.sharedHolders of the holding leaseID, or -1.
+func (s *DistributedLockStatus) SharedIndex(leaseID string) int {
+	for i := range s.SharedHolders {
+		if s.SharedHolders[i].LeaseID == leaseID {
+			return i
+		}
+	}
+	return -1
+}
 
 // MaxWaiters is spec.maxWaiters with its default applied.
 func (l *DistributedLock) MaxWaiters() int {
@@ -83,35 +170,82 @@ func (l *DistributedLock) MaxWait() time.Duration {
 // with NextFencingToken from the object's current resourceVersion. The holder's
 // own waiter entry, if any, leaves the queue in the same write.
 func (l *DistributedLock) Acquire(h LockHolder, token int64) {
+	l.Status.Holder = &h
+	l.acquired(h, token)
+}
+
+// AcquireShared adds h as a shared holding on slot with token, as Acquire
+// does for the exclusive holder; the caller found the slot with FreeSlot.
+func (l *DistributedLock) AcquireShared(h LockHolder, slot int32, token int64) {
+	l.Status.SharedHolders = append(l.Status.SharedHolders, SharedHolder{LockHolder: h, FencingToken: token, Slot: slot})
+	l.acquired(h, token)
+}
+
+func (l *DistributedLock) acquired(h LockHolder, token int64) {
 	s := &l.Status
-	s.Holder = &h
 	s.FencingToken = token
 	s.Transitions++
 	s.RemoveWaiter(h.RequestID)
+	l.countHolders()
 	l.setHeld(metav1.ConditionTrue, ReasonAcquired, fmt.Sprintf("held by %s with fencing token %d", h.Identity, token))
+}
+
+func (l *DistributedLock) countHolders() {
+	n := len(l.Status.SharedHolders)
+	if l.Status.Holder != nil {
+		n++
+	}
+	l.Status.HolderCount = int32(n)
 }
 
 // EndHolding removes the holder and records the finished holding in
 // recentAcquisitions (the newest last, at most MaxRecentAcquisitions).
 func (l *DistributedLock) EndHolding(reason EndReason, endedBy string, now metav1.MicroTime) {
-	s := &l.Status
-	h := s.Holder
+	h := l.Status.Holder
 	if h == nil {
 		return
 	}
+	l.Status.Holder = nil
+	l.ended(*h, l.Status.FencingToken, nil, reason, endedBy, now)
+}
+
+// EndShared removes the shared holding leaseID and records it, as EndHolding
+// does for the exclusive holder; it reports whether the holding was there.
+func (l *DistributedLock) EndShared(leaseID string, reason EndReason, endedBy string, now metav1.MicroTime) bool {
+	s := &l.Status
+	i := s.SharedIndex(leaseID)
+	if i < 0 {
+		return false
+	}
+	h := s.SharedHolders[i]
+	s.SharedHolders = append(s.SharedHolders[:i:i], s.SharedHolders[i+1:]...)
+	if len(s.SharedHolders) == 0 {
+		s.SharedHolders = nil
+	}
+	l.ended(h.LockHolder, h.FencingToken, &h.Slot, reason, endedBy, now)
+	return true
+}
+
+func (l *DistributedLock) ended(h LockHolder, token int64, slot *int32, reason EndReason, endedBy string, now metav1.MicroTime) {
+	s := &l.Status
 	s.RecentAcquisitions = append(s.RecentAcquisitions, FinishedHolding{
 		RequestID:    h.RequestID,
 		LeaseID:      h.LeaseID,
-		FencingToken: s.FencingToken,
+		FencingToken: token,
 		Identity:     h.Identity,
 		EndTime:      now,
 		EndReason:    reason,
 		EndedBy:      endedBy,
+		Slot:         slot,
 	})
 	if n := len(s.RecentAcquisitions); n > MaxRecentAcquisitions {
 		s.RecentAcquisitions = append([]FinishedHolding(nil), s.RecentAcquisitions[n-MaxRecentAcquisitions:]...)
 	}
-	s.Holder = nil
+	l.countHolders()
+	if l.IsHeld() {
+		l.setHeld(metav1.ConditionTrue, ReasonAcquired, fmt.Sprintf("%d holdings", s.HolderCount))
+		return
+	}
 	l.setHeld(metav1.ConditionFalse, string(reason), fmt.Sprintf("%s by %s", reason, endedBy))
 }
 

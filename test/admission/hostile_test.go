@@ -115,7 +115,7 @@ func hostileEntries() []TableEntry {
 			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may renew`}}),
 		Entry("renew by the holder's user with its old leaseID", hostile{state: heldHistory, by: "alice",
 			do:   update(renew, func(l *locksv1alpha1.DistributedLock) { l.Status.Holder.LeaseID = leaseID("alice", 0) }),
-			want: []string{"a held lock cannot pass to another leaseID; release it first"}}),
+			want: []string{"a holding cannot pass to another leaseID; release it first"}}),
 		Entry("release by the holder's user with another leaseID", hostile{state: held, by: "alice",
 			do: update(end(locksv1alpha1.EndReasonReleased, "alice"), func(l *locksv1alpha1.DistributedLock) {
 				lastRecord(l).LeaseID = leaseID("alice", 7)
@@ -123,10 +123,10 @@ func hostileEntries() []TableEntry {
 			want: []string{"a holding that ends must be recorded in recentAcquisitions"}}),
 		Entry("JSON merge patch that sets another holder on a held lock", hostile{state: held, by: "bob",
 			do:   patch(types.MergePatchType, map[string]any{"status": map[string]any{"holder": holderJSON("bob", 1)}}),
-			want: []string{"a held lock cannot pass to another leaseID; release it first", "holder.user cannot change while the lock is held"}}),
+			want: []string{"a holding cannot pass to another leaseID; release it first", "a holding's user cannot change while it lasts"}}),
 		Entry("JSON patch that replaces the holder of a held lock", hostile{state: held, by: "bob",
 			do:   patch(types.JSONPatchType, []map[string]any{{"op": "replace", "path": "/status/holder", "value": holderJSON("bob", 1)}}),
-			want: []string{"a held lock cannot pass to another leaseID; release it first"}}),
+			want: []string{"a holding cannot pass to another leaseID; release it first"}}),
 		Entry("JSON patch that removes the holder without a record", hostile{state: held, by: "bob",
 			do:   patch(types.JSONPatchType, []map[string]any{{"op": "remove", "path": "/status/holder"}}),
 			want: []string{"a holding that ends must be recorded in recentAcquisitions"}}),
@@ -157,7 +157,7 @@ func hostileEntries() []TableEntry {
 			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder("bob", 1), l.Status.FencingToken-1) }),
 			want: []string{"fencingToken must not decrease"}}),
 		Entry("a renewal that raises the token", hostile{state: held, by: "alice", do: update(renew, tokenDelta(+1)),
-			want: []string{"fencingToken may change only when a new holder acquires the lock"}}),
+			want: []string{"fencingToken may change only when a holding is acquired, and then it is the new holding's token"}}),
 		Entry("acquire without counting the transition", hostile{state: freeHistory, by: "bob",
 			do:   update(acquire(holder("bob", 1)), func(l *locksv1alpha1.DistributedLock) { l.Status.Transitions-- }),
 			want: []string{"transitions must grow by exactly one on each acquisition"}}),
@@ -294,7 +294,7 @@ func hostileEntries() []TableEntry {
 		// --- server-side apply --------------------------------------------------------
 		Entry("server-side apply that takes ownership of the holder", hostile{state: held, by: "bob",
 			do:   apply(map[string]any{"holder": holderJSON("bob", 1)}),
-			want: []string{"a held lock cannot pass to another leaseID; release it first"}}),
+			want: []string{"a holding cannot pass to another leaseID; release it first"}}),
 		Entry("server-side apply that renews someone else's lease", hostile{state: held, by: "bob",
 			do: apply(map[string]any{"holder": map[string]any{
 				"user": "alice", "leaseID": leaseID("alice", 1), "renewTime": metav1.NewMicroTime(time.Now().Add(time.Hour)),
