@@ -113,9 +113,9 @@ test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL 
 
 # The suites by kind. Unit: every package outside the suites below (pure rules,
 # the library, the CLI; the controller's and the API's own envtest suites too).
-INTEGRATION_PKGS := ./test/admission/... ./test/chart/... ./test/gc/... ./test/integration/... ./test/observability/...
+INTEGRATION_PKGS := ./test/admission/... ./test/chart/... ./test/gc/... ./test/integration/... ./test/leaderelection/... ./test/observability/...
 E2E_PKGS := ./test/e2e/...
-UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/chart' -e '/test/gc' -e '/test/integration' -e '/test/observability' -e '/test/e2e')
+UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/chart' -e '/test/gc' -e '/test/integration' -e '/test/leaderelection' -e '/test/observability' -e '/test/e2e')
 
 .PHONY: test
 test: manifests generate control-plane test-deps $(HELM) ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, the benchmark module's, and (as root) the real-node suite.
@@ -129,7 +129,7 @@ test-unit: manifests generate control-plane test-deps ## Run the packages outsid
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(UNIT_PKGS)
 
 .PHONY: test-integration
-test-integration: manifests generate control-plane test-deps $(HELM) ## Run the admission, chart, garbage-collection, protocol and observability suites against the real control plane.
+test-integration: manifests generate control-plane test-deps $(HELM) ## Run the admission, chart, garbage-collection, protocol, leader-election and observability suites against the real control plane.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e

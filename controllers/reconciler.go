@@ -107,27 +107,11 @@ func WithControllerOptions(o controller.Options) Option {
 // controller-runtime controller it runs only while mgr holds the leader lease.
 // The operator and the test environment both call it.
 func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
-	c := mgr.GetClient()
-	r := &Reconciler{
-		client: c,
-		clock:  clock.RealClock{},
-		timing: timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
-		self:   lock.NewSelf(c),
-		// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
-		reader:    mgr.GetCache(),
-		apiReader: mgr.GetAPIReader(),
+	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
+	r, err := newReconciler(mgr, mgr.GetCache(), opts)
+	if err != nil {
+		return nil, err
 	}
-	for _, o := range opts {
-		o(r)
-	}
-	switch {
-	case r.timing.grace < 0:
-		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
-	case r.timing.idleTimeout <= 0:
-		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
-	}
-	r.recorder = NewRateLimitedRecorder(mgr.GetEventRecorder("kubelock-controller"),
-		EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}, r.clock)
 	if err := mgr.Add(&leaderReporter{obs: &r.obs, sessions: &r.sessions, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return nil, err
 	}
@@ -137,7 +121,7 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 	kick := make(chan event.GenericEvent)
 	// Pods are watched as metadata only: a deletion is all that matters, and
 	// whole pods of the cluster would cost far more memory.
-	err := ctrl.NewControllerManagedBy(mgr).
+	err = ctrl.NewControllerManagedBy(mgr).
 		For(newUnstructuredLock()).
 		Watches(&locksv1alpha1.LockSession{}, handler.EnqueueRequestsFromMapFunc(r.locksOfSession), builder.WithPredicates(sessionEnding)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksOfPod), builder.OnlyMetadata, builder.WithPredicates(podDeleted)).
@@ -155,6 +139,32 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 		Named(SessionControllerName).
 		WithOptions(r.ctrlOpts).
 		Complete(sr)
+}
+
+// newReconciler builds a reconciler that reads locks, sessions and pods
+// through reader, with opts applied and checked.
+func newReconciler(mgr ctrl.Manager, reader client.Reader, opts []Option) (*Reconciler, error) {
+	c := mgr.GetClient()
+	r := &Reconciler{
+		client:    c,
+		clock:     clock.RealClock{},
+		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
+		self:      lock.NewSelf(c),
+		reader:    reader,
+		apiReader: mgr.GetAPIReader(),
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	switch {
+	case r.timing.grace < 0:
+		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
+	case r.timing.idleTimeout <= 0:
+		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
+	}
+	r.recorder = NewRateLimitedRecorder(mgr.GetEventRecorder("kubelock-controller"),
+		EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}, r.clock)
+	return r, nil
 }
 
 // +kubebuilder:rbac:groups=locks.kubelock.io,resources=distributedlocks,verbs=get;list;watch;delete

@@ -67,6 +67,7 @@ func place(component, kind, name string) (placement, error) {
 	case "ServiceAccount/kubelock-controller-manager",
 		"ClusterRole/kubelock-manager", "Role/kubelock-manager", "ClusterRoleBinding/kubelock-manager",
 		"Role/kubelock-leader-election", "RoleBinding/kubelock-leader-election",
+		"ServiceAccount/kubelock-leader-election", "Role/kubelock-leader-election-candidate", "RoleBinding/kubelock-leader-election-candidate",
 		"ClusterRole/kubelock-lock-user", "ClusterRole/kubelock-metrics-reader":
 		return placement{area: "rbac"}, nil
 	case "ClusterRole/kubelock-breakglass":

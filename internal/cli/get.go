@@ -17,40 +17,66 @@ import (
 
 func newGetCommand(o *options) *cobra.Command {
 	var all bool
+	var w watchFlags
 	cmd := &cobra.Command{
 		Use:   "get [KEY...]",
 		Short: "Show locks: holder, fencing token, time left on the lease, waiters, age",
-		Long:  "Show the locks named by KEYs, or all locks in the namespace when no KEY is given.",
+		Long:  "Show the locks named by KEYs, or all locks in the namespace when no KEY is given; with --watch, then every change.",
 		Example: `  kubelock get orders-db
   kubelock get -A
+  kubelock get orders-db -w
   kubelock get 'orders/42' -o yaml`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return o.list(cmd.Context(), all)
-			}
-			if all {
+			if len(args) > 0 && all {
 				return usageErrorf("--all-namespaces cannot be combined with KEYs")
+			}
+			switch {
+			case w.watch:
+				return o.watch(cmd.Context(), args, all, w)
+			case len(args) == 0:
+				return o.list(cmd.Context(), all)
 			}
 			return o.get(cmd.Context(), args)
 		},
 	}
 	o.addOutputFlag(cmd.Flags())
 	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "list locks in all namespaces")
+	w.add(cmd.Flags())
 	return cmd
 }
 
 func newListCommand(o *options) *cobra.Command {
 	var all bool
+	var w watchFlags
 	cmd := &cobra.Command{
 		Use:     "list",
 		Aliases: []string{"ls"},
-		Short:   "List the locks in the namespace",
+		Short:   "List the locks in the namespace; with --watch, then every change",
 		Args:    exactArgs(0, "no arguments"),
-		RunE:    func(cmd *cobra.Command, _ []string) error { return o.list(cmd.Context(), all) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if w.watch {
+				return o.watch(cmd.Context(), nil, all, w)
+			}
+			return o.list(cmd.Context(), all)
+		},
 	}
 	o.addOutputFlag(cmd.Flags())
 	cmd.Flags().BoolVarP(&all, "all-namespaces", "A", false, "list locks in all namespaces")
+	w.add(cmd.Flags())
 	return cmd
+}
+
+// watch checks the flags and keys, then watches the locks.
+func (o *options) watch(ctx context.Context, keys []string, all bool, w watchFlags) error {
+	if err := o.checkOutput(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := checkKey(k); err != nil {
+			return err
+		}
+	}
+	return o.watchLocks(ctx, keys, all, w.events)
 }
 
 // listIn lists what into list, in the namespace of the flags (returned) or,

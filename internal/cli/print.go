@@ -104,42 +104,57 @@ func orDash(s string) string {
 // printLockTable writes the get/list table. A KEY column appears when some
 // lock's key differs from its name.
 func printLockTable(w io.Writer, locks []locksv1alpha1.DistributedLock, now time.Time, allNamespaces bool) error {
-	showKey := false
+	t := newLockTable(locks, allNamespaces)
+	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	printRow(tw, "", t.header()...)
+	for i := range locks {
+		printRow(tw, "", t.row(&locks[i], now)...)
+	}
+	return tw.Flush()
+}
+
+// lockTable is the get/list table's choice of columns.
+type lockTable struct{ allNamespaces, showKey bool }
+
+// newLockTable shows a NAMESPACE column with allNamespaces, and a KEY column
+// when some lock's key differs from its name.
+func newLockTable(locks []locksv1alpha1.DistributedLock, allNamespaces bool) lockTable {
+	t := lockTable{allNamespaces: allNamespaces}
 	for i := range locks {
 		if lockKey(&locks[i]) != locks[i].Name {
-			showKey = true
+			t.showKey = true
 		}
 	}
-	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	return t
+}
+
+func (t lockTable) header() []string {
 	var head []string
-	if allNamespaces {
+	if t.allNamespaces {
 		head = append(head, "NAMESPACE")
 	}
 	head = append(head, "NAME")
-	if showKey {
+	if t.showKey {
 		head = append(head, "KEY")
 	}
-	head = append(head, "HOLDER", "TOKEN", "EXPIRES-IN", "WAITERS", "AGE")
-	printRow(tw, "", head...)
-	for i := range locks {
-		l := &locks[i]
-		var row []string
-		if allNamespaces {
-			row = append(row, l.Namespace)
-		}
-		row = append(row, l.Name)
-		if showKey {
-			row = append(row, lockKey(l))
-		}
-		holder := "<free>"
-		if h := l.Status.Holder; h != nil {
-			holder = h.Identity
-		}
-		row = append(row, holder, strconv.FormatInt(l.Status.FencingToken, 10), expiresIn(l, now),
-			strconv.Itoa(len(l.Status.Waiters)), age(l.CreationTimestamp.Time, now))
-		printRow(tw, "", row...)
+	return append(head, "HOLDER", "TOKEN", "EXPIRES-IN", "WAITERS", "AGE")
+}
+
+func (t lockTable) row(l *locksv1alpha1.DistributedLock, now time.Time) []string {
+	var row []string
+	if t.allNamespaces {
+		row = append(row, l.Namespace)
 	}
-	return tw.Flush()
+	row = append(row, l.Name)
+	if t.showKey {
+		row = append(row, lockKey(l))
+	}
+	holder := "<free>"
+	if h := l.Status.Holder; h != nil {
+		holder = h.Identity
+	}
+	return append(row, holder, strconv.FormatInt(l.Status.FencingToken, 10), expiresIn(l, now),
+		strconv.Itoa(len(l.Status.Waiters)), age(l.CreationTimestamp.Time, now))
 }
 
 // stamp is an absolute time with its age, e.g. "2026-05-01T10:00:00Z (3m ago)".

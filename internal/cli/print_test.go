@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,4 +174,18 @@ func TestSessionsGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "describe_session.golden", d.Bytes())
+}
+
+func TestColumnsKeepAlignmentAcrossRows(t *testing.T) {
+	var out strings.Builder
+	c := columns{w: &out}
+	c.fit([]string{"NAME", "HOLDER"}, []string{"a", "<free>"})
+	c.print([]string{"NAME", "HOLDER"})
+	c.print([]string{"a", "<free>"})
+	c.fit([]string{"longer-name", "x"})
+	c.print([]string{"longer-name", "x\x1b[2J"})
+	want := "NAME   HOLDER\na      <free>\nlonger-name   x\\x1b[2J\n"
+	if diff := cmp.Diff(want, out.String()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
 }

@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -41,6 +43,11 @@ type Options struct {
 	LeaderElect             bool
 	LeaderElectionNamespace string
 	LeaderElectionID        string
+	// LeaderElectionLock is what the replicas elect on: ElectOnLease or
+	// ElectOnKubelock (a DistributedLock named LeaderElectionID, on which
+	// they campaign as LeaderElectionServiceAccount).
+	LeaderElectionLock           string
+	LeaderElectionServiceAccount string
 	// The leader election's timings (client-go's defaults: 15s, 10s, 2s).
 	// Shorter ones let a standby take over sooner; longer ones ride out
 	// apiserver latency without losing leadership. A new leader never
@@ -80,12 +87,15 @@ func DefaultOptions() Options {
 		ProbeAddr:        ":8081",
 		LeaderElect:      true,
 		LeaderElectionID: "kubelock-manager.locks.kubelock.io",
-		LeaseDuration:    15 * time.Second,
-		RenewDeadline:    10 * time.Second,
-		RetryPeriod:      2 * time.Second,
-		ExpiryGrace:      controllers.DefaultExpiryGrace,
-		IdleTimeout:      controllers.DefaultIdleTimeout,
-		Concurrency:      4,
+		// Lease until electing on kubelock is proven in production.
+		LeaderElectionLock:           ElectOnLease,
+		LeaderElectionServiceAccount: "kubelock-leader-election",
+		LeaseDuration:                15 * time.Second,
+		RenewDeadline:                10 * time.Second,
+		RetryPeriod:                  2 * time.Second,
+		ExpiryGrace:                  controllers.DefaultExpiryGrace,
+		IdleTimeout:                  controllers.DefaultIdleTimeout,
+		Concurrency:                  4,
 
 		EnableWebhook:           true,
 		WebhookPort:             9443,
@@ -107,7 +117,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, `Address the /healthz and /readyz probes bind to; "0" disables them.`)
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica expires leases and moves queues.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease; empty means the pod's own namespace (required out of cluster).")
-	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader Lease.")
+	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader Lease, or of the DistributedLock with --leader-election-lock=kubelock.")
+	fs.StringVar(&o.LeaderElectionLock, "leader-election-lock", o.LeaderElectionLock, `What the replicas elect their leader on: "lease" (a coordination.k8s.io Lease) or "kubelock" (a DistributedLock in the leader election namespace, auto-created: queue hand-off, fencing token, server-enforced ownership; a standby expires a dead leader's holding).`)
+	fs.StringVar(&o.LeaderElectionServiceAccount, "leader-election-service-account", o.LeaderElectionServiceAccount, "With --leader-election-lock=kubelock: the service account (in the leader election namespace) the replicas campaign as, with tokens the manager requests, bound to its pod (POD_NAME, POD_UID); admission never lets the controller's own user acquire a lock.")
 	fs.DurationVar(&o.LeaseDuration, "leader-election-lease-duration", o.LeaseDuration, "How long a standby waits after the leader's last renewal before it takes over.")
 	fs.DurationVar(&o.RenewDeadline, "leader-election-renew-deadline", o.RenewDeadline, "How long the leader keeps trying to renew before it gives up leadership; must be below the lease duration.")
 	fs.DurationVar(&o.RetryPeriod, "leader-election-retry-period", o.RetryPeriod, "How often candidates try to acquire or renew the leader Lease; must be below the renew deadline.")
@@ -148,6 +160,18 @@ func (o *Options) Validate() error {
 	}
 	if o.LeaderElect && !(0 < o.RetryPeriod && o.RetryPeriod < o.RenewDeadline && o.RenewDeadline < o.LeaseDuration) {
 		errs = append(errs, fmt.Errorf("leader election needs 0 < retry period (%s) < renew deadline (%s) < lease duration (%s)", o.RetryPeriod, o.RenewDeadline, o.LeaseDuration))
+	}
+	switch o.LeaderElectionLock {
+	case ElectOnLease:
+	case ElectOnKubelock:
+		if err := o.electionTimings().Validate(); o.LeaderElect && err != nil {
+			errs = append(errs, fmt.Errorf("--leader-election-lock=kubelock: %w", err))
+		}
+		if o.LeaderElect && o.LeaderElectionServiceAccount == "" {
+			errs = append(errs, errors.New("--leader-election-service-account must not be empty with --leader-election-lock=kubelock"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--leader-election-lock must be %q or %q, got %q", ElectOnLease, ElectOnKubelock, o.LeaderElectionLock))
 	}
 	if o.EnableWebhook {
 		if o.WebhookPort < 1 || o.WebhookPort > 65535 {
@@ -229,6 +253,14 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
+	// The lock to elect on; nil for controller-runtime's Lease.
+	var electionLock resourcelock.Interface
+	var electionKey types.NamespacedName
+	if o.LeaderElect && o.LeaderElectionLock == ElectOnKubelock {
+		if electionLock, electionKey, err = kubelockElection(cfg, o); err != nil {
+			return fmt.Errorf("leader election on kubelock: %w", err)
+		}
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   CacheOptions(),
@@ -238,9 +270,11 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectionNamespace,
-		LeaseDuration:           &o.LeaseDuration,
-		RenewDeadline:           &o.RenewDeadline,
-		RetryPeriod:             &o.RetryPeriod,
+		// Set only for --leader-election-lock=kubelock; it takes the timings below.
+		LeaderElectionResourceLockInterface: electionLock,
+		LeaseDuration:                       &o.LeaseDuration,
+		RenewDeadline:                       &o.RenewDeadline,
+		RetryPeriod:                         &o.RetryPeriod,
 		// Safe because the process exits right after the manager stops, and a
 		// new leader starts with no observations, so it never expires early.
 		LeaderElectionReleaseOnCancel: true,
@@ -263,6 +297,13 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return fmt.Errorf("setting up the controller: %w", err)
 	}
+	if electionLock != nil {
+		// Only the leader runs the controller: a standby must end a dead
+		// leader's holding of the election lock itself, or nobody would.
+		if err := controllers.SetupStandby(mgr, electionKey, ropts...); err != nil {
+			return fmt.Errorf("setting up the election lock's standby controller: %w", err)
+		}
+	}
 	// Learn the controller's user name now, so a missing permission shows at
 	// start; the controller retries on its first expiry if this fails.
 	if name, err := r.Username(ctx); err != nil {
@@ -281,7 +322,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 			return err
 		}
 	}
-	log.Info("starting manager", "leaderElection", o.LeaderElect, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout, "webhook", o.EnableWebhook)
+	log.Info("starting manager", "leaderElection", o.LeaderElect, "electOn", o.LeaderElectionLock, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout, "webhook", o.EnableWebhook)
 	return mgr.Start(ctx)
 }
 

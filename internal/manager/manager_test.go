@@ -39,7 +39,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		t.Fatalf("--help exited %d", code)
 	}
 	for _, flag := range []string{
-		"metrics-bind-address", "metrics-secure", "metrics-cert-dir", "webhook-client-ca-file", "health-probe-bind-address", "leader-elect", "leader-election-namespace",
+		"metrics-bind-address", "metrics-secure", "metrics-cert-dir", "webhook-client-ca-file", "health-probe-bind-address", "leader-elect", "leader-election-namespace", "leader-election-lock", "leader-election-service-account",
 		"leader-election-id", "expiry-grace", "auto-created-idle-timeout", "controller-username",
 		"concurrency", "kubeconfig", "zap-log-level",
 		"enable-webhook", "webhook-port", "webhook-cert-dir", "webhook-controller-users", "cert-rotation",
@@ -63,6 +63,8 @@ func TestInvalidFlagsAreRejectedUpFront(t *testing.T) {
 		{"--webhook-cert-dir="},
 		{"--cert-secret-name="},
 		{"--webhook-config-name="},
+		{"--leader-election-lock=configmap"},
+		{"--leader-election-lock=kubelock", "--leader-election-lease-duration=12s"},
 	} {
 		var out bytes.Buffer
 		if code := Main(args, &out); code != 2 {

@@ -63,6 +63,7 @@ const (
 	sysNone    = "kubelock (none)"
 	sysLease   = "raw Lease CAS"
 	sysLE      = "client-go leaderelection"
+	sysKLE     = "client-go leaderelection on kubelock"
 	sysEtcd    = "etcd Mutex"
 	sysRedis   = "redsync"
 )
@@ -105,7 +106,7 @@ func defaults(quick bool) options {
 		uncRate: 40, uncMeasure: 10 * time.Second,
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
-		systems: "webhook,policy,none,lease,leaderelection,etcd,redis", workloads: "1,2,3,4",
+		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 	}
 	if quick {
@@ -162,7 +163,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.DurationVar(&o.leMeasure, "leaderelection-measure", o.leMeasure, "Workload 3: measured window for client-go leader election (2 s retry period).")
 	fs.IntVar(&o.expiryTrials, "expiry-trials", o.expiryTrials, "Workload 4: dead holders per system (run in parallel).")
 	fs.DurationVar(&o.expiryLease, "expiry-lease", o.expiryLease, "Workload 4: lease of kubelock's and etcd's dead holder (leader election uses its default 15 s).")
-	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection, etcd, redis.")
+	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
 	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry.")
 	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
 	fs.StringVar(&o.workDir, "work-dir", o.workDir, "Folder for logs, certificates and profiles (default: a new temporary folder).")
@@ -395,14 +396,25 @@ func bench(ctx context.Context, o options, argv []string) error {
 			rep.uncontended = append(rep.uncontended, r)
 		}
 	}
-	if systems["leaderelection"] && ctx.Err() == nil {
+	// client-go's elector on a Lease and on a DistributedLock, same timings.
+	for _, le := range []struct {
+		system, name string
+		mutex        func(i int) (mutexFn, error)
+		expiry       func(ctx context.Context, j int) (time.Duration, error)
+	}{
+		{"leaderelection", sysLE, leaderElectionMutex(userCS, "handoff-le"), leaderElectionExpiryTrial(userCS, "expiry-le")},
+		{"kubelock-le", sysKLE, kubelockElectionMutex(c, "handoff-kle"), kubelockElectionExpiryTrial(c, "expiry-kle")},
+	} {
+		if !systems[le.system] || ctx.Err() != nil {
+			continue
+		}
 		if wl["3"] {
-			r := runHandoff(ctx, sysLE, o.handoffK, o.handoffHold, o.stepWarmup, o.leMeasure, leaderElectionMutex(userCS, "handoff-le"))
+			r := runHandoff(ctx, le.name, o.handoffK, o.handoffHold, o.stepWarmup, o.leMeasure, le.mutex)
 			logHandoff(r)
 			rep.handoffs = append(rep.handoffs, r)
 		}
 		if wl["4"] {
-			r := runExpiry(ctx, sysLE, o.expiryTrials, leLeaseDuration, leaderElectionExpiryTrial(userCS, "expiry-le"))
+			r := runExpiry(ctx, le.name, o.expiryTrials, leLeaseDuration, le.expiry)
 			logExpiry(r)
 			rep.expiries = append(rep.expiries, r)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -20,6 +21,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	kle "github.com/kubelock/kubelock/pkg/lock/leaderelection"
 )
 
 // client-go's documented defaults ("core clients default this value to ..."),
@@ -264,27 +266,34 @@ func leaderElectionMutex(cs kubernetes.Interface, name string) func(i int) (mute
 	return func(i int) (mutexFn, error) {
 		id := fmt.Sprintf("contender-%d", i)
 		return func(ctx context.Context) (func() error, error) {
-			led := make(chan struct{})
-			leCtx, cancel := context.WithCancel(ctx)
-			le, err := newElector(cs, name, id, true, func(context.Context) { close(led) })
-			if err != nil {
-				cancel()
-				return nil, err
-			}
-			done := make(chan struct{})
-			go func() { defer close(done); le.Run(leCtx) }()
-			select {
-			case <-led:
-				return func() error { cancel(); <-done; return nil }, nil
-			case <-done:
-				cancel()
-				return nil, ctx.Err()
-			case <-ctx.Done():
-				cancel()
-				<-done
-				return nil, ctx.Err()
-			}
+			return leadUntilStopped(ctx, func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				return newElector(cs, name, id, true, onLead)
+			})
 		}, nil
+	}
+}
+
+// leadUntilStopped runs the elector newElector builds (calling onLead when it
+// leads) until it leads; stop cancels it, which releases with ReleaseOnCancel.
+func leadUntilStopped(ctx context.Context, newElector func(onLead func(context.Context)) (*leaderelection.LeaderElector, error)) (stop func() error, err error) {
+	led := make(chan struct{})
+	le, err := newElector(func(context.Context) { close(led) })
+	if err != nil {
+		return nil, err
+	}
+	leCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); le.Run(leCtx) }()
+	select {
+	case <-led:
+		return func() error { cancel(); <-done; return nil }, nil
+	case <-done:
+		cancel()
+		return nil, ctx.Err()
+	case <-ctx.Done():
+		cancel()
+		<-done
+		return nil, ctx.Err()
 	}
 }
 
@@ -378,45 +387,66 @@ func kubelockExpiryTrial(c *cluster, prefix string, lease time.Duration) func(ct
 func leaderElectionExpiryTrial(cs kubernetes.Interface, prefix string) func(ctx context.Context, j int) (time.Duration, error) {
 	return func(ctx context.Context, j int) (time.Duration, error) {
 		name := fmt.Sprintf("%s-%d", prefix, j)
-		led := make(chan struct{})
-		aCtx, killA := context.WithCancel(ctx)
-		defer killA()
-		a, err := newElector(cs, name, "doomed", false, func(context.Context) { close(led) })
-		if err != nil {
-			return 0, err
-		}
-		aDone := make(chan struct{})
-		go func() { defer close(aDone); a.Run(aCtx) }()
-		select {
-		case <-led:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
-		bLed := make(chan time.Time, 1)
-		bCtx, stopB := context.WithCancel(ctx)
-		defer stopB()
-		b, err := newElector(cs, name, "next", true, func(context.Context) { bLed <- time.Now() })
-		if err != nil {
-			return 0, err
-		}
-		go b.Run(bCtx)
-		time.Sleep(time.Second)
-		killA()
-		<-aDone
-		l, err := cs.CoordinationV1().Leases(workNS).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return 0, err
-		}
-		if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-			return 0, errors.New("lease without renewTime")
-		}
-		leaseEnd := l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
-		select {
-		case got := <-bLed:
-			return got.Sub(leaseEnd), nil
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
+		return electorExpiryTrial(ctx,
+			func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				return newElector(cs, name, "doomed", false, onLead)
+			},
+			func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				return newElector(cs, name, "next", true, onLead)
+			},
+			func(ctx context.Context) (time.Time, error) {
+				l, err := cs.CoordinationV1().Leases(workNS).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return time.Time{}, err
+				}
+				if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+					return time.Time{}, errors.New("lease without renewTime")
+				}
+				return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second), nil
+			})
+	}
+}
+
+// electorExpiryTrial: the elector newDoomed builds leads, then stops without
+// releasing (as if killed) while the one newNext builds waits; the latency is
+// from the doomed leader's lease end (leaseEnd, asked once it stopped) to the
+// next one leading.
+func electorExpiryTrial(ctx context.Context, newDoomed, newNext func(onLead func(context.Context)) (*leaderelection.LeaderElector, error),
+	leaseEnd func(context.Context) (time.Time, error)) (time.Duration, error) {
+	led := make(chan struct{})
+	aCtx, killA := context.WithCancel(ctx)
+	defer killA()
+	a, err := newDoomed(func(context.Context) { close(led) })
+	if err != nil {
+		return 0, err
+	}
+	aDone := make(chan struct{})
+	go func() { defer close(aDone); a.Run(aCtx) }()
+	select {
+	case <-led:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	bLed := make(chan time.Time, 1)
+	bCtx, stopB := context.WithCancel(ctx)
+	defer stopB()
+	b, err := newNext(func(context.Context) { bLed <- time.Now() })
+	if err != nil {
+		return 0, err
+	}
+	go b.Run(bCtx)
+	time.Sleep(time.Second)
+	killA()
+	<-aDone
+	end, err := leaseEnd(ctx)
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case got := <-bLed:
+		return got.Sub(end), nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
 }
 
@@ -525,4 +555,71 @@ func (f *serverFIFO) result() (violations, checked int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.violations, f.checked
+}
+
+// kubelockElectionMutex is client-go's leader election with its default
+// timings on a DistributedLock (pkg/lock/leaderelection): leading is holding;
+// cancelling releases (ReleaseOnCancel). One ResourceLock serves one term, so
+// every attempt builds a new one, as leaderElectionMutex builds a new elector.
+func kubelockElectionMutex(c *cluster, key string) func(i int) (mutexFn, error) {
+	return func(i int) (mutexFn, error) {
+		id := fmt.Sprintf("contender-%d", i)
+		return func(ctx context.Context) (func() error, error) {
+			created := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key}})
+			if created != nil && !apierrors.IsAlreadyExists(created) {
+				return nil, created
+			}
+			return runKubelockElector(ctx, c.user, key, id)
+		}, nil
+	}
+}
+
+// runKubelockElector runs an elector with client-go's default timings on the
+// DistributedLock key until it leads; stop cancels it (and so releases).
+func runKubelockElector(ctx context.Context, cfg *rest.Config, key, id string) (stop func() error, err error) {
+	rl, err := kle.New(cfg, key, kle.Options{LeaseDuration: leLeaseDuration, RenewDeadline: leRenewDeadline, RetryPeriod: leRetryPeriod},
+		lock.WithNamespace(workNS), lock.WithIdentity(id))
+	if err != nil {
+		return nil, err
+	}
+	return leadUntilStopped(ctx, func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+		return leaderelection.NewLeaderElector(rl.ElectionConfig(leaderelection.LeaderCallbacks{OnStartedLeading: onLead, OnStoppedLeading: func() {}}))
+	})
+}
+
+// kubelockElectionExpiryTrial: the leader's elector stops without releasing
+// (as if killed); its holding is not renewed and lapses; the controller
+// expires it and the waiting candidate leads. Lease end: the holding's
+// ExpiresAt plus the client's safety margin (the last renewal's send + lease).
+func kubelockElectionExpiryTrial(c *cluster, prefix string) func(ctx context.Context, j int) (time.Duration, error) {
+	return func(ctx context.Context, j int) (time.Duration, error) {
+		key := fmt.Sprintf("%s-%d", prefix, j)
+		if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key}}); err != nil {
+			return 0, err
+		}
+		elector := func(id string, releaseOnCancel bool) (*kle.ResourceLock, func(func(context.Context)) (*leaderelection.LeaderElector, error), error) {
+			rl, err := kle.New(c.user, key, kle.Options{LeaseDuration: leLeaseDuration, RenewDeadline: leRenewDeadline, RetryPeriod: leRetryPeriod},
+				lock.WithNamespace(workNS), lock.WithIdentity(id))
+			return rl, func(onLead func(context.Context)) (*leaderelection.LeaderElector, error) {
+				cfg := rl.ElectionConfig(leaderelection.LeaderCallbacks{OnStartedLeading: onLead, OnStoppedLeading: func() {}})
+				cfg.ReleaseOnCancel = releaseOnCancel
+				return leaderelection.NewLeaderElector(cfg)
+			}, err
+		}
+		doomed, newDoomed, err := elector("doomed", false) // killed: it never releases
+		if err != nil {
+			return 0, err
+		}
+		_, newNext, err := elector("next", true)
+		if err != nil {
+			return 0, err
+		}
+		return electorExpiryTrial(ctx, newDoomed, newNext, func(context.Context) (time.Time, error) {
+			h := doomed.Holding()
+			if h == nil {
+				return time.Time{}, errors.New("the doomed leader has no holding")
+			}
+			return h.ExpiresAt().Add(max(leLeaseDuration/10, 100*time.Millisecond)), nil
+		})
+	}
 }

@@ -76,6 +76,18 @@ var variants = []variant{
 		},
 	},
 	{
+		name: "leader election on kubelock",
+		set:  []string{"manager.leaderElection.lock=kubelock"},
+		check: func(t *testing.T, r *rendered) {
+			if flags := managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager")); flags["--leader-election-lock"] != "kubelock" {
+				t.Errorf("manager flags %v: want --leader-election-lock=kubelock", flags)
+			}
+			// The account the replicas campaign as, and its rights on the lock.
+			r.must(t, "ServiceAccount/kubelock-leader-election")
+			r.must(t, "RoleBinding/kubelock-leader-election-candidate")
+		},
+	},
+	{
 		name:       "policy",
 		set:        []string{"admission.engine=policy"},
 		components: []string{"policy"},
@@ -226,6 +238,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 	for _, c := range []struct{ set, want string }{
 		{"admission.engine=both", "/admission/engine"},
 		{"manager.leaderElection.leaseDuration=15", "/manager/leaderElection/leaseDuration"},
+		{"manager.leaderElection.lock=configmap", "/manager/leaderElection/lock"},
 		{"manager.expiryGrace=soon", "/manager/expiryGrace"},
 		{"manager.replicaz=2", "replicaz"},
 		{"namespace.name=Kubelock_System", "/namespace/name"},

@@ -88,6 +88,10 @@ func (p *Proxy) SetDelay(d time.Duration) {
 // Dropped counts responses dropped after the apiserver answered.
 func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
 
+// CutConnections cuts every open client connection (a watch in progress
+// too), as a network break would; the proxy keeps serving new ones.
+func (p *Proxy) CutConnections() { p.srv.CloseClientConnections() }
+
 // Close stops the proxy and cuts every connection.
 func (p *Proxy) Close() {
 	p.srv.CloseClientConnections()

@@ -1,0 +1,93 @@
+package leaderelection
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	clientle "k8s.io/client-go/tools/leaderelection"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
+	kle "github.com/kubelock/kubelock/pkg/lock/leaderelection"
+	"github.com/kubelock/kubelock/test/suite"
+)
+
+var _ = Describe("client-go's elector on a ResourceLock, in this process", func() {
+	var ns string
+	BeforeEach(func(ctx SpecContext) {
+		ns = suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, lockName, locksv1alpha1.DistributedLockSpec{})
+	})
+
+	short := kle.Options{LeaseDuration: 8 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 2 * time.Second}
+	newLock := func(ctx context.Context, id string, o kle.Options) *kle.ResourceLock {
+		GinkgoHelper()
+		cfg, _ := suite.UserConfig(ctx)
+		rl, err := kle.New(cfg, lockName, o, lock.WithNamespace(ns), lock.WithIdentity(id))
+		Expect(err).NotTo(HaveOccurred())
+		return rl
+	}
+	// run runs an elector with cfg until the spec ends; led is closed when it leads.
+	run := func(cfg clientle.LeaderElectionConfig) (led chan struct{}, stop func()) {
+		GinkgoHelper()
+		led = make(chan struct{})
+		cfg.Callbacks.OnStartedLeading = func(context.Context) { close(led) }
+		cfg.Callbacks.OnStoppedLeading = func() {}
+		le, err := clientle.NewLeaderElector(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); le.Run(ctx) }()
+		stop = func() { cancel(); <-done }
+		DeferCleanup(stop)
+		return led, stop
+	}
+
+	It("tells a waiting candidate who leads with ReportLeaderChanges", func(ctx SpecContext) {
+		a := newLock(ctx, "a", short)
+		ledA, _ := run(a.ElectionConfig(clientle.LeaderCallbacks{}))
+		Eventually(ledA).Should(BeClosed())
+
+		o := short
+		o.ReportLeaderChanges = true
+		b := newLock(ctx, "b", o)
+		var mu sync.Mutex
+		var seen []string
+		cfg := b.ElectionConfig(clientle.LeaderCallbacks{})
+		cfg.Callbacks.OnNewLeader = func(id string) { mu.Lock(); defer mu.Unlock(); seen = append(seen, id) }
+		run(cfg)
+		Eventually(func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), seen...) }).Should(ContainElement("a"))
+		Expect(b.FencingToken()).To(BeZero(), "b does not lead")
+		Expect(a.FencingToken()).To(Equal(a.Holding().FencingToken()))
+	})
+
+	It("refuses to lead for an elector with other timings, and frees the lock it never claimed", func(ctx SpecContext) {
+		rl := newLock(ctx, "a", short)
+		cfg := rl.ElectionConfig(clientle.LeaderCallbacks{})
+		cfg.LeaseDuration = 15 * time.Second // controller-runtime's default, not the lock's 8 s
+		led, stop := run(cfg)
+		Eventually(func() *lock.Lock { return rl.Holding() }).ShouldNot(BeNil(), "the campaign takes the free lock")
+		Consistently(led).WithTimeout(3 * time.Second).ShouldNot(BeClosed())
+		stop()
+		Eventually(func() *locksv1alpha1.LockHolder { return suite.GetLock(ctx, ns, lockName).Status.Holder }).Should(BeNil())
+		Expect(rl.Holding().Err()).To(MatchError(lock.ErrReleased))
+	})
+
+	It("serves one term: after a release the same ResourceLock does not lead again", func(ctx SpecContext) {
+		rl := newLock(ctx, "a", short)
+		led, stop := run(rl.ElectionConfig(clientle.LeaderCallbacks{}))
+		Eventually(led).Should(BeClosed())
+		token := rl.FencingToken()
+		Expect(token).To(BeNumerically(">", 0))
+		stop() // ReleaseOnCancel
+		Expect(suite.GetLock(ctx, ns, lockName).Status.Holder).To(BeNil())
+		Expect(rl.FencingToken()).To(BeZero())
+
+		again, _ := run(rl.ElectionConfig(clientle.LeaderCallbacks{}))
+		Consistently(again).WithTimeout(3 * time.Second).ShouldNot(BeClosed())
+		Expect(suite.GetLock(ctx, ns, lockName).Status.Holder).To(BeNil(), "nothing written for the second term")
+	})
+})
