@@ -492,6 +492,8 @@ type leaseView struct {
 	LeaseID      string    `json:"leaseID"`
 	RequestID    string    `json:"requestID"`
 	ExpiresAt    time.Time `json:"expiresAt"`
+	// Slot is the permit of a shared holding (a Semaphore's, an RWMutex reader's).
+	Slot *int32 `json:"slot,omitempty"`
 	// Session is the session the lock is held in, if any.
 	Session string `json:"session,omitempty"`
 }
@@ -506,15 +508,27 @@ func printLeases(w io.Writer, format string, vs []leaseView, now time.Time) erro
 		return printData(w, format, vs)
 	}
 	inSession := vs[0].Session != ""
-	head := []string{"NAME", "TOKEN", "LEASE-ID", "EXPIRES-AT", "EXPIRES-IN"}
+	shared := slices.ContainsFunc(vs, func(v leaseView) bool { return v.Slot != nil })
+	head := []string{"NAME", "TOKEN"}
+	if shared {
+		head = append(head, "SLOT")
+	}
+	head = append(head, "LEASE-ID", "EXPIRES-AT", "EXPIRES-IN")
 	if inSession {
 		head = append(head, "SESSION")
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
 	printRow(tw, "", head...)
 	for _, v := range vs {
-		row := []string{v.Name, strconv.FormatInt(v.FencingToken, 10), v.LeaseID,
-			v.ExpiresAt.UTC().Format(time.RFC3339), duration.HumanDuration(v.ExpiresAt.Sub(now))}
+		row := []string{v.Name, strconv.FormatInt(v.FencingToken, 10)}
+		if shared {
+			slot := "-"
+			if v.Slot != nil {
+				slot = strconv.Itoa(int(*v.Slot))
+			}
+			row = append(row, slot)
+		}
+		row = append(row, v.LeaseID, v.ExpiresAt.UTC().Format(time.RFC3339), duration.HumanDuration(v.ExpiresAt.Sub(now)))
 		if inSession {
 			row = append(row, v.Session)
 		}
