@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -82,7 +83,7 @@ group (setsid, double-fork daemons) are not followed.`,
 			if dash < 0 || dash > 1 || len(args) <= dash || dash+len(locks) == 0 {
 				return usageErrorf("expected KEY -- CMD [ARGS...] or --lock KEY [--lock KEY...] -- CMD [ARGS...]")
 			}
-			keys := append(args[:dash:dash], locks...)
+			keys := slices.Concat(args[:dash], locks)
 			for _, key := range keys {
 				if err := f.check(key); err != nil {
 					return err

@@ -25,6 +25,8 @@ type leaseJSON struct {
 	Name         string `json:"name"`
 	FencingToken int64  `json:"fencingToken"`
 	LeaseID      string `json:"leaseID"`
+	// Slot is a shared holding's permit.
+	Slot *int32 `json:"slot"`
 }
 
 func parseLease(s *gexec.Session) leaseJSON {
@@ -81,9 +83,8 @@ var _ = Describe("kubelock commands", func() {
 		Expect(desc.Out).To(gbytes.Say(`Events:\s+<not shown: no permission to list events>`))
 
 		// Someone who may read events sees the controller's.
-		admin := user{name: "admin", kubeconfig: writeKubeconfig("admin", env.Config)}
 		Eventually(func() string {
-			return string(kl(admin, ns, "describe", "jobs").Out.Contents())
+			return string(kl(admin(), ns, "describe", "jobs").Out.Contents())
 		}).Should(MatchRegexp(`Events:\n\s+TYPE\s+REASON.*\n(.*\n)*\s+Normal\s+Acquired\s+.*acquired by ` + bob.name))
 
 		tbl := kl(bob, ns, "get", "jobs")
@@ -213,8 +214,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 var _ = Describe("config/samples", func() {
 	It("are accepted by the apiserver (server-side dry run through kubectl)", func() {
-		admin := writeKubeconfig("admin", env.Config)
-		cmd := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "--kubeconfig", admin,
+		cmd := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "--kubeconfig", admin().kubeconfig,
 			"apply", "--dry-run=server", "-k", filepath.Join(testenv.RepoRoot(), "config", "samples"))
 		s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())

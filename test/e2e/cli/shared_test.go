@@ -19,9 +19,6 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-// admin is a user with every right (system:masters), as a cluster administrator.
-func admin() user { return user{name: "admin", kubeconfig: writeKubeconfig("admin", env.Config)} }
-
 var _ = Describe("kubelock create", func() {
 	ctx := context.Background()
 	var ns string
@@ -88,18 +85,6 @@ var _ = Describe("kubelock create", func() {
 	)
 })
 
-// sharedLease is acquire's JSON for a shared holding.
-type sharedLease struct {
-	leaseJSON
-	Slot *int32 `json:"slot"`
-}
-
-func parseSharedLease(s *gexec.Session) sharedLease {
-	var v sharedLease
-	ExpectWithOffset(1, json.Unmarshal(s.Out.Contents(), &v)).To(Succeed(), "%s", s.Out.Contents())
-	return v
-}
-
 var _ = Describe("shared modes in the CLI", func() {
 	ctx := context.Background()
 	var ns string
@@ -109,12 +94,12 @@ var _ = Describe("shared modes in the CLI", func() {
 		Expect(kl(admin(), ns, "create", "indexers", "--type", "Semaphore", "--permits", "3", "--max-lease", "10m")).To(gexec.Exit(0))
 		dumpLockOnFailure(ctx, ns, "indexers")
 		var users []user
-		var leases []sharedLease
+		var leases []leaseJSON
 		for range 3 {
 			u := lockUser(ctx)
 			s := kl(u, ns, "acquire", "indexers", "--lease", "5m", "-o", "json")
 			Expect(s).To(gexec.Exit(0), "stderr: %s", s.Err.Contents())
-			users, leases = append(users, u), append(leases, parseSharedLease(s))
+			users, leases = append(users, u), append(leases, parseLease(s))
 		}
 		for i, l := range leases {
 			Expect(l.Slot).To(HaveValue(BeEquivalentTo(i)), "the lowest free slot")
@@ -148,7 +133,7 @@ var _ = Describe("shared modes in the CLI", func() {
 		// The permit of slot 1 is released; the waiter takes that slot with a new token.
 		Expect(kl(users[1], ns, "release", "indexers", "--lease-id", leases[1].LeaseID)).To(gexec.Exit(0))
 		Eventually(waiting).Should(gexec.Exit(0))
-		next := parseSharedLease(waiting)
+		next := parseLease(waiting)
 		Expect(next.Slot).To(HaveValue(BeEquivalentTo(1)))
 		Expect(next.FencingToken).To(BeNumerically(">", leases[2].FencingToken))
 		desc = kl(late, ns, "describe", "indexers")
@@ -164,7 +149,7 @@ var _ = Describe("shared modes in the CLI", func() {
 		Expect(a).To(gexec.Exit(0), "stderr: %s", a.Err.Contents())
 		b := kl(bob, ns, "acquire", "catalog", "--shared", "-o", "json")
 		Expect(b).To(gexec.Exit(0), "readers never block readers; stderr: %s", b.Err.Contents())
-		la, lb := parseSharedLease(a), parseSharedLease(b)
+		la, lb := parseLease(a), parseLease(b)
 		Expect(la.Slot).To(HaveValue(BeEquivalentTo(0)))
 		Expect(lb.Slot).To(HaveValue(BeEquivalentTo(1)))
 		Expect(lb.FencingToken).To(BeNumerically(">", la.FencingToken))
