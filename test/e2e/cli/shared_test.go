@@ -59,6 +59,7 @@ var _ = Describe("kubelock create", func() {
 		u := lockUser(ctx)
 		s := kl(u, ns, "create", "pool", "--type", "Semaphore", "--permits", "3")
 		Expect(s).To(gexec.Exit(icli.ExitDenied))
+		GinkgoWriter.Printf("$ kubectl lock create pool --type Semaphore --permits 3 (as a lock user)\n%s", s.Err.Contents())
 		Expect(stderrLines(s)).To(ConsistOf(And(HavePrefix("kubelock: creating lock "+ns+"/pool: "),
 			ContainSubstring("[kubelock:create]"), ContainSubstring(`user "`+u.name+`" may create a lock only with the default spec`))))
 		Expect(s.Out.Contents()).To(BeEmpty())
@@ -128,6 +129,7 @@ var _ = Describe("shared modes in the CLI", func() {
 
 		get := kl(users[0], ns, "get", "indexers")
 		Expect(get).To(gexec.Exit(0))
+		GinkgoWriter.Printf("$ kubectl lock get indexers\n%s", get.Out.Contents())
 		Expect(get.Out).To(gbytes.Say(`indexers\s+Semaphore\s+3/3\s+%s,%s \+ 1 more\s+%d\s+\S+\s+1\s+`, users[0].name, users[1].name, leases[2].FencingToken))
 
 		// The permit of slot 1 is released; the waiter takes that slot with a new token.
