@@ -28,6 +28,7 @@ type acquireFlags struct {
 	requestID string
 	create    bool
 	progress  string
+	shared    bool
 }
 
 func (f *acquireFlags) add(flags *pflag.FlagSet, defaultWait time.Duration, withRequestID bool) {
@@ -35,6 +36,7 @@ func (f *acquireFlags) add(flags *pflag.FlagSet, defaultWait time.Duration, with
 	flags.DurationVar(&f.lease, "lease", 0, "lease to ask for, in whole seconds (default: the lock's spec.leaseDurationSeconds)")
 	flags.BoolVar(&f.create, "create", false, "create the lock on first use (labelled auto-created; the controller deletes it once idle)")
 	flags.StringVar(&f.progress, "progress", "auto", "live waiting line on stderr: auto (only on a terminal), always or never")
+	flags.BoolVar(&f.shared, "shared", false, "hold the lock shared: an RWMutex as one of its readers (a Semaphore's permits are always shared; a Mutex cannot be)")
 	if withRequestID {
 		flags.StringVar(&f.requestID, "request-id", "", "idempotency key: retrying with the same ID returns the same lease instead of a second one (default: random)")
 	}
@@ -80,8 +82,11 @@ func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, 
 	return l, notFound(err, c.Namespace(), key, true)
 }
 
-// options are opts with --lease and --request-id.
+// options are opts with --lease, --request-id and --shared.
 func (f *acquireFlags) options(opts ...lock.AcquireOption) []lock.AcquireOption {
+	if f.shared {
+		opts = append(opts, lock.Shared())
+	}
 	if f.lease > 0 {
 		opts = append(opts, lock.LeaseDuration(f.lease))
 	}
@@ -142,6 +147,8 @@ lapses (SessionExpired, after its TTL) or is closed with
 "kubelock force-release --session NAME" (SessionClosed).`,
 		Example: `  kubelock acquire orders-db --wait 30s --lease 5m -o json
   kubelock release orders-db --lease-id 2b0c...
+  kubelock acquire catalog --shared    # one of an RWMutex's readers
+  kubelock acquire indexers            # a Semaphore's permit: prints its SLOT
   kubelock acquire stock-1 stock-2 stock-3 --create --session-ttl 10m`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -214,6 +221,9 @@ func (f *acquireFlags) acquireAll(ctx context.Context, c *lock.Client, keys []st
 		}
 		v := leaseView{Namespace: c.Namespace(), Name: l.Name(), Key: l.Key(), Identity: c.Identity(),
 			FencingToken: l.FencingToken(), LeaseID: l.LeaseID(), RequestID: l.RequestID(), ExpiresAt: l.ExpiresAt()}
+		if slot, shared := l.Slot(); shared {
+			v.Slot = &slot
+		}
 		if s != nil {
 			v.Session = s.Name()
 		}
@@ -249,9 +259,9 @@ func newForceReleaseCommand(o *options) *cobra.Command {
 	cmd := o.keyCommand(&cobra.Command{
 		Use:   "force-release (KEY --reason TEXT | --session NAME)",
 		Short: "Break a lock, or a session and every lock held in it, whoever holds it (needs the RBAC verb force-release)",
-		Long: `End the current holding of KEY, recording you and the reason in the lock's
-recentAcquisitions and an Event. The holder learns at its next renewal that it
-lost the lock. Needs the verb force-release on distributedlocks (break-glass).
+		Long: `End every holding of KEY (its holder, or all of its readers or permits),
+recording you and the reason in the lock's recentAcquisitions and an Event.
+Each holder learns at its next renewal that it lost the lock. Needs the verb force-release on distributedlocks (break-glass).
 
 With --session NAME, delete the LockSession NAME instead: the controller ends
 every holding in it at once (endReason SessionClosed) and prints which locks
@@ -273,8 +283,12 @@ session is your own.`,
 			printf(o.streams.Out, "%s/%s was not held; nothing to release\n", c.Namespace(), name)
 		}
 		for _, e := range ended {
-			printf(o.streams.Out, "force-released %s/%s: ended lease %s of %s (token %d)\n",
-				c.Namespace(), name, e.LeaseID, e.Identity, e.FencingToken)
+			slot := ""
+			if e.Slot != nil {
+				slot = fmt.Sprintf("slot %d, ", *e.Slot)
+			}
+			printf(o.streams.Out, "force-released %s/%s: ended lease %s of %s (%stoken %d)\n",
+				c.Namespace(), name, e.LeaseID, e.Identity, slot, e.FencingToken)
 		}
 		return nil
 	})
@@ -377,8 +391,11 @@ func (p *progress) drawLocked() {
 		return
 	}
 	holder := "free, handing over"
-	if h := p.q.Holder; h != nil {
+	switch h := p.q.Holder; {
+	case h != nil:
 		holder = "held by " + h.Identity
+	case p.q.Holdings > 0:
+		holder = fmt.Sprintf("held shared by %d", p.q.Holdings)
 	}
 	line := printable(fmt.Sprintf("waiting for %s: position %d of %d, %s, %s elapsed", p.name, p.q.Position, p.q.Waiters, holder,
 		duration.HumanDuration(time.Since(p.start))))

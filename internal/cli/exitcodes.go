@@ -36,8 +36,8 @@ const (
 var exitCodesHelp = fmt.Sprintf(`Exit codes:
   %3d  ok (run: the command's own exit code, 128+N if signal N ended it)
   %3d  other error
-  %3d  usage: bad flags or arguments (invalid key, lease or --wait out of bounds),
-       no usable kubeconfig
+  %3d  usage: bad flags or arguments (invalid key, lease or --wait out of bounds,
+       --shared on a Mutex), no usable kubeconfig
   %3d  lock or lease not found
   %3d  apiserver unreachable or unavailable
   %3d  could not acquire: held by another holder, wait timed out, or queue full
@@ -88,6 +88,9 @@ func exitCode(err error) int {
 		return ExitLockLost
 	case errors.Is(err, lock.ErrLocked), errors.Is(err, lock.ErrTimeout), errors.Is(err, lock.ErrQueueFull):
 		return ExitNotAcquired
+	case errors.Is(err, lock.ErrMode):
+		// A mode the lock's type lacks (--shared on a Mutex): the flags' fault.
+		return ExitUsage
 	case errors.Is(err, lock.ErrNotFound), apierrors.IsNotFound(err):
 		return ExitNotFound
 	case denied(err):

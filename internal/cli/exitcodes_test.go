@@ -34,6 +34,7 @@ func TestExitCode(t *testing.T) {
 		{"locked", &lock.LockedError{Name: "x"}, ExitNotAcquired},
 		{"timeout", fmt.Errorf("acquire: %w (last error: boom)", lock.ErrTimeout), ExitNotAcquired},
 		{"queue full", lock.ErrQueueFull, ExitNotAcquired},
+		{"mode the type lacks", fmt.Errorf("%w: acquire \"x\": lock x is a Mutex, which cannot be held Shared", lock.ErrMode), ExitUsage},
 		{"not found", fmt.Errorf("%w: default/x", lock.ErrNotFound), ExitNotFound},
 		{"api not found", apierrors.NewNotFound(gr, "x"), ExitNotFound},
 		{"forbidden", apierrors.NewForbidden(gr, "x", errors.New("no")), ExitDenied},

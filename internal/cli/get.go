@@ -20,7 +20,7 @@ func newGetCommand(o *options) *cobra.Command {
 	var w watchFlags
 	cmd := &cobra.Command{
 		Use:   "get [KEY...]",
-		Short: "Show locks: holder, fencing token, time left on the lease, waiters, age",
+		Short: "Show locks: type, holders, fencing token, time left on the lease, waiters, age",
 		Long:  "Show the locks named by KEYs, or all locks in the namespace when no KEY is given; with --watch, then every change.",
 		Example: `  kubelock get orders-db
   kubelock get -A
@@ -175,7 +175,7 @@ func lockList(items []locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedL
 func newDescribeCommand(o *options) *cobra.Command {
 	return o.keyCommand(&cobra.Command{
 		Use:   "describe KEY",
-		Short: "Show one lock in detail: holder, queue with positions, recent acquisitions, events",
+		Short: "Show one lock in detail: type, holders (shared ones by slot, with their tokens), queue with modes and positions, recent acquisitions, events",
 	}, nil, func(ctx context.Context, c *lock.Client, key, _ string) error {
 		l, err := c.Get(ctx, key)
 		if err != nil {

@@ -66,6 +66,55 @@ func fixtures() []locksv1alpha1.DistributedLock {
 	return []locksv1alpha1.DistributedLock{held, free, *overdue}
 }
 
+// semaphore is a Semaphore of 3 permits with three holders (one in a
+// session, one overdue) and a waiter; rwmutex an RWMutex with two readers, a
+// writer queued behind them and a reader behind the writer.
+func semaphore() locksv1alpha1.DistributedLock {
+	renewed, late := ago(2*time.Second), ago(40*time.Second)
+	holder := func(identity, lease string, acquired time.Duration, renew *metav1.MicroTime) locksv1alpha1.LockHolder {
+		return locksv1alpha1.LockHolder{Identity: identity, User: "system:serviceaccount:shop:indexer", LeaseID: lease,
+			RequestID: "r-" + identity, LeaseDurationSeconds: 30, AcquireTime: ago(acquired), RenewTime: renew}
+	}
+	inSession := holder("indexer-2", "5e6f", 10*time.Second, nil)
+	inSession.Session = "indexer-2-k4m7p"
+	return locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "indexers", CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))},
+		Spec: locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Semaphore, Permits: int32p(3), LeaseDurationSeconds: 30,
+			MaxLeaseDurationSeconds: 300, MaxWaiters: int32p(128), HandoffTimeoutSeconds: 10},
+		Status: locksv1alpha1.DistributedLockStatus{
+			// Stored in acquisition order, not slot order: slot 1 was freed and taken again.
+			SharedHolders: []locksv1alpha1.SharedHolder{
+				{LockHolder: holder("indexer-0", "1a2b", 5*time.Minute, &renewed), FencingToken: 881, Slot: 0},
+				{LockHolder: holder("indexer-3", "3c4d", time.Minute, &late), FencingToken: 907, Slot: 2},
+				{LockHolder: inSession, FencingToken: 912, Slot: 1},
+			},
+			HolderCount: 3, FencingToken: 912, Transitions: 9,
+			Waiters: []locksv1alpha1.Waiter{{Identity: "indexer-4", User: "system:serviceaccount:shop:indexer", RequestID: "r-i4",
+				Mode: locksv1alpha1.Shared, EnqueueTime: ago(3 * time.Second), Deadline: metav1.NewMicroTime(now.Add(time.Minute))}},
+			WaiterCount: 1,
+			RecentAcquisitions: []locksv1alpha1.FinishedHolding{
+				{RequestID: "r-i1", LeaseID: "0f0e", FencingToken: 899, Identity: "indexer-1", EndTime: ago(30 * time.Second),
+					EndReason: locksv1alpha1.EndReasonReleased, EndedBy: "system:serviceaccount:shop:indexer", Slot: int32p(1)},
+			},
+			Conditions: []metav1.Condition{{Type: locksv1alpha1.ConditionHeld, Status: metav1.ConditionTrue, Reason: "Acquired",
+				LastTransitionTime: metav1.NewTime(now.Add(-5 * time.Minute)), Message: "held by indexer-2 with fencing token 912"}},
+		},
+	}
+}
+
+func rwmutex() locksv1alpha1.DistributedLock {
+	l := semaphore()
+	l.Name, l.Spec.Type, l.Spec.Permits = "catalog", locksv1alpha1.RWMutex, nil
+	l.Status.SharedHolders = l.Status.SharedHolders[:2]
+	l.Status.HolderCount = 2
+	l.Status.Waiters = []locksv1alpha1.Waiter{
+		{Identity: "migrator", User: "ann", RequestID: "r-m", Mode: locksv1alpha1.Exclusive, EnqueueTime: ago(8 * time.Second), Deadline: metav1.NewMicroTime(now.Add(time.Minute))},
+		{Identity: "reader-9", User: "bob", RequestID: "r-9", Mode: locksv1alpha1.Shared, EnqueueTime: ago(time.Second), Deadline: metav1.NewMicroTime(now.Add(time.Minute))},
+	}
+	l.Status.WaiterCount = 2
+	return l
+}
+
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
 	path := filepath.Join("testdata", name)
@@ -93,6 +142,7 @@ func TestGetTableGolden(t *testing.T) {
 		{name: "get_one.golden", locks: locks[:1]},
 		{name: "get_list.golden", locks: locks},
 		{name: "get_all_namespaces.golden", locks: locks, all: true},
+		{name: "get_shared.golden", locks: []locksv1alpha1.DistributedLock{locks[0], semaphore(), rwmutex()}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -122,6 +172,8 @@ func TestDescribeGolden(t *testing.T) {
 		{name: "describe_held.golden", lock: locks[0], events: events},
 		{name: "describe_free.golden", lock: locks[1]},
 		{name: "describe_no_events_access.golden", lock: locks[2], note: "<not shown: no permission to list events>"},
+		{name: "describe_semaphore.golden", lock: semaphore()},
+		{name: "describe_rwmutex.golden", lock: rwmutex()},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -146,3 +146,31 @@ func TestHostileNamesAreEscapedInTables(t *testing.T) {
 		return d.Bytes()
 	}())
 }
+
+// TestHostileSharedHoldersAreEscaped: every name in a shared holding and a
+// waiter of a Semaphore is written by some lock user; none prints raw.
+func TestHostileSharedHoldersAreEscaped(t *testing.T) {
+	l := semaphore()
+	const esc = "\x1b]0;owned\x07"
+	h := &l.Status.SharedHolders[0]
+	h.Identity, h.User, h.PodName, h.LeaseID, h.Session = "reader"+esc, "eve\r\nforged", "pod\u202e", "lease\x00", "s\u2029"
+	l.Status.Waiters[0].Identity = "w\x1b[8m"
+	var b bytes.Buffer
+	if err := printLockTable(&b, []locksv1alpha1.DistributedLock{l}, now, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := describeLock(&b, &l, lockDetails{}, now); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, r := range out {
+		if r != '\n' && (unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)) {
+			t.Fatalf("output holds %U raw:\n%s", r, out)
+		}
+	}
+	for _, want := range []string{`reader\x1b]0;owned\x07`, `eve\x0d\x0aforged`, `pod\u202e`, `lease\x00`, `s\u2029`, `w\x1b[8m`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %s:\n%s", want, out)
+		}
+	}
+}

@@ -103,7 +103,7 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	klog.LogToStderr(false)
 	flags.StringVar(&o.identity, "identity", "", "holder identity written into the lock (default: $POD_NAME, else the hostname)")
 	root.AddCommand(
-		newGetCommand(o), newListCommand(o), newDescribeCommand(o),
+		newGetCommand(o), newListCommand(o), newDescribeCommand(o), newCreateCommand(o),
 		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
 		newSessionsCommand(o), newRunCommand(o), newSidecarCommand(o), newProbeCommand(o), newVersionCommand(o),
 		newDevCommand(o),
@@ -161,7 +161,8 @@ func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
 	return c, nil
 }
 
-// readClient is a plain client for listing locks, sessions and events.
+// readClient is a plain client for listing locks, sessions and events, and
+// for create (a spec write, no protocol).
 func (o *options) readClient() (client.Client, string, error) {
 	cfg, ns, err := o.connect()
 	if err != nil {

@@ -42,11 +42,14 @@ func newSidecarCommand(o *options) *cobra.Command {
 it again whenever it is lost. While held, the fencing token is in --token-file
 (decimal and a newline, replaced atomically; removed while not held), and
 
-  GET /v1/lock   JSON: held, namespace, name, key, identity, token, leaseID, expiresAt, queue
+  GET /v1/lock   JSON: held, namespace, name, key, identity, token, slot (of a
+                 shared holding), leaseID, expiresAt, queue
   GET /healthz   200 while the process runs
   GET /readyz    200 only while the lock is held, else 503 (active/passive pods)
 
-are served on --listen (default ` + DefaultSidecarListen + `: the pod's containers only). On
+are served on --listen (default ` + DefaultSidecarListen + `: the pod's containers only).
+With --shared it holds an RWMutex as a reader; a Semaphore's permit is always
+shared (the token file then holds that permit's token, /v1/lock its slot). On
 SIGTERM or SIGINT it stops being ready, releases the lock, closes its session
 and exits 0. The lock is held in a LockSession (TTL = the lease; a new one
 when a session ends); --session=false renews the lock itself, for clusters
@@ -83,14 +86,16 @@ back-off, as are unreachable apiservers: they change when the lock does.`,
 
 // lockState is the sidecar's answer on /v1/lock.
 type lockState struct {
-	Held         bool       `json:"held"`
-	Namespace    string     `json:"namespace"`
-	Name         string     `json:"name"`
-	Key          string     `json:"key"`
-	Identity     string     `json:"identity"`
-	FencingToken int64      `json:"token,omitempty"`
-	LeaseID      string     `json:"leaseID,omitempty"`
-	ExpiresAt    *time.Time `json:"expiresAt,omitempty"`
+	Held         bool   `json:"held"`
+	Namespace    string `json:"namespace"`
+	Name         string `json:"name"`
+	Key          string `json:"key"`
+	Identity     string `json:"identity"`
+	FencingToken int64  `json:"token,omitempty"`
+	// Slot is the permit of a shared holding (--shared, or a Semaphore).
+	Slot      *int32     `json:"slot,omitempty"`
+	LeaseID   string     `json:"leaseID,omitempty"`
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 	// Queue is the sidecar's place in the lock's queue while it waits.
 	Queue *queueState `json:"queue,omitempty"`
 }
@@ -116,6 +121,9 @@ func (s *sidecarState) snapshot() lockState {
 	if l := s.held; l != nil && l.Err() == nil {
 		exp := l.ExpiresAt()
 		st.Held, st.FencingToken, st.LeaseID, st.ExpiresAt = true, l.FencingToken(), l.LeaseID(), &exp
+		if slot, shared := l.Slot(); shared {
+			st.Slot = &slot
+		}
 	} else {
 		st.Queue = s.queue
 	}
@@ -194,7 +202,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 			if sess != nil {
 				o.closeSession(sess) // it ended: make sure nothing waits for it to lapse
 			}
-			sess, err = o.openSession(ctx, c, key, f.lease)
+			sess, err = o.openSession(ctx, c, []string{key}, f.lease)
 		}
 		if err == nil {
 			// Wait the longest pkg/lock allows, then queue up again.
@@ -228,7 +236,11 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 			return errorf("writing the token file: %w", err)
 		}
 		state.set(l)
-		logf("holding %s/%s with token %d (lease %s)", c.Namespace(), name, l.FencingToken(), l.LeaseID())
+		if slot, shared := l.Slot(); shared {
+			logf("holding %s/%s shared on slot %d with token %d (lease %s)", c.Namespace(), name, slot, l.FencingToken(), l.LeaseID())
+		} else {
+			logf("holding %s/%s with token %d (lease %s)", c.Namespace(), name, l.FencingToken(), l.LeaseID())
+		}
 		select {
 		case <-l.Done():
 		case <-ctx.Done():

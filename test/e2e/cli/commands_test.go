@@ -25,6 +25,8 @@ type leaseJSON struct {
 	Name         string `json:"name"`
 	FencingToken int64  `json:"fencingToken"`
 	LeaseID      string `json:"leaseID"`
+	// Slot is a shared holding's permit.
+	Slot *int32 `json:"slot"`
 }
 
 func parseLease(s *gexec.Session) leaseJSON {
@@ -81,15 +83,14 @@ var _ = Describe("kubelock commands", func() {
 		Expect(desc.Out).To(gbytes.Say(`Events:\s+<not shown: no permission to list events>`))
 
 		// Someone who may read events sees the controller's.
-		admin := user{name: "admin", kubeconfig: writeKubeconfig("admin", env.Config)}
 		Eventually(func() string {
-			return string(kl(admin, ns, "describe", "jobs").Out.Contents())
+			return string(kl(admin(), ns, "describe", "jobs").Out.Contents())
 		}).Should(MatchRegexp(`Events:\n\s+TYPE\s+REASON.*\n(.*\n)*\s+Normal\s+Acquired\s+.*acquired by ` + bob.name))
 
 		tbl := kl(bob, ns, "get", "jobs")
 		Expect(tbl).To(gexec.Exit(0))
-		Expect(tbl.Out).To(gbytes.Say(`NAME\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
-		Expect(tbl.Out).To(gbytes.Say(`jobs\s+` + bob.name + `\s+` + itoa(lb.FencingToken) + `\s+\d+s\s+0\s+`))
+		Expect(tbl.Out).To(gbytes.Say(`NAME\s+TYPE\s+HOLDERS\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
+		Expect(tbl.Out).To(gbytes.Say(`jobs\s+Mutex\s+1\s+` + bob.name + `\s+` + itoa(lb.FencingToken) + `\s+\d+s\s+0\s+`))
 	})
 
 	It("answers a retried acquire with the same request ID with the same lease", func() {
@@ -109,8 +110,8 @@ var _ = Describe("kubelock commands", func() {
 		Expect(s.Out).To(gbytes.Say(`key: orders/42`))
 		list := kl(u, ns, "list")
 		Expect(list).To(gexec.Exit(0))
-		Expect(list.Out).To(gbytes.Say(`NAME\s+KEY\s+HOLDER`))
-		Expect(list.Out).To(gbytes.Say(`orders-42-[0-9a-f]{12}\s+orders/42\s+` + u.name))
+		Expect(list.Out).To(gbytes.Say(`NAME\s+KEY\s+TYPE\s+HOLDERS\s+HOLDER`))
+		Expect(list.Out).To(gbytes.Say(`orders-42-[0-9a-f]{12}\s+orders/42\s+Mutex\s+1\s+` + u.name))
 	})
 
 	It("escapes control and format characters of a lock's key in get, list, describe and errors", func() {
@@ -151,8 +152,8 @@ var _ = Describe("kubelock commands", func() {
 		s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(s).Should(gexec.Exit(0))
-		Expect(s.Out).To(gbytes.Say(`NAME\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
-		Expect(s.Out).To(gbytes.Say(`orders-db\s+<free>\s+0\s+-\s+0\s+`))
+		Expect(s.Out).To(gbytes.Say(`NAME\s+TYPE\s+HOLDERS\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
+		Expect(s.Out).To(gbytes.Say(`orders-db\s+Mutex\s+0\s+<free>\s+0\s+-\s+0\s+`))
 
 		help := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "lock", "--help")
 		help.Env = cmd.Env
@@ -213,12 +214,15 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 var _ = Describe("config/samples", func() {
 	It("are accepted by the apiserver (server-side dry run through kubectl)", func() {
-		admin := writeKubeconfig("admin", env.Config)
-		cmd := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "--kubeconfig", admin,
+		cmd := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "--kubeconfig", admin().kubeconfig,
 			"apply", "--dry-run=server", "-k", filepath.Join(testenv.RepoRoot(), "config", "samples"))
 		s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(s).Should(gexec.Exit(0))
-		Expect(s.Out).To(gbytes.Say(`deployment.apps/orders-writer created \(server dry run\)`))
+		out := string(s.Out.Contents())
+		for _, obj := range []string{"distributedlock.locks.kubelock.io/orders-db", "distributedlock.locks.kubelock.io/indexers",
+			"distributedlock.locks.kubelock.io/catalog", "job.batch/orders-db-migration", "job.batch/indexers", "deployment.apps/orders-writer"} {
+			Expect(out).To(ContainSubstring(obj+" created (server dry run)"), "%s", out)
+		}
 	})
 })

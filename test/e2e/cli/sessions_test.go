@@ -90,7 +90,7 @@ var _ = Describe("kubelock sessions and force-release --session", func() {
 		Expect(desc.Out).To(gbytes.Say(`Session:\s+` + sess + ` \(of ` + alice.name + `, TTL 5m, never renewed, 3 locks\)\n`))
 		Expect(desc.Out).To(gbytes.Say(`Expires:\s+with its session`))
 		get := kl(alice, ns, "get", "b")
-		Expect(get.Out).To(gbytes.Say(`b\s+` + alice.name + `\s+\d+\s+session\s+0\s+`))
+		Expect(get.Out).To(gbytes.Say(`b\s+Mutex\s+1\s+` + alice.name + `\s+\d+\s+session\s+0\s+`))
 
 		fr := kl(breakglass(ctx, ns), ns, "force-release", "--session", sess)
 		Expect(fr).To(gexec.Exit(0), "%s", fr.Err.Contents())

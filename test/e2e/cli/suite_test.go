@@ -72,6 +72,10 @@ func lockUser(ctx context.Context) user {
 	return user{name: name, kubeconfig: writeKubeconfig(name, cfg)}
 }
 
+// admin is the suite's administrator (system:masters): it may declare locks
+// with any spec and read events.
+func admin() user { return user{name: "admin", kubeconfig: writeKubeconfig("admin", env.Config)} }
+
 // nobody is a fresh authenticated user without any role.
 func nobody() user {
 	name := fmt.Sprintf("nobody-%d", nobodyCount.Add(1))

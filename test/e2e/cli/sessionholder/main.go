@@ -2,7 +2,7 @@
 // holds several locks in one session, for the suite to SIGSTOP. It prints
 // "held KEY TOKEN" per lock and "ready", then answers stdin lines:
 //
-//	status  waits up to 5s for the session to end, then prints
+//	status  waits up to 5s for the session and its locks to end, then prints
 //	        "status KEY done=BOOL expires=UNIXNANO" per lock
 //	write   writes "KEY TOKEN" rows to PostgreSQL through pkg/fencing's Guard,
 //	        whether or not the lock still holds (a late writer), and prints
@@ -70,9 +70,19 @@ func run(kubeconfig, ns string, ttl time.Duration, dsn string, keys []string) er
 	for in.Scan() {
 		switch strings.TrimSpace(in.Text()) {
 		case "status":
+			// A lock's context is a child of its session's, cancelled just
+			// after the session's Done closes: wait for the locks too,
+			// within the same bound.
+			bound := time.After(5 * time.Second)
 			select {
 			case <-s.Done():
-			case <-time.After(5 * time.Second):
+			case <-bound:
+			}
+			for _, l := range locks {
+				select {
+				case <-l.Done():
+				case <-bound:
+				}
 			}
 			for _, l := range locks {
 				fmt.Printf("status %s done=%t expires=%d\n", l.Key(), l.Err() != nil, l.ExpiresAt().UnixNano())
