@@ -311,7 +311,7 @@ func TestPolicySpecDefaultsMatch(t *testing.T) {
 	var fields, pairs []string
 	for _, d := range specDefaults {
 		fields = append(fields, "'"+d.field+"'")
-		pairs = append(pairs, fmt.Sprintf("'%s': %s", d.field, strings.ReplaceAll(d.value, `"`, "'")))
+		pairs = append(pairs, fmt.Sprintf("'%s': '%s'", d.field, plain([]byte(d.value))))
 	}
 	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	if got, want := norm(vars["specFields"]), "["+strings.Join(fields, ", ")+"]"; got != want {
