@@ -82,14 +82,14 @@ func sharedHostileEntries() []TableEntry {
 			}),
 			want: []string{tag(kwebhook.RuleSlot) + msgOneAcquisition}}),
 		Entry("shared: changing an existing entry's slot", hostile{state: rwReaders, by: "bob",
-			do: update(func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[1].Slot = 9 }),
+			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[1].Slot = 9 }),
 			want: []string{tag(kwebhook.RuleSlot) + msgSharedKept + ": lease " + leaseID("bob", 1) + " cannot move from slot 1 to slot 9"}}),
 		Entry("shared: changing an existing entry's token", hostile{state: rwReaders, by: "bob",
 			do: update(func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[1].FencingToken-- }), want: []string{crdSharedToken}}),
 
 		// --- tokens: the server's, resourceVersion + 1 --------------------------
 		Entry("shared: a new reader with a forged token above resourceVersion + 1", hostile{state: state{spec: rwSpec, readers: []string{"alice"}}, by: "bob",
-			do: update(acquireShared(holder("bob", 1), 1), sharedTokenDelta(+7)),
+			do:   update(acquireShared(holder("bob", 1), 1), sharedTokenDelta(+7)),
 			want: []string{tag(kwebhook.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
 		Entry("shared: a merge patch taking a permit with the token 2^62", hostile{state: state{spec: sem3Spec}, by: "bob",
 			do: func(ctx context.Context, u *user, key client.ObjectKey) error {
@@ -128,7 +128,7 @@ func sharedHostileEntries() []TableEntry {
 		Entry("shared: another pod renewing a pod's permit", hostile{state: state{spec: sem3Spec}, setup: podTakesPermit, by: otherPod,
 			do: update(renewShared(podSA, 1)), want: []string{tag(kwebhook.RulePodBinding) + msgPodHolding}}),
 		Entry("shared: a reader changing its lease while it holds", hostile{state: rwReaders, by: "alice",
-			do: update(func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[0].LeaseDurationSeconds = 60 }),
+			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[0].LeaseDurationSeconds = 60 }),
 			want: []string{tag(kwebhook.RuleHolderFields) + "while lease " + leaseID("alice", 1) + " is held only its renewTime may change"}}),
 
 		// --- every ended entry recorded, by writers who may end it ----------------------
@@ -144,7 +144,7 @@ func sharedHostileEntries() []TableEntry {
 			want: []string{tag(kwebhook.RuleEndRecord) + "ending the holdings of leases " + leaseID("alice", 1) + ", " + leaseID("bob", 1) +
 				" must append exactly their records to recentAcquisitions"}}),
 		Entry("shared: a release recorded without its slot", hostile{state: rwReaders, by: "bob",
-			do: update(endShared("bob", 1, locksv1alpha1.EndReasonReleased, "bob"), func(l *locksv1alpha1.DistributedLock) { lastRecord(l).Slot = nil }),
+			do:   update(endShared("bob", 1, locksv1alpha1.EndReasonReleased, "bob"), func(l *locksv1alpha1.DistributedLock) { lastRecord(l).Slot = nil }),
 			want: []string{tag(kwebhook.RuleEndRecord) + "the record must describe the ending holding: leaseID " + leaseID("bob", 1), ", slot 1"}}),
 		Entry("shared: a non-controller writing Expired for a shared entry", hostile{state: sem3Two, by: "bob",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonExpired, "bob")),
