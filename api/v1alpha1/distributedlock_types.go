@@ -100,12 +100,12 @@ const (
 type LockType string
 
 const (
-	// Mutex: one holder at a time (status.holder); no shared holders.
+	// Mutex is held by one holder at a time (status.holder); no shared holders.
 	Mutex LockType = "Mutex"
-	// RWMutex: one writer (status.holder) or any number of readers
+	// RWMutex is held by one writer (status.holder) or any number of readers
 	// (status.sharedHolders, at most MaxSharedHolders), never both.
 	RWMutex LockType = "RWMutex"
-	// Semaphore: at most spec.permits holders, each a shared holder on its own
+	// Semaphore is held by at most spec.permits holders, each a shared holder on its own
 	// slot in [0, permits); never an exclusive holder.
 	Semaphore LockType = "Semaphore"
 )
