@@ -78,16 +78,7 @@ func edits(fns ...func(*locksv1alpha1.DistributedLock)) func(*locksv1alpha1.Dist
 func TestSharedRules(t *testing.T) {
 	rw, sem := locksv1alpha1.RWMutex, locksv1alpha1.Semaphore
 	ctl := Actor{Username: ctrlr, IsController: true}
-	cases := []struct {
-		name  string
-		old   *locksv1alpha1.DistributedLock
-		edit  func(*locksv1alpha1.DistributedLock)
-		actor Actor
-		rule  Rule   // "" = allowed
-		msg   string // part of the denial, when set
-		// crd: the policy engine leaves this denial to the CRD's rules.
-		crd bool
-	}{
+	runRuleCases(t, []ruleCase{
 		// allowed transitions
 		{name: "a reader acquires a free RWMutex", old: typed(rw, 0), edit: share(alice, "l1", "r1", 0), actor: Actor{Username: alice}},
 		{name: "a reader acquires beside readers", old: reading(typed(rw, 0), alice, bob), edit: share(carol, "l1", "r1", 2), actor: Actor{Username: carol}},
@@ -210,25 +201,7 @@ func TestSharedRules(t *testing.T) {
 		}), actor: Actor{Username: bob}, rule: RuleBookkeeping, msg: msgConditions},
 		{name: "a reader acquiring without the Held condition", old: typed(rw, 0), edit: edits(share(bob, "l1", "r1", 0), func(l *locksv1alpha1.DistributedLock) { l.Status.Conditions = nil }),
 			actor: Actor{Username: bob}, rule: RuleBookkeeping, msg: msgConditionsInStep},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			next := tc.old.DeepCopy()
-			tc.edit(next)
-			errs := ValidateStatusUpdate(tc.old, next, tc.actor)
-			defer func() { expectPolicyAgrees(t, tc.old, next, tc.actor, errs, tc.crd) }()
-			if tc.rule == "" {
-				if len(errs) > 0 {
-					t.Fatalf("denied: %v", errs.ToAggregate())
-				}
-				return
-			}
-			want := "[kubelock:" + string(tc.rule) + "] " + tc.msg
-			if !strings.Contains(errs.ToAggregate().Error(), want) {
-				t.Fatalf("got %v, want a denial with %q", errs.ToAggregate(), want)
-			}
-		})
-	}
+	})
 }
 
 func TestNeedsForceCheckForSharedEnds(t *testing.T) {

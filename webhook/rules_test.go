@@ -240,16 +240,7 @@ func acquireAs(user, lease, req string) func(*locksv1alpha1.DistributedLock) {
 // allows and the one it denies, by exact message.
 func TestHardeningRules(t *testing.T) {
 	later := func(d time.Duration) metav1.MicroTime { return metav1.NewMicroTime(now.Add(d)) }
-	cases := []struct {
-		name  string
-		old   *locksv1alpha1.DistributedLock
-		edit  func(*locksv1alpha1.DistributedLock)
-		actor Actor
-		rule  Rule   // "" = allowed
-		msg   string // part of the denial, when set
-		// crd: the policy engine leaves this denial to the CRD's rules.
-		crd bool
-	}{
+	runRuleCases(t, []ruleCase{
 		// bookkeeping
 		{name: "observedGeneration set to generation", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 4 }, actor: Actor{Username: alice}},
 		{name: "observedGeneration forged", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 99 }, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgObservedGeneration},
@@ -358,7 +349,25 @@ func TestHardeningRules(t *testing.T) {
 		{name: "release a terminating lock", old: terminating(heldBy(alice)), edit: end(locksv1alpha1.EndReasonReleased, alice), actor: Actor{Username: alice}},
 		{name: "expire a terminating lock", old: terminating(heldBy(alice)), edit: end(locksv1alpha1.EndReasonExpired, ctrlr), actor: Actor{Username: ctrlr, IsController: true}},
 		{name: "leave a terminating lock's queue", old: terminating(heldBy(alice, waiter(bob, "b1"))), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: Actor{Username: bob}},
-	}
+	})
+}
+
+// ruleCase is one write of a rule table: allowed, or denied by rule with msg.
+type ruleCase struct {
+	name  string
+	old   *locksv1alpha1.DistributedLock
+	edit  func(*locksv1alpha1.DistributedLock)
+	actor Actor
+	rule  Rule   // "" = allowed
+	msg   string // part of the denial, when set
+	// crd: the policy engine leaves this denial to the CRD's rules.
+	crd bool
+}
+
+// runRuleCases checks each case with the webhook's rules, by exact message,
+// and with the policy (expectPolicyAgrees).
+func runRuleCases(t *testing.T, cases []ruleCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			next := tc.old.DeepCopy()

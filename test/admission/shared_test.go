@@ -164,21 +164,13 @@ func sharedHostileEntries() []TableEntry {
 			do:   update(acquireShared(holder(controllerUser, 1), 0)),
 			want: []string{tag(kwebhook.RuleControllerOnly) + "the controller may expire holdings but never acquire a lock"}}),
 		Entry("shared: a reader reusing another reader's leaseID", hostile{state: state{spec: rwSpec, readers: []string{"alice"}}, by: "bob",
-			do: update(acquireShared(func() locksv1alpha1.LockHolder {
-				h := holder("bob", 1)
-				h.LeaseID = leaseID("alice", 1)
-				return h
-			}(), 1)),
+			do:   update(acquireShared(withLease(holder("bob", 1), leaseID("alice", 1)), 1)),
 			want: []string{tag(kwebhook.RuleLeaseID) + msgLeaseID}}),
 		Entry("shared: a permit reusing a finished permit's leaseID", hostile{state: sem3Two,
 			setup: func(ctx context.Context, key client.ObjectKey) {
 				Expect(write(ctx, alice, key, endShared("alice", 1, locksv1alpha1.EndReasonReleased, "alice"))).To(Succeed())
 			}, by: "carol",
-			do: update(acquireShared(func() locksv1alpha1.LockHolder {
-				h := holder("carol", 1)
-				h.LeaseID = leaseID("alice", 1)
-				return h
-			}(), 0)),
+			do:   update(acquireShared(withLease(holder("carol", 1), leaseID("alice", 1)), 0)),
 			want: []string{tag(kwebhook.RuleLeaseID) + msgLeaseID}}),
 		Entry("shared: a new reader not counted in holderCount", hostile{state: state{spec: rwSpec, readers: []string{"alice"}}, by: "bob",
 			do:   update(acquireShared(holder("bob", 1), 1), func(l *locksv1alpha1.DistributedLock) { l.Status.HolderCount-- }),
@@ -189,6 +181,12 @@ func sharedHostileEntries() []TableEntry {
 			}),
 			want: []string{tag(kwebhook.RuleBookkeeping) + msgConditions}}),
 	}
+}
+
+// withLease is h with the leaseID id.
+func withLease(h locksv1alpha1.LockHolder, id string) locksv1alpha1.LockHolder {
+	h.LeaseID = id
+	return h
 }
 
 // modeWaiter is user's queue entry n asking for mode.
