@@ -163,16 +163,9 @@ func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) *Actor {
 				hint = actorOf(h.User, h.PodName)
 			}
 		case 3, 17:
-			if w := s.waiter(); st.WaiterIndex(w.RequestID) < 0 {
-				st.AppendWaiter(w)
-				hint = actorOf(w.User, w.PodName)
-			}
+			hint = s.join(st, "", hint)
 		case 4:
-			if len(st.Waiters) > 0 {
-				w := st.Waiters[s.intn(len(st.Waiters))]
-				st.RemoveWaiter(w.RequestID)
-				hint = actorOf(w.User, w.PodName)
-			}
+			hint = s.leave(st, hint)
 		case 5:
 			st.FencingToken += int64(int8(s.next()))
 		case 6:
@@ -214,6 +207,28 @@ func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) *Actor {
 	return hint
 }
 
+// join appends a generated waiter of mode ("" for the CRD's default) unless
+// its requestID waits already; it returns the waiter's actor, else hint.
+func (s *bytesource) join(st *locksv1alpha1.DistributedLockStatus, mode locksv1alpha1.Mode, hint *Actor) *Actor {
+	w := s.waiter()
+	w.Mode = mode
+	if st.WaiterIndex(w.RequestID) >= 0 {
+		return hint
+	}
+	st.AppendWaiter(w)
+	return actorOf(w.User, w.PodName)
+}
+
+// leave removes a queue entry, if there is one, and returns its actor, else hint.
+func (s *bytesource) leave(st *locksv1alpha1.DistributedLockStatus, hint *Actor) *Actor {
+	if len(st.Waiters) == 0 {
+		return hint
+	}
+	w := st.Waiters[s.intn(len(st.Waiters))]
+	st.RemoveWaiter(w.RequestID)
+	return actorOf(w.User, w.PodName)
+}
+
 // actorOf is user writing from pod ("" for none), as a bound token names it.
 func actorOf(user, pod string) *Actor {
 	a := &Actor{Username: user, IsController: user == ctrlr}
@@ -245,14 +260,24 @@ func FuzzValidateStatusUpdate(f *testing.F) {
 		s := &bytesource{b: data}
 		oldObj := s.lock()
 		newObj := oldObj.DeepCopy()
-		a := s.actor(s.mutate(newObj))
-		if errs := ValidateStatusUpdate(oldObj, newObj, a); len(errs) > 0 {
-			return
-		}
-		if msg := acceptedViolation(oldObj, newObj, a); msg != "" {
-			t.Fatalf("accepted %s\nactor %+v\nold %s\nnew %s", msg, a, dump(oldObj.Status), dump(newObj.Status))
-		}
+		expectNoAcceptedViolation(t, oldObj, newObj, s.actor(s.mutate(newObj)))
 	})
+}
+
+// expectNoAcceptedViolation validates oldObj → newObj by a and, if the rules
+// accept it, holds it to the oracles.
+func expectNoAcceptedViolation(t *testing.T, oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) {
+	t.Helper()
+	if errs := ValidateStatusUpdate(oldObj, newObj, a); len(errs) > 0 {
+		return
+	}
+	msg := acceptedViolation(oldObj, newObj, a)
+	if msg == "" {
+		msg = sharedViolation(oldObj, newObj, a)
+	}
+	if msg != "" {
+		t.Fatalf("accepted %s\nactor %+v\nold %s\nnew %s", msg, a, dump(oldObj.Status), dump(newObj.Status))
+	}
 }
 
 // acceptedViolation is the oracle: what no accepted write may do.
@@ -271,7 +296,7 @@ func acceptedViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) s
 		return "times the CRD patterns refuse: " + errs.ToAggregate().Error()
 	}
 	if a.IsController {
-		return ""
+		return newHoldingViolation(oldObj, newObj, a)
 	}
 	_, uid := a.pod()
 	if o.Holder != nil && !a.CanForceRelease && (a.Username != o.Holder.User || (o.Holder.PodUID != "" && uid != o.Holder.PodUID)) {
@@ -282,20 +307,12 @@ func acceptedViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) s
 			return "a change of the token by someone who is not the holder"
 		}
 	}
-	if o.Holder == nil && n.Holder != nil && n.Holder.User != a.Username {
-		return "an acquisition in another user's name"
+	if msg := queueViolation(oldObj, newObj, a); msg != "" {
+		return msg
 	}
-	if (o.Holder == nil) == (n.Holder == nil) && n.FencingToken != o.FencingToken {
-		return "a token change without an acquisition"
-	}
-	if o.Holder == nil && n.Holder != nil && n.Holder.LeaseID != "" {
-		for _, r := range o.RecentAcquisitions {
-			if r.LeaseID == n.Holder.LeaseID {
-				return "an acquisition reusing a finished leaseID"
-			}
-		}
-	}
-	return queueViolation(oldObj, newObj, a)
+	// New holdings (exclusive or shared): one per write, the writer's own,
+	// a fresh lease ID, the server's token, by the queue's head.
+	return newHoldingViolation(oldObj, newObj, a)
 }
 
 // queueViolation: others' entries and pods' entries stay; the queue grows by one.

@@ -52,6 +52,8 @@ func TestValidateStatusUpdate(t *testing.T) {
 		edit  func(*locksv1alpha1.DistributedLock)
 		actor Actor
 		rule  Rule // "" = allowed
+		// crd: the policy engine leaves this denial to the CRD's rules.
+		crd bool
 	}{
 		{name: "acquire free lock", old: free(), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(alice, "l1", "r1"), 101) }, actor: Actor{Username: alice}},
 		{name: "acquire as someone else", old: free(), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(bob, "l1", "r1"), 101) }, actor: Actor{Username: alice}, rule: RuleIdentity},
@@ -105,6 +107,7 @@ func TestValidateStatusUpdate(t *testing.T) {
 			next := tc.old.DeepCopy()
 			tc.edit(next)
 			errs := ValidateStatusUpdate(tc.old, next, tc.actor)
+			defer func() { expectPolicyAgrees(t, tc.old, next, tc.actor, errs, tc.crd) }()
 			if tc.rule == "" {
 				if len(errs) > 0 {
 					t.Fatalf("denied: %v", errs.ToAggregate())
@@ -237,14 +240,7 @@ func acquireAs(user, lease, req string) func(*locksv1alpha1.DistributedLock) {
 // allows and the one it denies, by exact message.
 func TestHardeningRules(t *testing.T) {
 	later := func(d time.Duration) metav1.MicroTime { return metav1.NewMicroTime(now.Add(d)) }
-	cases := []struct {
-		name  string
-		old   *locksv1alpha1.DistributedLock
-		edit  func(*locksv1alpha1.DistributedLock)
-		actor Actor
-		rule  Rule   // "" = allowed
-		msg   string // part of the denial, when set
-	}{
+	runRuleCases(t, []ruleCase{
 		// bookkeeping
 		{name: "observedGeneration set to generation", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 4 }, actor: Actor{Username: alice}},
 		{name: "observedGeneration forged", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 99 }, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgObservedGeneration},
@@ -288,7 +284,7 @@ func TestHardeningRules(t *testing.T) {
 		// time-format: the decoded check (the raw one is TestValidateRawStatusTimes)
 		{name: "history time that Go cannot marshal back", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) {
 			l.EndHolding(locksv1alpha1.EndReasonReleased, alice, metav1.NewMicroTime(time.Date(0, 1, 1, 0, 30, 0, 0, time.FixedZone("", 3600))))
-		}, actor: Actor{Username: alice}, rule: RuleTimeFormat, msg: msgMicroTime},
+		}, actor: Actor{Username: alice}, rule: RuleTimeFormat, msg: msgMicroTime, crd: true},
 		// queue
 		{name: "two waiters in one write", old: heldBy(alice), edit: appendW(waiter(bob, "b1"), waiter(bob, "b2")), actor: Actor{Username: bob}, rule: RuleQueue, msg: msgOneWaiterPerWrite},
 		{name: "a user's last allowed entry", old: perUser(heldBy(alice, waiter(bob, "b1")), 2), edit: appendW(waiter(bob, "b2")), actor: Actor{Username: bob}},
@@ -353,12 +349,31 @@ func TestHardeningRules(t *testing.T) {
 		{name: "release a terminating lock", old: terminating(heldBy(alice)), edit: end(locksv1alpha1.EndReasonReleased, alice), actor: Actor{Username: alice}},
 		{name: "expire a terminating lock", old: terminating(heldBy(alice)), edit: end(locksv1alpha1.EndReasonExpired, ctrlr), actor: Actor{Username: ctrlr, IsController: true}},
 		{name: "leave a terminating lock's queue", old: terminating(heldBy(alice, waiter(bob, "b1"))), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: Actor{Username: bob}},
-	}
+	})
+}
+
+// ruleCase is one write of a rule table: allowed, or denied by rule with msg.
+type ruleCase struct {
+	name  string
+	old   *locksv1alpha1.DistributedLock
+	edit  func(*locksv1alpha1.DistributedLock)
+	actor Actor
+	rule  Rule   // "" = allowed
+	msg   string // part of the denial, when set
+	// crd: the policy engine leaves this denial to the CRD's rules.
+	crd bool
+}
+
+// runRuleCases checks each case with the webhook's rules, by exact message,
+// and with the policy (expectPolicyAgrees).
+func runRuleCases(t *testing.T, cases []ruleCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			next := tc.old.DeepCopy()
 			tc.edit(next)
 			errs := ValidateStatusUpdate(tc.old, next, tc.actor)
+			defer func() { expectPolicyAgrees(t, tc.old, next, tc.actor, errs, tc.crd) }()
 			if tc.rule == "" {
 				if len(errs) > 0 {
 					t.Fatalf("denied: %v", errs.ToAggregate())

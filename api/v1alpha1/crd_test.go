@@ -236,6 +236,8 @@ const (
 
 // invalidCase is one write the apiserver must reject with its own message.
 type invalidCase struct {
+	// prepare, if set, changes the new lock before it is created (its type).
+	prepare func(l *locksv1.DistributedLock)
 	// setup brings a freshly created lock into the starting state with valid writes.
 	setup func(ctx context.Context, l *locksv1.DistributedLock)
 	write write
@@ -280,47 +282,7 @@ func setSpec(field string, v int64) func(map[string]any) {
 }
 
 var _ = DescribeTable("the apiserver rejects an invalid write with its own message and leaves the lock unchanged",
-	func(ctx SpecContext, c invalidCase) {
-		l := newLock()
-		if c.write != create {
-			Expect(env.Client.Create(ctx, l)).To(Succeed())
-			c.setup(ctx, l)
-		}
-		before, beforeErr := stored(ctx, l.Name)
-
-		if c.mutate != nil {
-			c.mutate(l)
-		}
-		u, err := toUnstructured(l)
-		Expect(err).NotTo(HaveOccurred())
-		if c.raw != nil {
-			c.raw(u.Object)
-		}
-		switch c.write {
-		case create:
-			err = env.Client.Create(ctx, u)
-		case update:
-			err = env.Client.Update(ctx, u)
-		case status:
-			err = env.Client.Status().Update(ctx, u)
-		}
-		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
-		GinkgoWriter.Println("rejected:", err)
-		Expect(err.Error()).To(ContainSubstring(c.want))
-		Expect(causes(err)).To(HaveLen(1+len(c.also)), "want only the rule under test to fail")
-		for _, m := range c.also {
-			Expect(err.Error()).To(ContainSubstring(m))
-		}
-
-		after, afterErr := stored(ctx, l.Name)
-		if c.write == create {
-			Expect(apierrors.IsNotFound(afterErr)).To(BeTrue(), "want no object, got %v %s", afterErr, after)
-			return
-		}
-		Expect(beforeErr).NotTo(HaveOccurred())
-		Expect(afterErr).NotTo(HaveOccurred())
-		Expect(after).To(Equal(before), "the stored object changed")
-	},
+	expectRejected,
 
 	// spec
 	Entry("spec: lease 0", invalidCase{write: create, raw: setSpec("leaseDurationSeconds", 0),
@@ -499,6 +461,53 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 			"status: Invalid value: a holding that ends must be recorded in recentAcquisitions",
 		}}),
 )
+
+// expectRejected makes the write c describes and expects the apiserver's own
+// rejection, with the stored lock unchanged.
+func expectRejected(ctx SpecContext, c invalidCase) {
+	l := newLock()
+	if c.prepare != nil {
+		c.prepare(l)
+	}
+	if c.write != create {
+		Expect(env.Client.Create(ctx, l)).To(Succeed())
+		c.setup(ctx, l)
+	}
+	before, beforeErr := stored(ctx, l.Name)
+
+	if c.mutate != nil {
+		c.mutate(l)
+	}
+	u, err := toUnstructured(l)
+	Expect(err).NotTo(HaveOccurred())
+	if c.raw != nil {
+		c.raw(u.Object)
+	}
+	switch c.write {
+	case create:
+		err = env.Client.Create(ctx, u)
+	case update:
+		err = env.Client.Update(ctx, u)
+	case status:
+		err = env.Client.Status().Update(ctx, u)
+	}
+	Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
+	GinkgoWriter.Println("rejected:", err)
+	Expect(err.Error()).To(ContainSubstring(c.want))
+	Expect(causes(err)).To(HaveLen(1+len(c.also)), "want only the rule under test to fail")
+	for _, m := range c.also {
+		Expect(err.Error()).To(ContainSubstring(m))
+	}
+
+	after, afterErr := stored(ctx, l.Name)
+	if c.write == create {
+		Expect(apierrors.IsNotFound(afterErr)).To(BeTrue(), "want no object, got %v %s", afterErr, after)
+		return
+	}
+	Expect(beforeErr).NotTo(HaveOccurred())
+	Expect(afterErr).NotTo(HaveOccurred())
+	Expect(after).To(Equal(before), "the stored object changed")
+}
 
 func defaultSpec() locksv1.DistributedLockSpec {
 	return locksv1.DistributedLockSpec{

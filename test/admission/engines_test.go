@@ -61,6 +61,8 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 				hostileEntries(),
 			)
 
+			sharedSpecs(e, &ns)
+
 			It("lets another user join after one user added all the entries it may", func(ctx SpecContext) {
 				key := held.build(ctx, ns)
 				limit := get(ctx, key).MaxWaitersPerUser()

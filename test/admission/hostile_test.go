@@ -135,6 +135,7 @@ func hostileEntries() []TableEntry {
 				token := get(ctx, key).Status.FencingToken
 				return patch(types.JSONPatchType, []map[string]any{
 					{"op": "remove", "path": "/status/holder"},
+					{"op": "replace", "path": "/status/holderCount", "value": 0},
 					{"op": "add", "path": "/status/recentAcquisitions", "value": []map[string]any{{
 						"requestID": requestID("alice", 1), "leaseID": leaseID("alice", 1), "identity": "alice", "fencingToken": token,
 						"endTime": metav1.NowMicro(), "endReason": "Released", "endedBy": "alice",
@@ -308,6 +309,7 @@ func hostileEntries() []TableEntry {
 			},
 			want: []string{tag(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
 	}
+	entries = append(entries, sharedHostileEntries()...)
 	return append(entries, statusHostileEntries()...)
 }
 
@@ -462,8 +464,8 @@ func waiterWait(user string, n int, d time.Duration) locksv1alpha1.Waiter {
 // here, so a change in either engine shows up as a failing case).
 const (
 	msgObservedGeneration = "a lock user may leave status.observedGeneration unchanged or set it to metadata.generation, nothing else"
-	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, a printable message of at most 256 characters"
-	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True when acquiring, False when ending)"
+	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has any holding (holder or shared holders) and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, a printable message of at most 256 characters"
+	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True while any holding remains, False when none does)"
 	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
 	msgOneWaiterPerWrite  = "one write may add at most one waiter to the queue"
 	msgWaitersPerUser     = "a user may have at most min(spec.maxWaitersPerUser, spec.maxWaiters) entries in the wait queue"
@@ -471,7 +473,7 @@ const (
 	msgWaitBound          = "a new waiter's deadline must be after its enqueueTime and at most spec.maxWaitSeconds after it"
 	msgPodHolding         = "a holding bound to a pod is renewed or released only by its user from that same pod (holder.podUID)"
 	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
-	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's and from every leaseID in status.recentAcquisitions"
+	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's, from every shared holder's and from every leaseID in status.recentAcquisitions"
 	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
 )
 

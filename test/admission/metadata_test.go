@@ -159,6 +159,11 @@ func metaEntries() []TableEntry {
 			want: []string{forceDeleteDenied("mallory")}}),
 		Entry("a lock user with delete deletes a held lock", metaHostile{state: metaHeld, by: "mallory", do: deleteAs,
 			want: []string{tagOf(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
+		Entry("a lock user with delete deletes a lock only readers hold", metaHostile{state: state{spec: rwSpec, readers: []string{"alice", "bob"}}, by: "mallory", do: deleteAs,
+			want: []string{tagOf(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
+		Entry("a lock user with update removes the finalizer of a Semaphore whose permits are held", metaHostile{
+			state: state{spec: sem3Spec, readers: []string{"alice"}, finalizers: []string{keepFinalizer}}, by: "mallory",
+			do: metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil }), want: heldFinalizerDenied()}),
 
 		// --- class 9: lock users squat locks with their create -------------------------
 		Entry("a lock user creates a lock with a 3600 s lease", metaHostile{by: "alice", create: true,
@@ -170,6 +175,12 @@ func metaEntries() []TableEntry {
 		Entry("a lock user creates a lock with a 3600 s hand-off", metaHostile{by: "alice", create: true,
 			do:   createAs(locksv1alpha1.DistributedLockSpec{HandoffTimeoutSeconds: 3600}, nil),
 			want: createDenied("alice", "spec.handoffTimeoutSeconds=3600 (default 10)")}),
+		Entry("a lock user creates an RWMutex", metaHostile{by: "alice", create: true,
+			do:   createAs(rwSpec, autoCreateMeta),
+			want: createDenied("alice", "spec.type=RWMutex (default Mutex)")}),
+		Entry("a lock user creates a Semaphore of 3 permits", metaHostile{by: "alice", create: true,
+			do:   createAs(sem3Spec, autoCreateMeta),
+			want: createDenied("alice", "spec.type=Semaphore (default Mutex), spec.permits=3")}),
 		Entry("a lock user creates a lock with a finalizer", metaHostile{by: "alice", create: true,
 			do:   createAs(locksv1alpha1.DistributedLockSpec{}, func(m *metav1.ObjectMeta) { m.Finalizers = []string{keepFinalizer} }),
 			want: createDenied("alice", "metadata.finalizers")}),
@@ -263,7 +274,8 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 
 			It("lets an administrator (update verb) create a lock with any spec and finalizer", func(ctx SpecContext) {
 				key := client.ObjectKey{Namespace: ns, Name: "admin-" + randomSuffix()}
-				spec := locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600, MaxWaiters: int32p(0), HandoffTimeoutSeconds: 3600, MaxWaitersPerUser: int32p(0), MaxWaitSeconds: 60}
+				spec := locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Semaphore, Permits: int32p(5),
+					LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600, MaxWaiters: int32p(0), HandoffTimeoutSeconds: 3600, MaxWaitersPerUser: int32p(0), MaxWaitSeconds: 60}
 				Expect(createAs(spec, func(m *metav1.ObjectMeta) { m.Finalizers = []string{keepFinalizer} })(ctx, lockadmin, key)).To(Succeed())
 				got := get(ctx, key)
 				Expect(got.Spec).To(Equal(spec))

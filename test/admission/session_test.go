@@ -153,6 +153,20 @@ func acquireIn(pod ...string) func(context.Context, *user, *locksv1alpha1.LockSe
 	}
 }
 
+// takePermitIn is do on a fresh Semaphore in the session's namespace: by
+// takes permit 0 in the session named, from podName/podUID.
+func takePermitIn(pod ...string) func(context.Context, *user, *locksv1alpha1.LockSession) error {
+	return func(ctx context.Context, u *user, s *locksv1alpha1.LockSession) error {
+		l := createLock(ctx, s.Namespace, sem3Spec)
+		h := holder(u.name, 1)
+		h.Session = s.Name
+		if len(pod) == 2 {
+			h.PodName, h.PodUID = pod[0], pod[1]
+		}
+		return write(ctx, u, client.ObjectKeyFromObject(l), acquireShared(h, 0))
+	}
+}
+
 func enqueueIn(ctx context.Context, u *user, s *locksv1alpha1.LockSession) error {
 	l := createLock(ctx, s.Namespace, locksv1alpha1.DistributedLockSpec{})
 	key := client.ObjectKeyFromObject(l)
@@ -300,6 +314,24 @@ func sessionEntries() []TableEntry {
 				})
 			},
 			want: []string{session + "a holding in a session is renewed through its session"}, lock: true}),
+		Entry("renew a permit in a session as a lock write", sessionHostile{owner: "alice", by: "alice",
+			do: func(ctx context.Context, u *user, s *locksv1alpha1.LockSession) error {
+				l := createLock(ctx, s.Namespace, rwSpec)
+				key := client.ObjectKeyFromObject(l)
+				h := holder(u.name, 1)
+				h.Session = s.Name
+				Expect(write(ctx, u, key, acquireShared(h, 0))).To(Succeed())
+				return write(ctx, u, key, renewShared(u.name, 1))
+			},
+			want: []string{session + "a holding in a session is renewed through its session"}, lock: true}),
+		Entry("name someone else's session in a permit", sessionHostile{owner: "alice", by: "bob", do: takePermitIn(),
+			want: []string{session + "session ", ` is not the holder's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
+		Entry("a second pod of the same service account takes a permit in the first pod's session", sessionHostile{owner: podSA, by: otherPod,
+			do:   takePermitIn(pod1Name, pod1UID),
+			want: []string{session + "session ", " is bound to pod " + pod0Name + " (UID " + pod0UID + `); a holding or waiter in it must carry that podUID, not "` + pod1UID + `"`}, policyAdmits: true, lock: true}),
+		Entry("a permit in a pod's session written with a token bound to no pod", sessionHostile{owner: podSA, by: unboundPod,
+			do:   takePermitIn(pod0Name, pod0UID),
+			want: []string{session + kwebhook.MsgSessionPodRef}, lock: true}),
 		Entry("name someone else's session in a holding", sessionHostile{owner: "alice", by: "bob", do: acquireIn(),
 			want: []string{session + "session ", ` is not the holder's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
 		Entry("name someone else's session in a waiter", sessionHostile{owner: "alice", by: "bob", do: enqueueIn,

@@ -409,7 +409,11 @@ type state struct {
 	history bool
 	// holder names the user that holds the lock (holding number 1).
 	holder string
-	// waiters name the users queueing in this order (request number 1 each).
+	// readers name the users that hold the lock shared, on slots 0, 1, …
+	// (holding number 1 each; an RWMutex's readers, a Semaphore's permits).
+	readers []string
+	// waiters name the users queueing in this order (request number 1 each),
+	// in the lock's default mode; shared(user) queues user as a reader.
 	waiters []string
 	// annotations and finalizers are set by the administrator.
 	annotations map[string]string
@@ -434,10 +438,52 @@ func (s state) build(ctx context.Context, ns string) client.ObjectKey {
 	if s.holder != "" {
 		Expect(write(ctx, who(s.holder), key, acquire(holder(s.holder, 1)))).To(Succeed())
 	}
+	for i, r := range s.readers {
+		Expect(write(ctx, who(r), key, acquireShared(holder(r, 1), int32(i)))).To(Succeed())
+	}
 	for _, w := range s.waiters {
-		Expect(write(ctx, who(w), key, enqueue(waiter(w, 1)))).To(Succeed())
+		name, mode := w, l.DefaultMode()
+		if u, ok := strings.CutSuffix(w, sharedSuffix); ok {
+			name, mode = u, locksv1alpha1.Shared
+		}
+		ww := waiter(name, 1)
+		ww.Mode = mode
+		Expect(write(ctx, who(name), key, enqueue(ww))).To(Succeed())
 	}
 	return key
+}
+
+// sharedSuffix marks a state's waiter that queues Shared.
+const sharedSuffix = "/shared"
+
+// shared names user as a waiter that queues Shared (a reader).
+func shared(user string) string { return user + sharedSuffix }
+
+// acquireShared adds h as a shared holding on slot with the right token.
+func acquireShared(h locksv1alpha1.LockHolder, slot int32) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		Expect(err).NotTo(HaveOccurred())
+		l.AcquireShared(h, slot, tok)
+	}
+}
+
+// endShared ends user's shared holding number n as by, for reason.
+func endShared(user string, n int, reason locksv1alpha1.EndReason, by string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		Expect(l.EndShared(leaseID(user, n), reason, by, metav1.NowMicro())).To(BeTrue(), "no shared holding %s", leaseID(user, n))
+	}
+}
+
+// renewShared advances the renewTime of user's shared holding number n.
+func renewShared(user string, n int) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		i := l.Status.SharedIndex(leaseID(user, n))
+		Expect(i).NotTo(BeNumerically("<", 0), "no shared holding %s", leaseID(user, n))
+		h := &l.Status.SharedHolders[i]
+		t := metav1.NewMicroTime(h.RenewTime.Add(time.Second))
+		h.RenewTime = &t
+	}
 }
 
 // who is the user called name; table entries name users because they are
