@@ -76,13 +76,15 @@ type Output struct {
 	// Outcome: OK, Locked, Timeout or Lost; anything else is an unknown outcome.
 	Outcome string
 	// Acquire ok: the lease and token (and slot, when shared). Locked: the
-	// holding the error names, or Queued when it named none because the lock
-	// admitted the acquire but waiters were queued (neither: the holder is
-	// not known). Observe: the stored exclusive holder (empty when there is
-	// none) and status.fencingToken.
+	// exclusive holding the error names, or SharedHeld, the number of shared
+	// holdings it counted, or Queued when it named none because the lock
+	// admitted the acquire but waiters were queued (none of these: the
+	// holders are not known). Observe: the stored exclusive holder (empty
+	// when there is none) and status.fencingToken.
 	Lease, Req string
 	Token      int64
 	Slot       int32
+	SharedHeld int
 	Queued     bool
 	// Observe: the stored shared holdings.
 	Shared []Seen
@@ -386,6 +388,17 @@ func acquire(p state, i Input, o Output) []state {
 				return []state{p}
 			}
 			return nil
+		case o.SharedHeld > 0:
+			n := 0
+			for _, h := range p.Holds {
+				if h.Shared {
+					n++
+				}
+			}
+			if n == o.SharedHeld && (!p.admits(i.Shared, i.Limit) || i.QueueMaybe) {
+				return []state{p}
+			}
+			return nil
 		case o.Queued:
 			if p.admits(i.Shared, i.Limit) && i.QueueMaybe {
 				return []state{p}
@@ -492,6 +505,8 @@ func Describe(in, out any) string {
 		return fmt.Sprintf("%s -> %s token %d", call, short(o.Lease), o.Token)
 	case o.Outcome == Locked && o.Lease != "":
 		return fmt.Sprintf("%s -> locked by %s (%s)", call, short(o.Lease), o.Req)
+	case o.Outcome == Locked && o.SharedHeld > 0:
+		return fmt.Sprintf("%s -> locked by %d shared holdings", call, o.SharedHeld)
 	case o.Outcome == Locked && o.Queued:
 		return fmt.Sprintf("%s -> locked (admitted, queued)", call)
 	}

@@ -114,6 +114,18 @@ func TestSharedModelSpecification(t *testing.T) {
 			write(0, "a", "W1", 10, 0, 10),
 			op(1, Input{Kind: KindAcquire, Req: "b", Try: true, Shared: true, Limit: rw, QueueMaybe: true}, Output{Outcome: Locked, Queued: true}, 11, 12),
 		}, false},
+		{"a writer told two readers hold", []porcupine.Operation{
+			read(0, rw, "a", "R1", 0, 10, 0, 10), read(1, rw, "b", "R2", 1, 11, 0, 10),
+			op(2, Input{Kind: KindAcquire, Req: "c", Try: true}, Output{Outcome: Locked, SharedHeld: 2}, 11, 12),
+		}, true},
+		{"a writer told one reader holds when two do", []porcupine.Operation{
+			read(0, rw, "a", "R1", 0, 10, 0, 10), read(1, rw, "b", "R2", 1, 11, 0, 10),
+			op(2, Input{Kind: KindAcquire, Req: "c", Try: true}, Output{Outcome: Locked, SharedHeld: 1}, 11, 12),
+		}, false},
+		{"a reader told readers hold, with no waiter", []porcupine.Operation{
+			read(0, rw, "a", "R1", 0, 10, 0, 10),
+			op(2, Input{Kind: KindAcquire, Req: "c", Try: true, Shared: true, Limit: rw}, Output{Outcome: Locked, SharedHeld: 1}, 11, 12),
+		}, false},
 		{"a reader told a released reader holds", []porcupine.Operation{
 			read(0, rw, "a", "R1", 0, 10, 0, 10), rel(0, "R1", 11, 12),
 			op(1, Input{Kind: KindAcquire, Req: "b", Try: true, Shared: true, Limit: rw}, Output{Outcome: Locked, Lease: "R1", Req: "a"}, 13, 14),
@@ -130,6 +142,10 @@ func TestSharedModelSpecification(t *testing.T) {
 			rel(0, "P1", 13, 14), read(2, 2, "c", "P3", 0, 12, 15, 16),
 		}, true},
 		{"a third permit of two", []porcupine.Operation{read(0, 2, "a", "P1", 0, 10, 0, 10), read(1, 2, "b", "P2", 1, 11, 5, 12), read(2, 2, "c", "P3", 2, 12, 15, 16)}, false},
+		{"a full semaphore", []porcupine.Operation{
+			read(0, 2, "a", "P1", 0, 10, 0, 10), read(1, 2, "b", "P2", 1, 11, 5, 12),
+			op(2, Input{Kind: KindAcquire, Req: "c", Try: true, Shared: true, Limit: 2}, Output{Outcome: Locked, SharedHeld: 2}, 13, 14),
+		}, true},
 		{"a slot collision", []porcupine.Operation{read(0, 2, "a", "P1", 0, 10, 0, 10), read(1, 2, "b", "P2", 0, 11, 11, 12)}, false},
 		{"a slot out of range", []porcupine.Operation{read(0, 2, "a", "P1", 2, 10, 0, 10)}, false},
 		{"a freed slot's next token that does not rise", []porcupine.Operation{
