@@ -269,11 +269,12 @@ session is your own.`,
 		switch {
 		case err != nil:
 			return err
-		case ended == nil:
+		case len(ended) == 0:
 			printf(o.streams.Out, "%s/%s was not held; nothing to release\n", c.Namespace(), name)
-		default:
+		}
+		for _, e := range ended {
 			printf(o.streams.Out, "force-released %s/%s: ended lease %s of %s (token %d)\n",
-				c.Namespace(), name, ended.LeaseID, ended.Identity, ended.FencingToken)
+				c.Namespace(), name, e.LeaseID, e.Identity, e.FencingToken)
 		}
 		return nil
 	})

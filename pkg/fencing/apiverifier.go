@@ -101,9 +101,13 @@ func (v *APIVerifier) Close() {
 }
 
 // Verify implements Verifier: nil when token <= the lock's current
-// fencingToken, waiting up to the catch-up bound for a lagging cache.
+// fencingToken, waiting up to the catch-up bound for a lagging cache. For a
+// slot, the token must also be one the lock issued to that slot: its current
+// shared holding there, or a finished holding of that slot that
+// recentAcquisitions still records. Once the cache has caught up to the
+// token, any other answer is final: issuance never changes afterwards.
 func (v *APIVerifier) Verify(ctx context.Context, lock LockRef, token int64) error {
-	w, err := v.watch(lock)
+	w, err := v.watch(lock.lock())
 	if err != nil {
 		return err
 	}
@@ -113,9 +117,12 @@ func (v *APIVerifier) Verify(ctx context.Context, lock LockRef, token int64) err
 	deadline := time.NewTimer(v.catchUp)
 	defer deadline.Stop()
 	for {
-		current, exists, changed := w.view()
+		current, exists, issued, changed := w.view()
 		if exists && token <= current {
-			return nil
+			if lock.Slot == nil || issued[slotToken{*lock.Slot, token}] {
+				return nil
+			}
+			return notIssued(lock, token, fmt.Sprintf("the lock issued it to no holding of slot %d it still records", *lock.Slot))
 		}
 		select {
 		case <-changed:
@@ -188,9 +195,16 @@ type watchedLock struct {
 	mu      sync.Mutex
 	token   int64
 	exists  bool
+	issued  map[slotToken]bool // the shared holdings status records, current and finished
 	lastErr error
 	// changed is closed (and replaced) whenever the view changes.
 	changed chan struct{}
+}
+
+// slotToken is a token issued to a slot.
+type slotToken struct {
+	slot  int32
+	token int64
 }
 
 func (w *watchedLock) set(obj any) {
@@ -198,10 +212,19 @@ func (w *watchedLock) set(obj any) {
 	if !ok {
 		return
 	}
-	w.update(func() { w.token, w.exists = l.Status.FencingToken, true })
+	issued := map[slotToken]bool{}
+	for _, h := range l.Status.SharedHolders {
+		issued[slotToken{h.Slot, h.FencingToken}] = true
+	}
+	for _, f := range l.Status.RecentAcquisitions {
+		if f.Slot != nil {
+			issued[slotToken{*f.Slot, f.FencingToken}] = true
+		}
+	}
+	w.update(func() { w.token, w.exists, w.issued = l.Status.FencingToken, true, issued })
 }
 
-func (w *watchedLock) gone() { w.update(func() { w.token, w.exists = 0, false }) }
+func (w *watchedLock) gone() { w.update(func() { w.token, w.exists, w.issued = 0, false, nil }) }
 
 func (w *watchedLock) setErr(err error) {
 	w.mu.Lock()
@@ -217,10 +240,11 @@ func (w *watchedLock) update(f func()) {
 	w.changed = make(chan struct{})
 }
 
-func (w *watchedLock) view() (token int64, exists bool, changed <-chan struct{}) {
+// view is the cached state; issued is never modified after it is set.
+func (w *watchedLock) view() (token int64, exists bool, issued map[slotToken]bool, changed <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.token, w.exists, w.changed
+	return w.token, w.exists, w.issued, w.changed
 }
 
 // waitSynced waits until the watch has listed the lock once.

@@ -9,10 +9,14 @@ import (
 	"strconv"
 )
 
-// Header names carried by fenced HTTP requests.
+// Header names carried by fenced HTTP requests. HeaderSlot is present only
+// for a shared holding (a Semaphore's permit, an RWMutex's reader): its slot,
+// a decimal integer. Lock keys are arbitrary strings, so the slot travels in
+// a header of its own rather than in the key.
 const (
 	HeaderToken = "Kubelock-Fencing-Token"
 	HeaderLock  = "Kubelock-Lock"
+	HeaderSlot  = "Kubelock-Fencing-Slot"
 )
 
 // Holding is what a fenced request needs of a lock: *lock.Lock satisfies it.
@@ -21,7 +25,13 @@ type Holding interface {
 	FencingToken() int64
 }
 
-// Transport adds the holding's lock key and fencing token to every request.
+// slotted is a Holding that may be one slot of its lock, as *lock.Lock is.
+type slotted interface {
+	Slot() (int32, bool)
+}
+
+// Transport adds the holding's lock key, fencing token and, for a shared
+// holding, its slot to every request.
 type Transport struct {
 	// Holding supplies the headers.
 	Holding Holding
@@ -38,11 +48,18 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set(HeaderLock, t.Holding.Key())
 	r.Header.Set(HeaderToken, strconv.FormatInt(t.Holding.FencingToken(), 10))
+	r.Header.Del(HeaderSlot)
+	if s, ok := t.Holding.(slotted); ok {
+		if slot, shared := s.Slot(); shared {
+			r.Header.Set(HeaderSlot, strconv.Itoa(int(slot)))
+		}
+	}
 	return base.RoundTrip(r)
 }
 
 // errorBody is the JSON answer to a refused request. Reason is one of
-// "missing", "malformed", "unknown-lock", "not-issued", "stale", "unverified".
+// "missing", "malformed", "unknown-lock", "wrong-slot", "not-issued",
+// "stale", "unverified".
 type errorBody struct {
 	Error   string `json:"error"`
 	Reason  string `json:"reason"`
@@ -59,7 +76,10 @@ type Fence struct {
 	// (Holding.Key, as Transport sends it) to the lock that guards the
 	// resource. The resource owns this map: a key that is not in it is
 	// refused, so a request can pick among the configured locks but never
-	// name a lock of its own.
+	// name a lock of its own. A LockRef with a Slot guards the resource of
+	// that one slot: only requests of that slot pass. Without one, a request
+	// with a Kubelock-Fencing-Slot header is fenced per slot (the store key
+	// and issuance are the slot's), one without per lock.
 	Locks map[string]LockRef
 	// Verifier refuses tokens the lock never issued (APIVerifier, or your own).
 	Verifier Verifier
@@ -69,12 +89,14 @@ type Fence struct {
 
 // Middleware passes a request on only when its token was issued by the lock
 // guarding the resource and is not lower than the highest accepted for that
-// lock (`highest accepted <= token <= lock's current token`). Each refusal is
-// JSON: 428 Precondition Required when the headers are missing, 400 Bad
-// Request when they are malformed, 403 Forbidden for a lock key the resource
-// does not know or a token the lock never issued (nothing is raised, so the
-// rightful holder is still accepted), 409 Conflict for a stale token, 503
-// Service Unavailable (Retry-After: 1) when the token cannot be checked yet.
+// lock, or that slot (`highest accepted <= token <= lock's current token`,
+// and a slot's token issued to that slot). Each refusal is JSON: 428
+// Precondition Required when the headers are missing, 400 Bad Request when
+// they are malformed, 403 Forbidden for a lock key the resource does not know,
+// a slot other than the configured one, or a token the lock never issued
+// (nothing is raised, so the rightful holder is still accepted), 409 Conflict
+// for a stale token, 503 Service Unavailable (Retry-After: 1) when the token
+// cannot be checked yet.
 //
 // Verifier and Store are required (Middleware panics without them).
 func Middleware(f Fence, next http.Handler) http.Handler {
@@ -97,12 +119,39 @@ func Middleware(f Fence, next http.Handler) http.Handler {
 			writeError(w, http.StatusBadRequest, errorBody{Reason: "malformed", Error: "fenced resource: " + HeaderToken + " must be a positive integer", Lock: lock.String()})
 			return
 		}
+		if code, body := slotOf(r, &lock); code != 0 {
+			writeError(w, code, body)
+			return
+		}
 		if code, body := accept(r.Context(), f, lock, token); code != 0 {
 			writeError(w, code, body)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// slotOf applies the request's slot header to lock, the configured
+// reference; it returns 0 when the request may go on.
+func slotOf(r *http.Request, lock *LockRef) (int, errorBody) {
+	raw, sent := r.Header.Get(HeaderSlot), len(r.Header.Values(HeaderSlot)) > 0
+	if !sent {
+		if lock.Slot != nil {
+			return http.StatusForbidden, errorBody{Reason: "wrong-slot", Lock: lock.String(),
+				Error: fmt.Sprintf("fenced resource: only the holder of slot %d of the lock may write here; send %s", *lock.Slot, HeaderSlot)}
+		}
+		return 0, errorBody{}
+	}
+	slot, err := ParseSlot(raw)
+	if err != nil {
+		return http.StatusBadRequest, errorBody{Reason: "malformed", Error: "fenced resource: " + HeaderSlot + ": " + err.Error(), Lock: lock.String()}
+	}
+	if lock.Slot != nil && *lock.Slot != slot {
+		return http.StatusForbidden, errorBody{Reason: "wrong-slot", Lock: lock.String(),
+			Error: fmt.Sprintf("fenced resource: only the holder of slot %d of the lock may write here, not slot %d", *lock.Slot, slot)}
+	}
+	*lock = lock.WithSlot(slot)
+	return 0, errorBody{}
 }
 
 // accept verifies issuance first (it changes nothing), then raises the

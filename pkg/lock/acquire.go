@@ -16,13 +16,16 @@ import (
 )
 
 // Acquire takes the lock for key, waiting in its FIFO queue until it is this
-// caller's turn, ctx ends or the WaitTimeout passes (ErrTimeout).
+// caller's turn, ctx ends or the WaitTimeout passes (ErrTimeout). It takes
+// the lock exclusively unless asked Shared, or the lock is a Semaphore.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	return c.acquire(ctx, key, true, opts)
 }
 
-// TryAcquire takes the lock for key only if it is free and nobody is queued;
-// otherwise it returns a *LockedError (errors.Is(err, ErrLocked)). It never waits.
+// TryAcquire takes the lock for key only if it can be taken in the mode asked
+// for (free; for a shared acquisition, no writer and a free permit) and nobody
+// is queued; otherwise it returns a *LockedError (errors.Is(err, ErrLocked)).
+// It never waits.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	return c.acquire(ctx, key, false, opts)
 }
@@ -41,10 +44,12 @@ type attempt struct {
 	// found later was created by one of them, so it is the safe base for the deadline.
 	firstSent time.Time
 	// unknownAt is status.transitions of the object an acquire write with an
-	// unknown outcome was based on, or -1. While the lock has changed hands fewer
-	// times than recentAcquisitions remembers, a missing record proves that write
-	// never committed.
-	unknownAt int64
+	// unknown outcome was based on, or -1, and unknownHeld its holdings then.
+	// While fewer holdings than recentAcquisitions remembers could have ended
+	// after that write's (those held then, and those acquired since), a missing
+	// record proves it never committed.
+	unknownAt   int64
+	unknownHeld int64
 	// queued is the queue status last reported to cfg.onQueue.
 	queued QueueStatus
 	// queuedAt is when this call joined the queue, zero while it has not.
@@ -95,24 +100,50 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 		ctx, cancel = context.WithTimeout(ctx, DefaultTryTimeout)
 		defer cancel()
 	}
-	if !c.slots.take(ctx, name, wait) {
-		if !wait {
-			return nil, fmt.Errorf("%w: another goroutine of this process holds or awaits lock %s", ErrLocked, name)
+	if c.cfg.reentrant {
+		// One acquisition of a key at a time per client, so that a second
+		// goroutine re-enters the holding the first one is taking.
+		if !c.gates.take(ctx, name, wait) {
+			return nil, a.busy(ctx)
 		}
-		return nil, a.waitErr(ctx)
+		defer c.gates.give(name)
+		if l, ok, err := c.reenter(name, a.cfg.shared); ok {
+			return l, err
+		}
+	}
+	if !c.slots.take(ctx, name, wait) {
+		return nil, a.busy(ctx)
 	}
 	l, err = a.run(ctx)
 	if err != nil {
 		c.slots.give(name)
 		return nil, err
 	}
+	if l.shared {
+		// The process's slot serialises waiting, not holding: its goroutines
+		// may hold several shared entries at once.
+		c.slots.give(name)
+	}
+	if c.cfg.reentrant {
+		c.remember(l)
+	}
 	return l, nil
+}
+
+// busy says why the process-local turn for the lock was not had: another
+// goroutine holds or awaits it (TryAcquire), or ctx ended first.
+func (a *attempt) busy(ctx context.Context) error {
+	if !a.wait {
+		return fmt.Errorf("%w: another goroutine of this process holds or awaits lock %s", ErrLocked, a.name)
+	}
+	return a.waitErr(ctx)
 }
 
 // run is the acquire loop:
 //  1. read the lock (or reuse the object from the last write or watch event);
 //  2. if this request already holds it or held it, answer from status (I6);
-//  3. if it is free and the queue is empty or headed by this request, write the holder;
+//  3. if it admits this request's mode and the queue is empty or headed by
+//     this request, write the holding (exclusive, or shared on the lowest free slot);
 //  4. otherwise fail (TryAcquire), or join the queue and watch the one lock object.
 //
 // Conflicts and unknown outcomes loop back to 1; only definite answers end it.
@@ -149,22 +180,27 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 		if l, done, err := a.own(ctx, obj); done {
 			return l, err
 		}
+		mode, err := a.mode(obj)
+		if err != nil {
+			return nil, err
+		}
 		st := &obj.Status
-		if a.unknownAt >= 0 && st.Transitions > a.unknownAt+locksv1alpha1.MaxRecentAcquisitions {
+		if a.unknownAt >= 0 && st.Transitions-a.unknownAt+a.unknownHeld > locksv1alpha1.MaxRecentAcquisitions {
 			// Our write may have committed and its record aged out: taking the
 			// lock again could make a second holding (I6). Say so instead.
-			return nil, lost("cannot tell whether request %s acquired: the lock changed hands %d times since and status remembers only the last %d holdings",
-				a.cfg.requestID, st.Transitions-a.unknownAt, locksv1alpha1.MaxRecentAcquisitions)
+			return nil, lost("cannot tell whether request %s acquired: %d holdings may have ended since and status remembers only the last %d",
+				a.cfg.requestID, st.Transitions-a.unknownAt+a.unknownHeld, locksv1alpha1.MaxRecentAcquisitions)
 		}
 		pos := st.WaiterIndex(a.cfg.requestID)
-		if st.Holder == nil && (len(st.Waiters) == 0 || pos == 0) {
-			next, sent, err := a.take(ctx, obj)
+		if obj.Admits(mode) && (len(st.Waiters) == 0 || pos == 0) {
+			next, sent, err := a.take(ctx, obj, mode)
 			switch {
 			case err == nil:
 				if !a.queuedAt.IsZero() {
 					a.c.metrics.waited(sent.Sub(a.queuedAt))
 				}
-				l := a.c.newLock(a, next)
+				h, _ := findHolding(&next.Status, a.cfg.requestID)
+				l := a.c.newLock(a, next, h)
 				l.start(sent)
 				return l, nil
 			case definite(err):
@@ -173,7 +209,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				a.c.metrics.conflict(a.op())
 			default:
 				if a.unknownAt < 0 {
-					a.unknownAt = obj.Status.Transitions
+					a.unknownAt, a.unknownHeld = obj.Status.Transitions, int64(obj.Status.HolderCount)
 				}
 				last = keepCause(last, err)
 				_ = pause(ctx, &back)
@@ -182,10 +218,10 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			continue
 		}
 		if !a.wait {
-			return nil, &LockedError{Name: a.name, Holder: st.Holder, Waiters: len(st.Waiters)}
+			return nil, &LockedError{Name: a.name, Holder: st.Holder, Shared: len(st.SharedHolders), Waiters: len(st.Waiters)}
 		}
 		if pos < 0 {
-			next, err := a.enqueue(ctx, obj)
+			next, err := a.enqueue(ctx, obj, mode)
 			switch {
 			case err == nil:
 				a.queuedAt = a.c.cfg.clock.Now()
@@ -215,7 +251,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 // own answers a request whose holding status already records (I6): the same
 // lease while it lasts, or ErrLockLost once it ended. done is false otherwise.
 func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (l *Lock, done bool, err error) {
-	if h := obj.Status.Holder; h != nil && h.RequestID == a.cfg.requestID {
+	if h, ok := findHolding(&obj.Status, a.cfg.requestID); ok {
 		if h.User != a.user {
 			return nil, true, fmt.Errorf("kubelock: acquire %q: request ID %s belongs to user %s", a.key, a.cfg.requestID, h.User)
 		}
@@ -225,7 +261,10 @@ func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (
 		if s := a.cfg.session; (s != nil || h.Session != "") && (s == nil || h.Session != s.name) {
 			return nil, true, fmt.Errorf("kubelock: acquire %q: request ID %s holds the lock in session %q, not this call's", a.key, a.cfg.requestID, h.Session)
 		}
-		l := a.c.newLock(a, obj)
+		if h.shared != (a.cfg.shared || obj.LockType() == locksv1alpha1.Semaphore) {
+			return nil, true, fmt.Errorf("%w: acquire %q: request ID %s holds the lock in the other mode", ErrMode, a.key, a.cfg.requestID)
+		}
+		l := a.c.newLock(a, obj, h)
 		if !a.firstSent.IsZero() || l.session != nil {
 			l.start(a.firstSent)
 			return l, true, nil
@@ -249,8 +288,8 @@ func (a *attempt) report(pos int, st *locksv1alpha1.DistributedLockStatus) {
 	if a.cfg.onQueue == nil {
 		return
 	}
-	q := QueueStatus{Position: pos + 1, Waiters: len(st.Waiters), Holder: st.Holder}
-	if q.Position == a.queued.Position && q.Waiters == a.queued.Waiters && sameHolding(q.Holder, a.queued.Holder) {
+	q := QueueStatus{Position: pos + 1, Waiters: len(st.Waiters), Holder: st.Holder, Holdings: int(st.HolderCount)}
+	if q.Position == a.queued.Position && q.Waiters == a.queued.Waiters && q.Holdings == a.queued.Holdings && sameHolding(q.Holder, a.queued.Holder) {
 		return
 	}
 	a.queued = q
@@ -264,8 +303,22 @@ func sameHolding(x, y *locksv1alpha1.LockHolder) bool {
 	return x.LeaseID == y.LeaseID && x.RequestID == y.RequestID && x.User == y.User
 }
 
-// take writes this request as the holder, with the token the server expects.
-func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*locksv1alpha1.DistributedLock, time.Time, error) {
+// mode is how this request holds obj: Shared when asked, or for a Semaphore;
+// ErrMode when the lock's type does not support it.
+func (a *attempt) mode(obj *locksv1alpha1.DistributedLock) (locksv1alpha1.Mode, error) {
+	mode := obj.DefaultMode()
+	if a.cfg.shared {
+		mode = locksv1alpha1.Shared
+	}
+	if !obj.Supports(mode) {
+		return mode, fmt.Errorf("%w: acquire %q: lock %s is a %s, which cannot be held %s", ErrMode, a.key, a.name, obj.LockType(), mode)
+	}
+	return mode, nil
+}
+
+// take writes this request's holding, with the token the server expects:
+// the holder, or a shared holding on the lowest free slot.
+func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock, mode locksv1alpha1.Mode) (*locksv1alpha1.DistributedLock, time.Time, error) {
 	token, err := locksv1alpha1.NextFencingToken(obj.ResourceVersion)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -277,7 +330,7 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 	now := metav1.NewMicroTime(a.c.cfg.clock.Now())
 	podName, podUID := a.c.pod()
 	next := obj.DeepCopy()
-	next.Acquire(locksv1alpha1.LockHolder{
+	h := locksv1alpha1.LockHolder{
 		Identity:             a.c.cfg.identity,
 		User:                 a.user,
 		LeaseID:              a.leaseID,
@@ -288,7 +341,13 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 		Session:              a.sessionName(),
 		AcquireTime:          now,
 		RenewTime:            &now,
-	}, token)
+	}
+	if mode == locksv1alpha1.Shared {
+		slot, _ := obj.FreeSlot() // the caller checked Admits: there is one
+		next.AcquireShared(h, slot, token)
+	} else {
+		next.Acquire(h, token)
+	}
 	next.Status.ObservedGeneration = next.Generation
 	sent := a.c.cfg.clock.Now()
 	if a.firstSent.IsZero() {
@@ -297,14 +356,14 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 	if err := a.c.c.Status().Update(ctx, next); err != nil {
 		return nil, time.Time{}, err
 	}
-	a.c.cfg.log.V(1).Info("acquired", "lock", a.name, "token", token, "leaseID", a.leaseID)
+	a.c.cfg.log.V(1).Info("acquired", "lock", a.name, "mode", mode, "token", token, "leaseID", a.leaseID)
 	return next, sent, nil
 }
 
 // enqueue appends this request at the tail of the wait queue, within the
 // lock's bounds: admission refuses more entries of one user (or of one pod)
 // and a deadline beyond spec.maxWaitSeconds, so the client asks for no more.
-func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*locksv1alpha1.DistributedLock, error) {
+func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLock, mode locksv1alpha1.Mode) (*locksv1alpha1.DistributedLock, error) {
 	if err := a.queueRoom(obj); err != nil {
 		return nil, err
 	}
@@ -326,6 +385,7 @@ func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLoc
 		Deadline:    metav1.NewMicroTime(deadline),
 		PodName:     podName,
 		PodUID:      podUID,
+		Mode:        mode,
 		Session:     a.sessionName(),
 	})
 	next.Status.ObservedGeneration = next.Generation

@@ -36,6 +36,12 @@ type Client struct {
 
 	slots slots
 
+	// gates serialise acquisitions of one key and held is the client's live
+	// holding per lock name, both only WithReentrancy.
+	gates  slots
+	heldMu sync.Mutex
+	held   map[string]*Lock
+
 	// metrics is nil unless WithMetrics was given.
 	metrics *metrics
 }
@@ -79,7 +85,7 @@ func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}}
+	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}, gates: slots{m: map[string]*slot{}}, held: map[string]*Lock{}}
 	if cfg.registerer != nil {
 		m, err := newMetrics(cfg.registerer)
 		if err != nil {

@@ -23,24 +23,32 @@ var (
 	ErrTimeout = fmt.Errorf("kubelock: timed out waiting for the lock: %w", context.DeadlineExceeded)
 	// ErrReleased is the cause of a lock context that ended by Release.
 	ErrReleased = errors.New("kubelock: lock released")
+	// ErrMode means the lock cannot be held in the mode asked for: Shared on a
+	// Mutex, or (WithReentrancy) a key the client already holds in the other mode.
+	ErrMode = errors.New("kubelock: lock cannot be held in this mode")
 )
 
 // LockedError says who holds a lock that TryAcquire could not take.
 type LockedError struct {
 	// Name is the lock object's name.
 	Name string
-	// Holder is the current holder, nil when the lock is free but others are queued.
+	// Holder is the current exclusive holder, nil when there is none.
 	Holder *locksv1alpha1.LockHolder
+	// Shared is how many shared holdings (readers, permits) the lock has.
+	Shared int
 	// Waiters is the queue length.
 	Waiters int
 }
 
 func (e *LockedError) Error() string {
-	if e.Holder == nil {
-		return fmt.Sprintf("kubelock: lock %s is free but %d waiter(s) are queued ahead", e.Name, e.Waiters)
+	switch {
+	case e.Holder != nil:
+		return fmt.Sprintf("kubelock: lock %s is held by %s (user %s, lease %s), %d waiter(s)",
+			e.Name, e.Holder.Identity, e.Holder.User, e.Holder.LeaseID, e.Waiters)
+	case e.Shared > 0:
+		return fmt.Sprintf("kubelock: lock %s is held by %d shared holder(s), %d waiter(s)", e.Name, e.Shared, e.Waiters)
 	}
-	return fmt.Sprintf("kubelock: lock %s is held by %s (user %s, lease %s), %d waiter(s)",
-		e.Name, e.Holder.Identity, e.Holder.User, e.Holder.LeaseID, e.Waiters)
+	return fmt.Sprintf("kubelock: lock %s is free but %d waiter(s) are queued ahead", e.Name, e.Waiters)
 }
 
 // Unwrap makes errors.Is(err, ErrLocked) true.

@@ -16,8 +16,10 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// Lock is one holding of a lock. Its Context ends when the holding is released,
-// lost, or can no longer be proven; stop the guarded work then.
+// Lock is one holding of a lock: its exclusive holder, or one of its shared
+// holdings (an RWMutex's reader, a Semaphore's permit) with a slot and token
+// of its own. Its Context ends when the holding is released, lost, or can no
+// longer be proven; stop the guarded work then.
 type Lock struct {
 	c         *Client
 	key, name string
@@ -25,6 +27,9 @@ type Lock struct {
 	requestID string
 	leaseID   string
 	token     int64
+	shared    bool
+	slot      int32
+	lockType  locksv1alpha1.LockType
 	lease     time.Duration
 	margin    time.Duration
 	ending
@@ -44,14 +49,36 @@ type Lock struct {
 	// mu guards the fields below. It is never held across a request, so the
 	// watchdog can always end the holding on time.
 	mu       sync.Mutex
+	count    int // hold count (WithReentrancy): Release ends the holding at zero
 	finished bool
 	unproven bool      // the holding ended because the safe deadline passed, not by the server's word
 	ownsSlot bool      // started: ending the holding gives the process's queue slot back
 	acquired time.Time // when the holding started, on this client's clock
 }
 
-func (c *Client) newLock(a *attempt, obj *locksv1alpha1.DistributedLock) *Lock {
-	h := obj.Status.Holder
+// holding is one entry of a lock's status: the exclusive holder, or a shared
+// holder with its own token and slot.
+type holding struct {
+	locksv1alpha1.LockHolder
+	token  int64
+	slot   int32
+	shared bool
+}
+
+// findHolding returns the holding created by requestID, if st has one.
+func findHolding(st *locksv1alpha1.DistributedLockStatus, requestID string) (holding, bool) {
+	if h := st.Holder; h != nil && h.RequestID == requestID {
+		return holding{LockHolder: *h, token: st.FencingToken}, true
+	}
+	for _, h := range st.SharedHolders {
+		if h.RequestID == requestID {
+			return holding{LockHolder: h.LockHolder, token: h.FencingToken, slot: h.Slot, shared: true}, true
+		}
+	}
+	return holding{}, false
+}
+
+func (c *Client) newLock(a *attempt, obj *locksv1alpha1.DistributedLock, h holding) *Lock {
 	lease := time.Duration(h.LeaseDurationSeconds) * time.Second
 	parent := context.Background()
 	if s := a.cfg.session; s != nil {
@@ -60,23 +87,36 @@ func (c *Client) newLock(a *attempt, obj *locksv1alpha1.DistributedLock) *Lock {
 	ctx, cancel := context.WithCancelCause(parent)
 	return &Lock{
 		c: c, key: a.key, name: a.name, user: a.user,
-		requestID: h.RequestID, leaseID: h.LeaseID, token: obj.Status.FencingToken,
+		requestID: h.RequestID, leaseID: h.LeaseID, token: h.token,
+		shared: h.shared, slot: h.slot, lockType: obj.LockType(),
 		lease: lease, margin: safetyMargin(lease), session: a.cfg.session,
-		ending: ending{ctx, cancel}, obj: obj,
+		ending: ending{ctx, cancel}, obj: obj, count: 1,
 	}
 }
 
-// holds reports whether st's holder is this holding: leaseID, requestID and
-// token all match. A leaseID alone is not proof: another client may have
+// holds reports whether st still has this holding: leaseID, requestID, token
+// (and slot) all match. A leaseID alone is not proof: another client may have
 // written the same one (admission refuses only those status still remembers).
 func (l *Lock) holds(st *locksv1alpha1.DistributedLockStatus) bool {
+	if l.shared {
+		i := st.SharedIndex(l.leaseID)
+		if i < 0 {
+			return false
+		}
+		h := &st.SharedHolders[i]
+		return h.RequestID == l.requestID && h.FencingToken == l.token && h.Slot == l.slot
+	}
 	h := st.Holder
 	return h != nil && h.LeaseID == l.leaseID && h.RequestID == l.requestID && st.FencingToken == l.token
 }
 
 // recorded reports whether f is the record of this holding.
 func (l *Lock) recorded(f *locksv1alpha1.FinishedHolding) bool {
-	return f.LeaseID == l.leaseID && f.RequestID == l.requestID && f.FencingToken == l.token
+	sameSlot := f.Slot == nil
+	if l.shared {
+		sameSlot = f.Slot != nil && *f.Slot == l.slot
+	}
+	return f.LeaseID == l.leaseID && f.RequestID == l.requestID && f.FencingToken == l.token && sameSlot
 }
 
 // safetyMargin is how much earlier than the server the client gives up a lease:
@@ -89,7 +129,7 @@ func safetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*
 // which its own watchdog ends.
 func (l *Lock) start(sent time.Time) {
 	l.mu.Lock()
-	l.ownsSlot = true
+	l.ownsSlot = !l.shared // the acquire gives a shared holding's slot back at once
 	l.acquired = l.c.cfg.clock.Now()
 	l.mu.Unlock()
 	l.c.metrics.acquired()
@@ -119,8 +159,16 @@ func (l *Lock) Key() string { return l.key }
 func (l *Lock) Name() string { return l.name }
 
 // FencingToken is this holding's token: strictly greater than every token issued
-// before for this lock. Send it with every write to the protected resource.
+// before for this lock. Send it with every write to the protected resource;
+// a shared holding sends its Slot too (a resource may fence per slot).
 func (l *Lock) FencingToken() int64 { return l.token }
+
+// Slot is the permit a shared holding occupies (a Semaphore's in
+// [0, permits), an RWMutex reader's in [0, 1024)); false for an exclusive one.
+func (l *Lock) Slot() (int32, bool) { return l.slot, l.shared }
+
+// Shared reports whether this is a shared holding (a reader or a permit).
+func (l *Lock) Shared() bool { return l.shared }
 
 // LeaseID identifies this holding.
 func (l *Lock) LeaseID() string { return l.leaseID }
@@ -192,7 +240,12 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 		}
 		next := l.obj.DeepCopy()
 		now := metav1.NewMicroTime(l.c.cfg.clock.Now())
-		next.Status.Holder.RenewTime = &now
+		if l.shared {
+			// Only this entry's renewTime: the rest of status stays as read.
+			next.Status.SharedHolders[next.Status.SharedIndex(l.leaseID)].RenewTime = &now
+		} else {
+			next.Status.Holder.RenewTime = &now
+		}
 		next.Status.ObservedGeneration = next.Generation
 		sent := l.c.cfg.clock.Now()
 		err := l.c.c.Status().Update(ctx, next)
@@ -248,12 +301,18 @@ func (l *Lock) extend(sent time.Time) { l.deadline.extend(sent.Add(l.lease - l.m
 // Release gives the lock up. It is idempotent: releasing again returns nil.
 // Releasing a lock that was lost returns an error wrapping ErrLockLost and never
 // touches the new holder. The lock's Context ends before the release is sent,
-// so guarded work stops before anyone else can start.
+// so guarded work stops before anyone else can start. A shared holding
+// releases only its own entry. With WithReentrancy, Release lowers the hold
+// count and releases only when it reaches zero.
 func (l *Lock) Release(ctx context.Context) (err error) {
 	defer l.c.timed(opRelease)(&err)
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	if err := l.Err(); err != nil {
+	last, err := l.leave()
+	if !last {
+		return err // another re-entry still holds it
+	}
+	if err != nil {
 		if errors.Is(err, ErrReleased) {
 			return nil
 		}
@@ -267,7 +326,6 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 		}
 		return err
 	}
-	l.finish(ErrReleased)
 	back := retryBackoff()
 	for {
 		err := l.writeRelease(ctx)
@@ -291,10 +349,44 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	}
 }
 
+// leave lowers the hold count. At zero (last) it ends the holding's context
+// with ErrReleased, so guarded work stops before the release is sent and no
+// re-entry joins it any more; prior is how the holding had ended before, nil
+// while it was live.
+func (l *Lock) leave() (last bool, prior error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	prior = l.Err()
+	if l.count > 1 {
+		l.count--
+		return false, prior
+	}
+	l.count = 0
+	l.finishLocked(ErrReleased)
+	return true, prior
+}
+
+// enter raises the hold count of a live holding (WithReentrancy); false once
+// it ended.
+func (l *Lock) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.finished {
+		return false
+	}
+	l.count++
+	return true
+}
+
 // writeRelease writes the end of the holding onto l.obj. Callers hold l.wmu.
 func (l *Lock) writeRelease(ctx context.Context) error {
 	next := l.obj.DeepCopy()
-	next.EndHolding(locksv1alpha1.EndReasonReleased, l.user, metav1.NewMicroTime(l.c.cfg.clock.Now()))
+	now := metav1.NewMicroTime(l.c.cfg.clock.Now())
+	if l.shared {
+		next.EndShared(l.leaseID, locksv1alpha1.EndReasonReleased, l.user, now)
+	} else {
+		next.EndHolding(locksv1alpha1.EndReasonReleased, l.user, now)
+	}
 	next.Status.ObservedGeneration = next.Generation
 	return l.c.c.Status().Update(ctx, next)
 }

@@ -40,6 +40,7 @@ type config struct {
 	clock         clock.WithTicker
 	registerer    prometheus.Registerer
 	session       *Session
+	reentrant     bool
 }
 
 func defaultConfig() config {
@@ -128,6 +129,17 @@ func WithLogger(l logr.Logger) Option { return func(c *config) { c.log = l } }
 // no metrics, and no cost on the lock paths.
 func WithMetrics(reg prometheus.Registerer) Option { return func(c *config) { c.registerer = reg } }
 
+// WithReentrancy makes the client's holdings reentrant, as the seed's Redis
+// hash of client → hold count: acquiring a key the client already holds in the
+// same mode returns the same *Lock with its hold count raised (no write), and
+// Release lowers the count, releasing the lock at zero. Every re-entry shares
+// the token, Context and Done, so a lost lock ends them all. Acquiring a held
+// key in the other mode returns ErrMode: no upgrade, no downgrade, never a
+// wait for oneself. A re-entry keeps the first acquisition's options (lease,
+// session, request ID). Default: off, and a second Acquire of a held key
+// waits for its release, as sync.Mutex does.
+func WithReentrancy() Option { return func(c *config) { c.reentrant = true } }
+
 // withClock sets the clock of deadlines and renew timers; the package's tests
 // step it by hand.
 func withClock(clk clock.WithTicker) Option { return func(c *config) { c.clock = clk } }
@@ -141,6 +153,7 @@ type acquireConfig struct {
 	lease       time.Duration
 	onQueue     func(QueueStatus)
 	session     *Session
+	shared      bool
 }
 
 // QueueStatus is where a waiting Acquire stands in the lock's wait queue.
@@ -149,9 +162,11 @@ type QueueStatus struct {
 	Position int
 	// Waiters is the length of the queue.
 	Waiters int
-	// Holder is the current holding; nil while the lock is free and the head is
-	// about to take it.
+	// Holder is the current exclusive holding; nil while the lock is free or
+	// held only shared.
 	Holder *locksv1alpha1.LockHolder
+	// Holdings is how many hold the lock now, exclusive and shared.
+	Holdings int
 }
 
 // RequestID sets the idempotency key of the call. Retrying with the same ID never
@@ -170,6 +185,13 @@ func WaitTimeout(d time.Duration) AcquireOption { return func(a *acquireConfig) 
 // as the CLI's live waiting line). f runs on the acquiring goroutine and must
 // return quickly; it is never called by TryAcquire. Default: no callback.
 func OnQueue(f func(QueueStatus)) AcquireOption { return func(a *acquireConfig) { a.onQueue = f } }
+
+// Shared acquires the lock shared: as one of an RWMutex's readers, who hold
+// it together while no writer does. A Semaphore is always acquired shared, on
+// the lowest free permit (Lock.Slot), with or without this option; a Mutex
+// cannot be, and Acquire returns ErrMode. Default: exclusive (a Mutex's
+// holder, an RWMutex's writer).
+func Shared() AcquireOption { return func(a *acquireConfig) { a.shared = true } }
 
 // LeaseDuration overrides the client's lease for this acquisition.
 func LeaseDuration(d time.Duration) AcquireOption { return func(a *acquireConfig) { a.lease = d } }

@@ -50,7 +50,8 @@ func TestWatchdogFiresWhileARenewalHangs(t *testing.T) {
 		t.Fatal(err)
 	}
 	lc.user = "me"
-	l := lc.newLock(&attempt{c: lc, key: "l", name: "l", user: "me"}, obj)
+	h, _ := findHolding(&obj.Status, obj.Status.Holder.RequestID)
+	l := lc.newLock(&attempt{c: lc, key: "l", name: "l", user: "me"}, obj, h)
 	if !lc.slots.take(context.Background(), "l", false) {
 		t.Fatal("slot taken")
 	}

@@ -46,8 +46,10 @@ var _ = Describe("release by lease ID and force-release", func() {
 
 		breaker, breakerName := suite.NewClient(ctx, ns)
 		suite.GrantForceRelease(ctx, ns, breakerName)
-		ended, err := breaker.ForceRelease(ctx, "jobs", "stuck job, ticket 42")
+		all, err := breaker.ForceRelease(ctx, "jobs", "stuck job, ticket 42")
 		Expect(err).NotTo(HaveOccurred())
+		Expect(all).To(HaveLen(1))
+		ended := all[0]
 		Expect(ended.LeaseID).To(Equal(l.LeaseID()))
 		Expect(ended.EndReason).To(Equal(locksv1alpha1.EndReasonForceReleased))
 		Expect(ended.EndedBy).To(Equal(breakerName))
