@@ -34,31 +34,38 @@ type droppedWaiter struct {
 	reason              dropReason
 }
 
-// ending ends the current holding: endReason reason, because of why.
+// ending ends one holding, exclusive (slot nil) or shared: endReason
+// reason, because of why. identity and token are for logs and Events.
 type ending struct {
-	reason locksv1alpha1.EndReason
-	why    string
+	leaseID, identity string
+	token             int64
+	slot              *int32
+	reason            locksv1alpha1.EndReason
+	why               string
 }
 
-// decision is what one reconcile does to a lock: end the current holding
-// (when end.reason is set), drop waiters, delete an idle auto-created lock,
-// and come back after requeueAfter, the time to the nearest future deadline
-// (0: none).
+// decision is what one reconcile does to a lock: end holdings (at most
+// MaxRecentAcquisitions, each recorded in the same write), drop waiters,
+// delete an idle auto-created lock, and come back after requeueAfter, the
+// time to the nearest future deadline (0: none).
 type decision struct {
-	end          ending
+	ends         []ending
 	drop         []droppedWaiter
 	delete       bool
 	requeueAfter time.Duration
 }
+
+// acts reports whether d changes the lock.
+func (d decision) acts() bool { return len(d.ends) > 0 || len(d.drop) > 0 || d.delete }
 
 // liveness is what the reconciler read, besides the lock, about what its
 // holdings and waiters depend on.
 type liveness struct {
 	// sessions holds every session the lock names, by name.
 	sessions map[string]sessionState
-	// podGone is true when the holder (without a session) is bound to a pod
-	// that a live read confirmed gone.
-	podGone bool
+	// podsGone holds the UIDs of the pods of holdings without a session that
+	// a live read confirmed gone.
+	podsGone map[string]bool
 }
 
 // sessionState is one session a lock names, as the reconciler found it.
@@ -78,19 +85,16 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	next := deadlines{now: now}
 	s := &lock.Status
 
-	// 1. The holding ends with its session, with its pod, or when no renewal
-	// was observed for its lease plus grace. A session holding has no lease of its own.
-	if h := s.Holder; h != nil {
-		switch {
-		case h.Session != "":
-			d.end = sessionEnd(live.sessions[h.Session], lock.Namespace, h.User, h.PodUID, lock.MaxLease(), now, t.grace)
-		case live.podGone:
-			d.end = ending{locksv1alpha1.EndReasonExpired, fmt.Sprintf("holder pod %s deleted", h.PodName)}
-		case obs.holding != nil:
-			at := obs.holding.renewSeen.Add(seconds(h.LeaseDurationSeconds) + t.grace)
-			if next.due(at) {
-				d.end = ending{locksv1alpha1.EndReasonExpired, fmt.Sprintf("no renewal observed for %ds + %s grace", h.LeaseDurationSeconds, t.grace)}
-			}
+	// 1. Each holding, exclusive or shared, ends on its own: with its session,
+	// with its pod, or when no renewal of it was observed for its lease plus
+	// grace. A write records every holding it ends, so at most
+	// MaxRecentAcquisitions end per write; the reconciler writes again for the rest.
+	for _, h := range holdingsOf(lock) {
+		if len(d.ends) == locksv1alpha1.MaxRecentAcquisitions {
+			break
+		}
+		if e := holdingEnd(h, lock, obs, live, &next, now, t); e.reason != "" {
+			d.ends = append(d.ends, e)
 		}
 	}
 
@@ -115,26 +119,49 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 		}
 	}
 
-	// 3. Hand-off: the head of a free lock that has not claimed it in time. Its
-	// successor's time starts when this controller sees it at the head.
-	if s.Holder == nil && obs.freeHead != "" && !dropped[obs.freeHead] && len(s.Waiters) > 0 && s.Waiters[0].RequestID == obs.freeHead {
-		head := s.Waiters[0]
-		if next.due(obs.freeHeadSince.Add(seconds(handoffTimeout(lock)))) {
-			d.drop = append(d.drop, droppedWaiter{requestID: head.RequestID, identity: head.Identity, reason: dropHandoffTimeout})
+	// 3. Hand-off: the head that has not claimed a lock admitting its mode in
+	// time (observe saw it so). Its successor's time starts when this
+	// controller sees it at the head of a lock that admits its mode.
+	if head := obs.readyHead; head != "" && !dropped[head] && len(s.Waiters) > 0 && s.Waiters[0].RequestID == head {
+		if next.due(obs.readyHeadSince.Add(seconds(handoffTimeout(lock)))) {
+			d.drop = append(d.drop, droppedWaiter{requestID: head, identity: s.Waiters[0].Identity, reason: dropHandoffTimeout})
 		}
 	}
 
 	// 4. Garbage collection of auto-created locks that stayed idle.
-	if isAutoCreated(lock) && s.Holder == nil && len(s.Waiters) == 0 && obs.idle && obs.idleToken == s.FencingToken {
+	if isAutoCreated(lock) && !lock.IsHeld() && len(s.Waiters) == 0 && obs.idle && obs.idleToken == s.FencingToken {
 		d.delete = next.due(obs.idleSince.Add(t.idleTimeout))
 	}
 
-	if d.end.reason != "" || len(d.drop) > 0 || d.delete {
+	if d.acts() {
 		// Acting changes the lock; the deadlines are computed again from the result.
 		return d
 	}
 	d.requeueAfter = next.after()
 	return d
+}
+
+// holdingEnd says whether, and why, holding h of lock ends at now: with its
+// session (a session holding has no lease of its own), with its pod (a
+// pod-bound holding without a session), or when no renewal of it was
+// observed for its lease plus grace; a future expiry becomes a requeue
+// candidate in next. A zero ending means it lives on.
+func holdingEnd(h holding, lock *locksv1alpha1.DistributedLock, obs observation, live liveness, next *deadlines, now time.Time, t timing) ending {
+	var e ending
+	switch seen, observed := obs.holdings[h.LeaseID]; {
+	case h.Session != "":
+		e = sessionEnd(live.sessions[h.Session], lock.Namespace, h.User, h.PodUID, lock.MaxLease(), now, t.grace)
+	case h.PodUID != "" && live.podsGone[h.PodUID]:
+		e = ending{reason: locksv1alpha1.EndReasonExpired, why: fmt.Sprintf("holder pod %s deleted", h.PodName)}
+	case observed:
+		if next.due(seen.renewSeen.Add(seconds(h.LeaseDurationSeconds) + t.grace)) {
+			e = ending{reason: locksv1alpha1.EndReasonExpired, why: fmt.Sprintf("no renewal observed for %ds + %s grace", h.LeaseDurationSeconds, t.grace)}
+		}
+	}
+	if e.reason != "" {
+		e.leaseID, e.identity, e.token, e.slot = h.LeaseID, h.Identity, h.token, h.slot
+	}
+	return e
 }
 
 // sessionEnd says whether, and why, a holding or waiter of user (and podUID)
@@ -146,11 +173,11 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 func sessionEnd(st sessionState, ns, user, podUID string, maxLease int32, now time.Time, grace time.Duration) ending {
 	s := st.session
 	if why := locksv1alpha1.SessionRefusal(ns, st.name, s, user, podUID, maxLease); why != "" {
-		return ending{locksv1alpha1.EndReasonSessionClosed, why}
+		return ending{reason: locksv1alpha1.EndReasonSessionClosed, why: why}
 	}
 	if !now.Before(sessionDeadline(s, st.seen, grace)) {
-		return ending{locksv1alpha1.EndReasonSessionExpired,
-			fmt.Sprintf("no renewal of session %s observed for its TTL %ds + %s grace", st.name, s.TTL(), grace)}
+		return ending{reason: locksv1alpha1.EndReasonSessionExpired,
+			why: fmt.Sprintf("no renewal of session %s observed for its TTL %ds + %s grace", st.name, s.TTL(), grace)}
 	}
 	return ending{}
 }
@@ -172,8 +199,8 @@ type sessionDecision struct {
 }
 
 // decideSession is the controller's judgement about session s, observed as
-// seen; holdings and refs count the locks whose holder, and whose holder or
-// waiters, name it. It is a pure function.
+// seen; holdings counts the holdings in it (exclusive and shared, over all
+// locks), refs the locks whose holdings or waiters name it. It is a pure function.
 func decideSession(s *locksv1alpha1.LockSession, seen sessionObservation, holdings, refs int, now time.Time, grace time.Duration) sessionDecision {
 	at := sessionDeadline(s, seen, grace)
 	if !now.Before(at) {
@@ -202,12 +229,21 @@ func desiredStatus(lock *locksv1alpha1.DistributedLock, d decision, endedBy stri
 		// every expiry behind 100,000 bookkeeping writes.
 		return out
 	}
-	if d.end.reason != "" && out.Status.Holder != nil {
-		out.EndHolding(d.end.reason, endedBy, metav1.NewMicroTime(now))
+	at := metav1.NewMicroTime(now)
+	for _, e := range d.ends {
+		switch h := out.Status.Holder; {
+		case e.slot != nil:
+			out.EndShared(e.leaseID, e.reason, endedBy, at)
+		case h != nil && h.LeaseID == e.leaseID:
+			out.EndHolding(e.reason, endedBy, at)
+		}
 	}
 	for _, w := range d.drop {
 		out.Status.RemoveWaiter(w.requestID)
 	}
+	// holderCount is bookkeeping the CRD checks; objects stored before it
+	// existed carry 0.
+	out.Status.HolderCount = int32(len(holdingsOf(out)))
 	out.Status.ObservedGeneration = out.Generation
 	if c := heldCondition(out); c != nil {
 		meta.SetStatusCondition(&out.Status.Conditions, *c)
@@ -220,21 +256,22 @@ func desiredStatus(lock *locksv1alpha1.DistributedLock, d decision, endedBy stri
 	return out
 }
 
-// pristine reports whether lock's status was never written: no holding, no
+// pristine reports whether lock's status was never written: no holdings, no
 // queue, no history, no condition.
 func pristine(lock *locksv1alpha1.DistributedLock) bool {
 	s := &lock.Status
-	return s.Holder == nil && s.Transitions == 0 && len(s.Waiters) == 0 &&
+	return s.Holder == nil && len(s.SharedHolders) == 0 && s.Transitions == 0 && len(s.Waiters) == 0 &&
 		len(s.RecentAcquisitions) == 0 && len(s.Conditions) == 0 && s.ObservedGeneration == 0
 }
 
 // heldCondition is the Held condition lock should carry, or nil when the one it
-// carries is consistent with the holder and the generation. A consistent
-// condition written by a client is kept as it is.
+// carries is consistent with its holdings and the generation: True while
+// anything, exclusive or shared, is held. A consistent condition written by a
+// client is kept as it is.
 func heldCondition(lock *locksv1alpha1.DistributedLock) *metav1.Condition {
 	s := &lock.Status
 	want := metav1.ConditionFalse
-	if s.Holder != nil {
+	if lock.IsHeld() {
 		want = metav1.ConditionTrue
 	}
 	cur := meta.FindStatusCondition(s.Conditions, locksv1alpha1.ConditionHeld)
@@ -251,6 +288,10 @@ func heldCondition(lock *locksv1alpha1.DistributedLock) *metav1.Condition {
 	case s.Holder != nil:
 		c.Reason = locksv1alpha1.ReasonAcquired
 		c.Message = fmt.Sprintf("held by %s with fencing token %d", s.Holder.Identity, s.FencingToken)
+	case len(s.SharedHolders) > 0:
+		// The words v1alpha1's EndShared writes while holdings remain.
+		c.Reason = locksv1alpha1.ReasonAcquired
+		c.Message = fmt.Sprintf("%d holdings", len(s.SharedHolders))
 	case len(s.RecentAcquisitions) > 0:
 		last := s.RecentAcquisitions[len(s.RecentAcquisitions)-1]
 		c.Reason = string(last.EndReason)

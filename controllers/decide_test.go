@@ -46,6 +46,7 @@ func held(leaseID string, leaseSeconds int32, renew time.Time) lockOpt {
 		}
 		l.Status.FencingToken = 42
 		l.Status.Transitions = 1
+		l.Status.HolderCount = 1
 	}
 }
 
@@ -73,9 +74,17 @@ func withToken(token int64) lockOpt {
 
 var cmpDecision = cmp.AllowUnexported(decision{}, droppedWaiter{}, ending{}, sessionDecision{})
 
-// expiredAfter is the ending of a lease of leaseSeconds that saw no renewal.
+// expiredAfter is the ending of holder "a" (token 42, see held) whose lease
+// of leaseSeconds saw no renewal.
 func expiredAfter(leaseSeconds int32) ending {
-	return ending{locksv1alpha1.EndReasonExpired, fmt.Sprintf("no renewal observed for %ds + %s grace", leaseSeconds, testTiming.grace)}
+	return endOf("a", 42, nil, ending{reason: locksv1alpha1.EndReasonExpired,
+		why: fmt.Sprintf("no renewal observed for %ds + %s grace", leaseSeconds, testTiming.grace)})
+}
+
+// endOf is e as the ending of the holding leaseID (identity "worker-"+leaseID) with token and slot.
+func endOf(leaseID string, token int64, slot *int32, e ending) ending {
+	e.leaseID, e.identity, e.token, e.slot = leaseID, "worker-"+leaseID, token, slot
+	return e
 }
 
 func TestDecide(t *testing.T) {
@@ -98,7 +107,7 @@ func TestDecide(t *testing.T) {
 			name:    "no renewal observed for lease+grace expires",
 			history: []observed{{0, newLock(held("a", 30, clientTime))}},
 			at:      32 * time.Second,
-			want:    decision{end: expiredAfter(30)},
+			want:    decision{ends: []ending{expiredAfter(30)}},
 		},
 		{
 			name:    "one microsecond before lease+grace is not expired",
@@ -122,7 +131,7 @@ func TestDecide(t *testing.T) {
 				{20 * time.Second, newLock(withRV("101"), held("a", 30, clientTime), waiting("w1", time.Hour))},
 			},
 			at:   32 * time.Second,
-			want: decision{end: expiredAfter(30)},
+			want: decision{ends: []ending{expiredAfter(30)}},
 		},
 		{
 			name: "a renewal whose timestamp went backwards still counts",
@@ -229,7 +238,7 @@ func TestDecide(t *testing.T) {
 			name:    "held auto-created lock is not idle",
 			history: []observed{{0, newLock(autoCreated, held("a", 30, clientTime))}},
 			at:      2 * time.Hour,
-			want:    decision{end: expiredAfter(30)},
+			want:    decision{ends: []ending{expiredAfter(30)}},
 		},
 	}
 	for _, tt := range tests {
@@ -384,7 +393,7 @@ func TestDesiredStatus(t *testing.T) {
 		{
 			name: "expiry records the holding and sets Held=False",
 			lock: newLock(held("a", 30, clientTime), waiting("w1", time.Hour)),
-			d:    decision{end: expiredAfter(30)},
+			d:    decision{ends: []ending{expiredAfter(30)}},
 			want: locksv1alpha1.DistributedLockStatus{
 				FencingToken: 42, Transitions: 1, ObservedGeneration: 1,
 				Waiters: newLock(waiting("w1", time.Hour)).Status.Waiters, WaiterCount: 1,

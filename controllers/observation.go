@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,17 +26,20 @@ type observation struct {
 	uid types.UID
 	// resourceVersion is the newest version observed; older cache reads are skipped.
 	resourceVersion string
-	// token is the fencing token last seen; holdings with a larger one that
-	// already ended were missed between two observations.
+	// token is the fencing token last seen (the latest issued); holdings with
+	// a larger one that already ended were missed between two observations.
 	token int64
-	// holding is the holding last seen, nil while the lock was free.
-	holding *holdingObservation
+	// holdings maps the leaseID of each current holding, the exclusive holder
+	// and every shared holder alike, to what was seen of it: each entry's lease
+	// is timed on its own, keyed by (lock, leaseID).
+	holdings map[string]holdingObservation
 	// waiters maps each queued requestID to when this controller first saw it queued.
 	waiters map[string]time.Time
-	// freeHead is the head waiter while the lock was seen free ("" otherwise),
-	// first seen so at freeHeadSince.
-	freeHead      string
-	freeHeadSince time.Time
+	// readyHead is the head waiter while the lock was seen admitting a holding
+	// in the head's mode (v1alpha1 Admits), "" otherwise; first seen so at
+	// readyHeadSince. Its hand-off time runs from there.
+	readyHead      string
+	readyHeadSince time.Time
 	// idle: the lock was seen free with an empty queue, first at idleSince
 	// with fencing token idleToken (a new token means it was used).
 	idle      bool
@@ -42,11 +47,13 @@ type observation struct {
 	idleSince time.Time
 }
 
-// holdingObservation is one holding as this controller saw it.
+// holdingObservation is one holding, exclusive or shared, as this controller saw it.
 type holdingObservation struct {
 	leaseID, identity, requestID string
 	token                        int64
-	// renewMark identifies the holder's last renewal (its renewTime, else acquireTime).
+	// slot is a shared holding's permit; nil for the exclusive holder.
+	slot *int32
+	// renewMark identifies the holding's last renewal (its renewTime, else acquireTime).
 	renewMark int64
 	// renewSeen is when this controller first saw renewMark: the lease runs from here.
 	renewSeen time.Time
@@ -57,7 +64,7 @@ type holdingObservation struct {
 	inSession bool
 }
 
-// transitionKind names an observed change of holder.
+// transitionKind names an observed change of holdings.
 type transitionKind string
 
 const (
@@ -65,20 +72,55 @@ const (
 	transitionEnded    transitionKind = "Ended"
 )
 
-// transition is a change of holder seen between two observations.
+// transition is a holding that began or ended between two observations.
 type transition struct {
 	kind              transitionKind
 	leaseID, identity string
 	token             int64
+	// slot is a shared holding's permit; nil for an exclusive one.
+	slot *int32
 	// reason and endedBy come from recentAcquisitions for an ended holding;
 	// reason is empty when status no longer remembers it.
 	reason  locksv1alpha1.EndReason
 	endedBy string
 	// waited is how long an acquirer had been seen queued, 0 if it never was.
 	waited time.Duration
-	// handoff is how long the lock had been seen free with the acquirer at the
-	// head, 0 if it was not seen so.
+	// handoff is how long the lock had been seen admitting the acquirer at
+	// the head of the queue, 0 if it was not seen so.
 	handoff time.Duration
+}
+
+// holding is one entry of a lock's holdings: the exclusive holder or one of
+// the shared holders, with its own token and (shared only) slot.
+type holding struct {
+	*locksv1alpha1.LockHolder
+	token int64
+	slot  *int32
+}
+
+// holdingsOf lists lock's holdings, the exclusive holder first, then the
+// shared holders in status order. The exclusive holder's token is
+// status.fencingToken: nothing is acquired while it holds.
+func holdingsOf(lock *locksv1alpha1.DistributedLock) []holding {
+	s := &lock.Status
+	out := make([]holding, 0, len(s.SharedHolders)+1)
+	if s.Holder != nil {
+		out = append(out, holding{LockHolder: s.Holder, token: s.FencingToken})
+	}
+	for i := range s.SharedHolders {
+		sh := &s.SharedHolders[i]
+		out = append(out, holding{LockHolder: &sh.LockHolder, token: sh.FencingToken, slot: &sh.Slot})
+	}
+	return out
+}
+
+// headMode is the mode the queue's head waits for: its mode, or the lock's
+// default for an entry written without one (the CRD defaults it to Exclusive).
+func headMode(lock *locksv1alpha1.DistributedLock, w *locksv1alpha1.Waiter) locksv1alpha1.Mode {
+	if w.Mode != "" {
+		return w.Mode
+	}
+	return lock.DefaultMode()
 }
 
 // isStale reports whether lock is older than what prev already observed, as
@@ -92,7 +134,7 @@ func isStale(prev *observation, lock *locksv1alpha1.DistributedLock) bool {
 }
 
 // observe folds lock, seen at now, into the previous observation prev (nil when
-// there is none) and returns the new observation and the holder transitions
+// there is none) and returns the new observation and the holding transitions
 // between the two. A first observation reports no transitions: what happened
 // before it is unknown.
 func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Time) (observation, []transition) {
@@ -106,21 +148,26 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 	next := observation{uid: lock.UID, resourceVersion: lock.ResourceVersion, token: s.FencingToken}
 	var ts []transition
 
-	// 1. The holding: the lease runs from when this controller first saw its last renewal.
-	if h := s.Holder; h != nil {
-		mark := renewMark(h)
-		held := &holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: s.FencingToken,
+	// 1. The holdings: each lease runs from when this controller first saw
+	// that holding's last renewal; a renewal of one moves no other.
+	hs := holdingsOf(lock)
+	if len(hs) > 0 {
+		next.holdings = make(map[string]holdingObservation, len(hs))
+	}
+	for _, h := range hs {
+		mark := renewMark(h.LockHolder)
+		o := holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: h.token, slot: h.slot,
 			renewMark: mark, renewSeen: now, since: now, lease: seconds(h.LeaseDurationSeconds), inSession: h.Session != ""}
-		if p := prev.holding; p != nil && p.leaseID == h.LeaseID {
-			held.since = p.since
+		if p, ok := prev.holdings[h.LeaseID]; ok {
+			o.since = p.since
 			if p.renewMark == mark {
-				held.renewSeen = p.renewSeen
+				o.renewSeen = p.renewSeen
 			}
 		}
-		next.holding = held
+		next.holdings[h.LeaseID] = o
 	}
 	if prev.uid != "" {
-		ts = holderTransitions(prev, next.holding, s, now)
+		ts = holdingTransitions(prev, hs, s, now)
 	}
 
 	// 2. The queue: each waiter's wait runs from when it was first seen queued.
@@ -135,16 +182,18 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 		}
 	}
 
-	// 3. Hand-off: the head of a free lock has handoffTimeoutSeconds from when it was seen so.
-	if s.Holder == nil && len(s.Waiters) > 0 {
-		next.freeHead, next.freeHeadSince = s.Waiters[0].RequestID, now
-		if prev.freeHead == next.freeHead {
-			next.freeHeadSince = prev.freeHeadSince
+	// 3. Hand-off: the head has handoffTimeoutSeconds from when it was seen at
+	// the head of a lock that admits a holding in its mode (a free lock for an
+	// exclusive head; no writer and a free slot for a shared one).
+	if len(s.Waiters) > 0 && lock.Admits(headMode(lock, &s.Waiters[0])) {
+		next.readyHead, next.readyHeadSince = s.Waiters[0].RequestID, now
+		if prev.readyHead == next.readyHead {
+			next.readyHeadSince = prev.readyHeadSince
 		}
 	}
 
-	// 4. Idleness: free, nobody queued, and no acquisition since (same token).
-	if s.Holder == nil && len(s.Waiters) == 0 {
+	// 4. Idleness: no holding, nobody queued, and no acquisition since (same token).
+	if !lock.IsHeld() && len(s.Waiters) == 0 {
 		next.idle, next.idleToken, next.idleSince = true, s.FencingToken, now
 		if prev.idle && prev.idleToken == s.FencingToken {
 			next.idleSince = prev.idleSince
@@ -153,42 +202,66 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 	return next, ts
 }
 
-// holderTransitions lists, in order, the end of the previous holding, the
-// holdings that began and ended between the two observations (known from
-// recentAcquisitions), and the start of the current holding.
-func holderTransitions(prevObs *observation, next *holdingObservation, s *locksv1alpha1.DistributedLockStatus, now time.Time) []transition {
+// holdingTransitions lists the holdings that ended since the previous
+// observation (by token), those that began and ended in between (known from
+// recentAcquisitions, in the order they ended), and the current holdings that
+// began (by token).
+func holdingTransitions(prev *observation, current []holding, s *locksv1alpha1.DistributedLockStatus, now time.Time) []transition {
 	var ts []transition
-	prev := prevObs.holding
-	if prev != nil && (next == nil || next.leaseID != prev.leaseID) {
-		t := transition{kind: transitionEnded, leaseID: prev.leaseID, identity: prev.identity, token: prev.token}
-		for _, f := range s.RecentAcquisitions {
-			if f.LeaseID == prev.leaseID {
-				t.reason, t.endedBy = f.EndReason, f.EndedBy
-			}
+	live := make(map[string]bool, len(current))
+	for _, h := range current {
+		live[h.LeaseID] = true
+	}
+	var ended []holdingObservation
+	for id, p := range prev.holdings {
+		if !live[id] {
+			ended = append(ended, p)
+		}
+	}
+	slices.SortFunc(ended, func(a, b holdingObservation) int { return cmp.Compare(a.token, b.token) })
+	for _, p := range ended {
+		t := transition{kind: transitionEnded, leaseID: p.leaseID, identity: p.identity, token: p.token, slot: p.slot}
+		if f := finished(s, p.leaseID); f != nil {
+			t.reason, t.endedBy = f.EndReason, f.EndedBy
 		}
 		ts = append(ts, t)
 	}
 	for _, f := range s.RecentAcquisitions {
-		if f.FencingToken > prevObs.token && (prev == nil || f.LeaseID != prev.leaseID) {
+		if _, seen := prev.holdings[f.LeaseID]; f.FencingToken > prev.token && !seen {
 			ts = append(ts,
-				transition{kind: transitionAcquired, leaseID: f.LeaseID, identity: f.Identity, token: f.FencingToken},
-				transition{kind: transitionEnded, leaseID: f.LeaseID, identity: f.Identity, token: f.FencingToken, reason: f.EndReason, endedBy: f.EndedBy})
+				transition{kind: transitionAcquired, leaseID: f.LeaseID, identity: f.Identity, token: f.FencingToken, slot: f.Slot},
+				transition{kind: transitionEnded, leaseID: f.LeaseID, identity: f.Identity, token: f.FencingToken, slot: f.Slot, reason: f.EndReason, endedBy: f.EndedBy})
 		}
 	}
-	if next != nil && (prev == nil || next.leaseID != prev.leaseID) {
-		t := transition{kind: transitionAcquired, leaseID: next.leaseID, identity: next.identity, token: next.token}
-		if seen, ok := prevObs.waiters[next.requestID]; ok {
-			t.waited = now.Sub(seen)
+	var began []transition
+	for _, h := range current {
+		if _, seen := prev.holdings[h.LeaseID]; seen {
+			continue
 		}
-		if prevObs.freeHead == next.requestID {
-			t.handoff = now.Sub(prevObs.freeHeadSince)
+		t := transition{kind: transitionAcquired, leaseID: h.LeaseID, identity: h.Identity, token: h.token, slot: h.slot}
+		if queued, ok := prev.waiters[h.RequestID]; ok {
+			t.waited = now.Sub(queued)
 		}
-		ts = append(ts, t)
+		if prev.readyHead == h.RequestID {
+			t.handoff = now.Sub(prev.readyHeadSince)
+		}
+		began = append(began, t)
 	}
-	return ts
+	slices.SortFunc(began, func(a, b transition) int { return cmp.Compare(a.token, b.token) })
+	return append(ts, began...)
 }
 
-// renewMark identifies the holder's latest renewal. Only equality matters: a
+// finished is the record of the ended holding leaseID, nil when status no longer remembers it.
+func finished(s *locksv1alpha1.DistributedLockStatus, leaseID string) *locksv1alpha1.FinishedHolding {
+	for i := range s.RecentAcquisitions {
+		if s.RecentAcquisitions[i].LeaseID == leaseID {
+			return &s.RecentAcquisitions[i]
+		}
+	}
+	return nil
+}
+
+// renewMark identifies a holding's latest renewal. Only equality matters: a
 // renewal is any change of renewTime, whichever way the holder's clock moved.
 func renewMark(h *locksv1alpha1.LockHolder) int64 {
 	if h.RenewTime != nil {
@@ -240,19 +313,21 @@ func (o *observations) clear() {
 	o.m = nil
 }
 
-// stats summarises the current holdings at now for the holding gauges; grace
-// is the controller's expiry grace. It walks every observation, once per scrape.
+// stats summarises the current holdings, exclusive and shared, at now for
+// the holding gauges; grace is the controller's expiry grace. It walks every
+// observation, once per scrape.
 func (o *observations) stats(now time.Time, grace time.Duration) metrics.HoldingStats {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var s metrics.HoldingStats
 	for _, obs := range o.m {
-		h := obs.holding
-		if h == nil || h.lease <= 0 || h.inSession {
-			continue
+		for _, h := range obs.holdings {
+			if h.lease <= 0 || h.inSession {
+				continue
+			}
+			s.LongestLeases = max(s.LongestLeases, float64(now.Sub(h.since))/float64(h.lease))
+			s.MaxOverdueSeconds = max(s.MaxOverdueSeconds, now.Sub(h.renewSeen.Add(h.lease+grace)).Seconds())
 		}
-		s.LongestLeases = max(s.LongestLeases, float64(now.Sub(h.since))/float64(h.lease))
-		s.MaxOverdueSeconds = max(s.MaxOverdueSeconds, now.Sub(h.renewSeen.Add(h.lease+grace)).Seconds())
 	}
 	return s
 }

@@ -1,8 +1,9 @@
-// Package controllers holds the DistributedLock reconciler: it expires leases
-// that stopped being renewed, ends holdings whose session or pod is gone, keeps
-// wait queues moving, keeps the Held condition and observedGeneration current,
-// emits Events for the transitions it observes and deletes idle auto-created
-// locks; and the LockSession reconciler, which times sessions' renewals.
+// Package controllers holds the DistributedLock reconciler: it expires each
+// holding, exclusive or shared, whose lease stopped being renewed, ends
+// holdings whose session or pod is gone, keeps wait queues moving across
+// modes, keeps the Held condition and observedGeneration current, emits Events
+// for the transitions it observes and deletes idle auto-created locks; and the
+// LockSession reconciler, which times sessions' renewals.
 package controllers
 
 import (
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -196,28 +198,41 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	d := decide(lock, obs, live, now, r.timing)
 
-	// 4. Act: delete an idle auto-created lock, or write status once if it changed.
-	if d.delete {
-		return r.deleteIdle(ctx, lock)
-	}
-	updated, err := r.writeStatus(ctx, lock, d, now)
-	switch {
-	case apierrors.IsConflict(err):
-		metrics.WriteConflicts.Inc()
-		log.FromContext(ctx).V(1).Info("lock changed meanwhile; reconciling again")
-		return ctrl.Result{RequeueAfter: conflictRetry}, nil
-	case err != nil:
-		metrics.ReconcileErrors.WithLabelValues(metrics.StepWrite).Inc()
-		return ctrl.Result{}, err
-	case updated != nil:
-		// Our own write is observed now, without reporting it a second time.
-		obs, _ = observe(&obs, updated, now)
-		r.obs.put(req.NamespacedName, obs)
-		d = decide(updated, obs, live, now, r.timing)
-	}
+	// 4. Act on it, and 5. come back at the nearest deadline; no periodic scan.
+	return r.act(ctx, req.NamespacedName, lock, obs, live, d, now)
+}
 
-	// 5. Come back at the nearest deadline; no periodic scan.
-	return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
+// act carries out decision d about lock: it deletes an idle auto-created
+// lock, or writes status if it changed. A write ends at most
+// MaxRecentAcquisitions holdings, so while the decision about the written
+// object still acts, it writes again from that object; every acting write
+// removes a holding or a waiter, so this ends. The result requeues at the
+// nearest deadline of the last version.
+func (r *Reconciler) act(ctx context.Context, key types.NamespacedName, lock *locksv1alpha1.DistributedLock, obs observation, live liveness, d decision, now time.Time) (ctrl.Result, error) {
+	for {
+		if d.delete {
+			return r.deleteIdle(ctx, lock)
+		}
+		updated, err := r.writeStatus(ctx, lock, d, now)
+		switch {
+		case apierrors.IsConflict(err):
+			metrics.WriteConflicts.Inc()
+			log.FromContext(ctx).V(1).Info("lock changed meanwhile; reconciling again")
+			return ctrl.Result{RequeueAfter: conflictRetry}, nil
+		case err != nil:
+			metrics.ReconcileErrors.WithLabelValues(metrics.StepWrite).Inc()
+			return ctrl.Result{}, err
+		case updated == nil:
+			return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
+		}
+		// Our own write is observed now, without reporting it a second time.
+		lock = updated
+		obs, _ = observe(&obs, lock, now)
+		r.obs.put(key, obs)
+		if d = decide(lock, obs, live, now, r.timing); !d.acts() {
+			return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
+		}
+	}
 }
 
 // writeStatus applies d and the status bookkeeping to lock and writes status if
@@ -225,7 +240,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // written object, or nil when nothing needed writing.
 func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.DistributedLock, d decision, now time.Time) (*locksv1alpha1.DistributedLock, error) {
 	endedBy := ""
-	if d.end.reason != "" {
+	if len(d.ends) > 0 {
 		var err error
 		if endedBy, err = r.Username(ctx); err != nil {
 			return nil, err
@@ -239,17 +254,17 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 		return nil, err
 	}
 	logger := log.FromContext(ctx)
-	if reason := string(d.end.reason); reason != "" {
-		if d.end.reason == locksv1alpha1.EndReasonExpired {
+	for _, e := range d.ends {
+		reason := string(e.reason)
+		if e.reason == locksv1alpha1.EndReasonExpired {
 			metrics.Expirations.Inc()
 		}
-		// The write is the change of holder; its watch event is not reported again.
+		// The write is the change of holdings; its watch event is not reported again.
 		metrics.TransitionsObserved.WithLabelValues(reason).Inc()
-		h := lock.Status.Holder
-		logger.Info("holding ended", "lock", client.ObjectKeyFromObject(lock), "holder", h.Identity,
-			"token", lock.Status.FencingToken, "leaseID", h.LeaseID, "reason", reason, "why", d.end.why)
+		logger.Info("holding ended", "lock", client.ObjectKeyFromObject(lock), "holder", e.identity,
+			"token", e.token, "leaseID", e.leaseID, "slot", slotValue(e.slot), "reason", reason, "why", e.why)
 		r.recorder.Eventf(desired, nil, corev1.EventTypeNormal, reason, "End",
-			"lease %s of %s (fencing token %d) ended %s: %s", h.LeaseID, h.Identity, lock.Status.FencingToken, reason, d.end.why)
+			"lease %s of %s (fencing token %d%s) ended %s: %s", e.leaseID, e.identity, e.token, slotNote(e.slot), reason, e.why)
 	}
 	for _, w := range d.drop {
 		metrics.WaitersDropped.WithLabelValues(string(w.reason)).Inc()
@@ -259,6 +274,22 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 			"dropped waiter %s (request %s): %s", w.identity, w.requestID, w.reason)
 	}
 	return desired, nil
+}
+
+// slotValue is a shared holding's slot for a log line, -1 for an exclusive one.
+func slotValue(slot *int32) int32 {
+	if slot == nil {
+		return -1
+	}
+	return *slot
+}
+
+// slotNote names a shared holding's slot in an Event; empty for an exclusive one.
+func slotNote(slot *int32) string {
+	if slot == nil {
+		return ""
+	}
+	return fmt.Sprintf(", shared slot %d", *slot)
 }
 
 // deleteIdle deletes an idle auto-created lock, on condition that it is still
@@ -284,7 +315,8 @@ func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.Distrib
 	return ctrl.Result{}, nil
 }
 
-// report logs and emits an Event for each observed change of holder.
+// report logs and emits an Event for each holding, exclusive or shared,
+// observed to begin or end.
 func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.DistributedLock, ts []transition) {
 	logger := log.FromContext(ctx)
 	key := client.ObjectKeyFromObject(lock)
@@ -294,9 +326,9 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			metrics.TransitionsObserved.WithLabelValues(EventAcquired).Inc()
 			metrics.Acquisition(len(lock.Status.Waiters), t.waited.Seconds(), t.handoff.Seconds())
 			metrics.Hot.Acquired(key.Namespace, key.Name)
-			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID)
+			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID, "slot", slotValue(t.slot))
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventAcquired, "Acquire",
-				"acquired by %s with fencing token %d (lease %s)", t.identity, t.token, t.leaseID)
+				"acquired by %s with fencing token %d (lease %s%s)", t.identity, t.token, t.leaseID, slotNote(t.slot))
 		case transitionEnded:
 			reason := string(t.reason)
 			if reason == "" {
@@ -304,9 +336,9 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			}
 			metrics.TransitionsObserved.WithLabelValues(reason).Inc()
 			logger.Info("holding ended", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID,
-				"reason", reason, "endedBy", t.endedBy)
+				"slot", slotValue(t.slot), "reason", reason, "endedBy", t.endedBy)
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, reason, "Observe",
-				"holding of %s with fencing token %d (lease %s) ended: %s by %s", t.identity, t.token, t.leaseID, reason, t.endedBy)
+				"holding of %s with fencing token %d (lease %s%s) ended: %s by %s", t.identity, t.token, t.leaseID, slotNote(t.slot), reason, t.endedBy)
 		}
 	}
 }
@@ -355,5 +387,13 @@ func stateOf(o *observation) metrics.LockState {
 	if o == nil {
 		return metrics.LockState{}
 	}
-	return metrics.LockState{Exists: true, Held: o.holding != nil, Waiters: len(o.waiters)}
+	st := metrics.LockState{Exists: true, Waiters: len(o.waiters)}
+	for _, h := range o.holdings {
+		if h.slot == nil {
+			st.Exclusive++
+		} else {
+			st.Shared++
+		}
+	}
+	return st
 }

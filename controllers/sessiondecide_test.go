@@ -91,7 +91,9 @@ func TestDecideWithSessions(t *testing.T) {
 	alive := func(s *locksv1alpha1.LockSession) map[string]sessionState {
 		return map[string]sessionState{s.Name: {name: s.Name, session: s, seen: sessionObservation{uid: s.UID, renewSeen: t0}}}
 	}
-	closed := func(why string) ending { return ending{locksv1alpha1.EndReasonSessionClosed, why} }
+	closed := func(why string) []ending {
+		return []ending{endOf("a", 42, nil, ending{reason: locksv1alpha1.EndReasonSessionClosed, why: why})}
+	}
 	podBound := newSession(func(s *locksv1alpha1.LockSession) { s.Spec.PodName, s.Spec.PodUID = "worker-0", "pod-uid-1" })
 	terminating := newSession(func(s *locksv1alpha1.LockSession) { s.DeletionTimestamp = ptr.To(metav1.NewTime(clientTime)) })
 	sessionWaiter := func(requestID, user, session string) lockOpt {
@@ -119,19 +121,19 @@ func TestDecideWithSessions(t *testing.T) {
 			lock: newLock(held("a", 10, clientTime), inSession("worker-s1")),
 			live: liveness{sessions: alive(newSession())},
 			at:   12 * time.Second,
-			want: decision{end: ending{locksv1alpha1.EndReasonSessionExpired, "no renewal of session worker-s1 observed for its TTL 10s + 2s grace"}},
+			want: decision{ends: []ending{endOf("a", 42, nil, ending{reason: locksv1alpha1.EndReasonSessionExpired, why: "no renewal of session worker-s1 observed for its TTL 10s + 2s grace"})}},
 		},
 		{
 			name: "its session is missing: SessionClosed at once",
 			lock: newLock(held("a", 10, clientTime), inSession("gone")),
 			live: liveness{sessions: map[string]sessionState{"gone": {name: "gone"}}},
-			want: decision{end: closed("session gone does not exist in namespace shop")},
+			want: decision{ends: closed("session gone does not exist in namespace shop")},
 		},
 		{
 			name: "its session is terminating",
 			lock: newLock(held("a", 10, clientTime), inSession("worker-s1")),
 			live: liveness{sessions: alive(terminating)},
-			want: decision{end: closed("session worker-s1 is being deleted")},
+			want: decision{ends: closed("session worker-s1 is being deleted")},
 		},
 		{
 			name: "its session is someone else's",
@@ -141,7 +143,7 @@ func TestDecideWithSessions(t *testing.T) {
 				return l
 			}(),
 			live: liveness{sessions: alive(newSession())},
-			want: decision{end: closed(`session worker-s1 is not the holder's: it belongs to "` + owner + `", not "mallory"`)},
+			want: decision{ends: closed(`session worker-s1 is not the holder's: it belongs to "` + owner + `", not "mallory"`)},
 		},
 		{
 			name: "its session is bound to another pod",
@@ -151,7 +153,7 @@ func TestDecideWithSessions(t *testing.T) {
 				return l
 			}(),
 			live: liveness{sessions: alive(podBound)},
-			want: decision{end: closed(`session worker-s1 is bound to pod worker-0 (UID pod-uid-1); a holding or waiter in it must carry that podUID, not "pod-uid-2"`)},
+			want: decision{ends: closed(`session worker-s1 is bound to pod worker-0 (UID pod-uid-1); a holding or waiter in it must carry that podUID, not "pod-uid-2"`)},
 		},
 		{
 			// Red team: the policy engine cannot read the session, so a
@@ -160,7 +162,7 @@ func TestDecideWithSessions(t *testing.T) {
 			name: "its session's TTL exceeds the lock's maxLeaseDurationSeconds: SessionClosed at once",
 			lock: newLock(held("a", 10, clientTime), inSession("worker-s1")),
 			live: liveness{sessions: alive(newSession(func(s *locksv1alpha1.LockSession) { s.Spec.TTLSeconds = 3600 }))},
-			want: decision{end: closed("session worker-s1 has ttlSeconds 3600, more than the lock's spec.maxLeaseDurationSeconds 300: a holding in it could outlive the lock's bound")},
+			want: decision{ends: closed("session worker-s1 has ttlSeconds 3600, more than the lock's spec.maxLeaseDurationSeconds 300: a holding in it could outlive the lock's bound")},
 		},
 		{
 			// Red team: a pod's holding in its account's pod-less session
@@ -173,7 +175,7 @@ func TestDecideWithSessions(t *testing.T) {
 				return l
 			}(),
 			live: liveness{sessions: alive(newSession())},
-			want: decision{end: closed(`session worker-s1 is bound to no pod; a holding or waiter of pod UID "pod-uid-1" must be in a session of that pod`)},
+			want: decision{ends: closed(`session worker-s1 is bound to no pod; a holding or waiter of pod UID "pod-uid-1" must be in a session of that pod`)},
 		},
 		{
 			name: "a pod-bound holder without a session whose pod is gone: Expired",
@@ -182,8 +184,8 @@ func TestDecideWithSessions(t *testing.T) {
 				l.Status.Holder.PodName, l.Status.Holder.PodUID = "worker-0", "pod-uid-1"
 				return l
 			}(),
-			live: liveness{podGone: true},
-			want: decision{end: ending{locksv1alpha1.EndReasonExpired, "holder pod worker-0 deleted"}},
+			live: liveness{podsGone: map[string]bool{"pod-uid-1": true}},
+			want: decision{ends: []ending{endOf("a", 42, nil, ending{reason: locksv1alpha1.EndReasonExpired, why: "holder pod worker-0 deleted"})}},
 		},
 		{
 			name: "waiters of a lapsed, missing or foreign session are dropped; others stay",
@@ -209,7 +211,7 @@ func TestDecideWithSessions(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			obs, _ := observe(nil, tt.lock, t0)
 			got := decide(tt.lock, obs, tt.live, t0.Add(tt.at), testTiming)
-			if tt.want.end.reason == "" && len(tt.want.drop) == 0 {
+			if !tt.want.acts() {
 				// Only the session decides: what remains is the requeue for the queue.
 				got.requeueAfter = 0
 			}
@@ -222,7 +224,7 @@ func TestDecideWithSessions(t *testing.T) {
 
 func TestDesiredStatusEndsSessionHolding(t *testing.T) {
 	l := newLock(held("a", 10, clientTime), inSession("worker-s1"))
-	got := desiredStatus(l, decision{end: ending{reason: locksv1alpha1.EndReasonSessionExpired}}, "controller", t0)
+	got := desiredStatus(l, decision{ends: []ending{{leaseID: "a", reason: locksv1alpha1.EndReasonSessionExpired}}}, "controller", t0)
 	if got.Status.Holder != nil {
 		t.Fatalf("holder = %+v, want none", got.Status.Holder)
 	}

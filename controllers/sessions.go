@@ -31,10 +31,11 @@ const SessionControllerName = "locksession"
 
 // Field indexes of the lock cache, so that the work a session or pod event
 // causes scales with the locks that name it, never with all locks.
+// The holding indexes cover the exclusive holder and every shared holder.
 const (
-	indexHolderSession = "status.holder.session"
-	indexWaiterSession = "status.waiters.session"
-	indexHolderPodUID  = "status.holder.podUID"
+	indexHoldingSession = "status.holdings.session"
+	indexWaiterSession  = "status.waiters.session"
+	indexHoldingPodUID  = "status.holdings.podUID"
 )
 
 // +kubebuilder:rbac:groups=locks.kubelock.io,resources=locksessions,verbs=get;list;watch;delete
@@ -71,11 +72,11 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	now := r.clock.Now()
 	seen := r.sessions.observe(s, now)
-	holders, refs, err := locksNaming(ctx, r.reader, s)
+	holdings, refs, err := locksNaming(ctx, r.reader, s)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	d := decideSession(s, seen, len(holders), len(refs), now, r.grace)
+	d := decideSession(s, seen, holdings, len(refs), now, r.grace)
 	logger := log.FromContext(ctx)
 	switch {
 	case d.delete:
@@ -114,18 +115,21 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 // indexLocks adds the lock cache's field indexes. The values are read from
 // the unstructured object, so a lock that does not decode is still indexed.
 func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
-	holder := func(field string) client.IndexerFunc {
+	distinct := func(field string, values func(client.Object, string) []string) client.IndexerFunc {
 		return func(o client.Object) []string {
-			if v := holderField(o, field); v != "" {
-				return []string{v}
+			var out []string
+			for _, v := range values(o, field) {
+				if v != "" && !slices.Contains(out, v) {
+					out = append(out, v)
+				}
 			}
-			return nil
+			return out
 		}
 	}
 	for field, fn := range map[string]client.IndexerFunc{
-		indexHolderSession: holder("session"),
-		indexHolderPodUID:  holder("podUID"),
-		indexWaiterSession: waiterSessions,
+		indexHoldingSession: distinct("session", holdingFields),
+		indexHoldingPodUID:  distinct("podUID", holdingFields),
+		indexWaiterSession:  distinct("session", waiterFields),
 	} {
 		if err := idx.IndexField(ctx, newUnstructuredLock(), field, fn); err != nil {
 			return err
@@ -134,77 +138,95 @@ func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
 	return nil
 }
 
-func holderField(o client.Object, field string) string {
-	u, _ := o.(*unstructured.Unstructured)
-	if u == nil {
-		return ""
-	}
-	v, _, _ := unstructured.NestedString(u.Object, "status", "holder", field)
-	return v
-}
-
-// waiterSessions lists the sessions a lock's waiters name, each once.
-func waiterSessions(o client.Object) []string {
+// holdingFields lists field of each of a lock's holdings, the exclusive
+// holder and the shared holders, one value per holding ("" where unset).
+func holdingFields(o client.Object, field string) []string {
 	u, _ := o.(*unstructured.Unstructured)
 	if u == nil {
 		return nil
 	}
-	raw, _, _ := unstructured.NestedFieldNoCopy(u.Object, "status", "waiters")
-	ws, _ := raw.([]any)
 	var out []string
-	for _, w := range ws {
-		m, _ := w.(map[string]any)
-		if s, _ := m["session"].(string); s != "" && !slices.Contains(out, s) {
-			out = append(out, s)
-		}
+	if h, ok, _ := unstructured.NestedMap(u.Object, "status", "holder"); ok {
+		v, _ := h[field].(string)
+		out = append(out, v)
+	}
+	return append(out, listFields(u, field, "status", "sharedHolders")...)
+}
+
+// waiterFields lists field of each of a lock's waiters ("" where unset).
+func waiterFields(o client.Object, field string) []string {
+	u, _ := o.(*unstructured.Unstructured)
+	if u == nil {
+		return nil
+	}
+	return listFields(u, field, "status", "waiters")
+}
+
+// listFields lists field of each entry of the list at path in u.
+func listFields(u *unstructured.Unstructured, field string, path ...string) []string {
+	raw, _, _ := unstructured.NestedFieldNoCopy(u.Object, path...)
+	items, _ := raw.([]any)
+	out := make([]string, 0, len(items))
+	for _, item := range items {
+		m, _ := item.(map[string]any)
+		v, _ := m[field].(string)
+		out = append(out, v)
 	}
 	return out
 }
 
-// sessionRef is how a lock names one session.
-type sessionRef struct{ holds, waits bool }
+// sessionRef is how a lock names one session: in how many of its holdings,
+// and whether in a waiter.
+type sessionRef struct {
+	holdings int
+	waits    bool
+}
 
 // sessionRefs lists the sessions a lock names.
 func sessionRefs(o client.Object) map[string]sessionRef {
 	refs := map[string]sessionRef{}
-	if s := holderField(o, "session"); s != "" {
-		refs[s] = sessionRef{holds: true}
+	for _, s := range holdingFields(o, "session") {
+		if s != "" {
+			r := refs[s]
+			r.holdings++
+			refs[s] = r
+		}
 	}
-	for _, s := range waiterSessions(o) {
-		r := refs[s]
-		r.waits = true
-		refs[s] = r
+	for _, s := range waiterFields(o, "session") {
+		if s != "" {
+			r := refs[s]
+			r.waits = true
+			refs[s] = r
+		}
 	}
 	return refs
 }
 
-// listLocks returns the keys of the locks in namespace ns ("" for all) whose
-// index field has value.
-func listLocks(ctx context.Context, reader client.Reader, ns, field, value string) ([]types.NamespacedName, error) {
+// listLocks returns the locks in namespace ns ("" for all) whose index field has value.
+func listLocks(ctx context.Context, reader client.Reader, ns, field, value string) ([]unstructured.Unstructured, error) {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(lockGVK.GroupVersion().WithKind(lockGVK.Kind + "List"))
 	if err := reader.List(ctx, list, client.InNamespace(ns), client.MatchingFields{field: value}); err != nil {
 		return nil, err
 	}
-	keys := make([]types.NamespacedName, 0, len(list.Items))
-	for i := range list.Items {
-		keys = append(keys, client.ObjectKeyFromObject(&list.Items[i]))
-	}
-	return keys, nil
+	return list.Items, nil
 }
 
-// locksNaming lists the locks whose holder names session s, and those whose
-// holder or waiters do.
-func locksNaming(ctx context.Context, reader client.Reader, s client.Object) (holders, refs []types.NamespacedName, err error) {
-	holders, err1 := listLocks(ctx, reader, s.GetNamespace(), indexHolderSession, s.GetName())
+// locksNaming counts the holdings in session s (the exclusive and shared
+// holdings of every lock, as status.locks reports them) and lists the locks
+// whose holdings or waiters name it.
+func locksNaming(ctx context.Context, reader client.Reader, s client.Object) (holdings int, refs []types.NamespacedName, err error) {
+	held, err1 := listLocks(ctx, reader, s.GetNamespace(), indexHoldingSession, s.GetName())
 	waiting, err2 := listLocks(ctx, reader, s.GetNamespace(), indexWaiterSession, s.GetName())
-	refs = slices.Clone(holders)
-	for _, k := range waiting {
-		if !slices.Contains(holders, k) {
+	for i := range held {
+		holdings += sessionRefs(&held[i])[s.GetName()].holdings
+	}
+	for _, l := range append(held, waiting...) {
+		if k := client.ObjectKeyFromObject(&l); !slices.Contains(refs, k) {
 			refs = append(refs, k)
 		}
 	}
-	return holders, refs, errors.Join(err1, err2)
+	return holdings, refs, errors.Join(err1, err2)
 }
 
 func requests(keys []types.NamespacedName) []reconcile.Request {
@@ -224,11 +246,15 @@ func (r *Reconciler) locksOfSession(ctx context.Context, o client.Object) []reco
 	return requests(refs)
 }
 
-// locksOfPod maps a pod's deletion to the locks it held without a session.
+// locksOfPod maps a pod's deletion to the locks it holds (exclusive or shared).
 func (r *Reconciler) locksOfPod(ctx context.Context, o client.Object) []reconcile.Request {
-	keys, err := listLocks(ctx, r.reader, "", indexHolderPodUID, string(o.GetUID()))
+	locks, err := listLocks(ctx, r.reader, "", indexHoldingPodUID, string(o.GetUID()))
 	if err != nil {
 		log.FromContext(ctx).Error(err, "cannot list the locks of a pod", "pod", client.ObjectKeyFromObject(o))
+	}
+	keys := make([]types.NamespacedName, len(locks))
+	for i := range locks {
+		keys[i] = client.ObjectKeyFromObject(&locks[i])
 	}
 	return requests(keys)
 }
@@ -276,16 +302,18 @@ func enqueueSessions(q workqueue.TypedRateLimitingInterface[reconcile.Request], 
 	}
 }
 
-// liveness reads the sessions lock names and, for a holder bound to a pod
-// without a session, whether that pod is gone.
+// liveness reads the sessions lock's holdings and waiters name and, for each
+// holding bound to a pod without a session, whether that pod is gone.
 func (r *Reconciler) liveness(ctx context.Context, lock *locksv1alpha1.DistributedLock, now time.Time) (liveness, error) {
 	var live liveness
-	s := &lock.Status
-	names := make([]string, 0, 1+len(s.Waiters))
-	if s.Holder != nil && s.Holder.Session != "" {
-		names = append(names, s.Holder.Session)
+	hs := holdingsOf(lock)
+	var names []string
+	for _, h := range hs {
+		if h.Session != "" && !slices.Contains(names, h.Session) {
+			names = append(names, h.Session)
+		}
 	}
-	for _, w := range s.Waiters {
+	for _, w := range lock.Status.Waiters {
 		if w.Session != "" && !slices.Contains(names, w.Session) {
 			names = append(names, w.Session)
 		}
@@ -300,12 +328,21 @@ func (r *Reconciler) liveness(ctx context.Context, lock *locksv1alpha1.Distribut
 		}
 		live.sessions[name] = st
 	}
-	if h := s.Holder; h != nil && h.Session == "" && h.PodUID != "" && h.PodName != "" {
-		gone, err := r.podGone(ctx, h)
+	for _, h := range hs {
+		if h.Session != "" || h.PodUID == "" || h.PodName == "" {
+			continue
+		}
+		if _, checked := live.podsGone[h.PodUID]; checked {
+			continue
+		}
+		gone, err := r.podGone(ctx, h.LockHolder)
 		if err != nil {
 			return live, err
 		}
-		live.podGone = gone
+		if live.podsGone == nil {
+			live.podsGone = map[string]bool{}
+		}
+		live.podsGone[h.PodUID] = gone
 	}
 	return live, nil
 }

@@ -61,12 +61,12 @@ const ctrl, hook = ControllerSubsystem, WebhookSubsystem
 // The operator's metrics: the exported ones are counted where they happen,
 // the others through the helpers below. Each Help says what it counts.
 var (
-	Expirations    = counter(ctrl, "expirations_total", "Leases the controller expired.")
+	Expirations    = counter(ctrl, "expirations_total", "Holdings, exclusive or shared, the controller expired (each entry on its own).")
 	WaitersDropped = counterVec(ctrl, "waiters_dropped_total",
 		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout, SessionExpired, SessionClosed).", "reason")
 	IdleLocksDeleted    = counter(ctrl, "idle_locks_deleted_total", "Idle auto-created locks the controller deleted.")
 	TransitionsObserved = counterVec(ctrl, "transitions_observed_total",
-		"Changes of holder the controller observed, by kind (Acquired, Released, Expired, ForceReleased, SessionExpired, SessionClosed).", "kind")
+		"Holdings, exclusive or shared, the controller observed begin (Acquired) or end, by kind (Acquired, Released, Expired, ForceReleased, SessionExpired, SessionClosed).", "kind")
 	waitSeconds = histogram("wait_seconds",
 		"Time from the controller first seeing a waiter queued to seeing it acquire the lock.",
 		prometheus.ExponentialBuckets(0.01, 2, 16))
@@ -74,10 +74,13 @@ var (
 		"Time from the controller seeing a lock free with a head waiter to seeing that waiter acquire it.",
 		prometheus.ExponentialBuckets(0.005, 2, 14))
 	queueLength = histogram("queue_length",
-		"Length of a lock's wait queue each time the controller observes a change of holder.",
+		"Length of a lock's wait queue each time the controller observes an acquisition, exclusive or shared.",
 		[]float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024})
-	locksObserved   = gauge("locks", "DistributedLocks this controller currently observes (0 on a replica that is not the leader).")
-	locksHeld       = gauge("locks_held", "DistributedLocks this controller last observed with a holder.")
+	locksObserved  = gauge("locks", "DistributedLocks this controller currently observes (0 on a replica that is not the leader).")
+	locksHeld      = gauge("locks_held", "DistributedLocks this controller last observed with any holding, exclusive or shared.")
+	holdingsByMode = add(prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Subsystem: ControllerSubsystem, Name: "holdings",
+		Help: "Holdings over all locks as this controller last observed them, by mode (exclusive: a Mutex's holder or an RWMutex's writer; shared: an RWMutex's readers and a Semaphore's permits)."},
+		[]string{"mode"}))
 	waiters         = gauge("waiters", "Waiters queued over all locks, as this controller last observed them.")
 	ReconcileErrors = counterVec(ctrl, "reconcile_errors_total",
 		"Reconciles that returned an error, by step (get, write_status, delete).", "step")
@@ -133,17 +136,29 @@ func Acquisition(queued int, waitedSeconds, handoffSecs float64) {
 
 // LockState is what the gauges need of one observed lock.
 type LockState struct {
-	Exists  bool
-	Held    bool
-	Waiters int
+	Exists bool
+	// Exclusive and Shared count its holdings by mode.
+	Exclusive, Shared int
+	Waiters           int
 }
+
+// Held reports whether the lock has any holding.
+func (s LockState) Held() bool { return s.Exclusive+s.Shared > 0 }
+
+// Modes, the mode label of the holdings gauge.
+const (
+	ModeExclusive = "exclusive"
+	ModeShared    = "shared"
+)
 
 // LockChanged moves the fleet gauges from one observed state of a lock to the
 // next; a lock seen for the first time has a zero before, a deleted lock a
 // zero after.
 func LockChanged(before, after LockState) {
 	locksObserved.Add(b2f(after.Exists) - b2f(before.Exists))
-	locksHeld.Add(b2f(after.Held) - b2f(before.Held))
+	locksHeld.Add(b2f(after.Held()) - b2f(before.Held()))
+	holdingsByMode.WithLabelValues(ModeExclusive).Add(float64(after.Exclusive - before.Exclusive))
+	holdingsByMode.WithLabelValues(ModeShared).Add(float64(after.Shared - before.Shared))
 	waiters.Add(float64(after.Waiters - before.Waiters))
 }
 
