@@ -107,7 +107,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request, oldObj,
 		m, err := v.metaActor(ctx, req, a, CreateChecks(newObj))
 		return ValidateCreate(newObj, m), err
 	case admissionv1.Delete:
-		if oldObj.Status.Holder != nil && oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" {
+		if oldObj.IsHeld() && oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" {
 			a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, oldObj.Namespace, oldObj.Name, locksv1alpha1.ForceReleaseVerb)
 		}
 		return ValidateDelete(oldObj, a), err

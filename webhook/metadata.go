@@ -30,22 +30,24 @@ type MetaChecks struct {
 	Update       bool
 }
 
-// specDefault is a spec field's default in the CRD (api/v1alpha1 markers).
+// specDefault is a spec field's default in the CRD (api/v1alpha1 markers), as JSON.
 type specDefault struct {
 	field string
-	value int64
+	value string
 }
 
-// specDefaults lists every spec field with its CRD default, in the order
-// denials name them; config/policy's metadata policy has the same list, and
-// TestSpecDefaultsMatchCRD holds it to the CRD.
+// specDefaults lists every spec field that has a CRD default, with it, in the
+// order denials name them; config/policy's metadata policy has the same list,
+// and TestSpecDefaultsMatchCRD holds it to the CRD. A field without a default
+// (spec.permits) is not default whenever it is set.
 var specDefaults = []specDefault{
-	{"leaseDurationSeconds", locksv1alpha1.DefaultLeaseDurationSeconds},
-	{"maxLeaseDurationSeconds", locksv1alpha1.DefaultMaxLeaseDurationSeconds},
-	{"maxWaiters", locksv1alpha1.DefaultMaxWaiters},
-	{"handoffTimeoutSeconds", locksv1alpha1.DefaultHandoffTimeoutSeconds},
-	{"maxWaitersPerUser", locksv1alpha1.DefaultMaxWaitersPerUser},
-	{"maxWaitSeconds", locksv1alpha1.DefaultMaxWaitSeconds},
+	{"type", `"` + string(locksv1alpha1.Mutex) + `"`},
+	{"leaseDurationSeconds", fmt.Sprint(locksv1alpha1.DefaultLeaseDurationSeconds)},
+	{"maxLeaseDurationSeconds", fmt.Sprint(locksv1alpha1.DefaultMaxLeaseDurationSeconds)},
+	{"maxWaiters", fmt.Sprint(locksv1alpha1.DefaultMaxWaiters)},
+	{"handoffTimeoutSeconds", fmt.Sprint(locksv1alpha1.DefaultHandoffTimeoutSeconds)},
+	{"maxWaitersPerUser", fmt.Sprint(locksv1alpha1.DefaultMaxWaitersPerUser)},
+	{"maxWaitSeconds", fmt.Sprint(locksv1alpha1.DefaultMaxWaitSeconds)},
 }
 
 var (
@@ -96,7 +98,7 @@ func ValidateMetadataUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Met
 		errs = append(errs, forceDeleteDenial(newObj.Namespace, newObj.Annotations[locksv1alpha1.ForceDeleteAnnotation], a))
 	}
 	if heldFinalizerRemoval(oldObj, newObj) && !a.CanForceRelease {
-		h := oldObj.Status.Holder
+		h := firstHolding(oldObj)
 		errs = append(errs, deny(finalizersPath, RuleHeldDelete, "lock %s is held by %s (lease %s); removing its finalizers %s is a delete: release it first, or annotate it %s=true, or use an account with the %q verb",
 			oldObj.Name, h.User, h.LeaseID, strings.Join(removedFinalizers(oldObj, newObj), ", "), locksv1alpha1.ForceDeleteAnnotation, locksv1alpha1.ForceReleaseVerb))
 	}
@@ -123,7 +125,7 @@ func forceDeleteSet(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
 // not already marked for forced deletion. The last finalizer's removal
 // completes a pending delete, so it is a delete of the held lock.
 func heldFinalizerRemoval(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
-	return oldObj.Status.Holder != nil &&
+	return oldObj.IsHeld() &&
 		oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" &&
 		len(removedFinalizers(oldObj, newObj)) > 0
 }
@@ -152,14 +154,14 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 	known := map[string]bool{}
 	for _, d := range specDefaults {
 		known[d.field] = true
-		if v, ok := spec[d.field]; ok && string(v) != fmt.Sprint(d.value) {
-			out = append(out, fmt.Sprintf("spec.%s=%s (default %d)", d.field, v, d.value))
+		if v, ok := spec[d.field]; ok && string(v) != d.value {
+			out = append(out, fmt.Sprintf("spec.%s=%s (default %s)", d.field, plain(v), plain([]byte(d.value))))
 		}
 	}
 	var unknown []string
 	for k, v := range spec {
 		if !known[k] {
-			unknown = append(unknown, fmt.Sprintf("spec.%s=%s", k, v))
+			unknown = append(unknown, fmt.Sprintf("spec.%s=%s", k, plain(v)))
 		}
 	}
 	sort.Strings(unknown)
@@ -200,4 +202,14 @@ func specJSON(spec locksv1alpha1.DistributedLockSpec) (map[string]json.RawMessag
 		err = json.Unmarshal(b, &out)
 	}
 	return out, err
+}
+
+// plain is a JSON value as the policy's string() prints it: a string
+// without its quotes, anything else as written.
+func plain(v json.RawMessage) string {
+	var s string
+	if json.Unmarshal(v, &s) == nil {
+		return s
+	}
+	return string(v)
 }

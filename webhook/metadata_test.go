@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -24,7 +23,7 @@ const (
 
 // defaulted is l as admission sees it after the apiserver applied the CRD's defaults.
 func defaulted(l *locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedLock {
-	l.Spec = locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: ptr(128), HandoffTimeoutSeconds: 10}
+	l.Spec = locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Mutex, LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: ptr(128), HandoffTimeoutSeconds: 10}
 	return l
 }
 
@@ -104,6 +103,14 @@ func TestValidateCreate(t *testing.T) {
 		{name: "hand-off 3600 by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) { l.Spec.HandoffTimeoutSeconds = 3600 }),
 			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
 		{name: "finalizer by a lock user", lock: with(autoCreated(), finalize(finalizer)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "an RWMutex by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) { l.Spec.Type = locksv1alpha1.RWMutex }),
+			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "a Semaphore by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
+			l.Spec.Type, l.Spec.Permits = locksv1alpha1.Semaphore, ptr(3)
+		}), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "a Semaphore by an administrator", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
+			l.Spec.Type, l.Spec.Permits = locksv1alpha1.Semaphore, ptr(3)
+		}), actor: admin, checks: MetaChecks{Update: true}},
 		{name: "force-delete annotation by a lock user", lock: with(autoCreated(), annotate("true")), actor: user,
 			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleForceDelete, RuleCreate}},
 		{name: "16 labels and 16 annotations by a lock user", lock: with(autoCreated(), bulk(16, 16, 0)), actor: user},
@@ -259,7 +266,7 @@ func TestSpecDefaultsMatchCRD(t *testing.T) {
 	if err := yaml.UnmarshalStrict(b, crd); err != nil {
 		t.Fatal(err)
 	}
-	defaults := map[string]int64{}
+	defaults := map[string]string{}
 	for _, d := range specDefaults {
 		defaults[d.field] = d.value
 	}
@@ -270,12 +277,13 @@ func TestSpecDefaultsMatchCRD(t *testing.T) {
 		}
 		for name, p := range props {
 			want, ok := defaults[name]
-			if !ok {
+			switch {
+			case !ok && p.Default == nil:
+				// No default: set means not default, in both engines.
+			case !ok:
 				t.Errorf("%s: spec.%s is not in specDefaults (webhook/metadata.go) nor in the policy's specDefaults", v.Name, name)
-				continue
-			}
-			if p.Default == nil || string(p.Default.Raw) != strconv.FormatInt(want, 10) {
-				t.Errorf("%s: spec.%s defaults to %v in the CRD, %d in specDefaults", v.Name, name, p.Default, want)
+			case p.Default == nil || string(p.Default.Raw) != want:
+				t.Errorf("%s: spec.%s defaults to %v in the CRD, %s in specDefaults", v.Name, name, p.Default, want)
 			}
 		}
 	}
@@ -303,7 +311,7 @@ func TestPolicySpecDefaultsMatch(t *testing.T) {
 	var fields, pairs []string
 	for _, d := range specDefaults {
 		fields = append(fields, "'"+d.field+"'")
-		pairs = append(pairs, fmt.Sprintf("'%s': %d", d.field, d.value))
+		pairs = append(pairs, fmt.Sprintf("'%s': %s", d.field, strings.ReplaceAll(d.value, `"`, "'")))
 	}
 	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	if got, want := norm(vars["specFields"]), "["+strings.Join(fields, ", ")+"]"; got != want {

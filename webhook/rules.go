@@ -39,6 +39,10 @@ const (
 	RuleWaitBound      Rule = "wait-bound"
 	RuleLeaseID        Rule = "lease-id"
 	RuleTerminating    Rule = "terminating"
+	// Shared modes (holdings.go): a holding's mode fits the lock's type; a
+	// shared holding's slot is free, in range, and never changes.
+	RuleMode Rule = "mode"
+	RuleSlot Rule = "slot"
 	// The main resource's (metadata.go); RuleHeldDelete covers finalizers too.
 	RuleForceDelete Rule = "force-delete"
 	RuleCreate      Rule = "create"
@@ -90,118 +94,54 @@ var (
 )
 
 // NeedsForceCheck reports whether validating oldObj → newObj needs to know whether
-// the writer may force-release (the SubjectAccessReview is not free).
+// the writer may force-release (the SubjectAccessReview is not free): the
+// write ends holdings and records one of them as ForceReleased.
 func NeedsForceCheck(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
-	if oldObj.Status.Holder == nil || newObj.Status.Holder != nil {
+	k := len(diffHoldings(&oldObj.Status, &newObj.Status).ended)
+	r := newObj.Status.RecentAcquisitions
+	if k == 0 || k > len(r) {
 		return false
 	}
-	r := newObj.Status.RecentAcquisitions
-	return len(r) > 0 && r[len(r)-1].EndReason == locksv1alpha1.EndReasonForceReleased
+	for _, f := range r[len(r)-k:] {
+		if f.EndReason == locksv1alpha1.EndReasonForceReleased {
+			return true
+		}
+	}
+	return false
 }
 
 // ValidateStatusUpdate checks one write of the status subresource, oldObj → newObj, by a.
 // It is pure: everything it needs is in its arguments.
 func ValidateStatusUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
-	var errs field.ErrorList
 	o, n := &oldObj.Status, &newObj.Status
-	switch {
-	case o.Holder == nil && n.Holder != nil:
-		errs = append(errs, validateAcquire(oldObj, newObj, a)...)
-	case o.Holder != nil && n.Holder == nil:
-		errs = append(errs, validateEnd(oldObj, newObj, a)...)
-	case o.Holder != nil:
+	d := diffHoldings(o, n)
+	errs := validateModes(newObj, d, o)
+	switch len(d.acquired) {
+	case 0:
+		if n.FencingToken != o.FencingToken {
+			errs = append(errs, deny(tokenPath, RuleFencingToken, "fencingToken changes only when a lock is acquired; it is %d", o.FencingToken))
+		}
+	case 1:
+		errs = append(errs, validateAcquisition(oldObj, newObj, d, a)...)
+	default:
+		errs = append(errs, deny(statusPath, RuleSlot, msgOneAcquisition))
+	}
+	if o.Holder != nil && n.Holder != nil {
 		errs = append(errs, validateHeld(o.Holder, n.Holder, a)...)
 	}
-	if !(o.Holder == nil && n.Holder != nil) && n.FencingToken != o.FencingToken {
-		errs = append(errs, deny(tokenPath, RuleFencingToken, "fencingToken changes only when a lock is acquired; it is %d", o.FencingToken))
+	for _, k := range d.kept {
+		errs = append(errs, validateHeldShared(k, a)...)
 	}
-	if !(o.Holder != nil && n.Holder == nil) && !equality.Semantic.DeepEqual(o.RecentAcquisitions, n.RecentAcquisitions) {
+	switch {
+	case len(d.ended) > 0:
+		errs = append(errs, validateEnds(oldObj, newObj, d.ended, a)...)
+	case !equality.Semantic.DeepEqual(o.RecentAcquisitions, n.RecentAcquisitions):
 		errs = append(errs, deny(recentPath, RuleHistory, "recentAcquisitions changes only when a holding ends, by appending its record"))
 	}
-	errs = append(errs, validateQueue(o, n, a)...)
+	errs = append(errs, validateQueue(o, n, d.acquirers(), a)...)
 	errs = append(errs, validateJoin(oldObj, newObj, a)...)
-	errs = append(errs, validateBookkeeping(oldObj, newObj, a)...)
+	errs = append(errs, validateBookkeeping(oldObj, newObj, d, a)...)
 	return append(errs, validateTimes(n)...)
-}
-
-func validateAcquire(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
-	var errs field.ErrorList
-	o, n := &oldObj.Status, &newObj.Status
-	h := n.Holder
-	if a.IsController {
-		errs = append(errs, deny(holderPath, RuleControllerOnly, "the controller may expire holdings but never acquire a lock"))
-	}
-	if h.User != a.Username {
-		errs = append(errs, deny(holderPath.Child("user"), RuleIdentity, "holder.user must be the requesting user %q, not %q", a.Username, h.User))
-	}
-	if oldObj.DeletionTimestamp != nil {
-		errs = append(errs, deny(holderPath, RuleTerminating, msgTerminating))
-	}
-	podName, podUID := a.pod()
-	errs = append(errs, validatePodFields(holderPath, "holder", h.PodName, h.PodUID, a, podName, podUID)...)
-	errs = append(errs, validateFreshLease(o, h)...)
-	// The head is its requestID and its user: requestIDs are visible in
-	// status, so another user could otherwise copy the head's and jump the queue.
-	if len(o.Waiters) > 0 && (o.Waiters[0].RequestID != h.RequestID || o.Waiters[0].User != h.User) {
-		errs = append(errs, deny(holderPath.Child("requestID"), RuleQueueHead, "only the head of the wait queue (requestID %s of %q) may acquire; request %s of %q is not", o.Waiters[0].RequestID, o.Waiters[0].User, h.RequestID, h.User))
-	}
-	want, err := locksv1alpha1.NextFencingToken(oldObj.ResourceVersion)
-	switch {
-	case err != nil:
-		errs = append(errs, field.InternalError(tokenPath, err))
-	case n.FencingToken != want:
-		errs = append(errs, deny(tokenPath, RuleFencingToken, "an acquisition's fencingToken must be the lock's resourceVersion + 1 = %d, not %d", want, n.FencingToken))
-	}
-	return errs
-}
-
-// validateEnd checks a release, an expiry or a force-release.
-func validateEnd(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
-	o, n := &oldObj.Status, &newObj.Status
-	h := o.Holder
-	want := append(append([]locksv1alpha1.FinishedHolding(nil), o.RecentAcquisitions...), locksv1alpha1.FinishedHolding{})
-	if len(want) > locksv1alpha1.MaxRecentAcquisitions {
-		want = want[len(want)-locksv1alpha1.MaxRecentAcquisitions:]
-	}
-	if len(n.RecentAcquisitions) != len(want) {
-		return field.ErrorList{deny(recentPath, RuleEndRecord, "ending the holding of lease %s must append exactly its record to recentAcquisitions (oldest dropped beyond %d)", h.LeaseID, locksv1alpha1.MaxRecentAcquisitions)}
-	}
-	last := n.RecentAcquisitions[len(want)-1]
-	if !equality.Semantic.DeepEqual(n.RecentAcquisitions[:len(want)-1], want[:len(want)-1]) {
-		return field.ErrorList{deny(recentPath, RuleEndRecord, "ending a holding must keep the earlier records of recentAcquisitions unchanged")}
-	}
-	var errs field.ErrorList
-	p := recentPath.Index(len(want) - 1)
-	if last.LeaseID != h.LeaseID || last.RequestID != h.RequestID || last.FencingToken != o.FencingToken || last.Identity != h.Identity {
-		errs = append(errs, deny(p, RuleEndRecord, "the record must describe the ending holding: leaseID %s, requestID %s, fencingToken %d, identity %s", h.LeaseID, h.RequestID, o.FencingToken, h.Identity))
-	}
-	if last.EndedBy != a.Username {
-		errs = append(errs, deny(p.Child("endedBy"), RuleIdentity, "endedBy must be the requesting user %q, not %q", a.Username, last.EndedBy))
-	}
-	switch last.EndReason {
-	case locksv1alpha1.EndReasonReleased:
-		if a.Username != h.User {
-			errs = append(errs, deny(holderPath, RuleHolderOnly, "only the holder %q may release lease %s; %q is not the holder (a user with the force-release verb may force-release)", h.User, h.LeaseID, a.Username))
-		}
-		if !samePod(h.PodUID, a) {
-			errs = append(errs, deny(holderPath, RulePodBinding, msgPodHolding))
-		}
-	case locksv1alpha1.EndReasonExpired:
-		if !a.IsController {
-			errs = append(errs, deny(holderPath, RuleControllerOnly, "only the kubelock controller may expire a lease; %q is not the controller", a.Username))
-		}
-	case locksv1alpha1.EndReasonSessionExpired, locksv1alpha1.EndReasonSessionClosed:
-		if !a.IsController {
-			errs = append(errs, deny(holderPath, RuleControllerOnly, "only the kubelock controller may end a holding for its session; %q is not the controller", a.Username))
-		}
-	case locksv1alpha1.EndReasonForceReleased:
-		if !a.CanForceRelease {
-			errs = append(errs, deny(holderPath, RuleForceRelease, "user %q may not force-release: it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s", a.Username, locksv1alpha1.ForceReleaseVerb, oldObj.Namespace))
-		}
-	default:
-		errs = append(errs, deny(p.Child("endReason"), RuleEndRecord, "endReason %q is not one of Released, Expired, ForceReleased, SessionExpired, SessionClosed", last.EndReason))
-	}
-	return errs
 }
 
 // validateHeld checks a write that keeps the same holding.
@@ -228,7 +168,7 @@ func validateHeld(o, n *locksv1alpha1.LockHolder, a Actor) field.ErrorList {
 // validateQueue checks that the queue only lost entries their owners (or the
 // controller, or an acquisition) removed, and only gained entries at the tail,
 // each written by its own user.
-func validateQueue(o, n *locksv1alpha1.DistributedLockStatus, a Actor) field.ErrorList {
+func validateQueue(o, n *locksv1alpha1.DistributedLockStatus, acquirers map[string]bool, a Actor) field.ErrorList {
 	var errs field.ErrorList
 	oldIdx := make(map[string]int, len(o.Waiters))
 	for i, w := range o.Waiters {
@@ -257,17 +197,13 @@ func validateQueue(o, n *locksv1alpha1.DistributedLockStatus, a Actor) field.Err
 			prev = j
 		}
 	}
-	acquirer := ""
-	if o.Holder == nil && n.Holder != nil {
-		acquirer = n.Holder.RequestID
-	}
 	var removedByOthers []string
 	otherPod := false
 	for _, w := range o.Waiters {
 		if newIDs[w.RequestID] || a.IsController {
 			continue
 		}
-		if w.User == a.Username || w.RequestID == acquirer {
+		if w.User == a.Username || acquirers[w.RequestID] {
 			// Its own user (or acquisition) removes it, but a pod's entry
 			// only from that pod: another pod of one account is another waiter.
 			otherPod = otherPod || (w.User == a.Username && !samePod(w.PodUID, a))
@@ -288,9 +224,21 @@ func validateQueue(o, n *locksv1alpha1.DistributedLockStatus, a Actor) field.Err
 // force-delete annotation or the force-release verb, so no holder's state is
 // silently lost.
 func ValidateDelete(lock *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
-	h := lock.Status.Holder
+	h := firstHolding(lock)
 	if h == nil || lock.Annotations[locksv1alpha1.ForceDeleteAnnotation] == "true" || a.CanForceRelease {
 		return nil
 	}
 	return field.ErrorList{deny(holderPath, RuleHeldDelete, "lock %s is held by %s (lease %s); release it first, or annotate it %s=true, or use an account with the %q verb", lock.Name, h.User, h.LeaseID, locksv1alpha1.ForceDeleteAnnotation, locksv1alpha1.ForceReleaseVerb)}
+}
+
+// firstHolding is the holding delete denials name: the exclusive holder, else
+// the first shared holder; nil when the lock is free.
+func firstHolding(lock *locksv1alpha1.DistributedLock) *locksv1alpha1.LockHolder {
+	switch s := &lock.Status; {
+	case s.Holder != nil:
+		return s.Holder
+	case len(s.SharedHolders) > 0:
+		return &s.SharedHolders[0].LockHolder
+	}
+	return nil
 }

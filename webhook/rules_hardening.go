@@ -18,8 +18,8 @@ import (
 // ValidatingAdmissionPolicy can give the very same ones (see config/policy).
 const (
 	msgObservedGeneration = "a lock user may leave status.observedGeneration unchanged or set it to metadata.generation, nothing else"
-	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has a holder and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, a printable message of at most 256 characters"
-	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True when acquiring, False when ending)"
+	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has any holding (holder or shared holders) and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, a printable message of at most 256 characters"
+	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True while any holding remains, False when none does)"
 	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
 	msgMicroTime          = "every MicroTime in status must be an RFC 3339 time with exactly 6 fractional digits, such as 2026-01-02T15:04:05.000000Z"
 	msgOneWaiterPerWrite  = "one write may add at most one waiter to the queue"
@@ -28,7 +28,7 @@ const (
 	msgWaitBound          = "a new waiter's deadline must be after its enqueueTime and at most spec.maxWaitSeconds after it"
 	msgPodHolding         = "a holding bound to a pod is renewed or released only by its user from that same pod (holder.podUID)"
 	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
-	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's and from every leaseID in status.recentAcquisitions"
+	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's, from every shared holder's and from every leaseID in status.recentAcquisitions"
 	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
 	msgManagedFields      = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
 )
@@ -79,11 +79,14 @@ func (a Actor) pod() (name, uid string) {
 // conditions: foreign conditions could fill the list so that nobody's next
 // write fits (issue 13, class 2). Nor may they pile up server-side apply
 // entries in managedFields (MaxManagedFields).
-func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
-	if a.IsController {
-		return nil
-	}
+func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, d holdings, a Actor) field.ErrorList {
 	var errs field.ErrorList
+	if newObj.Status.HolderCount != holderCount(&newObj.Status) {
+		errs = append(errs, deny(statusPath.Child("holderCount"), RuleBookkeeping, msgHolderCount))
+	}
+	if a.IsController {
+		return errs
+	}
 	if m := applyEntries(newObj); m > applyEntries(oldObj) && m > MaxManagedFields {
 		errs = append(errs, deny(field.NewPath("metadata", "managedFields"), RuleBookkeeping, msgManagedFields))
 	}
@@ -97,7 +100,7 @@ func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor)
 	switch {
 	case !equality.Semantic.DeepEqual(o.Conditions, n.Conditions):
 		errs = append(errs, deny(conditionsPath, RuleBookkeeping, msgConditions))
-	case (o.Holder == nil) != (n.Holder == nil):
+	case len(d.acquired) > 0 || len(d.ended) > 0:
 		errs = append(errs, deny(conditionsPath, RuleBookkeeping, msgConditionsInStep))
 	}
 	return errs
@@ -111,7 +114,7 @@ func heldInStep(l *locksv1alpha1.DistributedLock) bool {
 	}
 	c := l.Status.Conditions[0]
 	want := metav1.ConditionFalse
-	if l.Status.Holder != nil {
+	if l.IsHeld() {
 		want = metav1.ConditionTrue
 	}
 	return c.Type == locksv1alpha1.ConditionHeld && c.Status == want && c.ObservedGeneration == l.Generation &&
@@ -207,20 +210,6 @@ func validatePodFields(p *field.Path, what, name, uid string, a Actor, podName, 
 	return errs
 }
 
-// validateFreshLease refuses an acquisition that reuses a leaseID status still
-// remembers, so no client can mistake another's holding for its own (class 8).
-func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, h *locksv1alpha1.LockHolder) field.ErrorList {
-	if o.Holder != nil && o.Holder.LeaseID == h.LeaseID {
-		return field.ErrorList{deny(holderPath.Child("leaseID"), RuleLeaseID, msgLeaseID)}
-	}
-	for _, r := range o.RecentAcquisitions {
-		if r.LeaseID == h.LeaseID {
-			return field.ErrorList{deny(holderPath.Child("leaseID"), RuleLeaseID, msgLeaseID)}
-		}
-	}
-	return nil
-}
-
 // samePod reports whether a writes from the pod uid names; a holding or entry
 // without a pod is anyone's of its user.
 func samePod(uid string, a Actor) bool {
@@ -238,11 +227,9 @@ var (
 // decode error.
 type rawStatus struct {
 	Status struct {
-		Holder *struct {
-			AcquireTime json.RawMessage `json:"acquireTime"`
-			RenewTime   json.RawMessage `json:"renewTime"`
-		} `json:"holder"`
-		Waiters []struct {
+		Holder        *rawHolding  `json:"holder"`
+		SharedHolders []rawHolding `json:"sharedHolders"`
+		Waiters       []struct {
 			EnqueueTime json.RawMessage `json:"enqueueTime"`
 			Deadline    json.RawMessage `json:"deadline"`
 		} `json:"waiters"`
@@ -253,6 +240,11 @@ type rawStatus struct {
 			LastTransitionTime json.RawMessage `json:"lastTransitionTime"`
 		} `json:"conditions"`
 	} `json:"status"`
+}
+
+type rawHolding struct {
+	AcquireTime json.RawMessage `json:"acquireTime"`
+	RenewTime   json.RawMessage `json:"renewTime"`
 }
 
 // ValidateRawStatusTimes checks every time string of a lock's JSON: each must
@@ -281,6 +273,10 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 	if h := s.Holder; h != nil {
 		check(holderPath.Child("acquireTime"), h.AcquireTime, true)
 		check(holderPath.Child("renewTime"), h.RenewTime, true)
+	}
+	for i, h := range s.SharedHolders {
+		check(sharedPath.Index(i).Child("acquireTime"), h.AcquireTime, true)
+		check(sharedPath.Index(i).Child("renewTime"), h.RenewTime, true)
 	}
 	for i, w := range s.Waiters {
 		check(waitersPath.Index(i).Child("enqueueTime"), w.EnqueueTime, true)

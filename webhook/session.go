@@ -179,12 +179,14 @@ type sessionRef struct {
 }
 
 // newSessionRefs are the session references a lock write adds: the new
-// holder of an acquisition and each added waiter.
+// holding of an acquisition (exclusive or shared) and each added waiter.
 func newSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock) []sessionRef {
 	var refs []sessionRef
 	o, n := &oldObj.Status, &newObj.Status
-	if o.Holder == nil && n.Holder != nil && n.Holder.Session != "" {
-		refs = append(refs, sessionRef{holderPath.Child("session"), n.Holder.Session, n.Holder.PodUID, true})
+	for _, acq := range diffHoldings(o, n).acquired {
+		if acq.h.Session != "" {
+			refs = append(refs, sessionRef{acq.path.Child("session"), acq.h.Session, acq.h.PodUID, true})
+		}
 	}
 	for _, i := range addedWaiters(o, n) {
 		if w := n.Waiters[i]; w.Session != "" {
@@ -214,8 +216,13 @@ func SessionsNamed(oldObj, newObj *locksv1alpha1.DistributedLock) []string {
 func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor, sessions map[string]*locksv1alpha1.LockSession) field.ErrorList {
 	var errs field.ErrorList
 	o, n := oldObj.Status.Holder, newObj.Status.Holder
-	if o != nil && n != nil && o.Session != "" && o.LeaseID == n.LeaseID && !equality.Semantic.DeepEqual(o.RenewTime, n.RenewTime) {
+	if o != nil && n != nil && renewedInSession(o, n) {
 		errs = append(errs, deny(holderPath.Child("renewTime"), RuleSession, msgSessionRenew))
+	}
+	for _, k := range diffHoldings(&oldObj.Status, &newObj.Status).kept {
+		if renewedInSession(&k.old.LockHolder, &k.new.LockHolder) {
+			errs = append(errs, deny(k.path.Child("renewTime"), RuleSession, msgSessionRenew))
+		}
 	}
 	_, mine := a.pod()
 	for _, r := range newSessionRefs(oldObj, newObj) {
@@ -232,4 +239,9 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 		}
 	}
 	return errs
+}
+
+// renewedInSession: the same holding, in a session, with its renewTime changed.
+func renewedInSession(o, n *locksv1alpha1.LockHolder) bool {
+	return o.Session != "" && o.LeaseID == n.LeaseID && !equality.Semantic.DeepEqual(o.RenewTime, n.RenewTime)
 }
