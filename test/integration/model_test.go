@@ -468,7 +468,9 @@ func (r *modelRun) handOver(c *modelClient, h *modelHolding) modelOp {
 	return modelOp{"release", func() { time.Sleep(d); r.release(c, h) }}
 }
 
-// mode is the acquire options and the model's input of request req's mode.
+// mode is the acquire options and the model's input of request req's mode;
+// ask says whether to ask for a shared holding with lock.Shared() (a
+// Semaphore's is shared without asking).
 func (r *modelRun) mode(req string, ask bool, in *history.Input) []lock.AcquireOption {
 	r.mu.Lock()
 	shared := r.shared[req]
@@ -477,7 +479,7 @@ func (r *modelRun) mode(req string, ask bool, in *history.Input) []lock.AcquireO
 	if shared {
 		in.Limit = r.limit
 	}
-	if ask {
+	if ask && shared {
 		return []lock.AcquireOption{lock.Shared()}
 	}
 	return nil

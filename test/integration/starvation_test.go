@@ -12,6 +12,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -95,9 +96,12 @@ var _ = Describe("writer starvation", Serial, func() {
 			storedAfter        []string // readers the store shows holding after the enqueue, not of the generation
 			clientAfter        int      // reader acquisitions with a token between the enqueue and the writer's
 			enqueuedToAcquired time.Duration
+			drained            time.Duration // from the enqueue to the generation's last release
+			conflicts          int // the writer's writes that lost a race with the readers'
 		}
 		var results []result
-		writer, _ := suite.NewClient(ctx, ns)
+		writerMetrics := prometheus.NewRegistry()
+		writer, _ := suite.NewClient(ctx, ns, lock.WithMetrics(writerMetrics))
 		for a := range attempts {
 			// Start each attempt behind a live generation and an empty queue.
 			Eventually(func(g Gomega) {
@@ -106,10 +110,11 @@ var _ = Describe("writer starvation", Serial, func() {
 				g.Expect(st.Waiters).To(BeEmpty())
 			}, 30*time.Second).Should(Succeed(), "attempt %d: the readers do not overlap", a)
 			req := fmt.Sprintf("writer-%d", a)
+			conflictsBefore := conflicts(writerMetrics)
 			began := time.Now()
 			l, err := writer.Acquire(ctx, "stream", lock.RequestID(req), lock.WaitTimeout(30*time.Second))
 			Expect(err).NotTo(HaveOccurred(), "attempt %d: the writer starved", a)
-			results = append(results, result{req: req, wait: time.Since(began), token: l.FencingToken()})
+			results = append(results, result{req: req, wait: time.Since(began), token: l.FencingToken(), conflicts: conflicts(writerMetrics) - conflictsBefore})
 			Expect(l.Release(ctx)).To(Succeed())
 		}
 		rstop()
@@ -140,6 +145,8 @@ var _ = Describe("writer starvation", Serial, func() {
 			r.enqueueRV = rv(vs[enq].obj)
 			r.queuedAhead = st.WaiterIndex(r.req)
 			r.enqueuedToAcquired = vs[got].seen.Sub(vs[enq].seen)
+			drained := enq + slices.IndexFunc(vs[enq:], func(v storedVersion) bool { return len(v.obj.Status.SharedHolders) == 0 })
+			r.drained = vs[drained].seen.Sub(vs[enq].seen)
 			for _, h := range st.SharedHolders {
 				r.generation = append(r.generation, h.LeaseID)
 			}
@@ -161,8 +168,8 @@ var _ = Describe("writer starvation", Serial, func() {
 		var lines []string
 		for i, r := range results {
 			waits = append(waits, r.wait)
-			lines = append(lines, fmt.Sprintf("attempt %d: waited %s (enqueued to acquired %s), generation of %d readers, %d queued ahead, readers acquired after it enqueued: %d stored, %d by token",
-				i, r.wait.Round(time.Millisecond), r.enqueuedToAcquired.Round(time.Millisecond), len(r.generation), r.queuedAhead, len(r.storedAfter), r.clientAfter))
+			lines = append(lines, fmt.Sprintf("attempt %d: waited %s (enqueued to acquired %s: the generation released in %s, hand-off %s; %d of its writes lost a race), generation of %d readers, %d queued ahead, readers acquired after it enqueued: %d stored, %d by token",
+				i, r.wait.Round(time.Millisecond), r.enqueuedToAcquired.Round(time.Millisecond), r.drained.Round(time.Millisecond), (r.enqueuedToAcquired - r.drained).Round(time.Millisecond), r.conflicts, len(r.generation), r.queuedAhead, len(r.storedAfter), r.clientAfter))
 		}
 		sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
 		report := fmt.Sprintf("%d readers holding %s each in a loop (%d reader acquisitions), %d writer attempts: writer wait median %s, max %s (a reader's hold is %s)\n%s",
@@ -246,6 +253,21 @@ func (vw *versionWatch) stop() []storedVersion {
 			"versions %s and %s: transitions %d then %d (a version missed, or two acquisitions in one write)", prev.ResourceVersion, cur.ResourceVersion, prev.Status.Transitions, cur.Status.Transitions)
 	}
 	return vw.versions
+}
+
+// conflicts is the client's kubelock_client_conflicts_total, all operations.
+func conflicts(reg *prometheus.Registry) int {
+	mfs, err := reg.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "kubelock_client_conflicts_total" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int(n)
 }
 
 func rv(l *locksv1alpha1.DistributedLock) int64 {
