@@ -97,7 +97,7 @@ var _ = Describe("writer starvation", Serial, func() {
 			clientAfter        int      // reader acquisitions with a token between the enqueue and the writer's
 			enqueuedToAcquired time.Duration
 			drained            time.Duration // from the enqueue to the generation's last release
-			conflicts          int // the writer's writes that lost a race with the readers'
+			conflicts          int           // the writer's writes that lost a race with the readers'
 		}
 		var results []result
 		writerMetrics := prometheus.NewRegistry()
@@ -169,7 +169,7 @@ var _ = Describe("writer starvation", Serial, func() {
 		for i, r := range results {
 			waits = append(waits, r.wait)
 			lines = append(lines, fmt.Sprintf("attempt %d: waited %s (enqueued to acquired %s: the generation released in %s, hand-off %s; %d of its writes lost a race), generation of %d readers, %d queued ahead, readers acquired after it enqueued: %d stored, %d by token",
-				i, r.wait.Round(time.Millisecond), r.enqueuedToAcquired.Round(time.Millisecond), r.drained.Round(time.Millisecond), (r.enqueuedToAcquired - r.drained).Round(time.Millisecond), r.conflicts, len(r.generation), r.queuedAhead, len(r.storedAfter), r.clientAfter))
+				i, r.wait.Round(time.Millisecond), r.enqueuedToAcquired.Round(time.Millisecond), r.drained.Round(time.Millisecond), (r.enqueuedToAcquired-r.drained).Round(time.Millisecond), r.conflicts, len(r.generation), r.queuedAhead, len(r.storedAfter), r.clientAfter))
 		}
 		sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
 		report := fmt.Sprintf("%d readers holding %s each in a loop (%d reader acquisitions), %d writer attempts: writer wait median %s, max %s (a reader's hold is %s)\n%s",
