@@ -89,6 +89,27 @@ func recipeSemaphore(permits int32) locksv1alpha1.DistributedLockSpec {
 	return locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Semaphore, Permits: int32p(permits)}
 }
 
+// permitHolders starts a holder per client that takes a permit of the
+// Semaphore "sem", counts itself in occ while it holds, runs hold, and
+// returns the permit; the WaitGroup is done when all have.
+func permitHolders(ctx context.Context, clients []*lock.Client, permits int, occ *occupancy, hold func()) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer GinkgoRecover()
+			defer wg.Done()
+			l, err := c.Acquire(ctx, "sem", lock.WaitTimeout(120*time.Second))
+			Expect(err).NotTo(HaveOccurred())
+			occ.enter(false, permits)
+			hold()
+			occ.leave(false)
+			Expect(l.Release(ctx)).To(Succeed())
+		}()
+	}
+	return &wg
+}
+
 // queued reports whether requestID waits in the stored queue of lock name.
 func queued(ctx context.Context, ns, name, requestID string) bool {
 	return suite.GetLock(ctx, ns, name).Status.WaiterIndex(requestID) >= 0
@@ -362,24 +383,12 @@ var _ = Describe("recipes of other lock libraries: Semaphore", func() {
 		var occ occupancy
 		full := make(chan struct{})
 		var once sync.Once
-		var wg sync.WaitGroup
-		for _, c := range recipeClients(ctx, ns, clientQty) {
-			wg.Add(1)
-			go func() {
-				defer GinkgoRecover()
-				defer wg.Done()
-				l, err := c.Acquire(ctx, "sem", lock.WaitTimeout(60*time.Second))
-				Expect(err).NotTo(HaveOccurred())
-				occ.enter(false, permits)
-				if occ.now() == permits {
-					once.Do(func() { close(full) })
-				}
-				Eventually(full, 60*time.Second).Should(BeClosed())
-				occ.leave(false)
-				Expect(l.Release(ctx)).To(Succeed())
-			}()
-		}
-		wg.Wait()
+		permitHolders(ctx, recipeClients(ctx, ns, clientQty), permits, &occ, func() {
+			if occ.now() == permits {
+				once.Do(func() { close(full) })
+			}
+			Eventually(full, 60*time.Second).Should(BeClosed())
+		}).Wait()
 		Expect(occ.violations).To(BeEmpty())
 		Expect(occ.readUses).To(Equal(clientQty))
 		Expect(occ.most).To(Equal(permits))
@@ -394,20 +403,9 @@ var _ = Describe("recipes of other lock libraries: Semaphore", func() {
 		suite.NewLock(ctx, ns, "sem", recipeSemaphore(permits))
 		var occ occupancy
 		stepper := make(chan struct{}, threads)
-		var wg sync.WaitGroup
-		for _, c := range recipeClients(ctx, ns, threads) {
-			wg.Add(1)
-			go func() {
-				defer GinkgoRecover()
-				defer wg.Done()
-				l, err := c.Acquire(ctx, "sem", lock.WaitTimeout(120*time.Second))
-				Expect(err).NotTo(HaveOccurred())
-				occ.enter(false, permits)
-				Eventually(stepper, 120*time.Second).Should(Receive())
-				occ.leave(false)
-				Expect(l.Release(ctx)).To(Succeed())
-			}()
-		}
+		wg := permitHolders(ctx, recipeClients(ctx, ns, threads), permits, &occ, func() {
+			Eventually(stepper, 120*time.Second).Should(Receive())
+		})
 		rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 		for remaining := threads; remaining > 0; {
 			times := min(1+rng.IntN(5), remaining)
