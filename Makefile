@@ -8,6 +8,9 @@ CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+# helm, for the chart in dist/chart (make chart-lint, and test/chart under make test).
+HELM_VERSION ?= v4.3.1
+export HELM ?= $(LOCALBIN)/helm-$(HELM_VERSION)
 
 # The control plane built from Go modules by hack/build-control-plane.sh.
 K8S_VERSION ?= v1.37.2
@@ -36,11 +39,12 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD, RBAC and webhook manifests.
+manifests: $(CONTROLLER_GEN) ## Generate the CRD, RBAC and webhook manifests, and the Helm chart's templates that come from config/.
 	$(CONTROLLER_GEN) rbac:roleName=kubelock-manager crd webhook paths="./..." \
 		output:crd:artifacts:config=config/crd/bases \
 		output:rbac:artifacts:config=config/rbac \
 		output:webhook:artifacts:config=config/webhook
+	go run ./hack/chartgen
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
@@ -64,15 +68,16 @@ lint-fix: $(GOLANGCI_LINT) ## Run golangci-lint and apply the fixes it knows (bo
 	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --fix --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## Run golangci-lint (both modules, with the root's .golangci.yml; the faults and cluster builds too).
+lint: $(GOLANGCI_LINT) $(HELM) ## Run golangci-lint (both modules, with the root's .golangci.yml; the faults and cluster builds too) and helm lint on dist/chart.
+	$(HELM) lint --strict dist/chart
 	$(GOLANGCI_LINT) run --allow-serial-runners ./...
 	$(GOLANGCI_LINT) run --allow-serial-runners --build-tags faults ./internal/manager/... ./test/e2e/faults/...
 	$(GOLANGCI_LINT) run --allow-serial-runners --build-tags cluster ./test/e2e/cluster/...
 	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: verify
-verify: manifests generate ## Regenerate code and manifests; fail on any diff or untracked generated file, untidy go.mod, or a benchmark-only dependency in pkg/lock.
-	@hack/verify-clean.sh api config
+verify: manifests generate ## Regenerate code, manifests and the chart's templates from config/; fail on any diff or untracked generated file, untidy go.mod, or a benchmark-only dependency in pkg/lock.
+	@hack/verify-clean.sh api config dist
 	@hack/verify-modules.sh
 
 CONTROL_PLANE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,etcd kube-apiserver kube-controller-manager kubectl)
@@ -108,12 +113,12 @@ test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL 
 
 # The suites by kind. Unit: every package outside the suites below (pure rules,
 # the library, the CLI; the controller's and the API's own envtest suites too).
-INTEGRATION_PKGS := ./test/admission/... ./test/gc/... ./test/integration/... ./test/observability/...
+INTEGRATION_PKGS := ./test/admission/... ./test/chart/... ./test/gc/... ./test/integration/... ./test/observability/...
 E2E_PKGS := ./test/e2e/...
-UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/gc' -e '/test/integration' -e '/test/observability' -e '/test/e2e')
+UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/chart' -e '/test/gc' -e '/test/integration' -e '/test/observability' -e '/test/e2e')
 
 .PHONY: test
-test: manifests generate control-plane test-deps ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, the benchmark module's, and (as root) the real-node suite.
+test: manifests generate control-plane test-deps $(HELM) ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, the benchmark module's, and (as root) the real-node suite.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 	go -C $(BENCH_DIR) test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 	@# The real-node suite needs root; without it, say plainly that it did not run.
@@ -124,7 +129,7 @@ test-unit: manifests generate control-plane test-deps ## Run the packages outsid
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(UNIT_PKGS)
 
 .PHONY: test-integration
-test-integration: manifests generate control-plane test-deps ## Run the admission, garbage-collection, protocol and observability suites against the real control plane.
+test-integration: manifests generate control-plane test-deps $(HELM) ## Run the admission, chart, garbage-collection, protocol and observability suites against the real control plane.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
@@ -193,6 +198,15 @@ $(CONTROLLER_GEN): | $(LOCALBIN)
 $(GOLANGCI_LINT): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv -f $(LOCALBIN)/golangci-lint $@
+
+.PHONY: helm
+helm: $(HELM) ## Build helm (HELM_VERSION) from Go modules into ./bin.
+
+HELM_MODULE = helm.sh/helm/$(word 1,$(subst ., ,$(HELM_VERSION)))
+$(HELM): | $(LOCALBIN)
+	@# The version helm reports (and charts' kubeVersion checks see), as its own Makefile sets it.
+	GOBIN=$(LOCALBIN) go install -ldflags "-X $(HELM_MODULE)/internal/version.version=$(HELM_VERSION)" $(HELM_MODULE)/cmd/helm@$(HELM_VERSION)
+	mv -f $(LOCALBIN)/helm $@
 
 ##@ CLI
 

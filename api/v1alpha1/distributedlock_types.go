@@ -100,13 +100,13 @@ const (
 type LockType string
 
 const (
-	// Mutex: one holder at a time (status.holder); no shared holders.
+	// Mutex has one holder at a time (status.holder) and no shared holders.
 	Mutex LockType = "Mutex"
-	// RWMutex: one writer (status.holder) or any number of readers
-	// (status.sharedHolders, at most MaxSharedHolders), never both.
+	// RWMutex has one writer (status.holder) or up to MaxSharedHolders
+	// readers (status.sharedHolders), never both.
 	RWMutex LockType = "RWMutex"
-	// Semaphore: at most spec.permits holders, each a shared holder on its own
-	// slot in [0, permits); never an exclusive holder.
+	// Semaphore has at most spec.permits holders, each a shared holder on its
+	// own slot in [0, permits), and never an exclusive holder.
 	Semaphore LockType = "Semaphore"
 )
 

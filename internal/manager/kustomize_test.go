@@ -2,8 +2,6 @@ package manager
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kubelock/kubelock/test/testenv"
 )
@@ -102,20 +99,9 @@ func TestKustomizeConfig(t *testing.T) {
 	t.Cleanup(func() { _ = env.Stop() })
 	// A server-side dry run does not create the namespace the rest lives in.
 	must(t, env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kubelock-system"}}))
-	admin, err := env.AddUser(envtest.User{Name: "kustomize-admin", Groups: []string{"system:masters"}}, nil)
+	kctl, err := env.Kubectl("kustomize-admin")
 	if err != nil {
 		t.Fatal(err)
-	}
-	kctl := func(args ...string) (string, error) {
-		k, err := admin.Kubectl()
-		if err != nil {
-			t.Fatal(err)
-		}
-		k.Path = kubectl
-		stdout, stderr, err := k.Run(args...)
-		out, _ := io.ReadAll(stdout)
-		msg, _ := io.ReadAll(stderr)
-		return string(out) + string(msg), err
 	}
 	dryRun := func(name, manifest string) {
 		t.Helper()
@@ -135,22 +121,7 @@ func TestKustomizeConfig(t *testing.T) {
 	stub := filepath.Join(t.TempDir(), "cert-manager-crds.yaml")
 	var crds strings.Builder
 	for _, k := range [][2]string{{"Issuer", "issuers"}, {"Certificate", "certificates"}} {
-		fmt.Fprintf(&crds, `---
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: %[2]s.cert-manager.io
-spec:
-  group: cert-manager.io
-  scope: Namespaced
-  names: {kind: %[1]s, plural: %[2]s, singular: %[3]s, listKind: %[1]sList}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-`, k[0], k[1], strings.ToLower(k[0]))
+		crds.WriteString(testenv.StandInCRD("cert-manager.io", k[0], k[1]))
 	}
 	must(t, os.WriteFile(stub, []byte(crds.String()), 0o600))
 	if out, err := kctl("apply", "-f", stub); err != nil {

@@ -1,0 +1,620 @@
+// Package chart tests the Helm chart in dist/chart: helm lint and helm template
+// with each values variant, the rendered objects against `kubectl kustomize`
+// of config/ with the matching components, and a server-side dry run of every
+// variant on the real apiserver.
+package chart
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/kubelock/kubelock/test/testenv"
+)
+
+// A variant is one set of values, the config/ overlay it must equal, and
+// what the values change beyond that overlay.
+type variant struct {
+	name string
+	// set: helm --set values; namespace: helm --namespace ("" is default).
+	set       []string
+	namespace string
+	// components of config/ whose overlay of config/default the chart must
+	// render, object for object; nil: the variant has no such overlay.
+	components []string
+	// except: objects (Kind/name) of that overlay not compared, and why;
+	// check asserts what the chart renders for them instead.
+	except map[string]string
+	check  func(t *testing.T, r *rendered)
+}
+
+var variants = []variant{
+	{
+		name:       "default",
+		components: []string{},
+		check: func(t *testing.T, r *rendered) {
+			// The chart's own additions, which the comparison normalises away.
+			crd := r.must(t, "CustomResourceDefinition/distributedlocks.locks.kubelock.io")
+			if got := crd.GetAnnotations()["helm.sh/resource-policy"]; got != "keep" {
+				t.Errorf("CRD annotation helm.sh/resource-policy = %q, want keep (crd.keep)", got)
+			}
+			if got := crd.GetLabels()["app.kubernetes.io/managed-by"]; got != "Helm" {
+				t.Errorf("CRD label app.kubernetes.io/managed-by = %q, want Helm", got)
+			}
+		},
+	},
+	{
+		name:       "cert-manager",
+		set:        []string{"certManager.enable=true"},
+		components: []string{"certmanager"},
+	},
+	{
+		name:       "fenced-objects+apf+prometheus",
+		set:        []string{"fencedObjects.enable=true", "apf.enable=true", "prometheus.serviceMonitor.enable=true", "prometheus.rule.enable=true"},
+		components: []string{"fenced-objects", "apf", "prometheus"},
+		check: func(t *testing.T, r *rendered) {
+			// Prometheus' own template braces reach the PrometheusRule unexpanded.
+			if !strings.Contains(r.text, "{{ $value | humanize }}") {
+				t.Error("the PrometheusRule lost its {{ $value | humanize }} alert templates")
+			}
+		},
+	},
+	{
+		name:       "policy",
+		set:        []string{"admission.engine=policy"},
+		components: []string{"policy"},
+		except: map[string]string{
+			"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration": "the policy engine replaces the lock webhook",
+			"Service/kubelock-webhook-service":                                         "nothing serves a webhook",
+			"Secret/kubelock-webhook-server-cert":                                      "nothing serves a webhook",
+			"RoleBinding/kubelock-cert-rotation":                                       "nothing serves a webhook",
+			"Deployment/kubelock-controller-manager":                                   "the operator runs without its webhook server",
+		},
+		check: func(t *testing.T, r *rendered) {
+			for _, gone := range []string{"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration",
+				"Service/kubelock-webhook-service", "Secret/kubelock-webhook-server-cert", "RoleBinding/kubelock-cert-rotation"} {
+				r.mustNot(t, gone)
+			}
+			d := r.must(t, "Deployment/kubelock-controller-manager")
+			flags := managerFlags(t, d)
+			if flags["--enable-webhook"] != "false" {
+				t.Errorf("manager flags %v: want --enable-webhook=false", flags)
+			}
+			for _, f := range []string{"--webhook-port", "--cert-rotation", "--webhook-config-name"} {
+				if _, ok := flags[f]; ok {
+					t.Errorf("manager flags %v: %s without a webhook server", flags, f)
+				}
+			}
+			if vols, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "volumes"); len(vols) != 0 {
+				t.Errorf("volumes %v without a webhook server", vols)
+			}
+		},
+	},
+	{
+		name:       "policy+fenced-objects",
+		set:        []string{"admission.engine=policy", "fencedObjects.enable=true"},
+		components: []string{"policy", "fenced-objects"},
+		except: map[string]string{
+			"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration": "the policy engine replaces the lock webhook",
+			"Deployment/kubelock-controller-manager":                                   "the rotated certificate's caBundle goes to the fenced-objects webhook",
+		},
+		check: func(t *testing.T, r *rendered) {
+			r.mustNot(t, "ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration")
+			want := map[string]string{"--enable-webhook": "true", "--cert-rotation": "true",
+				"--webhook-config-name": "kubelock-fenced-objects", "--fenced-webhook-config-name": ""}
+			checkFlags(t, managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager")), want)
+		},
+	},
+	{
+		name:       "policy+fenced-objects+cert-manager",
+		set:        []string{"admission.engine=policy", "fencedObjects.enable=true", "certManager.enable=true"},
+		components: []string{"certmanager", "policy", "fenced-objects"},
+		except: map[string]string{
+			"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration": "the policy engine replaces the lock webhook",
+			"Deployment/kubelock-controller-manager":                                   "names the fenced-objects webhook (no effect with cert-manager)",
+		},
+		check: func(t *testing.T, r *rendered) {
+			r.mustNot(t, "ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration")
+			checkFlags(t, managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager")),
+				map[string]string{"--enable-webhook": "true", "--cert-rotation": "false"})
+			r.must(t, "Certificate/kubelock-serving-cert")
+		},
+	},
+	{
+		// No overlay of config/ has these: each value is checked where it lands.
+		name:      "tuned-in-release-namespace",
+		namespace: "kubelock-tuned",
+		set: []string{
+			"namespace.name=", "namespace.create=false", "crd.keep=false",
+			"manager.replicas=3", "manager.image.repository=registry.example/kubelock/manager", "manager.image.tag=v9.9.9",
+			"manager.image.pullPolicy=IfNotPresent", "manager.resources.limits.memory=2Gi",
+			"manager.leaderElection.leaseDuration=30s", "manager.leaderElection.renewDeadline=20s", "manager.leaderElection.retryPeriod=4s",
+			"manager.expiryGrace=5s", "manager.extraArgs={--concurrency=8}", "manager.podDisruptionBudget.enable=false",
+			"rbac.breakglass.enable=false", "admission.engine=policy", "fencedObjects.enable=true", "certManager.enable=true",
+			"apf.enable=true", "prometheus.serviceMonitor.enable=true",
+		},
+		check: func(t *testing.T, r *rendered) {
+			// Every namespace config/ names (metadata, Service references, the
+			// policies' controller user, cert-manager's DNS names and CA
+			// injection, the APF subject) follows the release's.
+			if strings.Contains(r.text, "kubelock-system") {
+				t.Errorf("kubelock-system left in a chart installed into kubelock-tuned:\n%s", grepLines(r.text, "kubelock-system"))
+			}
+			for _, want := range []string{
+				"'system:serviceaccount:kubelock-tuned:kubelock-controller-manager'",
+				"kubelock-webhook-service.kubelock-tuned.svc",
+				"cert-manager.io/inject-ca-from: kubelock-tuned/kubelock-serving-cert",
+			} {
+				if !strings.Contains(r.text, want) {
+					t.Errorf("the render lacks %q", want)
+				}
+			}
+			for _, gone := range []string{"Namespace/kubelock-tuned", "ClusterRole/kubelock-breakglass", "PodDisruptionBudget/kubelock-controller-manager"} {
+				r.mustNot(t, gone)
+			}
+			if _, ok := r.must(t, "CustomResourceDefinition/distributedlocks.locks.kubelock.io").GetAnnotations()["helm.sh/resource-policy"]; ok {
+				t.Error("crd.keep=false: the CRD still has helm.sh/resource-policy")
+			}
+			d := r.must(t, "Deployment/kubelock-controller-manager")
+			if d.GetNamespace() != "kubelock-tuned" {
+				t.Errorf("Deployment in namespace %q, want kubelock-tuned", d.GetNamespace())
+			}
+			replicas, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas")
+			containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+			c, _ := containers[0].(map[string]any)
+			memory, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
+			cpu, _, _ := unstructured.NestedString(c, "resources", "requests", "cpu")
+			got := fmt.Sprintf("replicas %d, image %v (%v), limits.memory %s, requests.cpu %s", replicas, c["image"], c["imagePullPolicy"], memory, cpu)
+			if want := "replicas 3, image registry.example/kubelock/manager:v9.9.9 (IfNotPresent), limits.memory 2Gi, requests.cpu 100m"; got != want {
+				t.Errorf("Deployment: %s, want %s", got, want)
+			}
+			checkFlags(t, managerFlags(t, d), map[string]string{
+				"--leader-election-lease-duration": "30s", "--leader-election-renew-deadline": "20s",
+				"--leader-election-retry-period": "4s", "--expiry-grace": "5s", "--concurrency": "8",
+			})
+		},
+	},
+}
+
+// TestChart lints and renders the chart with each variant, compares the
+// objects with config/'s, and dry-runs each render on one real apiserver.
+func TestChart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane")
+	}
+	h := newHarness(t)
+	kubectl := startControlPlane(t)
+
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			args := append([]string{}, v.set...)
+			h.helm(t, "lint", v.namespace, args)
+			r := h.template(t, v.namespace, args)
+
+			if v.components != nil {
+				want := h.kustomize(t, v.components)
+				compare(t, want, r, v.except)
+			}
+			if v.check != nil {
+				v.check(t, r)
+			}
+			dryRun(t, kubectl, r.text, len(r.order))
+		})
+	}
+}
+
+// TestChartRejectsBadValues: values.schema.json refuses what the templates
+// would turn into a broken operator, and says which value.
+func TestChartRejectsBadValues(t *testing.T) {
+	h := newHarness(t)
+	for _, c := range []struct{ set, want string }{
+		{"admission.engine=both", "/admission/engine"},
+		{"manager.leaderElection.leaseDuration=15", "/manager/leaderElection/leaseDuration"},
+		{"manager.expiryGrace=soon", "/manager/expiryGrace"},
+		{"manager.replicaz=2", "replicaz"},
+		{"namespace.name=Kubelock_System", "/namespace/name"},
+	} {
+		out, err := h.run("lint", "--strict", h.chart, "--set", c.set)
+		if err == nil {
+			t.Errorf("helm lint --set %s passed; want a schema error naming %s", c.set, c.want)
+			continue
+		}
+		if !strings.Contains(out, c.want) {
+			t.Errorf("helm lint --set %s: the error does not name %s:\n%s", c.set, c.want, out)
+		}
+	}
+}
+
+// harness: the helm binary, the chart, the repository.
+type harness struct {
+	helmPath, chart, root string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	root := testenv.RepoRoot()
+	path := os.Getenv("HELM")
+	if path == "" {
+		// Outside make: the newest helm `make helm` built.
+		found, _ := filepath.Glob(filepath.Join(root, "bin", "helm-v*"))
+		sort.Strings(found)
+		if len(found) > 0 {
+			path = found[len(found)-1]
+		}
+	}
+	if _, err := os.Stat(path); path == "" || err != nil {
+		t.Fatalf("no helm binary (%q): build it with `make helm` (make test does)", path)
+	}
+	return &harness{helmPath: path, chart: filepath.Join(root, "dist", "chart"), root: root}
+}
+
+func (h *harness) run(args ...string) (string, error) {
+	cmd := exec.Command(h.helmPath, args...)
+	// helm keeps no state here: repositories, cache and config are not used.
+	dir, err := os.MkdirTemp("", "helm-home-")
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+dir, "HELM_CONFIG_HOME="+dir, "HELM_DATA_HOME="+dir)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// helm runs `helm lint --strict` with the values.
+func (h *harness) helm(t *testing.T, verb, namespace string, set []string) {
+	t.Helper()
+	args := []string{verb, "--strict", h.chart}
+	if namespace != "" {
+		args = append(args, "--namespace", namespace)
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := h.run(args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("helm %s: %s", verb, lastLine(out))
+}
+
+// rendered is one render: its text and its objects by Kind/name.
+type rendered struct {
+	text    string
+	objects map[string]*unstructured.Unstructured
+	order   []string
+}
+
+func (r *rendered) must(t *testing.T, key string) *unstructured.Unstructured {
+	t.Helper()
+	o, ok := r.objects[key]
+	if !ok {
+		t.Fatalf("the render has no %s; it has %v", key, r.order)
+	}
+	return o
+}
+
+func (r *rendered) mustNot(t *testing.T, key string) {
+	t.Helper()
+	if _, ok := r.objects[key]; ok {
+		t.Errorf("the render has %s", key)
+	}
+}
+
+func (h *harness) template(t *testing.T, namespace string, set []string) *rendered {
+	t.Helper()
+	args := []string{"template", "kubelock", h.chart}
+	if namespace != "" {
+		args = append(args, "--namespace", namespace)
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.Command(h.helmPath, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return parse(t, "helm template", out)
+}
+
+// kustomize renders config/default with the given components, as a user's
+// overlay would, with the control plane's kubectl.
+func (h *harness) kustomize(t *testing.T, components []string) *rendered {
+	t.Helper()
+	dir := filepath.Join(h.root, "config", "default")
+	if len(components) > 0 {
+		dir = t.TempDir()
+		rel := func(p string) string {
+			r, err := filepath.Rel(dir, filepath.Join(h.root, "config", p))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		k := "resources:\n- " + rel("default") + "\ncomponents:\n"
+		for _, c := range components {
+			k += "- " + rel(c) + "\n"
+		}
+		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command(kubectlPath(t), "kustomize", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize config/default with %v: %v\n%s", components, err, out)
+	}
+	return parse(t, "kubectl kustomize", out)
+}
+
+func kubectlPath(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(testenv.AssetsDir(), "kubectl")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("no kubectl in the control-plane build (make control-plane): %v", err)
+	}
+	return p
+}
+
+func parse(t *testing.T, what string, text []byte) *rendered {
+	t.Helper()
+	r := &rendered{text: string(text), objects: map[string]*unstructured.Unstructured{}}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(text), 4096)
+	for {
+		var doc json.RawMessage
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if d := bytes.TrimSpace(doc); len(d) == 0 || bytes.Equal(d, []byte("null")) || bytes.Equal(d, []byte("{}")) {
+			continue
+		}
+		// Unstructured's own decoding keeps integers int64.
+		o := &unstructured.Unstructured{}
+		if err := o.UnmarshalJSON(doc); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		key := o.GetKind() + "/" + o.GetName()
+		if _, dup := r.objects[key]; dup {
+			t.Fatalf("%s renders %s twice", what, key)
+		}
+		r.objects[key] = o
+		r.order = append(r.order, key)
+	}
+	sort.Strings(r.order)
+	return r
+}
+
+// helmLabels are what the chart adds to every object's labels; the
+// comparison with config/ removes them, and nothing else of the chart's.
+var helmLabels = []string{"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"}
+
+// normalise removes the chart's own metadata, which config/ does not have
+// (helmLabels, and helm.sh/resource-policy: keep on the CRDs), and replaces
+// the manager's args by the flags they set (the last of a repeated flag wins,
+// as the operator parses them; config/certmanager can only append
+// --cert-rotation=false where the chart sets it in place).
+func normalise(t *testing.T, o *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	c := o.DeepCopy()
+	if labels := c.GetLabels(); labels != nil {
+		for _, l := range helmLabels {
+			delete(labels, l)
+		}
+		if len(labels) == 0 {
+			labels = nil // config/ may have no labels at all
+		}
+		c.SetLabels(labels)
+	}
+	if c.GetKind() == "CustomResourceDefinition" {
+		if a := c.GetAnnotations(); a != nil {
+			delete(a, "helm.sh/resource-policy")
+			c.SetAnnotations(a)
+		}
+	}
+	if c.GetKind() == "Deployment" {
+		containers, _, _ := unstructured.NestedSlice(c.Object, "spec", "template", "spec", "containers")
+		for i := range containers {
+			ct, _ := containers[i].(map[string]any)
+			if args, ok := ct["args"].([]any); ok {
+				ct["args"] = effectiveFlags(args)
+			}
+		}
+		if err := unstructured.SetNestedSlice(c.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c.Object
+}
+
+func effectiveFlags(args []any) []any {
+	last := map[string]string{}
+	for _, a := range args {
+		s := fmt.Sprint(a)
+		name, value, _ := strings.Cut(s, "=")
+		last[name] = value
+	}
+	names := make([]string, 0, len(last))
+	for n := range last {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]any, 0, len(names))
+	for _, n := range names {
+		out = append(out, n+"="+last[n])
+	}
+	return out
+}
+
+// compare holds the chart's render to config/'s: the same objects (by kind,
+// namespace and name) with the same content once normalised, but for the
+// objects in except, which are logged with the reason.
+func compare(t *testing.T, want, got *rendered, except map[string]string) {
+	t.Helper()
+	keys := slices.Clone(want.order)
+	for _, k := range got.order {
+		if _, ok := want.objects[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	same := 0
+	for _, k := range keys {
+		if why, ok := except[k]; ok {
+			t.Logf("not compared with config/: %s (%s)", k, why)
+			continue
+		}
+		w, inConfig := want.objects[k]
+		g, inChart := got.objects[k]
+		switch {
+		case !inChart:
+			t.Errorf("config/ renders %s; the chart does not", k)
+		case !inConfig:
+			t.Errorf("the chart renders %s; config/ does not", k)
+		case w.GetNamespace() != g.GetNamespace() || w.GetAPIVersion() != g.GetAPIVersion():
+			t.Errorf("%s: config/ has %s in namespace %q, the chart %s in %q", k, w.GetAPIVersion(), w.GetNamespace(), g.GetAPIVersion(), g.GetNamespace())
+		default:
+			if d := cmp.Diff(normalise(t, w), normalise(t, g)); d != "" {
+				t.Errorf("%s differs from config/ (-config/ +chart):\n%s", k, d)
+			} else {
+				same++
+			}
+		}
+	}
+	t.Logf("%d objects equal to config/'s (helm labels %v and the CRDs' helm.sh/resource-policy removed, manager args compared as flags)", same, helmLabels)
+}
+
+func managerFlags(t *testing.T, d *unstructured.Unstructured) map[string]string {
+	t.Helper()
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	if len(containers) != 1 {
+		t.Fatalf("Deployment has %d containers, want 1", len(containers))
+	}
+	c, _ := containers[0].(map[string]any)
+	args, _ := c["args"].([]any)
+	flags := map[string]string{}
+	for _, a := range args {
+		name, value, _ := strings.Cut(fmt.Sprint(a), "=")
+		flags[name] = value
+	}
+	return flags
+}
+
+func checkFlags(t *testing.T, flags, want map[string]string) {
+	t.Helper()
+	for name, value := range want {
+		if got, ok := flags[name]; !ok || got != value {
+			t.Errorf("manager flag %s = %q (set: %v), want %q", name, got, ok, value)
+		}
+	}
+}
+
+// startControlPlane starts etcd and kube-apiserver with the CRDs the dry runs
+// need, and returns a kubectl for an admin.
+func startControlPlane(t *testing.T) func(args ...string) (string, error) {
+	t.Helper()
+	kubectlPath(t) // fails clearly when the control plane lacks kubectl
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	// A server-side dry run creates no namespace; the rest lives in these.
+	for _, ns := range []string{"kubelock-system", "kubelock-tuned"} {
+		if err := env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run, err := env.Kubectl("chart-admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	installStandInCRDs(t, run)
+	return run
+}
+
+// standIns are the kinds of other projects' CRDs the chart can render:
+// cert-manager's and the Prometheus Operator's.
+var standIns = []struct{ group, kind, plural string }{
+	{"cert-manager.io", "Issuer", "issuers"},
+	{"cert-manager.io", "Certificate", "certificates"},
+	{"monitoring.coreos.com", "ServiceMonitor", "servicemonitors"},
+	{"monitoring.coreos.com", "PrometheusRule", "prometheusrules"},
+}
+
+// installStandInCRDs installs testenv.StandInCRD for each of standIns.
+func installStandInCRDs(t *testing.T, kubectl func(args ...string) (string, error)) {
+	t.Helper()
+	var b strings.Builder
+	names := []string{"--for=condition=Established", "--timeout=60s"}
+	for _, s := range standIns {
+		b.WriteString(testenv.StandInCRD(s.group, s.kind, s.plural))
+		names = append(names, "crd/"+s.plural+"."+s.group)
+		t.Logf("dry runs use a stand-in CRD for %s.%s/v1 (any spec): the apiserver checks those objects' metadata, not their spec", s.kind, s.group)
+	}
+	file := filepath.Join(t.TempDir(), "stand-in-crds.yaml")
+	if err := os.WriteFile(file, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubectl("apply", "-f", file); err != nil {
+		t.Fatalf("stand-in CRDs: %v\n%s", err, out)
+	}
+	if out, err := kubectl(append([]string{"wait"}, names...)...); err != nil {
+		t.Fatalf("stand-in CRDs: %v\n%s", err, out)
+	}
+}
+
+// dryRun applies a render with a server-side dry run: the apiserver validates
+// every object (schemas, CEL of the policies, field names: kubectl's
+// --validate=strict) and stores nothing.
+func dryRun(t *testing.T, kubectl func(args ...string) (string, error), manifest string, objects int) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "chart.yaml")
+	if err := os.WriteFile(file, []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-f", file)
+	if err != nil {
+		t.Fatalf("the apiserver rejects the render: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "(server dry run)"); n != objects {
+		t.Fatalf("the server-side dry run accepted %d objects of %d:\n%s", n, objects, out)
+	}
+	t.Logf("server-side dry run: all %d objects accepted", objects)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func grepLines(text, s string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
