@@ -1,6 +1,7 @@
 package fencing_test
 
 import (
+	"fmt"
 	"net/http"
 
 	"k8s.io/client-go/rest"
@@ -25,4 +26,17 @@ func ExampleMiddleware() {
 		Verifier: verifier,
 		Store:    fencing.NewMemoryStore(),
 	}, orders))
+}
+
+// Each permit of the Semaphore shop/shards guards its own shard: the fence
+// key of a slot is "namespace/name/slot", and the verifier accepts there only
+// tokens the lock issued to that slot.
+func ExampleLockRef_WithSlot() {
+	shards := fencing.LockRef{Namespace: "shop", Name: "shards"}
+	fmt.Println(shards.WithSlot(2))
+	ref, err := fencing.ParseLockRef("shop/shards/2")
+	fmt.Println(*ref.Slot, err)
+	// Output:
+	// shop/shards/2
+	// 2 <nil>
 }

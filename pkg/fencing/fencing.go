@@ -18,6 +18,14 @@
 // a request's header only picks among them. A token is not a credential:
 // anyone who may read the lock can read it, so authenticate callers too.
 //
+// A Semaphore's permits each carry a token of their own, so N permit holders
+// can each guard their own resource: name the slot in the LockRef
+// ("namespace/name/slot", LockRef.WithSlot; over HTTP the
+// Kubelock-Fencing-Slot header, which Transport sets for a shared holding).
+// The slot's highest accepted token is then kept under that key apart from
+// the other slots', and a Verifier accepts only tokens the lock issued to
+// that slot, so one permit's token never fences out, or writes as, another.
+//
 // MemoryStore keeps the highest token in memory (one replica, tests).
 package fencing
 

@@ -23,4 +23,23 @@
 // Acquire with InSession or a client made WithSession): its holdings renew
 // nothing, and their contexts end with the session's, which keeps I5 per
 // session. A Client uses no session unless asked.
+//
+// Locks come in three types (spec.type, set by the administrator): a Mutex
+// has one holder; an RWMutex one writer or many readers; a Semaphore up to
+// spec.permits holders. Readers and permits are shared holdings, each with
+// its own slot and fencing token; the queue is FIFO across modes, so a writer
+// is never starved by a stream of readers:
+//
+//	r, err := c.Acquire(ctx, "catalog", lock.Shared())   // an RWMutex's reader
+//	p, err := c.Acquire(ctx, "gpu-pool")                 // a Semaphore: always shared
+//	slot, _ := p.Slot()                                  // the permit, in [0, permits)
+//
+// Acquiring Shared on a Mutex returns ErrMode. A Client made WithReentrancy
+// counts re-entries: Acquire of a key it holds returns the same *Lock, and
+// only the last Release frees it. AcquireAll takes several keys all or
+// nothing, in a canonical order so that two callers never deadlock, with one
+// Done for the set:
+//
+//	ls, err := c.AcquireAll(ctx, []string{"orders", "invoices"}, lock.WaitTimeout(time.Minute))
+//	defer ls.Release(context.Background())
 package lock

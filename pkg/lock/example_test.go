@@ -81,6 +81,78 @@ func ExampleOnQueue() {
 	defer func() { _ = l.Release(context.Background()) }()
 }
 
+// A Semaphore's permit is a shared holding with a slot and a token of its
+// own: the slot picks the resource the holder may use, and the protected
+// resource fences per slot (pkg/fencing: LockRef.WithSlot).
+func ExampleLock_Slot() {
+	c, err := lock.New(ctrl.GetConfigOrDie(), lock.WithNamespace("shop"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	permit, err := c.Acquire(context.Background(), "gpu-pool") // a Semaphore is always acquired shared
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = permit.Release(context.Background()) }()
+	slot, _ := permit.Slot()
+	fmt.Printf("using GPU %d with token %d\n", slot, permit.FencingToken())
+}
+
+// Readers of an RWMutex hold it together; a writer waits for them, and
+// readers arriving after a waiting writer queue behind it.
+func ExampleShared() {
+	c, err := lock.New(ctrl.GetConfigOrDie())
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := c.Acquire(context.Background(), "catalog", lock.Shared())
+	if errors.Is(err, lock.ErrMode) {
+		log.Fatal("catalog is a Mutex: an administrator creates it as an RWMutex")
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = r.Release(context.Background()) }()
+}
+
+// With WithReentrancy, a function that takes the lock may call another that
+// takes it again: the inner Release only lowers the hold count.
+func ExampleWithReentrancy() {
+	c, err := lock.New(ctrl.GetConfigOrDie(), lock.WithReentrancy())
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	outer, err := c.Acquire(ctx, "ledger")
+	if err != nil {
+		log.Fatal(err)
+	}
+	inner, err := c.Acquire(ctx, "ledger") // the same *Lock: same token, Context and Done
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = inner.Release(ctx) // still held
+	_ = outer.Release(ctx) // released
+}
+
+// AcquireAll takes several locks all or nothing, in a canonical order, so a
+// transfer between two accounts never deadlocks with the reverse transfer.
+func ExampleClient_AcquireAll() {
+	c, err := lock.New(ctrl.GetConfigOrDie())
+	if err != nil {
+		log.Fatal(err)
+	}
+	ls, err := c.AcquireAll(context.Background(), []string{"account/17", "account/4"}, lock.WaitTimeout(30*time.Second))
+	if err != nil {
+		log.Fatal(err) // nothing is held: what was taken was released
+	}
+	defer func() { _ = ls.Release(context.Background()) }()
+	// ls.Context() ends when any of the two is lost.
+	if err := processOrders(ls.Context(), ls.Locks()[0].FencingToken()); err != nil {
+		log.Print(err)
+	}
+}
+
 func processOrders(ctx context.Context, token int64) error {
 	select {
 	case <-ctx.Done():

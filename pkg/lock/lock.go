@@ -242,7 +242,11 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 		now := metav1.NewMicroTime(l.c.cfg.clock.Now())
 		if l.shared {
 			// Only this entry's renewTime: the rest of status stays as read.
-			next.Status.SharedHolders[next.Status.SharedIndex(l.leaseID)].RenewTime = &now
+			i := next.Status.SharedIndex(l.leaseID)
+			if i < 0 { // l.obj always holds the entry (refresh keeps only such versions)
+				return time.Time{}, lost("lease %s of %s is no longer a shared holder", l.leaseID, l.name)
+			}
+			next.Status.SharedHolders[i].RenewTime = &now
 		} else {
 			next.Status.Holder.RenewTime = &now
 		}
@@ -367,11 +371,11 @@ func (l *Lock) leave() (last bool, prior error) {
 }
 
 // enter raises the hold count of a live holding (WithReentrancy); false once
-// it ended.
+// it ended, also by its session's end, which finishes it a moment later.
 func (l *Lock) enter() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.finished {
+	if l.finished || !l.live() {
 		return false
 	}
 	l.count++

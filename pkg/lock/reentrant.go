@@ -20,7 +20,7 @@ func (c *Client) reenter(name string, shared bool) (l *Lock, ok bool, err error)
 	}
 	want := shared || l.lockType == locksv1alpha1.Semaphore
 	if want != l.shared {
-		if l.Err() != nil {
+		if !l.live() {
 			return nil, false, nil // ended: a new acquisition in any mode
 		}
 		return nil, true, fmt.Errorf("%w: this client holds %s %s; release it before acquiring it %s",
@@ -52,3 +52,6 @@ func modeName(shared bool) string {
 	}
 	return "exclusively"
 }
+
+// live reports whether the holding has not ended (its Context is not done).
+func (l *Lock) live() bool { return l.ctx.Err() == nil }

