@@ -271,7 +271,7 @@ func acceptedViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) s
 		return "times the CRD patterns refuse: " + errs.ToAggregate().Error()
 	}
 	if a.IsController {
-		return ""
+		return newHoldingViolation(oldObj, newObj, a)
 	}
 	_, uid := a.pod()
 	if o.Holder != nil && !a.CanForceRelease && (a.Username != o.Holder.User || (o.Holder.PodUID != "" && uid != o.Holder.PodUID)) {
@@ -282,20 +282,12 @@ func acceptedViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) s
 			return "a change of the token by someone who is not the holder"
 		}
 	}
-	if o.Holder == nil && n.Holder != nil && n.Holder.User != a.Username {
-		return "an acquisition in another user's name"
+	if msg := queueViolation(oldObj, newObj, a); msg != "" {
+		return msg
 	}
-	if (o.Holder == nil) == (n.Holder == nil) && n.FencingToken != o.FencingToken {
-		return "a token change without an acquisition"
-	}
-	if o.Holder == nil && n.Holder != nil && n.Holder.LeaseID != "" {
-		for _, r := range o.RecentAcquisitions {
-			if r.LeaseID == n.Holder.LeaseID {
-				return "an acquisition reusing a finished leaseID"
-			}
-		}
-	}
-	return queueViolation(oldObj, newObj, a)
+	// New holdings (exclusive or shared): one per write, the writer's own,
+	// a fresh lease ID, the server's token, by the queue's head.
+	return newHoldingViolation(oldObj, newObj, a)
 }
 
 // queueViolation: others' entries and pods' entries stay; the queue grows by one.

@@ -52,6 +52,8 @@ func TestValidateStatusUpdate(t *testing.T) {
 		edit  func(*locksv1alpha1.DistributedLock)
 		actor Actor
 		rule  Rule // "" = allowed
+		// crd: the policy engine leaves this denial to the CRD's rules.
+		crd bool
 	}{
 		{name: "acquire free lock", old: free(), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(alice, "l1", "r1"), 101) }, actor: Actor{Username: alice}},
 		{name: "acquire as someone else", old: free(), edit: func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder(bob, "l1", "r1"), 101) }, actor: Actor{Username: alice}, rule: RuleIdentity},
@@ -105,6 +107,7 @@ func TestValidateStatusUpdate(t *testing.T) {
 			next := tc.old.DeepCopy()
 			tc.edit(next)
 			errs := ValidateStatusUpdate(tc.old, next, tc.actor)
+			defer func() { expectPolicyAgrees(t, tc.old, next, tc.actor, errs, tc.crd) }()
 			if tc.rule == "" {
 				if len(errs) > 0 {
 					t.Fatalf("denied: %v", errs.ToAggregate())
@@ -244,6 +247,8 @@ func TestHardeningRules(t *testing.T) {
 		actor Actor
 		rule  Rule   // "" = allowed
 		msg   string // part of the denial, when set
+		// crd: the policy engine leaves this denial to the CRD's rules.
+		crd bool
 	}{
 		// bookkeeping
 		{name: "observedGeneration set to generation", old: generation(free(), 4), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.ObservedGeneration = 4 }, actor: Actor{Username: alice}},
@@ -288,7 +293,7 @@ func TestHardeningRules(t *testing.T) {
 		// time-format: the decoded check (the raw one is TestValidateRawStatusTimes)
 		{name: "history time that Go cannot marshal back", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) {
 			l.EndHolding(locksv1alpha1.EndReasonReleased, alice, metav1.NewMicroTime(time.Date(0, 1, 1, 0, 30, 0, 0, time.FixedZone("", 3600))))
-		}, actor: Actor{Username: alice}, rule: RuleTimeFormat, msg: msgMicroTime},
+		}, actor: Actor{Username: alice}, rule: RuleTimeFormat, msg: msgMicroTime, crd: true},
 		// queue
 		{name: "two waiters in one write", old: heldBy(alice), edit: appendW(waiter(bob, "b1"), waiter(bob, "b2")), actor: Actor{Username: bob}, rule: RuleQueue, msg: msgOneWaiterPerWrite},
 		{name: "a user's last allowed entry", old: perUser(heldBy(alice, waiter(bob, "b1")), 2), edit: appendW(waiter(bob, "b2")), actor: Actor{Username: bob}},
@@ -359,6 +364,7 @@ func TestHardeningRules(t *testing.T) {
 			next := tc.old.DeepCopy()
 			tc.edit(next)
 			errs := ValidateStatusUpdate(tc.old, next, tc.actor)
+			defer func() { expectPolicyAgrees(t, tc.old, next, tc.actor, errs, tc.crd) }()
 			if tc.rule == "" {
 				if len(errs) > 0 {
 					t.Fatalf("denied: %v", errs.ToAggregate())

@@ -1,10 +1,19 @@
-package admission
+// Package policytest compiles config/policy's status policy with the
+// apiserver's own admission CEL library (the version the test control plane
+// runs) and evaluates it for one write, outside any apiserver: what the
+// policy engine answers and how much of its runtime cost budget the
+// validations spent, which the apiserver does not report. The apiserver is
+// the judge (test/admission runs every case there against both engines);
+// this is the measuring tape, and a quick check that the policy says what the
+// webhook says.
+package policytest
 
 import (
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 
 	"github.com/google/cel-go/cel"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -21,24 +30,25 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/test/testenv"
 )
 
-// statusPolicy is config/policy's status policy compiled with the
-// apiserver's own admission CEL library, the version the test control plane
-// runs. It answers what the apiserver's policy engine would answer for one
-// write, and how much of the runtime cost budget the validations spent, which
-// the apiserver does not report. The apiserver itself is the judge (the
-// admission suite runs the same writes there); this is the measuring tape.
-type statusPolicy struct {
+// Policy is the compiled status policy.
+type Policy struct {
 	compiler    *celadm.CompositedCompiler
 	validations celadm.ConditionEvaluator
 	validator   validating.Validator
 }
 
-// compileStatusPolicy reads and compiles config/policy/validating_admission_policy.yaml.
-func compileStatusPolicy() (*statusPolicy, error) {
-	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "policy", "validating_admission_policy.yaml"))
+// RepoRoot is the repository's root directory.
+func RepoRoot() string {
+	_, file, _, _ := goruntime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Load reads and compiles config/policy/validating_admission_policy.yaml with
+// controllerUser as its controller ("" keeps the shipped name).
+func Load(controllerUser string) (*Policy, error) {
+	b, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "policy", "validating_admission_policy.yaml"))
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +56,17 @@ func compileStatusPolicy() (*statusPolicy, error) {
 	if err := yaml.UnmarshalStrict(b, vap); err != nil {
 		return nil, err
 	}
-	vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
+	seen := map[string]bool{}
+	for _, v := range vap.Spec.Variables {
+		if seen[v.Name] {
+			// A later variable of the same name silently replaces the earlier.
+			return nil, fmt.Errorf("variable %s is defined twice", v.Name)
+		}
+		seen[v.Name] = true
+	}
+	if controllerUser != "" {
+		vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
+	}
 	compiler, err := celadm.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
 	if err != nil {
 		return nil, err
@@ -76,7 +96,7 @@ func compileStatusPolicy() (*statusPolicy, error) {
 			return nil, fmt.Errorf("compiling the policy: %v", cs)
 		}
 	}
-	return &statusPolicy{
+	return &Policy{
 		compiler:    compiler,
 		validations: validations,
 		validator: validating.NewValidator(validations, nil,
@@ -85,23 +105,28 @@ func compileStatusPolicy() (*statusPolicy, error) {
 	}, nil
 }
 
-// policyWriter is who writes, as request.userInfo shows it.
-type policyWriter struct {
-	name  string
-	extra map[string][]string
-	// forceRelease is the authorizer's answer for the force-release verb.
-	forceRelease bool
+// Writer is who writes, as request.userInfo shows it.
+type Writer struct {
+	Name  string
+	Extra map[string][]string
+	// ForceRelease is the authorizer's answer for the force-release verb.
+	ForceRelease bool
 }
 
-// judge evaluates the policy for a status UPDATE oldObj → newObj by w: the
-// first denial's message ("" when admitted, like the apiserver, which reports
-// the first failing validation) and the cost the validations spent.
-func (p *statusPolicy) judge(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock, w policyWriter) (string, int64, error) {
+// EvalErrorPrefix starts the error Judge returns when a validation fails to
+// evaluate: the apiserver then denies by the policy's failurePolicy.
+const EvalErrorPrefix = "policy evaluation error: "
+
+// Judge evaluates the policy for a status UPDATE oldObj → newObj by w: the
+// first denial's message ("" when admitted; the apiserver too reports the
+// first failing validation) and the cost the validations spent, of
+// celconfig.RuntimeCELCostBudget.
+func (p *Policy) Judge(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock, w Writer) (string, int64, error) {
 	attr, err := statusAttributes(oldObj, newObj, w)
 	if err != nil {
 		return "", 0, err
 	}
-	authz := fixedAuthorizer(w.forceRelease)
+	authz := fixedAuthorizer(w.ForceRelease)
 	req := celadm.CreateAdmissionRequest(attr.Attributes, metav1.GroupVersionResource(statusResource), metav1.GroupVersionKind(attr.VersionedKind))
 	_, remaining, err := p.validations.ForInput(ctx, attr, req, celadm.OptionalVariableBindings{Authorizer: authz}, nil, celconfig.RuntimeCELCostBudget)
 	if err != nil {
@@ -110,7 +135,7 @@ func (p *statusPolicy) judge(ctx context.Context, oldObj, newObj *locksv1alpha1.
 	res := p.validator.Validate(ctx, attr.GetResource(), attr, nil, nil, celconfig.RuntimeCELCostBudget, authz)
 	for _, d := range res.Decisions {
 		if d.Evaluation == validating.EvalError {
-			return "", celconfig.RuntimeCELCostBudget - remaining, fmt.Errorf("policy evaluation error: %s", d.Message)
+			return "", celconfig.RuntimeCELCostBudget - remaining, fmt.Errorf("%s%s", EvalErrorPrefix, d.Message)
 		}
 		if d.Action == validating.ActionDeny {
 			return d.Message, celconfig.RuntimeCELCostBudget - remaining, nil
@@ -121,7 +146,7 @@ func (p *statusPolicy) judge(ctx context.Context, oldObj, newObj *locksv1alpha1.
 
 var statusResource = locksv1alpha1.GroupVersion.WithResource("distributedlocks")
 
-func statusAttributes(oldObj, newObj *locksv1alpha1.DistributedLock, w policyWriter) (*admission.VersionedAttributes, error) {
+func statusAttributes(oldObj, newObj *locksv1alpha1.DistributedLock, w Writer) (*admission.VersionedAttributes, error) {
 	o, err := toUnstructured(oldObj)
 	if err != nil {
 		return nil, err
@@ -131,7 +156,7 @@ func statusAttributes(oldObj, newObj *locksv1alpha1.DistributedLock, w policyWri
 		return nil, err
 	}
 	gvk := locksv1alpha1.GroupVersion.WithKind("DistributedLock")
-	info := &authnuser.DefaultInfo{Name: w.name, Extra: w.extra}
+	info := &authnuser.DefaultInfo{Name: w.Name, Extra: w.Extra}
 	a := admission.NewAttributesRecord(n, o, gvk, oldObj.Namespace, oldObj.Name, statusResource, "status", admission.Update, nil, false, info)
 	return &admission.VersionedAttributes{
 		Attributes: a, VersionedKind: gvk,
@@ -156,10 +181,10 @@ func (f fixedAuthorizer) Authorize(context.Context, authorizer.Attributes) (auth
 	return authorizer.DecisionDeny, "", nil
 }
 
-// eval evaluates one CEL expression with the policy's variables for a write,
-// for tests that look inside the policy: its value as a string (or a
-// compilation or evaluation error) and its cost.
-func (p *statusPolicy) eval(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock, w policyWriter, expr string) (string, int64, error) {
+// Eval evaluates one CEL expression with the policy's variables for a write,
+// for tests that look inside the policy: its value printed (or a compilation
+// or evaluation error) and its cost.
+func (p *Policy) Eval(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock, w Writer, expr string) (string, int64, error) {
 	attr, err := statusAttributes(oldObj, newObj, w)
 	if err != nil {
 		return "", 0, err
@@ -170,7 +195,7 @@ func (p *statusPolicy) eval(ctx context.Context, oldObj, newObj *locksv1alpha1.D
 		return "", 0, fmt.Errorf("%v", errs)
 	}
 	req := celadm.CreateAdmissionRequest(attr.Attributes, metav1.GroupVersionResource(statusResource), metav1.GroupVersionKind(attr.VersionedKind))
-	res, remaining, err := c.ForInput(ctx, attr, req, celadm.OptionalVariableBindings{Authorizer: fixedAuthorizer(w.forceRelease)}, nil, celconfig.RuntimeCELCostBudget)
+	res, remaining, err := c.ForInput(ctx, attr, req, celadm.OptionalVariableBindings{Authorizer: fixedAuthorizer(w.ForceRelease)}, nil, celconfig.RuntimeCELCostBudget)
 	if err != nil {
 		return "", 0, err
 	}

@@ -1,0 +1,213 @@
+package webhook
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+// sharedShape is one write of the hostile suite's shared-mode table, as a
+// predicate on a generated write and the webhook's answer.
+type sharedShape struct {
+	name  string
+	match func(w generatedWrite) bool
+}
+
+type generatedWrite struct {
+	old, new *locksv1alpha1.DistributedLock
+	actor    Actor
+	d        holdings
+	denied   bool
+}
+
+func (w generatedWrite) added() *locksv1alpha1.SharedHolder {
+	for _, a := range w.d.acquired {
+		if a.shared != nil {
+			return a.shared
+		}
+	}
+	return nil
+}
+
+func (w generatedWrite) is(t locksv1alpha1.LockType) bool { return w.old.LockType() == t }
+
+// sharedShapes are the shapes the corpus of FuzzValidateSharedUpdate must
+// hold (test/admission's shared-mode cases, denied and allowed).
+var sharedShapes = []sharedShape{
+	{"a reader acquiring while a writer holds", func(w generatedWrite) bool {
+		return w.is(locksv1alpha1.RWMutex) && w.old.Status.Holder != nil && w.added() != nil
+	}},
+	{"a writer acquiring while readers hold", func(w generatedWrite) bool {
+		return w.is(locksv1alpha1.RWMutex) && len(w.old.Status.SharedHolders) > 0 && w.old.Status.Holder == nil && w.new.Status.Holder != nil
+	}},
+	{"a permit over the limit", func(w generatedWrite) bool {
+		a := w.added()
+		return w.is(locksv1alpha1.Semaphore) && a != nil && int(a.Slot) >= w.old.SharedLimit()
+	}},
+	{"a slot collision", func(w generatedWrite) bool { return refusedByCRD(w.new) && len(w.d.acquired) > 0 }},
+	{"a reader's slot out of range", func(w generatedWrite) bool {
+		a := w.added()
+		return w.is(locksv1alpha1.RWMutex) && a != nil && (a.Slot < 0 || a.Slot >= locksv1alpha1.MaxSharedHolders)
+	}},
+	{"a forged token on a new entry", func(w generatedWrite) bool {
+		a := w.added()
+		want, _ := locksv1alpha1.NextFencingToken(w.old.ResourceVersion)
+		return a != nil && a.FencingToken != want
+	}},
+	{"an existing entry's token changed", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.d.kept, func(k keptShared) bool { return k.old.FencingToken != k.new.FencingToken })
+	}},
+	{"an existing entry moved to another slot", func(w generatedWrite) bool {
+		a := w.added()
+		return a != nil && slices.ContainsFunc(w.d.ended, func(e ending) bool { return e.h.LeaseID == a.LeaseID })
+	}},
+	{"one shared holder releasing another's permit", func(w generatedWrite) bool {
+		return w.denied && slices.ContainsFunc(w.d.ended, func(e ending) bool { return e.slot != nil && e.h.User != w.actor.Username }) &&
+			w.lastReason() == locksv1alpha1.EndReasonReleased
+	}},
+	{"one shared holder renewing another's permit", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.d.kept, func(k keptShared) bool {
+			return k.old.User != w.actor.Username && !k.old.RenewTime.Equal(k.new.RenewTime)
+		})
+	}},
+	{"a writer jumping readers queued before it", func(w generatedWrite) bool {
+		ws := w.old.Status.Waiters
+		return w.is(locksv1alpha1.RWMutex) && w.old.Status.Holder == nil && w.new.Status.Holder != nil && len(ws) > 0 &&
+			waiterMode(ws[0]) == locksv1alpha1.Shared && ws[0].RequestID != w.new.Status.Holder.RequestID
+	}},
+	{"a reader jumping a writer queued before it", func(w generatedWrite) bool {
+		ws, a := w.old.Status.Waiters, w.added()
+		return a != nil && len(ws) > 0 && waiterMode(ws[0]) == locksv1alpha1.Exclusive && ws[0].RequestID != a.RequestID
+	}},
+	{"two entries added in one write", func(w generatedWrite) bool { return len(w.d.acquired) > 1 }},
+	{"an unrecorded removal", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.d.ended, func(e ending) bool { return e.slot != nil }) &&
+			len(w.new.Status.RecentAcquisitions) == len(w.old.Status.RecentAcquisitions)
+	}},
+	{"a non-controller writing Expired for a shared entry", func(w generatedWrite) bool {
+		return !w.actor.IsController && slices.ContainsFunc(w.d.ended, func(e ending) bool { return e.slot != nil }) &&
+			w.lastReason() == locksv1alpha1.EndReasonExpired
+	}},
+	{"a shared entry on a Mutex", func(w generatedWrite) bool { return w.is(locksv1alpha1.Mutex) && w.added() != nil }},
+	{"an exclusive holder on a Semaphore", func(w generatedWrite) bool {
+		return w.is(locksv1alpha1.Semaphore) && w.new.Status.Holder != nil
+	}},
+	{"a fresh leaseID reused", func(w generatedWrite) bool {
+		a := w.added()
+		return a != nil && leaseUsed(&w.old.Status, a.LeaseID)
+	}},
+	{"admitted: a reader acquiring beside readers", func(w generatedWrite) bool {
+		return !w.denied && w.is(locksv1alpha1.RWMutex) && len(w.old.Status.SharedHolders) > 0 && w.added() != nil
+	}},
+	{"admitted: a shared head acquiring", func(w generatedWrite) bool {
+		return !w.denied && w.added() != nil && len(w.old.Status.Waiters) > 1
+	}},
+	{"admitted: a release recorded", func(w generatedWrite) bool {
+		return !w.denied && w.lastReason() == locksv1alpha1.EndReasonReleased &&
+			slices.ContainsFunc(w.d.ended, func(e ending) bool { return e.slot != nil })
+	}},
+}
+
+func (w generatedWrite) lastReason() locksv1alpha1.EndReason {
+	r := w.new.Status.RecentAcquisitions
+	if len(r) == 0 || len(r) == len(w.old.Status.RecentAcquisitions) && len(w.d.ended) == 0 {
+		return ""
+	}
+	return r[len(r)-1].EndReason
+}
+
+// generate decodes fuzz bytes as FuzzValidateSharedUpdate does.
+func generate(data []byte) generatedWrite {
+	s := &bytesource{b: data}
+	oldObj := s.sharedLock()
+	newObj := oldObj.DeepCopy()
+	a := s.actor(s.mutateShared(newObj))
+	return generatedWrite{old: oldObj, new: newObj, actor: a, d: diffHoldings(&oldObj.Status, &newObj.Status),
+		denied: len(ValidateStatusUpdate(oldObj, newObj, a)) > 0}
+}
+
+const sharedCorpus = "testdata/fuzz/FuzzValidateSharedUpdate"
+
+// TestSharedFuzzCorpusShapes holds the corpus of FuzzValidateSharedUpdate to
+// sharedShapes: each shape has a seed. KUBELOCK_WRITE_CORPUS=1 searches
+// random inputs for the shapes no seed has and writes one seed per shape,
+// also to FuzzEnginesAgree's corpus (there behind the byte that picks a
+// shared lock).
+func TestSharedFuzzCorpusShapes(t *testing.T) {
+	var seeds [][]byte
+	files, _ := filepath.Glob(filepath.Join(sharedCorpus, "*"))
+	for _, f := range files {
+		seeds = append(seeds, readSeed(t, f))
+	}
+	var missing []sharedShape
+	for _, sh := range sharedShapes {
+		if !slices.ContainsFunc(seeds, func(b []byte) bool { return sh.match(generate(b)) }) {
+			missing = append(missing, sh)
+		}
+	}
+	if len(missing) > 0 && os.Getenv("KUBELOCK_WRITE_CORPUS") == "1" {
+		missing = writeSeeds(t, missing)
+	}
+	for _, sh := range missing {
+		t.Errorf("no seed in %s has the shape %q (KUBELOCK_WRITE_CORPUS=1 writes one)", sharedCorpus, sh.name)
+	}
+}
+
+func writeSeeds(t *testing.T, missing []sharedShape) []sharedShape {
+	r := rand.New(rand.NewPCG(16, 16))
+	for range 2_000_000 {
+		if len(missing) == 0 {
+			break
+		}
+		b := make([]byte, 8+r.IntN(56))
+		for i := range b {
+			b[i] = byte(r.IntN(256))
+		}
+		w := generate(b)
+		for i, sh := range missing {
+			if sh.match(w) {
+				writeSeed(t, sharedCorpus, b)
+				writeSeed(t, "testdata/fuzz/FuzzEnginesAgree", append([]byte{1}, b...))
+				t.Logf("seed for %q", sh.name)
+				missing = slices.Delete(missing, i, i+1)
+				break
+			}
+		}
+	}
+	return missing
+}
+
+func writeSeed(t *testing.T, dir string, b []byte) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("%x", sha256.Sum256(b))[:16]
+	if err := os.WriteFile(filepath.Join(dir, name), []byte("go test fuzz v1\n[]byte("+strconv.Quote(string(b))+")\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readSeed decodes a corpus file of one []byte argument.
+func readSeed(t *testing.T, path string) []byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 || lines[0] != "go test fuzz v1" || !strings.HasPrefix(lines[1], "[]byte(") {
+		t.Fatalf("%s: not a corpus file of one []byte", path)
+	}
+	s, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(lines[1], "[]byte("), ")"))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return []byte(s)
+}
