@@ -61,7 +61,10 @@ var _ = Describe("shared modes", func() {
 			keepRenewing(g)
 			g.Expect(sharedIDs(ctx, key)).To(Equal([]string{"lease-reader-kept-01", "lease-reader-kept-02"}))
 		}).Should(Succeed())
-		Expect(time.Since(lapsedSent)).To(BeNumerically(">=", time.Second+grace), "a reader expired before lease+grace")
+		lapsedAfter := time.Since(lapsedSent)
+		Expect(lapsedAfter).To(BeNumerically(">=", time.Second+grace), "a reader expired before lease+grace")
+		AddReportEntry("lapsed reader (lease 1 s + grace 1 s): acquisition sent -> seen expired", lapsedAfter.String())
+		GinkgoWriter.Printf("lapsed reader (lease 1 s + grace 1 s): acquisition sent -> seen expired: %s\n", lapsedAfter)
 		rec := finishedOf(ctx, key, "lease-reader-lapsed1")
 		Expect(rec).NotTo(BeNil())
 		Expect(rec.EndReason).To(Equal(locksv1alpha1.EndReasonExpired))
@@ -92,9 +95,12 @@ var _ = Describe("shared modes", func() {
 			g.Expect(l.Status.Waiters).NotTo(BeEmpty(), "the writer was dropped")
 			g.Expect(l.Status.Waiters[0].RequestID).To(Equal("writer"))
 			g.Expect(l.Admits(locksv1alpha1.Exclusive)).To(BeTrue())
-			token = acquireAsHead(g, ctx, l, "lease-writer-000001")
+			token = acquireAsHead(ctx, g, l, "lease-writer-000001")
 		}).Should(Succeed())
-		Expect(time.Since(lastRenew)).To(BeNumerically(">=", 2*time.Second+grace), "the last reader expired before lease+grace after its last renewal was sent")
+		writerAfter := time.Since(lastRenew)
+		Expect(writerAfter).To(BeNumerically(">=", 2*time.Second+grace), "the last reader expired before lease+grace after its last renewal was sent")
+		AddReportEntry("last reader (lease 2 s + grace 1 s): last renewal sent -> writer acquired", writerAfter.String())
+		GinkgoWriter.Printf("last reader (lease 2 s + grace 1 s): last renewal sent -> writer acquired: %s\n", writerAfter)
 		l = getLock(ctx, key)
 		Expect(l.Status.Holder.LeaseID).To(Equal("lease-writer-000001"))
 		Expect(l.Status.SharedHolders).To(BeEmpty())
@@ -141,7 +147,10 @@ var _ = Describe("shared modes", func() {
 		started := time.Now()
 		startController()
 		Eventually(sharedIDs).WithArguments(ctx, key).Should(BeEmpty())
-		Expect(time.Since(started)).To(BeNumerically(">=", time.Second+grace))
+		allGone := time.Since(started)
+		Expect(allGone).To(BeNumerically(">=", time.Second+grace))
+		AddReportEntry("ten permits (lease 1 s + grace 1 s): controller started -> all seen expired", allGone.String())
+		GinkgoWriter.Printf("ten permits (lease 1 s + grace 1 s): controller started -> all seen expired: %s\n", allGone)
 		Eventually(expired).Should(Equal(before+10), "each permit expired once")
 
 		l := getLock(ctx, key)
@@ -227,7 +236,7 @@ func acquireShared(ctx context.Context, key types.NamespacedName, leaseID string
 // acquireAsHead acquires l exclusively as the waiter at its head, in one
 // write conditioned on l's version, and returns the token; it fails through g
 // (for Eventually to retry) when the lock changed meanwhile.
-func acquireAsHead(g Gomega, ctx context.Context, l *locksv1alpha1.DistributedLock, leaseID string) int64 {
+func acquireAsHead(ctx context.Context, g Gomega, l *locksv1alpha1.DistributedLock, leaseID string) int64 {
 	token, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
 	g.Expect(err).NotTo(HaveOccurred())
 	now := metav1.NewMicroTime(time.Now())

@@ -90,6 +90,11 @@ func TestDecideShared(t *testing.T) {
 	readers := func(opts ...lockOpt) *locksv1alpha1.DistributedLock {
 		return newLock(append([]lockOpt{rwMutex, sharing("r1", 0, 50, 10, clientTime), sharing("r2", 1, 51, 10, clientTime)}, opts...)...)
 	}
+	// A writer queued behind a reader that is gone at 20 s.
+	readersGoneAt20s := []observed{
+		{0, newLock(rwMutex, sharing("r1", 0, 50, 300, clientTime), waitingFor("q1", locksv1alpha1.Exclusive, time.Hour))},
+		{20 * time.Second, newLock(withRV("101"), rwMutex, withToken(50), waitingFor("q1", locksv1alpha1.Exclusive, time.Hour))},
+	}
 	var fullSemaphore []lockOpt
 	for i := range int32(10) {
 		fullSemaphore = append(fullSemaphore, sharing(fmt.Sprintf("s%d", i), i, 60+int64(i), 5, clientTime))
@@ -211,22 +216,16 @@ func TestDecideShared(t *testing.T) {
 			want:    decision{requeueAfter: 242 * time.Second},
 		},
 		{
-			name: "an exclusive head's hand-off time starts when the last reader is gone",
-			history: []observed{
-				{0, newLock(rwMutex, sharing("r1", 0, 50, 300, clientTime), waitingFor("q1", locksv1alpha1.Exclusive, time.Hour))},
-				{20 * time.Second, newLock(withRV("101"), rwMutex, withToken(50), waitingFor("q1", locksv1alpha1.Exclusive, time.Hour))},
-			},
-			at:   25 * time.Second,
-			want: decision{requeueAfter: 5 * time.Second},
+			name:    "an exclusive head's hand-off time starts when the last reader is gone",
+			history: readersGoneAt20s,
+			at:      25 * time.Second,
+			want:    decision{requeueAfter: 5 * time.Second},
 		},
 		{
-			name: "and it is dropped handoffTimeoutSeconds after that",
-			history: []observed{
-				{0, newLock(rwMutex, sharing("r1", 0, 50, 300, clientTime), waitingFor("q1", locksv1alpha1.Exclusive, time.Hour))},
-				{20 * time.Second, newLock(withRV("101"), rwMutex, withToken(50), waitingFor("q1", locksv1alpha1.Exclusive, time.Hour))},
-			},
-			at:   30 * time.Second,
-			want: decision{drop: []droppedWaiter{handoffDrop("q1")}},
+			name:    "and it is dropped handoffTimeoutSeconds after that",
+			history: readersGoneAt20s,
+			at:      30 * time.Second,
+			want:    decision{drop: []droppedWaiter{handoffDrop("q1")}},
 		},
 		{
 			name: "a full semaphore does not admit its head; the head's time starts when a permit frees",
