@@ -28,7 +28,7 @@ const (
 	OpLost     = "lost"     // event: the holding's Done fired with ErrLockLost
 	OpDeadline = "deadline" // event: the client's safe deadline of Lease is now Deadline
 	OpKill     = "kill"     // event, recorded by whoever killed Proc: it stopped existing at T
-	OpServer   = "server"   // event, recorded by an observer: the stored holder (or its end)
+	OpServer   = "server"   // event, recorded by an observer: a stored holding (or its end)
 )
 
 // Phases of an event.
@@ -67,6 +67,16 @@ type Event struct {
 	Try bool `json:"try,omitempty"`
 	// Reason is the end reason of a holding an observer saw end.
 	Reason string `json:"reason,omitempty"`
+	// Shared marks a shared holding (an RWMutex's reader, a Semaphore's
+	// permit): on an acquire's invoke, that it asks for one (and Permits is
+	// how many the lock admits at once); on its return, and on an observer's
+	// event, that the holding is one, on slot Slot. An observer's read lists
+	// the ended holdings (Point), then the shared holdings (Return, Shared),
+	// then the exclusive holder (Return, with the read's send time in
+	// Deadline), all at the read's T.
+	Shared  bool  `json:"shared,omitempty"`
+	Slot    int32 `json:"slot,omitempty"`
+	Permits int   `json:"permits,omitempty"`
 }
 
 // Mono is CLOCK_MONOTONIC in nanoseconds: comparable across the processes of one machine.

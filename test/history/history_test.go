@@ -137,3 +137,136 @@ func TestStoredAndClientsAgree(t *testing.T) {
 		}
 	}
 }
+
+// shared is a shared acquisition of key k on slot, as its client recorded it.
+func shared(proc string, id, call, ret int64, key, req, lease string, slot int32, token, deadline int64) []Event {
+	evs := acq(proc, id, call, ret, key, req, lease, token, deadline)
+	evs[0].Shared, evs[0].Permits = true, 2
+	evs[1].Shared, evs[1].Slot = true, slot
+	return evs
+}
+
+func invariants(vs []Violation) string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.Invariant)
+	}
+	return fmt.Sprint(out)
+}
+
+func TestSharedHoldings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		evs  []Event
+		want string
+	}{
+		{"readers on different slots overlap, their tokens in any order", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 0, 7, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 5, 100),
+		), "[]"},
+		{"a writer after the readers", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 0, 5, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 6, 100),
+			rel("a", 2, 30, 31, "k", "L1"), rel("b", 2, 40, 41, "k", "L2"), acq("c", 1, 35, 50, "k", "r3", "L3", 7, 200),
+		), "[]"},
+		{"a writer together with a reader", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 0, 5, 100), acq("c", 1, 35, 50, "k", "r3", "L3", 7, 200),
+		), "[I1]"},
+		{"a reader together with the writer, with a lower token", cat(
+			acq("c", 1, 0, 10, "k", "r3", "L3", 7, 200), shared("a", 1, 0, 50, "k", "r1", "L1", 0, 5, 100),
+		), "[I1 I2]"},
+		{"one slot, two holders", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 1, 5, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 6, 100),
+		), "[I1]"},
+		{"one slot, a token that does not rise", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 1, 6, 100), rel("a", 2, 30, 31, "k", "L1"), shared("b", 1, 32, 40, "k", "r2", "L2", 1, 5, 100),
+		), "[I2]"},
+	} {
+		if got := invariants(CheckHoldings(Holdings(tc.evs))); got != tc.want {
+			t.Errorf("%s: got %s, want %s: %v", tc.name, got, tc.want, CheckHoldings(Holdings(tc.evs)))
+		}
+	}
+}
+
+func TestPermits(t *testing.T) {
+	two := map[string]int{"k": 2}
+	for _, tc := range []struct {
+		name string
+		evs  []Event
+		want string
+	}{
+		{"two of two, then a hand-over at the same instant", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 0, 5, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 6, 100),
+			rel("a", 2, 30, 31, "k", "L1"), shared("c", 1, 25, 30, "k", "r3", "L3", 0, 7, 100),
+		), "[]"},
+		{"three of two", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 0, 5, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 6, 100),
+			shared("c", 1, 25, 30, "k", "r3", "L3", 0, 7, 100),
+		), "[I1]"},
+		{"a slot out of range", shared("a", 1, 0, 10, "k", "r1", "L1", 2, 5, 100), "[I1]"},
+		{"another key is not counted", cat(
+			shared("a", 1, 0, 10, "x", "r1", "L1", 0, 5, 100), shared("b", 1, 0, 20, "x", "r2", "L2", 1, 6, 100),
+			shared("c", 1, 25, 30, "x", "r3", "L3", 2, 7, 100),
+		), "[]"},
+	} {
+		if got := invariants(CheckPermits(Holdings(tc.evs), two)); got != tc.want {
+			t.Errorf("%s: got %s, want %s: %v", tc.name, got, tc.want, CheckPermits(Holdings(tc.evs), two))
+		}
+	}
+}
+
+// sharedRead is one observer's read of k sent at sent and answered at t,
+// showing the ended holdings, then the shared holdings, then no holder.
+func sharedRead(t, sent, status int64, ended []Event, held ...Event) []Event {
+	out := read(t, sent, status, "", "", ended...)
+	summary := out[len(out)-1]
+	out = out[:len(out)-1]
+	for _, e := range held {
+		e.Op, e.Phase, e.Key, e.T, e.Shared = OpServer, Return, "k", t, true
+		out = append(out, e)
+	}
+	return append(out, summary)
+}
+
+func TestSharedStoredHistory(t *testing.T) {
+	clients := cat(shared("a", 1, 0, 10, "k", "r1", "L1", 0, 5, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 6, 100))
+	for _, tc := range []struct {
+		name string
+		evs  []Event
+		want string
+	}{
+		{"agreeing reads", cat(clients, sharedRead(25, 21, 6, nil, Event{Lease: "L1", Req: "r1", Token: 5}, Event{Lease: "L2", Req: "r2", Token: 6, Slot: 1})), "[]"},
+		{"readers that ended in another order than their tokens", cat(clients,
+			rel("a", 2, 30, 31, "k", "L1"), rel("b", 2, 28, 29, "k", "L2"),
+			sharedRead(40, 35, 6, []Event{{Lease: "L2", Req: "r2", Token: 6, Shared: true, Slot: 1}, {Lease: "L1", Req: "r1", Token: 5, Shared: true}})), "[]"},
+		{"one slot's holdings that ended in another order than their tokens", cat(
+			shared("a", 1, 0, 10, "k", "r1", "L1", 1, 5, 12), shared("b", 1, 15, 20, "k", "r2", "L2", 1, 6, 40),
+			sharedRead(50, 45, 6, []Event{{Lease: "L2", Req: "r2", Token: 6, Shared: true, Slot: 1}, {Lease: "L1", Req: "r1", Token: 5, Shared: true, Slot: 1}})), "[I2 I2]"},
+		{"a read during a reader's holding that misses it", cat(clients, sharedRead(25, 21, 6, nil, Event{Lease: "L2", Req: "r2", Token: 6, Slot: 1})), "[I1]"},
+		{"the stored slot is not the client's", cat(clients, sharedRead(25, 21, 6, nil, Event{Lease: "L1", Req: "r1", Token: 5, Slot: 3}, Event{Lease: "L2", Req: "r2", Token: 6, Slot: 1})), "[I2]"},
+	} {
+		hs := Holdings(tc.evs)
+		vs := CheckHoldings(hs)
+		vs = append(vs, CheckRequestIDs(tc.evs)...)
+		vs = append(vs, CheckStored(tc.evs, hs)...)
+		if got := invariants(vs); got != tc.want {
+			t.Errorf("%s: got %s, want %s: %v", tc.name, got, tc.want, vs)
+		}
+	}
+}
+
+// The fault suite's histories with shared holdings become the shared model's operations.
+func TestSharedOperationsAreLinearizable(t *testing.T) {
+	ok := cat(shared("a", 1, 0, 10, "k", "r1", "L1", 0, 5, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 6, 100),
+		sharedRead(25, 21, 6, nil, Event{Lease: "L1", Req: "r1", Token: 5}, Event{Lease: "L2", Req: "r2", Token: 6, Slot: 1}))
+	if res, _, n := CheckLinearizable(ok, 0); res != porcupine.Ok || n != 3 {
+		t.Fatalf("want 3 operations, linearizable: %d, %s", n, res)
+	}
+	third := cat(ok, shared("c", 1, 30, 40, "k", "r3", "L3", 0, 7, 100))
+	if res, _, _ := CheckLinearizable(third, 0); res != porcupine.Illegal {
+		t.Fatalf("a third permit of two must not be linearizable, got %s", res)
+	}
+	missed := cat(shared("a", 1, 0, 10, "k", "r1", "L1", 0, 5, 100), shared("b", 1, 0, 20, "k", "r2", "L2", 1, 6, 100),
+		sharedRead(25, 21, 6, nil, Event{Lease: "L1", Req: "r1", Token: 5}))
+	if res, _, _ := CheckLinearizable(missed, 0); res != porcupine.Illegal {
+		t.Fatalf("a read that misses a permit must not be linearizable, got %s", res)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -29,10 +30,14 @@ import (
 // Acquire with a short wait, Renew, Release, crash (stop renewing and forget the
 // lock), retry (Acquire again with an earlier call's request ID) and waits for
 // an expiry against one lock on the real apiserver, with the expiry controller
-// running. The clients' calls and every read of the stored object are recorded
-// as test/history events, whose checkers (the fault suite's) check I1, I2 and
-// I6 after every step; the whole history is then checked for linearizability
-// against test/history's model.
+// running: a Mutex; an RWMutex, whose clients acquire as readers or as the
+// writer at random; a Semaphore of 2 permits among 4 clients. The clients'
+// calls and every read of the stored object are recorded as test/history
+// events, whose checkers (the fault suite's) check I1 (never a writer together
+// with anyone, never two holders on one slot, never more holders than
+// permits), I2 (tokens rise, per slot and for the lock) and I6 after every
+// step, next to the stored object's own invariants; the whole history is
+// then checked for linearizability against test/history's model.
 //
 // Environment:
 //
@@ -42,39 +47,56 @@ import (
 //	KUBELOCK_MODEL_HISTORY    if set, write the history to a temporary file even when the test passes
 //	KUBELOCK_MODEL_VISUALIZE  if set, write porcupine's visualization even when the history is linearizable
 var _ = Describe("model-based randomized test", Serial, func() {
-	It("keeps I1, I2 and I6 after every step and a linearizable history", func() {
-		seed := envInt("KUBELOCK_MODEL_SEED", time.Now().UnixNano())
-		seconds := min(envInt("KUBELOCK_MODEL_SECONDS", 40), 60)
-		maxOps := int(envInt("KUBELOCK_MODEL_OPS", 2000))
-		GinkgoWriter.Printf("model seed %d (replay with KUBELOCK_MODEL_SEED=%d), %ds, at most %d operations\n", seed, seed, seconds, maxOps)
-
-		r := newModelRun(seed)
-		DeferCleanup(func() {
-			if CurrentSpecReport().Failed() || os.Getenv("KUBELOCK_MODEL_HISTORY") != "" {
-				r.dumpHistory()
-			}
+	for _, spec := range []locksv1alpha1.DistributedLockSpec{
+		{Type: locksv1alpha1.Mutex},
+		{Type: locksv1alpha1.RWMutex},
+		{Type: locksv1alpha1.Semaphore, Permits: int32p(2)},
+	} {
+		It(fmt.Sprintf("keeps I1, I2 and I6 after every step and a linearizable history: %s", describeType(spec)), func() {
+			runModel(spec)
 		})
-		began := time.Now()
-		r.run(time.Duration(seconds)*time.Second, maxOps)
-		r.drain()
-		ran := time.Since(began)
-
-		r.mu.Lock()
-		kinds := make([]string, 0, len(r.counts))
-		for k, n := range r.counts {
-			kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
-		}
-		sort.Strings(kinds)
-		report := fmt.Sprintf("seed %d: %d operations in %d steps over %s (%d clients, %d acquisitions, %d crashes, %d expiries seen, %d phantom acquisitions); %s",
-			seed, len(r.ops), r.rounds, ran.Round(time.Millisecond), len(r.clients), len(r.acqs), r.counts["crash"],
-			r.expiries, r.phantoms, strings.Join(kinds, ", "))
-		r.mu.Unlock()
-		AddReportEntry("model", report)
-		GinkgoWriter.Println(report)
-
-		r.checkLinearizable()
-	})
+	}
 })
+
+func describeType(spec locksv1alpha1.DistributedLockSpec) string {
+	if spec.Permits != nil {
+		return fmt.Sprintf("%s of %d permits", spec.Type, *spec.Permits)
+	}
+	return string(spec.Type)
+}
+
+func runModel(spec locksv1alpha1.DistributedLockSpec) {
+	seed := envInt("KUBELOCK_MODEL_SEED", time.Now().UnixNano())
+	seconds := min(envInt("KUBELOCK_MODEL_SECONDS", 40), 60)
+	maxOps := int(envInt("KUBELOCK_MODEL_OPS", 2000))
+	GinkgoWriter.Printf("%s model seed %d (replay with KUBELOCK_MODEL_SEED=%d), %ds, at most %d operations\n", describeType(spec), seed, seed, seconds, maxOps)
+
+	r := newModelRun(seed, spec)
+	DeferCleanup(func() {
+		if CurrentSpecReport().Failed() || os.Getenv("KUBELOCK_MODEL_HISTORY") != "" {
+			r.dumpHistory()
+		}
+	})
+	began := time.Now()
+	r.run(time.Duration(seconds)*time.Second, maxOps)
+	r.drain()
+	ran := time.Since(began)
+
+	r.mu.Lock()
+	kinds := make([]string, 0, len(r.counts))
+	for k, n := range r.counts {
+		kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
+	}
+	sort.Strings(kinds)
+	report := fmt.Sprintf("%s, seed %d: %d operations in %d steps over %s (%d clients, %d acquisitions, %d crashes, %d expiries seen, %d phantom acquisitions, at most %d holdings at once); %s",
+		describeType(spec), seed, len(r.ops), r.rounds, ran.Round(time.Millisecond), len(r.clients), len(r.acqs), r.counts["crash"],
+		r.expiries, r.phantoms, r.mostHeld, strings.Join(kinds, ", "))
+	r.mu.Unlock()
+	AddReportEntry("model", report)
+	GinkgoWriter.Println(report)
+
+	r.checkLinearizable()
+}
 
 func envInt(name string, def int64) int64 {
 	v := os.Getenv(name)
@@ -131,6 +153,10 @@ type modelRun struct {
 	seed  int64
 	rng   *rand.Rand // only the planning goroutine uses it
 	start time.Time
+	// typ is the lock's type and limit its SharedLimit: how many shared
+	// holdings it admits at once (0 for a Mutex).
+	typ   locksv1alpha1.LockType
+	limit int
 
 	mu       sync.Mutex
 	ops      []porcupine.Operation
@@ -140,6 +166,7 @@ type modelRun struct {
 	handles  []trackedHandle // holding handles that may still be live
 	acqs     map[string]modelAcq
 	reqOwner map[string]int  // request ID -> client
+	shared   map[string]bool // request IDs of shared acquires
 	failed   map[string]bool // request IDs of acquires that timed out (possible phantom holdings)
 	crashed  map[string]bool // leases whose client crashed
 	ended    map[string]bool // leases seen in status.recentAcquisitions
@@ -149,18 +176,21 @@ type modelRun struct {
 	rounds   int
 	phantoms int
 	expiries int
+	mostHeld int                            // the most holdings a read showed at once
 	last     *locksv1alpha1.DistributedLock // stored object after the last step
 }
 
-func newModelRun(seed int64) *modelRun {
+func newModelRun(seed int64, spec locksv1alpha1.DistributedLockSpec) *modelRun {
 	ctx := context.Background()
 	r := &modelRun{
 		ctx: ctx, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 0x6b75626c6f636b)),
-		counts: map[string]int{}, acqs: map[string]modelAcq{}, reqOwner: map[string]int{},
+		counts: map[string]int{}, acqs: map[string]modelAcq{}, reqOwner: map[string]int{}, shared: map[string]bool{},
 		failed: map[string]bool{}, crashed: map[string]bool{}, ended: map[string]bool{}, stored: map[string]bool{},
 	}
 	r.ns = suite.Namespace(ctx)
-	suite.NewLock(ctx, r.ns, modelKey, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 1, HandoffTimeoutSeconds: 1})
+	spec.LeaseDurationSeconds, spec.HandoffTimeoutSeconds = 1, 1
+	obj := suite.NewLock(ctx, r.ns, modelKey, spec)
+	r.typ, r.limit = obj.LockType(), obj.SharedLimit()
 	const clients = 4
 	for i := range clients {
 		cfg, user := suite.UserConfig(ctx)
@@ -185,7 +215,7 @@ func (r *modelRun) process(c *modelClient, opts ...lock.Option) *lock.Client {
 func (r *modelRun) now() int64 { return time.Since(r.start).Nanoseconds() }
 
 func (r *modelRun) msg(format string, args ...any) string {
-	return fmt.Sprintf("[model seed %d, step %d] ", r.seed, r.rounds) + fmt.Sprintf(format, args...)
+	return fmt.Sprintf("[%s model seed %d, step %d] ", r.typ, r.seed, r.rounds) + fmt.Sprintf(format, args...)
 }
 
 func (r *modelRun) fail(format string, args ...any) {
@@ -271,7 +301,18 @@ func procName(c int) string { return fmt.Sprintf("c%d", c) }
 
 // acquired records the event of an acquire that returned a holding.
 func (r *modelRun) acquired(c int, l *lock.Lock, ret int64) {
-	r.event(history.Event{Proc: procName(c), Op: history.OpAcquire, Phase: history.Return, Req: l.RequestID(), Lease: l.LeaseID(), Token: l.FencingToken(), Outcome: history.OK, T: ret})
+	slot, shared := l.Slot()
+	r.event(history.Event{Proc: procName(c), Op: history.OpAcquire, Phase: history.Return, Req: l.RequestID(), Lease: l.LeaseID(), Token: l.FencingToken(), Outcome: history.OK, T: ret, Shared: shared, Slot: slot})
+}
+
+// checkMode checks that a holding is in the mode its acquire asked for and
+// returns its slot.
+func (r *modelRun) checkMode(c *modelClient, l *lock.Lock, shared bool) int32 {
+	slot, ok := l.Slot()
+	if ok != shared || l.Shared() != shared {
+		r.fail("client %d: request %s asked for a shared holding: %v, got one with a slot: %v (Shared() %v)", c.idx, l.RequestID(), shared, ok, l.Shared())
+	}
+	return slot
 }
 
 // renewLoop renews a manual holding like the library's background renewal
@@ -311,7 +352,8 @@ func (r *modelRun) classify(err error, out *history.Output) bool {
 	case err == nil:
 		out.Outcome = history.OK
 	case errors.As(err, &locked):
-		out.Outcome, out.Queued = history.Locked, locked.Holder == nil
+		out.Outcome, out.SharedHeld = history.Locked, locked.Shared
+		out.Queued = locked.Holder == nil && locked.Shared == 0
 		if locked.Holder != nil {
 			out.Lease, out.Req = locked.Holder.LeaseID, locked.Holder.RequestID
 		}
@@ -398,7 +440,14 @@ func (r *modelRun) plan(c *modelClient, blocking *bool) modelOp {
 		}
 		c.reqs++
 		req := fmt.Sprintf("s%d-c%d-%d", r.seed%10000, c.idx, c.reqs)
-		return modelOp{choice, func() { time.Sleep(think); r.acquire(c, req, try, manual, lease, wait, *blocking) }}
+		// An RWMutex's clients read or write at random; a Semaphore is
+		// acquired shared with or without asking.
+		shared := r.typ == locksv1alpha1.Semaphore || (r.typ == locksv1alpha1.RWMutex && rng.IntN(2) == 0)
+		ask := shared && (r.typ == locksv1alpha1.RWMutex || rng.IntN(2) == 0)
+		r.mu.Lock()
+		r.shared[req] = shared
+		r.mu.Unlock()
+		return modelOp{choice, func() { time.Sleep(think); r.acquire(c, req, try, manual, ask, lease, wait, *blocking) }}
 	case "retry-ended":
 		*blocking = true
 		req := ended[rng.IntN(len(ended))]
@@ -419,7 +468,24 @@ func (r *modelRun) handOver(c *modelClient, h *modelHolding) modelOp {
 	return modelOp{"release", func() { time.Sleep(d); r.release(c, h) }}
 }
 
-func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, wait time.Duration, queueMaybe bool) {
+// mode is the acquire options and the model's input of request req's mode;
+// ask says whether to ask for a shared holding with lock.Shared() (a
+// Semaphore's is shared without asking).
+func (r *modelRun) mode(req string, ask bool, in *history.Input) []lock.AcquireOption {
+	r.mu.Lock()
+	shared := r.shared[req]
+	r.mu.Unlock()
+	in.Shared = shared
+	if shared {
+		in.Limit = r.limit
+	}
+	if ask && shared {
+		return []lock.AcquireOption{lock.Shared()}
+	}
+	return nil
+}
+
+func (r *modelRun) acquire(c *modelClient, req string, try, manual, askShared bool, lease, wait time.Duration, queueMaybe bool) {
 	cl := c.auto
 	if manual {
 		cl = c.man
@@ -428,15 +494,16 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 	r.reqOwner[req] = c.idx
 	r.mu.Unlock()
 	in := history.Input{Kind: history.KindAcquire, Req: req, Try: try, QueueMaybe: queueMaybe}
+	opts := append(r.mode(req, askShared, &in), lock.RequestID(req), lock.LeaseDuration(lease))
 	var (
 		l   *lock.Lock
 		err error
 	)
 	call := r.now()
 	if try {
-		l, err = cl.TryAcquire(r.ctx, modelKey, lock.RequestID(req), lock.LeaseDuration(lease))
+		l, err = cl.TryAcquire(r.ctx, modelKey, opts...)
 	} else {
-		l, err = cl.Acquire(r.ctx, modelKey, lock.RequestID(req), lock.LeaseDuration(lease), lock.WaitTimeout(wait))
+		l, err = cl.Acquire(r.ctx, modelKey, append(opts, lock.WaitTimeout(wait))...)
 	}
 	ret := r.now()
 	out := history.Output{}
@@ -459,6 +526,7 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 		return
 	}
 	out.Lease, out.Token = l.LeaseID(), l.FencingToken()
+	out.Slot = r.checkMode(c, l, in.Shared)
 	if l.RequestID() != req {
 		r.fail("client %d: acquire %s returned a holding of request %s", c.idx, req, l.RequestID())
 	}
@@ -484,8 +552,10 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual bool, lease, 
 func (r *modelRun) retry(c *modelClient, req, lease string) {
 	p := r.process(c, lock.WithoutAutoRenew())
 	in := history.Input{Kind: history.KindAcquire, Req: req, Retry: true, OrigLease: lease}
+	// A retry asks for the mode its request asked for.
+	opts := append(r.mode(req, r.typ == locksv1alpha1.RWMutex, &in), lock.RequestID(req), lock.WaitTimeout(3*time.Second))
 	call := r.now()
-	l, err := p.Acquire(r.ctx, modelKey, lock.RequestID(req), lock.WaitTimeout(3*time.Second))
+	l, err := p.Acquire(r.ctx, modelKey, opts...)
 	ret := r.now()
 	out := history.Output{}
 	if !r.classify(err, &out) {
@@ -495,6 +565,7 @@ func (r *modelRun) retry(c *modelClient, req, lease string) {
 	r.count("retry-" + out.Outcome)
 	if l != nil {
 		out.Lease, out.Token = l.LeaseID(), l.FencingToken()
+		out.Slot = r.checkMode(c, l, in.Shared)
 		r.acquired(c.idx, l, ret)
 		// Another handle of the same holding; it does not renew and simply runs out.
 		r.track(c.idx, l, false)
@@ -567,7 +638,8 @@ func (r *modelRun) crash(c *modelClient, h *modelHolding) {
 }
 
 // read reads the stored lock as an admin and records what it shows for the
-// history checkers: the ended holdings, oldest first, then the holder.
+// history checkers: the ended holdings, oldest first, then the shared
+// holdings, then the holder.
 func (r *modelRun) read() (l *locksv1alpha1.DistributedLock, call, ret int64, err error) {
 	call = r.now()
 	l = &locksv1alpha1.DistributedLock{}
@@ -577,7 +649,14 @@ func (r *modelRun) read() (l *locksv1alpha1.DistributedLock, call, ret int64, er
 		return nil, call, ret, err
 	}
 	for _, f := range l.Status.RecentAcquisitions {
-		r.event(history.Event{Proc: "store", Op: history.OpServer, Phase: history.Point, Lease: f.LeaseID, Req: f.RequestID, Token: f.FencingToken, Reason: string(f.EndReason), T: ret})
+		e := history.Event{Proc: "store", Op: history.OpServer, Phase: history.Point, Lease: f.LeaseID, Req: f.RequestID, Token: f.FencingToken, Reason: string(f.EndReason), T: ret}
+		if f.Slot != nil {
+			e.Shared, e.Slot = true, *f.Slot
+		}
+		r.event(e)
+	}
+	for _, h := range l.Status.SharedHolders {
+		r.event(history.Event{Proc: "store", Op: history.OpServer, Phase: history.Return, Lease: h.LeaseID, Req: h.RequestID, Token: h.FencingToken, Shared: true, Slot: h.Slot, T: ret})
 	}
 	e := history.Event{Proc: "store", Op: history.OpServer, Phase: history.Return, Token: l.Status.FencingToken, Deadline: call, T: ret}
 	if h := l.Status.Holder; h != nil {
@@ -587,6 +666,31 @@ func (r *modelRun) read() (l *locksv1alpha1.DistributedLock, call, ret int64, er
 	return l, call, ret, nil
 }
 
+// storedHolding is one holding of the stored object, exclusive or shared.
+type storedHolding struct {
+	locksv1alpha1.LockHolder
+	shared bool
+	slot   int32
+	token  int64
+}
+
+// holdings are the stored object's holdings: the holder, then the shared ones.
+func holdings(l *locksv1alpha1.DistributedLock) []storedHolding {
+	var out []storedHolding
+	if h := l.Status.Holder; h != nil {
+		out = append(out, storedHolding{LockHolder: *h, token: l.Status.FencingToken})
+	}
+	for _, h := range l.Status.SharedHolders {
+		out = append(out, storedHolding{LockHolder: h.LockHolder, shared: true, slot: h.Slot, token: h.FencingToken})
+	}
+	return out
+}
+
+// holds reports whether lease is one of the stored object's holdings.
+func holds(l *locksv1alpha1.DistributedLock, lease string) bool {
+	return slices.ContainsFunc(holdings(l), func(h storedHolding) bool { return h.LeaseID == lease })
+}
+
 func clientKey(ns string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: modelKey} }
 
 // observed records a read as an operation of the porcupine history.
@@ -594,6 +698,9 @@ func (r *modelRun) observed(client int, l *locksv1alpha1.DistributedLock, call, 
 	out := history.Output{Outcome: history.OK, Token: l.Status.FencingToken}
 	if h := l.Status.Holder; h != nil {
 		out.Lease, out.Req = h.LeaseID, h.RequestID
+	}
+	for _, h := range l.Status.SharedHolders {
+		out.Shared = append(out.Shared, history.Seen{Lease: h.LeaseID, Req: h.RequestID, Slot: h.Slot, Token: h.FencingToken})
 	}
 	r.record(client, history.Input{Kind: history.KindObserve}, out, call, ret)
 }
@@ -615,38 +722,34 @@ func (r *modelRun) awaitExpiry(lease string) {
 	Eventually(func(g Gomega) {
 		l, call, ret, err := r.read()
 		g.Expect(err).NotTo(HaveOccurred())
-		h := l.Status.Holder
-		g.Expect(h != nil && h.LeaseID == lease).To(BeFalse())
+		g.Expect(holds(l, lease)).To(BeFalse())
 		r.count("await-expiry")
 		r.observed(len(r.clients), l, call, ret)
 	}).WithTimeout(15*time.Second).WithPolling(50*time.Millisecond).Should(Succeed(),
 		r.msg("the controller did not expire lease %s, lost by its client, within 15s", lease))
 }
 
-// abandoned is the stored holder's lease when its client was told it lost
-// it (a crash or a missed renewal) and no other handle of it is live.
-func (r *modelRun) abandoned() string {
-	h := r.last.Status.Holder
-	if h == nil {
-		return ""
-	}
+// abandoned are the leases of the stored holdings whose clients were told
+// they lost them (a crash or a missed renewal) and that have no live handle.
+func (r *modelRun) abandoned() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, t := range r.handles {
-		if t.l.LeaseID() == h.LeaseID && t.l.Err() == nil {
-			return ""
+	var out []string
+	for _, h := range holdings(r.last) {
+		if !slices.ContainsFunc(r.handles, func(t trackedHandle) bool { return t.l.LeaseID() == h.LeaseID && t.l.Err() == nil }) {
+			out = append(out, h.LeaseID)
 		}
 	}
-	return h.LeaseID
+	return out
 }
 
 func (r *modelRun) run(d time.Duration, maxOps int) {
 	end := time.Now().Add(d)
 	for time.Now().Before(end) && r.opCount() < maxOps {
 		r.rounds++
-		if lease := r.abandoned(); lease != "" && r.rng.IntN(4) == 0 {
+		if leases := r.abandoned(); len(leases) > 0 && r.rng.IntN(4) == 0 {
 			// Now and then wait for the controller to expire a crashed holding.
-			r.awaitExpiry(lease)
+			r.awaitExpiry(leases[r.rng.IntN(len(leases))])
 			r.checkStep()
 			continue
 		}
@@ -714,11 +817,7 @@ func (r *modelRun) checkStep() {
 	}
 	r.checkEvents()
 
-	// status.fencingToken is the token of the current or most recent holding.
-	st := &s.Status
-	if recent := st.RecentAcquisitions; st.Holder == nil && len(recent) > 0 {
-		Expect(st.FencingToken).To(Equal(recent[len(recent)-1].FencingToken), r.msg("status.fencingToken is not the token of the most recent holding"))
-	}
+	r.checkObject(s)
 	r.checkStored(s)
 	// Waiters leave the queue when they acquire or time out (or the
 	// controller drops them past their deadline): nothing stays queued.
@@ -735,7 +834,51 @@ func (r *modelRun) checkEvents() {
 	vs := history.CheckHoldings(hs)
 	vs = append(vs, history.CheckRequestIDs(evs)...)
 	vs = append(vs, history.CheckStored(evs, hs)...)
+	if r.typ == locksv1alpha1.Semaphore {
+		vs = append(vs, history.CheckPermits(hs, map[string]int{modelKey: r.limit})...)
+	}
 	Expect(vs).To(BeEmpty(), r.msg("I1, I2 or I6 broken"))
+}
+
+// checkObject checks the invariants of one stored object: its holdings fit
+// its type (a Mutex's one holder, an RWMutex's writer or readers, never
+// both, a Semaphore's permits on distinct slots in range), holderCount and
+// the Held condition count them, and status.fencingToken is the latest token
+// issued: no holding has a higher one, and with one exclusive holding at a
+// time it is the current or most recent holding's.
+func (r *modelRun) checkObject(s *locksv1alpha1.DistributedLock) {
+	st := &s.Status
+	hs := holdings(s)
+	r.mu.Lock()
+	r.mostHeld = max(r.mostHeld, len(hs))
+	r.mu.Unlock()
+	switch r.typ {
+	case locksv1alpha1.Mutex:
+		Expect(st.SharedHolders).To(BeEmpty(), r.msg("a Mutex with shared holders"))
+	case locksv1alpha1.RWMutex:
+		Expect(st.Holder != nil && len(st.SharedHolders) > 0).To(BeFalse(), r.msg("an RWMutex with a writer and %d readers", len(st.SharedHolders)))
+	case locksv1alpha1.Semaphore:
+		Expect(st.Holder).To(BeNil(), r.msg("a Semaphore with an exclusive holder"))
+		Expect(len(st.SharedHolders)).To(BeNumerically("<=", r.limit), r.msg("more holders than permits"))
+	}
+	slots := map[int32]string{}
+	for _, h := range st.SharedHolders {
+		Expect(h.Slot).To(BeNumerically("<", r.limit), r.msg("holding %s on slot %d, outside [0, %d)", h.LeaseID, h.Slot, r.limit))
+		Expect(slots).NotTo(HaveKey(h.Slot), r.msg("holdings %s and %s on slot %d", slots[h.Slot], h.LeaseID, h.Slot))
+		slots[h.Slot] = h.LeaseID
+	}
+	Expect(st.HolderCount).To(Equal(int32(len(hs))), r.msg("holderCount %d with %d holdings", st.HolderCount, len(hs)))
+	held := meta.IsStatusConditionTrue(st.Conditions, locksv1alpha1.ConditionHeld)
+	Expect(held).To(Equal(len(hs) > 0), r.msg("the Held condition is %v with %d holdings", held, len(hs)))
+	for _, h := range hs {
+		Expect(h.token).To(BeNumerically("<=", st.FencingToken), r.msg("holding %s has token %d above status.fencingToken %d", h.LeaseID, h.token, st.FencingToken))
+	}
+	for _, f := range st.RecentAcquisitions {
+		Expect(f.FencingToken).To(BeNumerically("<=", st.FencingToken), r.msg("ended holding %s has token %d above status.fencingToken %d", f.LeaseID, f.FencingToken, st.FencingToken))
+	}
+	if recent := st.RecentAcquisitions; r.typ == locksv1alpha1.Mutex && st.Holder == nil && len(recent) > 0 {
+		Expect(st.FencingToken).To(Equal(recent[len(recent)-1].FencingToken), r.msg("status.fencingToken is not the token of the most recent holding"))
+	}
 }
 
 // checkStored accounts for every holding the stored object s shows, which the
@@ -758,11 +901,12 @@ func (r *modelRun) checkStored(s *locksv1alpha1.DistributedLock) {
 			}
 		}
 	}
-	if h := st.Holder; h != nil {
+	for _, h := range holdings(s) {
 		seen = append(seen, holding{h.LeaseID, h.RequestID})
 		owner, ok := r.reqOwner[h.RequestID]
 		Expect(ok).To(BeTrue(), r.msg("unknown request %s holds the lock", h.RequestID))
-		Expect(h.User).To(Equal(r.clients[owner].user), r.msg("holder %s written as user %s, its client is %s", h.LeaseID, h.User, r.clients[owner].user))
+		Expect(h.User).To(Equal(r.clients[owner].user), r.msg("holding %s written as user %s, its client is %s", h.LeaseID, h.User, r.clients[owner].user))
+		Expect(h.shared).To(Equal(r.shared[h.RequestID]), r.msg("holding %s of request %s is shared: %v, its acquire asked for shared: %v", h.LeaseID, h.RequestID, h.shared, r.shared[h.RequestID]))
 	}
 	for _, h := range seen {
 		if r.stored[h.lease] {
@@ -806,7 +950,7 @@ func (r *modelRun) drain() {
 		}
 	}
 	r.checkStep()
-	if h := r.last.Status.Holder; h != nil {
+	for _, h := range holdings(r.last) {
 		// A crashed holding: its handle runs out first, then the controller expires it.
 		r.mu.Lock()
 		var handles []*lock.Lock
@@ -823,7 +967,7 @@ func (r *modelRun) drain() {
 		r.awaitExpiry(h.LeaseID)
 		r.checkStep()
 	}
-	Expect(r.last.Status.Holder).To(BeNil(), r.msg("the lock is still held after the drain"))
+	Expect(holdings(r.last)).To(BeEmpty(), r.msg("the lock is still held after the drain"))
 }
 
 // checkLinearizable checks the whole history against the sequential model.
@@ -854,7 +998,7 @@ func (r *modelRun) dumpHistory() {
 	r.mu.Unlock()
 	sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
 	var b strings.Builder
-	fmt.Fprintf(&b, "model seed %d, %d operations\n", r.seed, len(ops))
+	fmt.Fprintf(&b, "%s model seed %d, %d operations\n", r.typ, r.seed, len(ops))
 	for _, op := range ops {
 		fmt.Fprintf(&b, "%10.3f %10.3f  c%d  %s\n", float64(op.Call)/1e6, float64(op.Return)/1e6, op.ClientId, history.Describe(op.Input, op.Output))
 	}
