@@ -53,10 +53,7 @@ func redteamSharedEntries() []TableEntry {
 			do:   update(keepHead(acquireShared(holder("bob", 1), 0))),
 			want: []string{tag(kwebhook.RuleQueueHead) + msgAcquirerQueued}}),
 		Entry("red team: a reader acquiring and joining the queue with the same requestID in one write", hostile{state: state{spec: rwSpec}, by: "bob",
-			do: update(acquireShared(holder("bob", 1), 0), enqueue(func() locksv1alpha1.Waiter {
-				w := modeWaiter("bob", 1, locksv1alpha1.Shared)
-				return w
-			}())),
+			do:   update(acquireShared(holder("bob", 1), 0), enqueue(modeWaiter("bob", 1, locksv1alpha1.Shared))),
 			want: []string{tag(kwebhook.RuleQueueHead) + msgAcquirerQueued}}),
 		// bob copies alice's requestID onto his own permit, first in the list:
 		// alice's retried acquire finds bob's entry by requestID and fails
@@ -88,7 +85,7 @@ func redteamSharedEntries() []TableEntry {
 		// A writer waiting behind readers turns into a reader in place to
 		// take a slot beside them.
 		Entry("red team (held): a waiter changing its mode in place", hostile{state: state{spec: rwSpec, readers: []string{"alice"}, waiters: []string{"carol"}}, by: "carol",
-			do: update(func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Mode = locksv1alpha1.Shared }),
+			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Mode = locksv1alpha1.Shared }),
 			want: []string{tag(kwebhook.RuleQueue) + "queue entry " + requestID("carol", 1) + " cannot change; leave the queue and join again"}}),
 		Entry("red team (held): a permit holder ending another's permit as Expired in the controller's name", hostile{state: state{spec: sem3Spec, readers: []string{"alice", "bob"}}, by: "bob",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonExpired, controllerUser)),
