@@ -28,16 +28,16 @@ var _ = Describe("kubectl lock get -w and list -w", func() {
 
 	It("prints the table, then one line per change, and exits cleanly on Ctrl-C", func(ctx SpecContext) {
 		w := start(alice, ns, "get", "orders-db", "-w")
-		Eventually(w.Out).Should(gbytes.Say(`NAME\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
-		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+<free>\s+0\s+-\s+0\s+\S+\n`))
+		Eventually(w.Out).Should(gbytes.Say(`NAME\s+TYPE\s+HOLDERS\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
+		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+Mutex\s+0\s+<free>\s+0\s+-\s+0\s+\S+\n`))
 
 		bob, bobName := suite.NewClient(ctx, ns)
 		held, err := bob.TryAcquire(ctx, "orders-db")
 		Expect(err).NotTo(HaveOccurred())
 		token := strconv.FormatInt(held.FencingToken(), 10)
-		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+` + bobName + `\s+` + token + `\s+\S+\s+0\s+\S+\n`))
+		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+Mutex\s+1\s+` + bobName + `\s+` + token + `\s+\S+\s+0\s+\S+\n`))
 		Expect(held.Release(ctx)).To(Succeed())
-		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+<free>\s+` + token + `\s+-\s+0\s+\S+\n`))
+		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+Mutex\s+0\s+<free>\s+` + token + `\s+-\s+0\s+\S+\n`))
 
 		w.Interrupt()
 		Eventually(w).Should(gexec.Exit(0))
@@ -46,17 +46,17 @@ var _ = Describe("kubectl lock get -w and list -w", func() {
 
 	It("lists with -w --output-watch-events what is added, modified and deleted in the namespace", func(ctx SpecContext) {
 		w := start(alice, ns, "list", "-w", "--output-watch-events")
-		Eventually(w.Out).Should(gbytes.Say(`EVENT\s+NAME\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
-		Eventually(w.Out).Should(gbytes.Say(`ADDED\s+orders-db\s+<free>\s+0\s+`))
+		Eventually(w.Out).Should(gbytes.Say(`EVENT\s+NAME\s+TYPE\s+HOLDERS\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
+		Eventually(w.Out).Should(gbytes.Say(`ADDED\s+orders-db\s+Mutex\s+0\s+<free>\s+0\s+`))
 
 		payments := suite.NewLock(ctx, ns, "payments", locksv1alpha1.DistributedLockSpec{})
-		Eventually(w.Out).Should(gbytes.Say(`ADDED\s+payments\s+<free>\s+0\s+`))
+		Eventually(w.Out).Should(gbytes.Say(`ADDED\s+payments\s+Mutex\s+0\s+<free>\s+0\s+`))
 		bob, bobName := suite.NewClient(ctx, ns)
 		held, err := bob.TryAcquire(ctx, "payments")
 		Expect(err).NotTo(HaveOccurred())
-		Eventually(w.Out).Should(gbytes.Say(`MODIFIED\s+payments\s+` + bobName + `\s+`))
+		Eventually(w.Out).Should(gbytes.Say(`MODIFIED\s+payments\s+Mutex\s+1\s+` + bobName + `\s+`))
 		Expect(held.Release(ctx)).To(Succeed())
-		Eventually(w.Out).Should(gbytes.Say(`MODIFIED\s+payments\s+<free>\s+`))
+		Eventually(w.Out).Should(gbytes.Say(`MODIFIED\s+payments\s+Mutex\s+0\s+<free>\s+`))
 		Expect(suite.Env.Client.Delete(ctx, payments)).To(Succeed())
 		Eventually(w.Out).Should(gbytes.Say(`DELETED\s+payments\s+`))
 
@@ -96,7 +96,7 @@ var _ = Describe("kubectl lock get -w and list -w", func() {
 			return faultproxy.Pass
 		})
 		w := start(user{name: name, kubeconfig: writeKubeconfig(name+"-proxied", proxy.Config())}, ns, "get", "orders-db", "-w")
-		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+<free>\s+0\s+`))
+		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+Mutex\s+0\s+<free>\s+0\s+`))
 		Eventually(watches.Load).Should(BeNumerically(">=", 1))
 
 		proxy.CutConnections()
@@ -104,7 +104,7 @@ var _ = Describe("kubectl lock get -w and list -w", func() {
 		bob, bobName := suite.NewClient(ctx, ns)
 		held, err := bob.TryAcquire(ctx, "orders-db")
 		Expect(err).NotTo(HaveOccurred())
-		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+` + bobName + `\s+` + strconv.FormatInt(held.FencingToken(), 10)))
+		Eventually(w.Out).Should(gbytes.Say(`orders-db\s+Mutex\s+1\s+` + bobName + `\s+` + strconv.FormatInt(held.FencingToken(), 10)))
 		Expect(w).NotTo(gexec.Exit())
 
 		w.Interrupt()
