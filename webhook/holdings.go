@@ -21,6 +21,8 @@ const (
 	msgSharedKept      = "a shared holding's slot and fencingToken never change while it lasts"
 	msgTooManyEnds     = "one write may end at most 8 holdings: each is recorded in recentAcquisitions, which keeps 8"
 	msgHolderCount     = "status.holderCount must equal the number of holdings, exclusive and shared"
+	msgAcquirerQueued  = "an acquisition takes its own entry out of the wait queue in the same write: its requestID may not stay in status.waiters (or join it)"
+	msgRequestID       = "an acquisition needs a requestID no current holding has: it must differ from the holder's and from every shared holder's"
 )
 
 var sharedPath = statusPath.Child("sharedHolders")
@@ -183,12 +185,18 @@ func validateAcquisition(oldObj, newObj *locksv1alpha1.DistributedLock, d holdin
 		errs = append(errs, validateNotMoved(acq, d)...)
 	}
 	errs = append(errs, validateFreshLease(o, acq)...)
+	errs = append(errs, validateFreshRequest(o, acq)...)
 	// The head is its requestID and its user: requestIDs are visible in
 	// status, so another user could otherwise copy the head's and jump the
 	// queue. Modes do not matter: a reader arriving while a writer waits
 	// queues behind it.
 	if len(o.Waiters) > 0 && (o.Waiters[0].RequestID != h.RequestID || o.Waiters[0].User != h.User) {
 		errs = append(errs, deny(acq.path.Child("requestID"), RuleQueueHead, "only the head of the wait queue (requestID %s of %q) may acquire; request %s of %q is not", o.Waiters[0].RequestID, o.Waiters[0].User, h.RequestID, h.User))
+	}
+	// A head that stayed at the head could take holding after holding (every
+	// permit, every reader slot) while everyone behind it waits (red team).
+	if n.WaiterIndex(h.RequestID) >= 0 {
+		errs = append(errs, deny(waitersPath, RuleQueueHead, msgAcquirerQueued))
 	}
 	want, err := locksv1alpha1.NextFencingToken(oldObj.ResourceVersion)
 	switch {
@@ -226,6 +234,23 @@ func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, acq acquisition)
 	}
 	if used {
 		return field.ErrorList{deny(acq.path.Child("leaseID"), RuleLeaseID, msgLeaseID)}
+	}
+	return nil
+}
+
+// validateFreshRequest refuses an acquisition whose requestID a current
+// holding has: a client retrying an acquire finds its holding by requestID
+// (I6), so another user's entry with the same one would answer its retry
+// (red team). Ended holdings' requestIDs are the client's own to recognise
+// (it looks at recentAcquisitions before it writes).
+func validateFreshRequest(o *locksv1alpha1.DistributedLockStatus, acq acquisition) field.ErrorList {
+	id := acq.h.RequestID
+	used := o.Holder != nil && o.Holder.RequestID == id
+	for i := range o.SharedHolders {
+		used = used || o.SharedHolders[i].RequestID == id
+	}
+	if used {
+		return field.ErrorList{deny(acq.path.Child("requestID"), RuleLeaseID, msgRequestID)}
 	}
 	return nil
 }

@@ -104,6 +104,14 @@ var sharedShapes = []sharedShape{
 		a := w.added()
 		return a != nil && leaseUsed(&w.old.Status, a.LeaseID)
 	}},
+	// The red team's (after issue 16).
+	{"the head acquiring and staying at the head", func(w generatedWrite) bool {
+		return len(w.d.acquired) == 1 && len(w.old.Status.Waiters) > 0 && w.old.Status.Waiters[0].RequestID == w.d.acquired[0].h.RequestID &&
+			w.new.Status.WaiterIndex(w.d.acquired[0].h.RequestID) >= 0
+	}},
+	{"a current holding's requestID reused", func(w generatedWrite) bool {
+		return len(w.d.acquired) == 1 && requestUsed(&w.old.Status, w.d.acquired[0].h.RequestID)
+	}},
 	{"admitted: a reader acquiring beside readers", func(w generatedWrite) bool {
 		return !w.denied && w.is(locksv1alpha1.RWMutex) && len(w.old.Status.SharedHolders) > 0 && w.added() != nil
 	}},

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"slices"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -53,6 +54,14 @@ func leaseUsed(st *locksv1alpha1.DistributedLockStatus, id string) bool {
 		}
 	}
 	return st.SharedIndex(id) >= 0
+}
+
+// requestUsed reports whether a current holding of st has the requestID id.
+func requestUsed(st *locksv1alpha1.DistributedLockStatus, id string) bool {
+	if st.Holder != nil && st.Holder.RequestID == id {
+		return true
+	}
+	return slices.ContainsFunc(st.SharedHolders, func(h locksv1alpha1.SharedHolder) bool { return h.RequestID == id })
 }
 
 // sharedLock builds a plausible stored lock of a shared type: readers or a
@@ -122,8 +131,9 @@ func (s *bytesource) mutateShared(n *locksv1alpha1.DistributedLock) *Actor {
 		switch s.intn(20) {
 		case 0, 1, 2:
 			h := s.holder()
+			var head *locksv1alpha1.Waiter
 			if len(st.Waiters) > 0 && s.intn(4) != 0 {
-				head := st.Waiters[0]
+				head = &st.Waiters[0]
 				h.RequestID, h.User, h.PodName, h.PodUID = head.RequestID, head.User, head.PodName, head.PodUID
 			}
 			h.LeaseID = s.freshLease(st)
@@ -132,7 +142,16 @@ func (s *bytesource) mutateShared(n *locksv1alpha1.DistributedLock) *Actor {
 				slot = pick(s, fuzzSlots...)
 			}
 			token, _ := locksv1alpha1.NextFencingToken(n.ResourceVersion)
+			keep := head != nil && s.intn(8) == 0 // the head stays at the head (red team)
+			var w locksv1alpha1.Waiter
+			if keep {
+				w = *head
+			}
 			n.AcquireShared(*h, slot, token+int64(pick(s, 0, 0, 0, 0, 1, -1)))
+			if keep {
+				st.Waiters = append([]locksv1alpha1.Waiter{w}, st.Waiters...)
+				st.WaiterCount = int32(len(st.Waiters))
+			}
 			hint = actorOf(h.User, h.PodName)
 		case 3:
 			if st.Holder == nil {
@@ -308,6 +327,10 @@ func newHoldingViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor)
 		return "an acquisition with a token other than resourceVersion + 1"
 	case leaseUsed(o, fresh[0].LeaseID):
 		return "an acquisition reusing a lease ID"
+	case requestUsed(o, fresh[0].RequestID):
+		return "an acquisition reusing a current holding's requestID"
+	case n.WaiterIndex(fresh[0].RequestID) >= 0:
+		return "an acquisition whose requestID stays in the queue"
 	case len(o.Waiters) > 0 && (o.Waiters[0].RequestID != fresh[0].RequestID || o.Waiters[0].User != a.Username):
 		return "an acquisition past the queue's head"
 	}

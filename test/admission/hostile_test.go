@@ -310,6 +310,7 @@ func hostileEntries() []TableEntry {
 			want: []string{tag(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
 	}
 	entries = append(entries, sharedHostileEntries()...)
+	entries = append(entries, redteamSharedEntries()...)
 	return append(entries, statusHostileEntries()...)
 }
 
