@@ -67,9 +67,9 @@ type controllerProcess struct {
 	done   chan struct{}
 }
 
-// startController starts a manager with the controller, the real clock and no
-// configured user name (so it learns its own), and registers its stop.
-func startController() *controllerProcess {
+// startController starts a manager with the controller, the real clock, no
+// configured user name (so it learns its own) and opts, and registers its stop.
+func startController(opts ...controllers.Option) *controllerProcess {
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
@@ -79,7 +79,8 @@ func startController() *controllerProcess {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	_, err = controllers.Setup(mgr, controllers.WithExpiryGrace(grace), controllers.WithIdleTimeout(idleTimeout))
+	opts = append([]controllers.Option{controllers.WithExpiryGrace(grace), controllers.WithIdleTimeout(idleTimeout)}, opts...)
+	_, err = controllers.Setup(mgr, opts...)
 	Expect(err).NotTo(HaveOccurred())
 	p := &controllerProcess{cancel: cancel, done: make(chan struct{})}
 	go func() {
