@@ -27,7 +27,7 @@ import (
 // lock operation, none added by the operator, and one round trip when
 // nothing contends.
 var _ = Describe("apiserver writes per lock operation", func() {
-	It("is one status write per acquire, renew and release, none by the controller, and no Event", func(ctx SpecContext) {
+	It("is one status write per acquire, renew and release, none by the controller, no Event, and one request each after the first read", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		// Only this namespace: the controller then writes nothing for earlier
 		// specs' locks, and every lock write the apiserver counts is this spec's.
@@ -61,18 +61,63 @@ var _ = Describe("apiserver writes per lock operation", func() {
 		const rounds = 3
 		for i := range rounds {
 			var l *lock.Lock
-			acq, _ := measure("acquire", func() {
+			acq, acqReqs := measure("acquire", func() {
 				var err error
 				l, err = c.TryAcquire(ctx, key.Name)
 				Expect(err).NotTo(HaveOccurred())
 			})
-			ren, _ := measure("renew", func() { Expect(l.Renew(ctx)).To(Succeed()) })
-			rel, _ := measure("release", func() { Expect(l.Release(ctx)).To(Succeed()) })
+			ren, renReqs := measure("renew", func() { Expect(l.Renew(ctx)).To(Succeed()) })
+			rel, relReqs := measure("release", func() { Expect(l.Release(ctx)).To(Succeed()) })
 			for op, w := range map[string]writes{"acquire": acq, "renew": ren, "release": rel} {
 				Expect(w).To(Equal(writes{status: 1}), "round %d: %s: apiserver writes (one status write, no Event)", i, op)
 			}
+			// One round trip: the first acquire of a lock this client never saw
+			// reads it once; later ones start from the release's response.
+			wantAcquire := map[string]int{"PUT status": 1}
+			if i == 0 {
+				wantAcquire["GET lock"] = 1
+			}
+			Expect(acqReqs).To(Equal(wantAcquire), "round %d: the client's requests per acquire", i)
+			Expect(renReqs).To(Equal(map[string]int{"PUT status": 1}), "round %d: the client's requests per renew", i)
+			Expect(relReqs).To(Equal(map[string]int{"PUT status": 1}), "round %d: the client's requests per release", i)
 		}
 		Expect(getLock(ctx, key).Status.Transitions).To(BeEquivalentTo(rounds))
+	})
+})
+
+var _ = Describe("an acquire starting from the object seen last", func() {
+	It("reads afresh when that object is stale, and never answers Locked or acquires from it", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		key := createLock(ctx, ns, "stale", nil, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30})
+		requests := &requestCounter{}
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Wrap(requests.wrap)
+		a, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("a"), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+		b, err := lock.New(env.Config, lock.WithNamespace(ns), lock.WithIdentity("b"), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+
+		la, err := a.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(la.Release(ctx)).To(Succeed()) // a now remembers the lock free
+		lb, err := b.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+
+		By("trying on the stale free object: a conflict, a fresh read, then Locked")
+		requests.reset()
+		_, err = a.TryAcquire(ctx, key.Name)
+		Expect(err).To(MatchError(lock.ErrLocked))
+		Expect(requests.get()).To(Equal(map[string]int{"PUT status": 1, "GET lock": 1}))
+		Expect(getLock(ctx, key).Status.Holder.Identity).To(Equal("b"))
+
+		By("reading afresh when the object seen last is held, instead of answering Locked from it")
+		Expect(lb.Release(ctx)).To(Succeed())
+		requests.reset()
+		la, err = a.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(requests.get()).To(Equal(map[string]int{"GET lock": 1, "PUT status": 1}))
+		Expect(la.FencingToken()).To(BeNumerically(">", lb.FencingToken()))
+		Expect(la.Release(ctx)).To(Succeed())
 	})
 })
 
@@ -175,4 +220,3 @@ func (c *requestCounter) get() map[string]int {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
