@@ -13,8 +13,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/test/testmetrics"
 )
 
 var _ = Describe("the expiry controller", func() {
@@ -69,9 +72,9 @@ var _ = Describe("the expiry controller", func() {
 		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("Expired"))
 	})
 
-	It("reports the releases and force-releases it observes, and keeps Held consistent", func() {
-		startController()
-		key := createLock(ctx, newNamespace(ctx), "observed", nil, locksv1alpha1.DistributedLockSpec{})
+	// observeTransitions repairs Held, then releases, acquires and force-releases
+	// the lock key, returning once the controller has reported the force-release.
+	observeTransitions := func(key types.NamespacedName) {
 		acquire(ctx, key, "lease-observed-00001", 30)
 
 		By("repairing a Held condition a client left inconsistent")
@@ -87,17 +90,33 @@ var _ = Describe("the expiry controller", func() {
 			return c.Status
 		}).Should(Equal(metav1.ConditionTrue))
 
+		released, acquired := transitionsObserved("Released"), transitionsObserved("Acquired")
 		updateStatus(ctx, key, func(l *locksv1alpha1.DistributedLock) {
 			l.EndHolding(locksv1alpha1.EndReasonReleased, adminUser, metav1.NewMicroTime(time.Now()))
 		})
-		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("Released"))
-
+		Eventually(transitionsObserved).WithArguments("Released").Should(BeNumerically(">", released))
 		acquire(ctx, key, "lease-observed-00002", 30)
-		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("Acquired"))
+		Eventually(transitionsObserved).WithArguments("Acquired").Should(BeNumerically(">", acquired))
 		updateStatus(ctx, key, func(l *locksv1alpha1.DistributedLock) {
 			l.EndHolding(locksv1alpha1.EndReasonForceReleased, "operator", metav1.NewMicroTime(time.Now()))
 		})
 		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement("ForceReleased"))
+	}
+
+	It("reports force-releases as Events, and counts acquisitions and releases in metrics only", func() {
+		startController()
+		key := createLock(ctx, newNamespace(ctx), "observed", nil, locksv1alpha1.DistributedLockSpec{})
+		observeTransitions(key)
+		// The recorder sends Events in the order they were emitted: had the
+		// release or acquisition been one, it would be stored by now.
+		Expect(eventReasons(ctx, key)).To(Equal([]string{"ForceReleased"}))
+	})
+
+	It("with EventsAll reports acquisitions and releases too", func() {
+		startController(controllers.WithEvents(controllers.EventsAll))
+		key := createLock(ctx, newNamespace(ctx), "observed-all", nil, locksv1alpha1.DistributedLockSpec{})
+		observeTransitions(key)
+		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElements("Released", "Acquired", "ForceReleased"))
 	})
 
 	It("drops the head of a free lock that does not claim it within handoffTimeoutSeconds", func() {
@@ -282,4 +301,12 @@ func eventReasons(ctx context.Context, key types.NamespacedName) ([]string, erro
 		}
 	}
 	return reasons, nil
+}
+
+// transitionsObserved is kubelock_controller_transitions_observed_total{kind}
+// in this process (every spec's controller counts into it).
+func transitionsObserved(kind string) float64 {
+	v, err := testmetrics.Value(ctrlmetrics.Registry, "kubelock_controller_transitions_observed_total", map[string]string{"kind": kind})
+	Expect(err).NotTo(HaveOccurred())
+	return v
 }

@@ -285,25 +285,17 @@ func heldCondition(lock *locksv1alpha1.DistributedLock) *metav1.Condition {
 	}
 	c := metav1.Condition{Type: locksv1alpha1.ConditionHeld, Status: want, ObservedGeneration: lock.Generation}
 	switch {
-	case s.Holder != nil:
+	case lock.IsHeld():
 		c.Reason = locksv1alpha1.ReasonAcquired
-		c.Message = fmt.Sprintf("held by %s with fencing token %d", s.Holder.Identity, s.FencingToken)
-	case len(s.SharedHolders) > 0:
-		// The words v1alpha1's EndShared writes while holdings remain.
-		c.Reason = locksv1alpha1.ReasonAcquired
-		c.Message = fmt.Sprintf("%d holdings", len(s.SharedHolders))
 	case len(s.RecentAcquisitions) > 0:
-		last := s.RecentAcquisitions[len(s.RecentAcquisitions)-1]
-		c.Reason = string(last.EndReason)
-		c.Message = fmt.Sprintf("%s by %s", last.EndReason, last.EndedBy)
+		c.Reason = string(s.RecentAcquisitions[len(s.RecentAcquisitions)-1].EndReason)
 	case s.Transitions > 0:
 		c.Reason = locksv1alpha1.ReasonReleased
-		c.Message = "free"
 	default:
 		c.Reason = locksv1alpha1.ReasonNeverHeld
-		c.Message = "never held"
 	}
-	c.Message = locksv1alpha1.ConditionMessage(c.Message)
+	// The same words v1alpha1's setHeld writes: fixed per reason.
+	c.Message = locksv1alpha1.HeldMessage(c.Reason)
 	return &c
 }
 

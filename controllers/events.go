@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
@@ -83,4 +84,33 @@ func (r *RateLimitedRecorder) allow(obj runtime.Object) bool {
 	}
 	lim, _ := b.(*rate.Limiter) // the cache holds only limiters
 	return lim.AllowN(r.clock.Now(), 1)
+}
+
+// EventPolicy says which transitions the controller reports as Events. Every
+// Event is an apiserver write the whole cluster pays for, so by default only
+// what a person must see is one; the metrics count every transition either way.
+type EventPolicy string
+
+const (
+	// EventsImportant (the default) reports expiries, force-releases, the
+	// ends of holdings with their session, dropped waiters and idle-lock
+	// deletions; acquisitions and releases only count in
+	// kubelock_controller_transitions_observed_total.
+	EventsImportant EventPolicy = "important"
+	// EventsAll reports one Event per transition, acquisitions and releases too.
+	EventsAll EventPolicy = "all"
+)
+
+// ParseEventPolicy reads a policy by its name, as the manager's --events flag gives it.
+func ParseEventPolicy(s string) (EventPolicy, error) {
+	switch p := EventPolicy(s); p {
+	case EventsImportant, EventsAll:
+		return p, nil
+	}
+	return "", fmt.Errorf("controllers: events must be %q or %q, got %q", EventsImportant, EventsAll, s)
+}
+
+// reports says whether an Event with this reason is emitted under p.
+func (p EventPolicy) reports(reason string) bool {
+	return p == EventsAll || (reason != EventAcquired && reason != EventReleased)
 }

@@ -115,3 +115,32 @@ func TestRateLimitOff(t *testing.T) {
 		t.Fatalf("events = %d, want 50", got)
 	}
 }
+
+// TestEventPolicy: by default only what a person must see is an Event;
+// EventsAll reports acquisitions and releases too; other names are refused.
+func TestEventPolicy(t *testing.T) {
+	important := []string{EventExpired, EventForceReleased, EventSessionExpired, EventSessionClosed, EventWaiterDropped, EventDeleted}
+	for _, reason := range important {
+		if !EventsImportant.reports(reason) || !EventsAll.reports(reason) {
+			t.Errorf("%s is not reported by both policies", reason)
+		}
+	}
+	for _, reason := range []string{EventAcquired, EventReleased} {
+		if EventsImportant.reports(reason) {
+			t.Errorf("EventsImportant reports %s", reason)
+		}
+		if !EventsAll.reports(reason) {
+			t.Errorf("EventsAll does not report %s", reason)
+		}
+	}
+	for _, name := range []string{"important", "all"} {
+		if p, err := ParseEventPolicy(name); err != nil || string(p) != name {
+			t.Errorf("ParseEventPolicy(%q) = %q, %v", name, p, err)
+		}
+	}
+	for _, name := range []string{"", "All", "none"} {
+		if _, err := ParseEventPolicy(name); err == nil {
+			t.Errorf("ParseEventPolicy(%q) succeeded", name)
+		}
+	}
+}

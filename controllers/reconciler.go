@@ -2,7 +2,8 @@
 // holding, exclusive or shared, whose lease stopped being renewed, ends
 // holdings whose session or pod is gone, keeps wait queues moving across
 // modes, keeps the Held condition and observedGeneration current, emits Events
-// for the transitions it observes and deletes idle auto-created locks; and the
+// for the transitions a person must see (all of them with EventsAll), counts
+// every transition in metrics, and deletes idle auto-created locks; and the
 // LockSession reconciler, which times sessions' renewals.
 package controllers
 
@@ -62,6 +63,7 @@ const (
 type Reconciler struct {
 	client   client.Client
 	recorder events.EventRecorder
+	events   EventPolicy
 	clock    clock.PassiveClock
 	timing   timing
 	ctrlOpts controller.Options
@@ -96,6 +98,9 @@ func WithIdleTimeout(d time.Duration) Option { return func(r *Reconciler) { r.ti
 // WithUsername sets the user name written to recentAcquisitions[].endedBy; by
 // default the controller learns its own with a SelfSubjectReview.
 func WithUsername(name string) Option { return func(r *Reconciler) { r.username = name } }
+
+// WithEvents sets which transitions are reported as Events; default EventsImportant.
+func WithEvents(p EventPolicy) Option { return func(r *Reconciler) { r.events = p } }
 
 // WithControllerOptions sets controller-runtime options such as MaxConcurrentReconciles.
 func WithControllerOptions(o controller.Options) Option {
@@ -147,6 +152,7 @@ func newReconciler(mgr ctrl.Manager, reader client.Reader, opts []Option) (*Reco
 	c := mgr.GetClient()
 	r := &Reconciler{
 		client:    c,
+		events:    EventsImportant,
 		clock:     clock.RealClock{},
 		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
 		self:      lock.NewSelf(c),
@@ -161,6 +167,9 @@ func newReconciler(mgr ctrl.Manager, reader client.Reader, opts []Option) (*Reco
 		return nil, fmt.Errorf("controllers: expiry grace must not be negative, got %s", r.timing.grace)
 	case r.timing.idleTimeout <= 0:
 		return nil, fmt.Errorf("controllers: idle timeout must be positive, got %s", r.timing.idleTimeout)
+	}
+	if _, err := ParseEventPolicy(string(r.events)); err != nil {
+		return nil, err
 	}
 	r.recorder = NewRateLimitedRecorder(mgr.GetEventRecorder("kubelock-controller"),
 		EventLimit{Burst: DefaultEventBurst, Interval: DefaultEventInterval, Locks: DefaultEventLocks}, r.clock)
@@ -325,8 +334,8 @@ func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.Distrib
 	return ctrl.Result{}, nil
 }
 
-// report logs and emits an Event for each holding, exclusive or shared,
-// observed to begin or end.
+// report counts and logs each holding, exclusive or shared, observed to begin
+// or end, and emits an Event for it if the event policy reports its kind.
 func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.DistributedLock, ts []transition) {
 	logger := log.FromContext(ctx)
 	key := client.ObjectKeyFromObject(lock)
@@ -337,6 +346,9 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			metrics.Acquisition(len(lock.Status.Waiters), t.waited.Seconds(), t.handoff.Seconds())
 			metrics.Hot.Acquired(key.Namespace, key.Name)
 			logger.Info("lock acquired", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID, "slot", slotValue(t.slot))
+			if !r.events.reports(EventAcquired) {
+				continue
+			}
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, EventAcquired, "Acquire",
 				"acquired by %s with fencing token %d (lease %s%s)", t.identity, t.token, t.leaseID, slotNote(t.slot))
 		case transitionEnded:
@@ -347,6 +359,9 @@ func (r *Reconciler) report(ctx context.Context, lock *locksv1alpha1.Distributed
 			metrics.TransitionsObserved.WithLabelValues(reason).Inc()
 			logger.Info("holding ended", "lock", key, "holder", t.identity, "token", t.token, "leaseID", t.leaseID,
 				"slot", slotValue(t.slot), "reason", reason, "endedBy", t.endedBy)
+			if !r.events.reports(reason) {
+				continue
+			}
 			r.recorder.Eventf(lock, nil, corev1.EventTypeNormal, reason, "Observe",
 				"holding of %s with fencing token %d (lease %s%s) ended: %s by %s", t.identity, t.token, t.leaseID, slotNote(t.slot), reason, t.endedBy)
 		}

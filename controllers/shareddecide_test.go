@@ -329,8 +329,8 @@ func TestDesiredStatusShared(t *testing.T) {
 	t.Run("a missing Held condition of a lock held shared is set True", func(t *testing.T) {
 		l := newLock(semaphore(2), sharing("s0", 0, 60, 5, clientTime))
 		c := heldCondition(l)
-		if c == nil || c.Status != metav1.ConditionTrue || c.Message != "1 holdings" {
-			t.Errorf("heldCondition() = %+v, want True, \"1 holdings\"", c)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Message != "held" {
+			t.Errorf("heldCondition() = %+v, want True, \"held\"", c)
 		}
 	})
 }

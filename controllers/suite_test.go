@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -67,19 +68,27 @@ type controllerProcess struct {
 	done   chan struct{}
 }
 
-// startController starts a manager with the controller, the real clock and no
-// configured user name (so it learns its own), and registers its stop.
-func startController() *controllerProcess {
+// startController starts a manager with the controller, the real clock, no
+// configured user name (so it learns its own) and opts, and registers its stop.
+func startController(opts ...controllers.Option) *controllerProcess {
+	return startControllerIn(cache.Options{}, opts...)
+}
+
+// startControllerIn is startController with the manager's cache limited by
+// c (e.g. to one namespace, so that earlier specs' locks cause no writes).
+func startControllerIn(c cache.Options, opts ...controllers.Option) *controllerProcess {
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  c,
 		// Each spec starts its own manager in this one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	_, err = controllers.Setup(mgr, controllers.WithExpiryGrace(grace), controllers.WithIdleTimeout(idleTimeout))
+	opts = append([]controllers.Option{controllers.WithExpiryGrace(grace), controllers.WithIdleTimeout(idleTimeout)}, opts...)
+	_, err = controllers.Setup(mgr, opts...)
 	Expect(err).NotTo(HaveOccurred())
 	p := &controllerProcess{cancel: cancel, done: make(chan struct{})}
 	go func() {

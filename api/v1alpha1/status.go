@@ -187,7 +187,7 @@ func (l *DistributedLock) acquired(h LockHolder, token int64) {
 	s.Transitions++
 	s.RemoveWaiter(h.RequestID)
 	l.countHolders()
-	l.setHeld(metav1.ConditionTrue, ReasonAcquired, fmt.Sprintf("held by %s with fencing token %d", h.Identity, token))
+	l.setHeld(metav1.ConditionTrue, ReasonAcquired)
 }
 
 func (l *DistributedLock) countHolders() {
@@ -243,10 +243,10 @@ func (l *DistributedLock) ended(h LockHolder, token int64, slot *int32, reason E
 	}
 	l.countHolders()
 	if l.IsHeld() {
-		l.setHeld(metav1.ConditionTrue, ReasonAcquired, fmt.Sprintf("%d holdings", s.HolderCount))
+		l.setHeld(metav1.ConditionTrue, ReasonAcquired)
 		return
 	}
-	l.setHeld(metav1.ConditionFalse, string(reason), fmt.Sprintf("%s by %s", reason, endedBy))
+	l.setHeld(metav1.ConditionFalse, string(reason))
 }
 
 // FindFinished returns the finished holding created by requestID, if status still remembers it.
@@ -291,8 +291,8 @@ func (s *DistributedLockStatus) RemoveWaiter(requestID string) bool {
 
 // setHeld keeps the Held condition in step with the holder in the same write.
 // Lock users may write exactly this one condition (admission rule
-// "bookkeeping"), so any other condition goes and the message is bounded.
-func (l *DistributedLock) setHeld(status metav1.ConditionStatus, reason, message string) {
+// "bookkeeping"), so any other condition goes.
+func (l *DistributedLock) setHeld(status metav1.ConditionStatus, reason string) {
 	var held []metav1.Condition
 	if c := meta.FindStatusCondition(l.Status.Conditions, ConditionHeld); c != nil {
 		held = append(held, *c)
@@ -301,19 +301,34 @@ func (l *DistributedLock) setHeld(status metav1.ConditionStatus, reason, message
 		Type:               ConditionHeld,
 		Status:             status,
 		Reason:             reason,
-		Message:            ConditionMessage(message),
+		Message:            HeldMessage(reason),
 		ObservedGeneration: l.Generation,
 	})
 	l.Status.Conditions = held
 	l.Status.ObservedGeneration = l.Generation
 }
 
-// ConditionMessage is message cut to MaxConditionMessage characters (runes),
-// marking a cut with "…": admission refuses longer Held messages from lock users.
-func ConditionMessage(message string) string {
-	r := []rune(message)
-	if len(r) <= MaxConditionMessage {
-		return message
+// HeldMessage is the Held condition's message for reason. It is fixed per
+// reason, so it carries nothing of one acquisition: status.holder,
+// status.sharedHolders and status.recentAcquisitions say who holds or held
+// the lock and with which token. A message naming the holder and token would
+// make every acquisition's condition unique bytes for no information.
+func HeldMessage(reason string) string {
+	switch reason {
+	case ReasonAcquired:
+		return "held"
+	case ReasonReleased:
+		return "released"
+	case ReasonExpired:
+		return "lease expired"
+	case ReasonForceReleased:
+		return "force-released"
+	case string(EndReasonSessionExpired):
+		return "session expired"
+	case string(EndReasonSessionClosed):
+		return "session closed"
+	case ReasonNeverHeld:
+		return "never held"
 	}
-	return string(r[:MaxConditionMessage-1]) + "…"
+	return ""
 }

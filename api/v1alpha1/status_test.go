@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -206,7 +207,8 @@ func TestAcquire(t *testing.T) {
 }
 
 // TestHeldIsTheOnlyCondition: a transition leaves exactly the one Held
-// condition admission lets lock users write, its message within bounds.
+// condition admission lets lock users write, its message fixed per reason:
+// nothing of the holder or the token.
 func TestHeldIsTheOnlyCondition(t *testing.T) {
 	l := &locksv1.DistributedLock{}
 	l.Generation = 3
@@ -217,8 +219,8 @@ func TestHeldIsTheOnlyCondition(t *testing.T) {
 		t.Fatalf("conditions after Acquire = %+v, want exactly Held=True", l.Status.Conditions)
 	}
 	c := l.Status.Conditions[0]
-	if n := utf8.RuneCountInString(c.Message); n != locksv1.MaxConditionMessage || !strings.HasSuffix(c.Message, "…") {
-		t.Errorf("message has %d characters (%q), want %d ending in …", n, c.Message, locksv1.MaxConditionMessage)
+	if c.Message != "held" {
+		t.Errorf("message after Acquire = %q, want the fixed %q", c.Message, "held")
 	}
 	if c.ObservedGeneration != 3 || l.Status.ObservedGeneration != 3 {
 		t.Errorf("observedGeneration = %d/%d, want 3", c.ObservedGeneration, l.Status.ObservedGeneration)
@@ -226,5 +228,25 @@ func TestHeldIsTheOnlyCondition(t *testing.T) {
 	l.EndHolding(locksv1.EndReasonReleased, "alice", metav1.NewMicroTime(time.Now()))
 	if len(l.Status.Conditions) != 1 || l.Status.Conditions[0].Status != metav1.ConditionFalse || l.Status.Conditions[0].Reason != locksv1.ReasonReleased {
 		t.Fatalf("conditions after EndHolding = %+v, want exactly Held=False Released", l.Status.Conditions)
+	}
+	if got := l.Status.Conditions[0].Message; got != "released" {
+		t.Errorf("message after EndHolding = %q, want the fixed %q", got, "released")
+	}
+	// Another holder with another token writes the very same condition.
+	l.Acquire(locksv1.LockHolder{Identity: "bob", User: "bob", LeaseID: "lease-0000000000000002", RequestID: "r2"}, 9)
+	if diff := cmp.Diff(c, l.Status.Conditions[0], cmpopts.IgnoreFields(metav1.Condition{}, "LastTransitionTime")); diff != "" {
+		t.Errorf("Held of a second acquisition differs from the first (-first +second):\n%s", diff)
+	}
+}
+
+// TestHeldMessageIsFixedAndAdmissible: every reason a Held condition can have
+// has its own short message, within what admission lets lock users write.
+func TestHeldMessageIsFixedAndAdmissible(t *testing.T) {
+	for _, reason := range []string{locksv1.ReasonAcquired, locksv1.ReasonReleased, locksv1.ReasonExpired, locksv1.ReasonForceReleased,
+		string(locksv1.EndReasonSessionExpired), string(locksv1.EndReasonSessionClosed), locksv1.ReasonNeverHeld} {
+		m := locksv1.HeldMessage(reason)
+		if m == "" || utf8.RuneCountInString(m) > locksv1.MaxConditionMessage {
+			t.Errorf("HeldMessage(%q) = %q, want a fixed text of at most %d characters", reason, m, locksv1.MaxConditionMessage)
+		}
 	}
 }

@@ -58,6 +58,8 @@ type Options struct {
 	IdleTimeout time.Duration
 	Username    string
 	Concurrency int
+	// Events is the controller's event policy (controllers.EventPolicy by name).
+	Events string
 
 	EnableWebhook          bool
 	WebhookPort            int
@@ -96,6 +98,7 @@ func DefaultOptions() Options {
 		ExpiryGrace:                  controllers.DefaultExpiryGrace,
 		IdleTimeout:                  controllers.DefaultIdleTimeout,
 		Concurrency:                  4,
+		Events:                       string(controllers.EventsImportant),
 
 		EnableWebhook:           true,
 		WebhookPort:             9443,
@@ -126,6 +129,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ExpiryGrace, "expiry-grace", o.ExpiryGrace, "Grace added to a holder's lease before the controller expires it, measured from the last renewal the controller observed.")
 	fs.DurationVar(&o.IdleTimeout, "auto-created-idle-timeout", o.IdleTimeout, "Delete locks labeled "+locksv1alpha1.AutoCreatedLabel+"=true once they stayed free with an empty queue this long.")
 	fs.StringVar(&o.Username, "controller-username", o.Username, "User name written to recentAcquisitions[].endedBy on expiry; empty means learn it with a SelfSubjectReview.")
+	fs.StringVar(&o.Events, "events", o.Events, `Which lock transitions the controller reports as Events: "important" (expiries, force-releases, ends with a session, dropped waiters, idle-lock deletions) or "all" (one per acquisition and release too; each is an apiserver write). Metrics count every transition either way.`)
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "Number of locks reconciled in parallel.")
 	fs.BoolVar(&o.EnableWebhook, "enable-webhook", o.EnableWebhook, "Serve the validating admission webhook for DistributedLocks (on every replica, not only the leader).")
 	fs.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "HTTPS port of the admission webhook server.")
@@ -151,6 +155,9 @@ func (o *Options) Validate() error {
 	}
 	if o.IdleTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--auto-created-idle-timeout must be positive, got %s", o.IdleTimeout))
+	}
+	if _, err := controllers.ParseEventPolicy(o.Events); err != nil {
+		errs = append(errs, fmt.Errorf("--events must be %q or %q, got %q", controllers.EventsImportant, controllers.EventsAll, o.Events))
 	}
 	if o.Concurrency < 1 {
 		errs = append(errs, fmt.Errorf("--concurrency must be at least 1, got %d", o.Concurrency))
@@ -286,6 +293,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		controllers.WithExpiryGrace(o.ExpiryGrace),
 		controllers.WithIdleTimeout(o.IdleTimeout),
 		controllers.WithUsername(o.Username),
+		controllers.WithEvents(controllers.EventPolicy(o.Events)),
 		controllers.WithControllerOptions(controller.Options{MaxConcurrentReconciles: o.Concurrency}),
 	}
 	if clk := testingClock(); clk != nil {

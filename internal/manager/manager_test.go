@@ -41,7 +41,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 	for _, flag := range []string{
 		"metrics-bind-address", "metrics-secure", "metrics-cert-dir", "webhook-client-ca-file", "health-probe-bind-address", "leader-elect", "leader-election-namespace", "leader-election-lock", "leader-election-service-account",
 		"leader-election-id", "expiry-grace", "auto-created-idle-timeout", "controller-username",
-		"concurrency", "kubeconfig", "zap-log-level",
+		"concurrency", "events", "kubeconfig", "zap-log-level",
 		"enable-webhook", "webhook-port", "webhook-cert-dir", "webhook-controller-users", "cert-rotation",
 		"cert-secret-name", "cert-secret-namespace", "webhook-service-name", "webhook-config-name", "fenced-webhook-config-name", "cert-extra-dns-names",
 	} {
@@ -56,6 +56,8 @@ func TestInvalidFlagsAreRejectedUpFront(t *testing.T) {
 		{"--expiry-grace=-1s"},
 		{"--auto-created-idle-timeout=0"},
 		{"--concurrency=0"},
+		{"--events=none"},
+		{"--events=All"},
 		{"--leader-election-id="},
 		{"--no-such-flag"},
 		{"--webhook-port=0"},

@@ -140,7 +140,9 @@ func (a *attempt) busy(ctx context.Context) error {
 }
 
 // run is the acquire loop:
-//  1. read the lock (or reuse the object from the last write or watch event);
+//  1. read the lock, or start from the last object this client saw of it
+//     (seenLocks) when that leads straight to the acquiring write; after a
+//     conflict, or from a watch event while queued, go on from what was read;
 //  2. if this request already holds it or held it, answer from status (I6);
 //  3. if it admits this request's mode and the queue is empty or headed by
 //     this request, write the holding (exclusive, or shared on the lowest free slot);
@@ -159,9 +161,15 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 			w.stop()
 		}
 	}()
+	// One round trip when nothing contends: the first try may write on the
+	// object seen last; anything but that write reads afresh.
+	obj, fromSeen := a.c.seen.get(a.name)
 	for {
 		if ctx.Err() != nil {
 			return nil, a.giveUp(ctx, last)
+		}
+		if fromSeen && !a.writesStraight(obj) {
+			obj, fromSeen = nil, false
 		}
 		if obj == nil {
 			var err error
@@ -214,7 +222,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				last = keepCause(last, err)
 				_ = pause(ctx, &back)
 			}
-			obj = nil
+			obj, fromSeen = nil, false
 			continue
 		}
 		if !a.wait {
@@ -246,6 +254,26 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 		}
 		obj = w.next(ctx, obj.ResourceVersion)
 	}
+}
+
+// writesStraight reports whether obj, the object this client saw last, leads
+// straight to this request's acquiring write: it is of this key, records
+// nothing of this request, supports its mode and admits it now with nobody
+// queued ahead. Any other answer (locked, queued, already held) is given only
+// from a fresh read.
+func (a *attempt) writesStraight(obj *locksv1alpha1.DistributedLock) bool {
+	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != a.key {
+		return false
+	}
+	st := &obj.Status
+	if _, held := findHolding(st, a.cfg.requestID); held || st.FindFinished(a.cfg.requestID) != nil || a.unknownAt >= 0 {
+		return false
+	}
+	mode, err := a.mode(obj)
+	if err != nil {
+		return false
+	}
+	return obj.Admits(mode) && len(st.Waiters) == 0
 }
 
 // own answers a request whose holding status already records (I6): the same
@@ -356,6 +384,7 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock, 
 	if err := a.c.c.Status().Update(ctx, next); err != nil {
 		return nil, time.Time{}, err
 	}
+	a.c.seen.saw(next)
 	a.c.cfg.log.V(1).Info("acquired", "lock", a.name, "mode", mode, "token", token, "leaseID", a.leaseID)
 	return next, sent, nil
 }
@@ -392,6 +421,7 @@ func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLoc
 	if err := a.c.c.Status().Update(ctx, next); err != nil {
 		return nil, err
 	}
+	a.c.seen.saw(next)
 	return next, nil
 }
 
@@ -517,6 +547,7 @@ func (w *lockWatch) next(ctx context.Context, rv string) *locksv1alpha1.Distribu
 		return nil
 	case ev, ok := <-w.w.ResultChan():
 		if obj, isLock := ev.Object.(*locksv1alpha1.DistributedLock); ok && isLock && (ev.Type == watch.Modified || ev.Type == watch.Added) {
+			w.c.seen.saw(obj)
 			return obj
 		}
 		w.stop()

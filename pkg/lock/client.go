@@ -42,6 +42,9 @@ type Client struct {
 	heldMu sync.Mutex
 	held   map[string]*Lock
 
+	// seen is the last object seen of each lock, where acquires start.
+	seen seenLocks
+
 	// metrics is nil unless WithMetrics was given.
 	metrics *metrics
 }
@@ -85,7 +88,7 @@ func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}, gates: slots{m: map[string]*slot{}}, held: map[string]*Lock{}}
+	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}, gates: slots{m: map[string]*slot{}}, held: map[string]*Lock{}, seen: newSeenLocks(DefaultSeenLocks)}
 	if cfg.registerer != nil {
 		m, err := newMetrics(cfg.registerer)
 		if err != nil {
@@ -164,6 +167,7 @@ func (c *Client) get(ctx context.Context, key, name string, create bool) (*locks
 		err = c.create(ctx, key, name, obj)
 	}
 	if apierrors.IsNotFound(err) {
+		c.seen.forget(name)
 		return nil, fmt.Errorf("%w: %s/%s (key %q); create it, or let the client create it with WithAutoCreate", ErrNotFound, c.cfg.namespace, name, key)
 	}
 	if err != nil {
@@ -172,6 +176,7 @@ func (c *Client) get(ctx context.Context, key, name string, create bool) (*locks
 	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != key {
 		return nil, fmt.Errorf("lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, k, key)
 	}
+	c.seen.saw(obj)
 	return obj, nil
 }
 

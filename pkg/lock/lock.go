@@ -255,6 +255,7 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 		err := l.c.c.Status().Update(ctx, next)
 		if err == nil {
 			l.obj = next
+			l.c.seen.saw(next)
 			return sent, nil
 		}
 		if !apierrors.IsConflict(err) {
@@ -284,6 +285,7 @@ func (l *Lock) refresh(ctx context.Context) (*locksv1alpha1.FinishedHolding, err
 	if err != nil {
 		return nil, fmt.Errorf("kubelock: reading %s: %w", l.name, err)
 	}
+	l.c.seen.saw(obj)
 	if l.holds(&obj.Status) {
 		l.obj = obj
 		return nil, nil
@@ -392,7 +394,12 @@ func (l *Lock) writeRelease(ctx context.Context) error {
 		next.EndHolding(locksv1alpha1.EndReasonReleased, l.user, now)
 	}
 	next.Status.ObservedGeneration = next.Generation
-	return l.c.c.Status().Update(ctx, next)
+	if err := l.c.c.Status().Update(ctx, next); err != nil {
+		return err
+	}
+	// The next acquire of this lock starts from the release's response.
+	l.c.seen.saw(next)
+	return nil
 }
 
 // finish ends the holding with cause (idempotent).

@@ -157,7 +157,7 @@ var variants = []variant{
 			"manager.replicas=3", "manager.image.repository=registry.example/kubelock/manager", "manager.image.tag=v9.9.9",
 			"manager.image.pullPolicy=IfNotPresent", "manager.resources.limits.memory=2Gi",
 			"manager.leaderElection.leaseDuration=30s", "manager.leaderElection.renewDeadline=20s", "manager.leaderElection.retryPeriod=4s",
-			"manager.expiryGrace=5s", "manager.extraArgs={--concurrency=8}", "manager.podDisruptionBudget.enable=false",
+			"manager.expiryGrace=5s", "manager.events=all", "manager.extraArgs={--concurrency=8}", "manager.podDisruptionBudget.enable=false",
 			"rbac.breakglass.enable=false", "admission.engine=policy", "fencedObjects.enable=true", "certManager.enable=true",
 			"apf.enable=true", "prometheus.serviceMonitor.enable=true",
 		},
@@ -198,7 +198,7 @@ var variants = []variant{
 			}
 			checkFlags(t, managerFlags(t, d), map[string]string{
 				"--leader-election-lease-duration": "30s", "--leader-election-renew-deadline": "20s",
-				"--leader-election-retry-period": "4s", "--expiry-grace": "5s", "--concurrency": "8",
+				"--leader-election-retry-period": "4s", "--expiry-grace": "5s", "--events": "all", "--concurrency": "8",
 			})
 		},
 	},
@@ -240,6 +240,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"manager.leaderElection.leaseDuration=15", "/manager/leaderElection/leaseDuration"},
 		{"manager.leaderElection.lock=configmap", "/manager/leaderElection/lock"},
 		{"manager.expiryGrace=soon", "/manager/expiryGrace"},
+		{"manager.events=none", "/manager/events"},
 		{"manager.replicaz=2", "replicaz"},
 		{"namespace.name=Kubelock_System", "/namespace/name"},
 	} {

@@ -244,7 +244,9 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		}
 	})
 
-	It("lists the script's Events in order", func(ctx SpecContext) {
+	// The default event policy: acquisitions and releases are counted above,
+	// not stored as Events (controllers.EventsAll would add them).
+	It("lists the script's Events for people, in order", func(ctx SpecContext) {
 		type ev struct{ Reason, Note string }
 		var evs []ev
 		Eventually(func(g Gomega) {
@@ -265,16 +267,10 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 			for _, e := range evs {
 				reasons = append(reasons, e.Reason)
 			}
-			g.Expect(reasons).To(Equal([]string{
-				controllers.EventAcquired, controllers.EventReleased, controllers.EventAcquired,
-				controllers.EventExpired, controllers.EventAcquired, controllers.EventForceReleased,
-			}))
+			g.Expect(reasons).To(Equal([]string{controllers.EventExpired, controllers.EventForceReleased}))
 		}).Should(Succeed())
-		Expect(evs[0].Note).To(ContainSubstring("acquired by " + userA))
-		Expect(evs[1].Note).To(ContainSubstring("Released by " + userA))
-		Expect(evs[2].Note).To(ContainSubstring("acquired by " + userB))
-		Expect(evs[3].Note).To(ContainSubstring("of " + userB))
-		Expect(evs[5].Note).To(ContainSubstring("ForceReleased by " + adminUser))
+		Expect(evs[0].Note).To(ContainSubstring("of " + userB))
+		Expect(evs[1].Note).To(ContainSubstring("ForceReleased by " + adminUser))
 		held := suite.GetLock(ctx, ns, key).Status.Conditions
 		Expect(held).To(ContainElement(And(
 			HaveField("Type", locksv1alpha1.ConditionHeld),

@@ -1,0 +1,222 @@
+package controllers_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/controllers"
+	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/testmetrics"
+)
+
+// The budget of docs/design.md "Performance notes": one apiserver write per
+// lock operation, none added by the operator, and one round trip when
+// nothing contends.
+var _ = Describe("apiserver writes per lock operation", func() {
+	It("is one status write per acquire, renew and release, none by the controller, no Event, and one request each after the first read", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		// Only this namespace: the controller then writes nothing for earlier
+		// specs' locks, and every lock write the apiserver counts is this spec's.
+		startControllerIn(cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}})
+		settled := settle()
+		key := createLock(ctx, ns, "writes", nil, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30})
+		settled()
+
+		requests := &requestCounter{}
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Wrap(requests.wrap)
+		c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("writer"), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+		_, err = c.User(ctx) // the SelfSubjectReview, once per client, before counting
+		Expect(err).NotTo(HaveOccurred())
+
+		// measure runs op with the controller settled before and after, and
+		// returns the apiserver's writes meanwhile and the client's requests.
+		measure := func(name string, op func()) (w writes, r map[string]int) {
+			before := apiserverWrites()
+			requests.reset()
+			settled := settle()
+			op()
+			settled()
+			after := apiserverWrites()
+			w = writes{status: after.status - before.status, events: after.events - before.events}
+			r = requests.get()
+			fmt.Fprintf(GinkgoWriter, "%-8s status writes %v, event writes %v, client requests %v\n", name, w.status, w.events, r)
+			return w, r
+		}
+		const rounds = 3
+		for i := range rounds {
+			var l *lock.Lock
+			acq, acqReqs := measure("acquire", func() {
+				var err error
+				l, err = c.TryAcquire(ctx, key.Name)
+				Expect(err).NotTo(HaveOccurred())
+			})
+			ren, renReqs := measure("renew", func() { Expect(l.Renew(ctx)).To(Succeed()) })
+			rel, relReqs := measure("release", func() { Expect(l.Release(ctx)).To(Succeed()) })
+			for op, w := range map[string]writes{"acquire": acq, "renew": ren, "release": rel} {
+				Expect(w).To(Equal(writes{status: 1}), "round %d: %s: apiserver writes (one status write, no Event)", i, op)
+			}
+			// One round trip: the first acquire of a lock this client never saw
+			// reads it once; later ones start from the release's response.
+			wantAcquire := map[string]int{"PUT status": 1}
+			if i == 0 {
+				wantAcquire["GET lock"] = 1
+			}
+			Expect(acqReqs).To(Equal(wantAcquire), "round %d: the client's requests per acquire", i)
+			Expect(renReqs).To(Equal(map[string]int{"PUT status": 1}), "round %d: the client's requests per renew", i)
+			Expect(relReqs).To(Equal(map[string]int{"PUT status": 1}), "round %d: the client's requests per release", i)
+		}
+		Expect(getLock(ctx, key).Status.Transitions).To(BeEquivalentTo(rounds))
+	})
+})
+
+var _ = Describe("an acquire starting from the object seen last", func() {
+	It("reads afresh when that object is stale, and never answers Locked or acquires from it", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		key := createLock(ctx, ns, "stale", nil, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30})
+		requests := &requestCounter{}
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Wrap(requests.wrap)
+		a, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("a"), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+		b, err := lock.New(env.Config, lock.WithNamespace(ns), lock.WithIdentity("b"), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+
+		la, err := a.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(la.Release(ctx)).To(Succeed()) // a now remembers the lock free
+		lb, err := b.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+
+		By("trying on the stale free object: a conflict, a fresh read, then Locked")
+		requests.reset()
+		_, err = a.TryAcquire(ctx, key.Name)
+		Expect(err).To(MatchError(lock.ErrLocked))
+		Expect(requests.get()).To(Equal(map[string]int{"PUT status": 1, "GET lock": 1}))
+		Expect(getLock(ctx, key).Status.Holder.Identity).To(Equal("b"))
+
+		By("reading afresh when the object seen last is held, instead of answering Locked from it")
+		Expect(lb.Release(ctx)).To(Succeed())
+		requests.reset()
+		la, err = a.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(requests.get()).To(Equal(map[string]int{"GET lock": 1, "PUT status": 1}))
+		Expect(la.FencingToken()).To(BeNumerically(">", lb.FencingToken()))
+		Expect(la.Release(ctx)).To(Succeed())
+	})
+})
+
+// writes are apiserver write requests: to distributedlocks/status, and of Events.
+type writes struct{ status, events float64 }
+
+// apiserverWrites scrapes the apiserver's apiserver_request_total: PUT and
+// PATCH of distributedlocks/status, POST and PATCH of events, any code.
+func apiserverWrites() writes {
+	cs, err := kubernetes.NewForConfig(env.Config)
+	Expect(err).NotTo(HaveOccurred())
+	body, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	Expect(err).NotTo(HaveOccurred())
+	var w writes
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		Expect(err).NotTo(HaveOccurred())
+		switch {
+		case strings.Contains(line, `resource="distributedlocks"`) && strings.Contains(line, `subresource="status"`) &&
+			(strings.Contains(line, `verb="PUT"`) || strings.Contains(line, `verb="PATCH"`)):
+			w.status += v
+		case strings.Contains(line, `resource="events"`) && (strings.Contains(line, `verb="POST"`) || strings.Contains(line, `verb="PATCH"`)):
+			w.events += v
+		}
+	}
+	Expect(sc.Err()).NotTo(HaveOccurred())
+	return w
+}
+
+// settle, called before a write, returns a function that waits until the
+// lock controller has reconciled since and is idle: its reconcile of the write
+// has finished, and with it any write of its own, which the apiserver counted
+// before the reconcile returned.
+func settle() func() {
+	metric := func(name string) float64 {
+		v, err := testmetrics.Value(ctrlmetrics.Registry, name, map[string]string{"controller": controllers.ControllerName})
+		Expect(err).NotTo(HaveOccurred())
+		return v
+	}
+	before := metric("controller_runtime_reconcile_total")
+	return func() {
+		// A reconcile ran since, and none is queued or running.
+		EventuallyWithOffset(1, func(g Gomega) {
+			g.Expect(metric("controller_runtime_reconcile_total")).To(BeNumerically(">", before), "reconciles")
+			g.Expect(metric("workqueue_depth")).To(BeZero(), "queued")
+			g.Expect(metric("controller_runtime_active_workers")).To(BeZero(), "running")
+		}).Should(Succeed())
+	}
+}
+
+// requestCounter counts a client's requests by method and resource kind.
+type requestCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		what := r.Method
+		switch {
+		case strings.Contains(r.URL.Path, "/distributedlocks/") && strings.HasSuffix(r.URL.Path, "/status"):
+			what += " status"
+		case strings.Contains(r.URL.Path, "/distributedlocks"):
+			what += " lock"
+		default:
+			what += " " + r.URL.Path
+		}
+		c.mu.Lock()
+		if c.n == nil {
+			c.n = map[string]int{}
+		}
+		c.n[what]++
+		c.mu.Unlock()
+		return rt.RoundTrip(r)
+	})
+}
+
+func (c *requestCounter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n = nil
+}
+
+func (c *requestCounter) get() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.n))
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
