@@ -82,15 +82,17 @@ var _ = Describe("kubelock commands", func() {
 		Expect(desc.Out).To(gbytes.Say(alice.name + `.*Released\s+` + alice.name))
 		Expect(desc.Out).To(gbytes.Say(`Events:\s+<not shown: no permission to list events>`))
 
-		// Someone who may read events sees the controller's.
-		Eventually(func() string {
-			return string(kl(admin(), ns, "describe", "jobs").Out.Contents())
-		}).Should(MatchRegexp(`Events:\n\s+TYPE\s+REASON.*\n(.*\n)*\s+Normal\s+Acquired\s+.*acquired by ` + bob.name))
-
 		tbl := kl(bob, ns, "get", "jobs")
 		Expect(tbl).To(gexec.Exit(0))
 		Expect(tbl.Out).To(gbytes.Say(`NAME\s+TYPE\s+HOLDERS\s+HOLDER\s+TOKEN\s+EXPIRES-IN\s+WAITERS\s+AGE\n`))
 		Expect(tbl.Out).To(gbytes.Say(`jobs\s+Mutex\s+1\s+` + bob.name + `\s+` + itoa(lb.FencingToken) + `\s+\d+s\s+0\s+`))
+
+		// Someone who may read events sees the controller's: by default only
+		// what a person must see (--events=important), such as a force-release.
+		Expect(kl(breakglass(ctx, ns), ns, "force-release", "jobs", "--reason", "e2e: events")).To(gexec.Exit(0))
+		Eventually(func() string {
+			return string(kl(admin(), ns, "describe", "jobs").Out.Contents())
+		}).Should(MatchRegexp(`Events:\n\s+TYPE\s+REASON.*\n(.*\n)*\s+\w+\s+ForceReleased\s+`))
 	})
 
 	It("answers a retried acquire with the same request ID with the same lease", func() {
