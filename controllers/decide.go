@@ -89,7 +89,7 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	// with its pod, or when no renewal of it was observed for its lease plus
 	// grace. A write records every holding it ends, so at most
 	// MaxRecentAcquisitions end per write; the reconciler writes again for the rest.
-	for _, h := range holdingsOf(lock) {
+	for _, h := range lock.Status.Holdings() {
 		if len(d.ends) == locksv1alpha1.MaxRecentAcquisitions {
 			break
 		}
@@ -146,7 +146,7 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 // pod-bound holding without a session), or when no renewal of it was
 // observed for its lease plus grace; a future expiry becomes a requeue
 // candidate in next. A zero ending means it lives on.
-func holdingEnd(h holding, lock *locksv1alpha1.DistributedLock, obs observation, live liveness, next *deadlines, now time.Time, t timing) ending {
+func holdingEnd(h locksv1alpha1.Holding, lock *locksv1alpha1.DistributedLock, obs observation, live liveness, next *deadlines, now time.Time, t timing) ending {
 	var e ending
 	switch seen, observed := obs.holdings[h.LeaseID]; {
 	case h.Session != "":
@@ -159,7 +159,7 @@ func holdingEnd(h holding, lock *locksv1alpha1.DistributedLock, obs observation,
 		}
 	}
 	if e.reason != "" {
-		e.leaseID, e.identity, e.token, e.slot = h.LeaseID, h.Identity, h.token, h.slot
+		e.leaseID, e.identity, e.token, e.slot = h.LeaseID, h.Identity, h.Token, h.Slot
 	}
 	return e
 }
@@ -243,7 +243,7 @@ func desiredStatus(lock *locksv1alpha1.DistributedLock, d decision, endedBy stri
 	}
 	// holderCount is bookkeeping the CRD checks; objects stored before it
 	// existed carry 0.
-	out.Status.HolderCount = int32(len(holdingsOf(out)))
+	out.Status.HolderCount = int32(len(out.Status.Holdings()))
 	out.Status.ObservedGeneration = out.Generation
 	if c := heldCondition(out); c != nil {
 		meta.SetStatusCondition(&out.Status.Conditions, *c)

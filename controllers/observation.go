@@ -90,30 +90,6 @@ type transition struct {
 	handoff time.Duration
 }
 
-// holding is one entry of a lock's holdings: the exclusive holder or one of
-// the shared holders, with its own token and (shared only) slot.
-type holding struct {
-	*locksv1alpha1.LockHolder
-	token int64
-	slot  *int32
-}
-
-// holdingsOf lists lock's holdings, the exclusive holder first, then the
-// shared holders in status order. The exclusive holder's token is
-// status.fencingToken: nothing is acquired while it holds.
-func holdingsOf(lock *locksv1alpha1.DistributedLock) []holding {
-	s := &lock.Status
-	out := make([]holding, 0, len(s.SharedHolders)+1)
-	if s.Holder != nil {
-		out = append(out, holding{LockHolder: s.Holder, token: s.FencingToken})
-	}
-	for i := range s.SharedHolders {
-		sh := &s.SharedHolders[i]
-		out = append(out, holding{LockHolder: &sh.LockHolder, token: sh.FencingToken, slot: &sh.Slot})
-	}
-	return out
-}
-
 // headMode is the mode the queue's head waits for: its mode, or the lock's
 // default for an entry written without one (the CRD defaults it to Exclusive).
 func headMode(lock *locksv1alpha1.DistributedLock, w *locksv1alpha1.Waiter) locksv1alpha1.Mode {
@@ -150,13 +126,13 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 
 	// 1. The holdings: each lease runs from when this controller first saw
 	// that holding's last renewal; a renewal of one moves no other.
-	hs := holdingsOf(lock)
+	hs := lock.Status.Holdings()
 	if len(hs) > 0 {
 		next.holdings = make(map[string]holdingObservation, len(hs))
 	}
 	for _, h := range hs {
 		mark := renewMark(h.LockHolder)
-		o := holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: h.token, slot: h.slot,
+		o := holdingObservation{leaseID: h.LeaseID, identity: h.Identity, requestID: h.RequestID, token: h.Token, slot: h.Slot,
 			renewMark: mark, renewSeen: now, since: now, lease: seconds(h.LeaseDurationSeconds), inSession: h.Session != ""}
 		if p, ok := prev.holdings[h.LeaseID]; ok {
 			o.since = p.since
@@ -206,7 +182,7 @@ func observe(prev *observation, lock *locksv1alpha1.DistributedLock, now time.Ti
 // observation (by token), those that began and ended in between (known from
 // recentAcquisitions, in the order they ended), and the current holdings that
 // began (by token).
-func holdingTransitions(prev *observation, current []holding, s *locksv1alpha1.DistributedLockStatus, now time.Time) []transition {
+func holdingTransitions(prev *observation, current []locksv1alpha1.Holding, s *locksv1alpha1.DistributedLockStatus, now time.Time) []transition {
 	var ts []transition
 	live := make(map[string]bool, len(current))
 	for _, h := range current {
@@ -238,7 +214,7 @@ func holdingTransitions(prev *observation, current []holding, s *locksv1alpha1.D
 		if _, seen := prev.holdings[h.LeaseID]; seen {
 			continue
 		}
-		t := transition{kind: transitionAcquired, leaseID: h.LeaseID, identity: h.Identity, token: h.token, slot: h.slot}
+		t := transition{kind: transitionAcquired, leaseID: h.LeaseID, identity: h.Identity, token: h.Token, slot: h.Slot}
 		if queued, ok := prev.waiters[h.RequestID]; ok {
 			t.waited = now.Sub(queued)
 		}

@@ -306,7 +306,7 @@ func enqueueSessions(q workqueue.TypedRateLimitingInterface[reconcile.Request], 
 // holding bound to a pod without a session, whether that pod is gone.
 func (r *Reconciler) liveness(ctx context.Context, lock *locksv1alpha1.DistributedLock, now time.Time) (liveness, error) {
 	var live liveness
-	hs := holdingsOf(lock)
+	hs := lock.Status.Holdings()
 	var names []string
 	for _, h := range hs {
 		if h.Session != "" && !slices.Contains(names, h.Session) {

@@ -225,10 +225,7 @@ func validateNotMoved(acq acquisition, d holdings) field.ErrorList {
 // remembers, so no client can mistake another's holding for its own (class 8).
 func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, acq acquisition) field.ErrorList {
 	id := acq.h.LeaseID
-	used := o.Holder != nil && o.Holder.LeaseID == id
-	for i := range o.SharedHolders {
-		used = used || o.SharedHolders[i].LeaseID == id
-	}
+	used := holds(o, func(h *locksv1alpha1.LockHolder) bool { return h.LeaseID == id })
 	for _, r := range o.RecentAcquisitions {
 		used = used || r.LeaseID == id
 	}
@@ -245,14 +242,20 @@ func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, acq acquisition)
 // (it looks at recentAcquisitions before it writes).
 func validateFreshRequest(o *locksv1alpha1.DistributedLockStatus, acq acquisition) field.ErrorList {
 	id := acq.h.RequestID
-	used := o.Holder != nil && o.Holder.RequestID == id
-	for i := range o.SharedHolders {
-		used = used || o.SharedHolders[i].RequestID == id
-	}
-	if used {
+	if holds(o, func(h *locksv1alpha1.LockHolder) bool { return h.RequestID == id }) {
 		return field.ErrorList{deny(acq.path.Child("requestID"), RuleLeaseID, msgRequestID)}
 	}
 	return nil
+}
+
+// holds reports whether any current holding of s, exclusive or shared, matches.
+func holds(s *locksv1alpha1.DistributedLockStatus, match func(*locksv1alpha1.LockHolder) bool) bool {
+	for _, h := range s.Holdings() {
+		if match(h.LockHolder) {
+			return true
+		}
+	}
+	return false
 }
 
 // validateHeldShared checks a shared entry the write keeps: only its owner

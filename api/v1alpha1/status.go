@@ -119,6 +119,31 @@ func (l *DistributedLock) FreeSlot() (int32, bool) {
 	return 0, false
 }
 
+// Holding is one of a lock's holdings, exclusive or shared, with its own
+// token; Slot is nil for the exclusive holder. It points into the status it
+// was listed from.
+// +kubebuilder:object:generate=false
+type Holding struct {
+	*LockHolder
+	Token int64
+	Slot  *int32
+}
+
+// Holdings lists the lock's holdings, the exclusive holder first, then the
+// shared holders in status order. The exclusive holder's token is
+// status.fencingToken: nothing is acquired while it holds.
+func (s *DistributedLockStatus) Holdings() []Holding {
+	out := make([]Holding, 0, len(s.SharedHolders)+1)
+	if s.Holder != nil {
+		out = append(out, Holding{LockHolder: s.Holder, Token: s.FencingToken})
+	}
+	for i := range s.SharedHolders {
+		sh := &s.SharedHolders[i]
+		out = append(out, Holding{LockHolder: &sh.LockHolder, Token: sh.FencingToken, Slot: &sh.Slot})
+	}
+	return out
+}
+
 // SharedIndex is the index in status.sharedHolders of the holding leaseID, or -1.
 func (s *DistributedLockStatus) SharedIndex(leaseID string) int {
 	for i := range s.SharedHolders {

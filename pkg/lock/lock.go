@@ -67,12 +67,13 @@ type holding struct {
 
 // findHolding returns the holding created by requestID, if st has one.
 func findHolding(st *locksv1alpha1.DistributedLockStatus, requestID string) (holding, bool) {
-	if h := st.Holder; h != nil && h.RequestID == requestID {
-		return holding{LockHolder: *h, token: st.FencingToken}, true
-	}
-	for _, h := range st.SharedHolders {
+	for _, h := range st.Holdings() {
 		if h.RequestID == requestID {
-			return holding{LockHolder: h.LockHolder, token: h.FencingToken, slot: h.Slot, shared: true}, true
+			found := holding{LockHolder: *h.LockHolder, token: h.Token, shared: h.Slot != nil}
+			if found.shared {
+				found.slot = *h.Slot
+			}
+			return found, true
 		}
 	}
 	return holding{}, false

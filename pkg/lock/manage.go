@@ -88,10 +88,7 @@ func (c *Client) ForceRelease(ctx context.Context, key, message string) (ended [
 // holdingIDs are the lease IDs of obj's holdings.
 func holdingIDs(obj *locksv1alpha1.DistributedLock) map[string]bool {
 	ids := map[string]bool{}
-	if h := obj.Status.Holder; h != nil {
-		ids[h.LeaseID] = true
-	}
-	for _, h := range obj.Status.SharedHolders {
+	for _, h := range obj.Status.Holdings() {
 		ids[h.LeaseID] = true
 	}
 	return ids
