@@ -88,7 +88,7 @@ func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}, gates: slots{m: map[string]*slot{}}, held: map[string]*Lock{}, seen: newSeenLocks(DefaultSeenLocks)}
+	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}, gates: slots{m: map[string]*slot{}}, held: map[string]*Lock{}, seen: newSeenLocks(seenLocksLimit)}
 	if cfg.registerer != nil {
 		m, err := newMetrics(cfg.registerer)
 		if err != nil {

@@ -7,9 +7,9 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// DefaultSeenLocks bounds how many locks' last seen objects a client keeps,
+// seenLocksLimit bounds how many locks' last seen objects a client keeps,
 // the least recently used forgotten first.
-const DefaultSeenLocks = 1024
+const seenLocksLimit = 1024
 
 // seenLocks is the last object a client saw of each lock: a write's
 // response, a read or a watch event. An acquire starts from it and reads
