@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kubelock/kubelock/internal/pki"
@@ -73,6 +74,9 @@ type cluster struct {
 	etcdURL string
 
 	mgr         *childproc.Child
+	mgrMu       sync.Mutex // c.mgr, once the scale workload restarts it
+	mgrArgs     []string   // the operator's binary and flags
+	restarts    int
 	mgrMetrics  string // http://127.0.0.1:port/metrics
 	webhookCfg  *admissionregistrationv1.ValidatingWebhookConfiguration
 	vap         *admissionregistrationv1.ValidatingAdmissionPolicy
@@ -179,19 +183,20 @@ func (c *cluster) startManager(ctx context.Context) error {
 	if err := c.loadAdmission(caPEM, webhookPort); err != nil {
 		return err
 	}
-	c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"),
-		"--kubeconfig="+kubeconfig,
+	c.mgrArgs = []string{bin,
+		"--kubeconfig=" + kubeconfig,
 		"--leader-elect=true",
 		"--leader-election-namespace=default",
-		"--leader-election-id="+leaderElectionID,
+		"--leader-election-id=" + leaderElectionID,
 		"--cert-rotation=false",
-		"--webhook-cert-dir="+certDir,
+		"--webhook-cert-dir=" + certDir,
 		"--webhook-host=127.0.0.1",
-		"--webhook-port="+strconv.Itoa(webhookPort),
+		"--webhook-port=" + strconv.Itoa(webhookPort),
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
 		"--metrics-secure=false", // scraped over plain HTTP on loopback
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
-	)
+	}
+	c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"), c.mgrArgs[1:]...)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,451 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/controllers"
+	childproc "github.com/kubelock/kubelock/internal/proc"
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// Workload "scale": the operator with every lock object of the run in its
+// cache. It measures the operator's memory with none of them held, with a
+// held population renewing, and after a restart (when the informer lists
+// every lock at once and the controller reconciles each); and the lateness of
+// expiries of leases that lapse meanwhile, in steady state and right after
+// the restart, when the controller's queue holds every lock.
+
+// Targets of issue 17, reported against the figures.
+const (
+	scaleRSSTarget   = 300 << 20
+	lapseSlackTarget = 500 * time.Millisecond
+)
+
+// scaleLabel marks the locks whose leases lapse, so the benchmark watches
+// only them.
+const scaleLabel = "bench.kubelock.io/lapse"
+
+type scaleConfig struct {
+	locks      int           // lock objects that exist (the seed mix's)
+	held       int           // of them held, renewed every holdLease/3
+	holdLease  time.Duration //
+	lapses     int           // leases that lapse in each round
+	lapseLease time.Duration
+	lapseOver  time.Duration // the lapsing acquisitions are spread over this
+	workers    int
+	grace      time.Duration // the operator's --expiry-grace
+}
+
+// memPoint is the operator's memory at one moment.
+type memPoint struct {
+	Label     string
+	RSS, Peak int64   // VmRSS and VmHWM (peak since the process started)
+	HeapInuse float64 // go_memstats_heap_inuse_bytes
+	Objects   float64 // go_memstats_heap_objects
+}
+
+// lapseRound is the lateness of expiries: from each lapsing lease's end to
+// the benchmark's watch seeing the controller's write that ended it.
+type lapseRound struct {
+	Label    string
+	Lat      []time.Duration
+	Dist     dist
+	Missed   int // not seen expired within the round's deadline
+	Errors   int
+	ErrKinds map[string]int
+}
+
+type scaleResult struct {
+	Cfg      scaleConfig
+	Held     int
+	HoldTime time.Duration
+	HoldErrs map[string]int
+	Points   []memPoint
+	Rounds   []lapseRound
+	// From the restarted operator's start: leading, and its queue empty.
+	ToLeader, ToIdle time.Duration
+	MaxRSS           int64 // highest VmRSS sampled (every 250 ms) after the restart
+	Err              string
+}
+
+func runScale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, logf func(string, ...any)) *scaleResult {
+	res := &scaleResult{Cfg: cfg, HoldErrs: map[string]int{}}
+	if err := scale(ctx, c, free, cfg, res, logf); err != nil {
+		res.Err = err.Error()
+		logf("  scale: %v", err)
+	}
+	return res
+}
+
+func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *scaleResult, logf func(string, ...any)) error {
+	if err := c.waitQueueEmpty(ctx, 5*time.Minute); err != nil {
+		return err
+	}
+	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("%d locks, none held", cfg.locks)))
+	logPoint(logf, res.Points[len(res.Points)-1])
+
+	// The held population, renewed by pkg/lock's own background renewal.
+	holdCtx, stopHolding := context.WithCancel(ctx)
+	defer stopHolding()
+	cl, err := lock.New(c.user, lock.WithNamespace(lockNS), lock.WithIdentity("scale-holder"), lock.WithLeaseDuration(cfg.holdLease))
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	var held atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range cfg.workers {
+		wg.Go(func() {
+			for held.Load() < int64(cfg.held) && holdCtx.Err() == nil {
+				idx, ok := free.take()
+				if !ok {
+					return
+				}
+				if _, err := cl.TryAcquire(holdCtx, lockName(idx)); err != nil {
+					mu.Lock()
+					res.HoldErrs[errKind(err)]++
+					mu.Unlock()
+					continue
+				}
+				held.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	res.HoldTime, res.Held = time.Since(start), int(held.Load())
+	logf("  scale: %d locks held in %s (%.0f/s), errors %s", res.Held, res.HoldTime.Round(time.Millisecond), float64(res.Held)/res.HoldTime.Seconds(), kindsString(res.HoldErrs))
+	if err := c.waitQueueEmpty(ctx, 5*time.Minute); err != nil {
+		return err
+	}
+	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("%d locks, %d held", cfg.locks, res.Held)))
+	logPoint(logf, res.Points[len(res.Points)-1])
+
+	lw, err := watchLapses(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer lw.stop()
+	res.Rounds = append(res.Rounds, runLapses(ctx, c, lw, cfg, "steady state"))
+	logRound(logf, res.Rounds[len(res.Rounds)-1])
+
+	// A new leader lists every lock at once and reconciles each; leases
+	// lapsing meanwhile show whether expiries wait behind that.
+	samples := sampleRSS(ctx, c)
+	started, err := c.restartManager(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.mgr.WaitFor(ctx, "leading", 3*time.Minute, func(ctx context.Context) error {
+		body, err := httpGet(ctx, c.mgrMetrics)
+		if err != nil {
+			return err
+		}
+		if sumMetric(body, "kubelock_controller_is_leader", nil) != 1 {
+			return errors.New("not leading yet")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	res.ToLeader = time.Since(started)
+	var round lapseRound
+	var rw sync.WaitGroup
+	rw.Go(func() { round = runLapses(ctx, c, lw, cfg, "after a restart, from leading") })
+	if err := c.waitQueueEmpty(ctx, 10*time.Minute); err != nil {
+		return err
+	}
+	res.ToIdle = time.Since(started)
+	rw.Wait()
+	res.Rounds = append(res.Rounds, round)
+	logRound(logf, round)
+	res.MaxRSS = samples()
+	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("restarted with %d locks, %d held", cfg.locks, res.Held)))
+	logPoint(logf, res.Points[len(res.Points)-1])
+	logf("  scale: restarted operator leading after %s, queue empty after %s, highest RSS sampled %s", res.ToLeader.Round(time.Millisecond), res.ToIdle.Round(time.Millisecond), mib(res.MaxRSS))
+	return nil
+}
+
+// waitQueueEmpty waits until the lock controller's work queue has held
+// nothing ready for a second: it caught up with every change.
+func (c *cluster) waitQueueEmpty(ctx context.Context, timeout time.Duration) error {
+	var emptySince time.Time
+	return c.mgr.WaitFor(ctx, "an empty lock queue", timeout, func(ctx context.Context) error {
+		body, err := httpGet(ctx, c.mgrMetrics)
+		if err != nil {
+			return err
+		}
+		var mine float64
+		sumMetric(body, "workqueue_depth", func(l map[string]string, v float64) {
+			if l["name"] == controllers.ControllerName {
+				mine += v
+			}
+		})
+		if mine > 0 {
+			emptySince = time.Time{}
+			return fmt.Errorf("%.0f locks queued", mine)
+		}
+		if emptySince.IsZero() {
+			emptySince = time.Now()
+		}
+		if time.Since(emptySince) < time.Second {
+			return errors.New("queue empty for less than a second")
+		}
+		return nil
+	})
+}
+
+func (c *cluster) memPoint(ctx context.Context, label string) memPoint {
+	p := memPoint{Label: label}
+	p.RSS, p.Peak = proc{pid: c.mgr.Pid()}.mem()
+	if body, err := httpGet(ctx, c.mgrMetrics); err == nil {
+		p.HeapInuse = sumMetric(body, "go_memstats_heap_inuse_bytes", nil)
+		p.Objects = sumMetric(body, "go_memstats_heap_objects", nil)
+	}
+	return p
+}
+
+// sampleRSS reads the operator's VmRSS every 250 ms (whichever process
+// c.mgr is) until the returned function is called, which returns the highest.
+func sampleRSS(ctx context.Context, c *cluster) func() int64 {
+	sctx, cancel := context.WithCancel(ctx)
+	var highest atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if rss, _ := (proc{pid: c.mgrPid()}).mem(); rss > highest.Load() {
+				highest.Store(rss)
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 {
+		cancel()
+		<-done
+		return highest.Load()
+	}
+}
+
+// restartManager stops the operator (SIGTERM: it releases its leader Lease)
+// and starts the same binary with the same flags; it returns when the new
+// process started.
+func (c *cluster) restartManager(ctx context.Context) (time.Time, error) {
+	if err := c.mgr.Stop(10 * time.Second); err != nil {
+		return time.Time{}, fmt.Errorf("stopping the operator: %w", err)
+	}
+	c.restarts++
+	started := time.Now()
+	m, err := childproc.Start("manager", c.mgrArgs[0], filepath.Join(c.dir, fmt.Sprintf("manager-%d.log", c.restarts)), c.mgrArgs[1:]...)
+	if err != nil {
+		return started, err
+	}
+	c.mgrMu.Lock()
+	c.mgr = m
+	c.mgrMu.Unlock()
+	return started, nil
+}
+
+func (c *cluster) mgrPid() int {
+	c.mgrMu.Lock()
+	defer c.mgrMu.Unlock()
+	return c.mgr.Pid()
+}
+
+// lapseWatch sees the controller's expiry writes on the lapsing locks.
+type lapseWatch struct {
+	mu      sync.Mutex
+	expired map[string]time.Time // leaseID → when the watch saw it expired
+	seen    chan struct{}
+	stop    func()
+}
+
+func watchLapses(ctx context.Context, c *cluster) (*lapseWatch, error) {
+	wc, err := client.NewWithWatch(c.admin, client.Options{Scheme: c.env.Scheme})
+	if err != nil {
+		return nil, err
+	}
+	w, err := wc.Watch(ctx, &locksv1alpha1.DistributedLockList{}, client.InNamespace(lockNS), client.MatchingLabels{scaleLabel: "true"})
+	if err != nil {
+		return nil, err
+	}
+	lw := &lapseWatch{expired: map[string]time.Time{}, seen: make(chan struct{}, 1), stop: w.Stop}
+	go func() {
+		for ev := range w.ResultChan() {
+			l, ok := ev.Object.(*locksv1alpha1.DistributedLock)
+			if !ok {
+				continue
+			}
+			now := time.Now()
+			lw.mu.Lock()
+			for _, f := range l.Status.RecentAcquisitions {
+				if _, dup := lw.expired[f.LeaseID]; f.EndReason == locksv1alpha1.EndReasonExpired && !dup {
+					lw.expired[f.LeaseID] = now
+				}
+			}
+			lw.mu.Unlock()
+			select {
+			case lw.seen <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return lw, nil
+}
+
+func (lw *lapseWatch) expiredAt(leaseID string) (time.Time, bool) {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	t, ok := lw.expired[leaseID]
+	return t, ok
+}
+
+// runLapses acquires cfg.lapses labeled locks, spread over cfg.lapseOver,
+// with a lease of cfg.lapseLease that nobody renews, and measures from each
+// lease's end to the watch seeing it expired.
+func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig, label string) lapseRound {
+	r := lapseRound{Label: label, ErrKinds: map[string]int{}}
+	cl, err := lock.New(c.user, lock.WithNamespace(lockNS), lock.WithIdentity("scale-lapse"), lock.WithoutAutoRenew())
+	if err != nil {
+		r.Errors++
+		r.ErrKinds[errKind(err)]++
+		return r
+	}
+	type lapse struct {
+		leaseID string
+		end     time.Time
+	}
+	var mu sync.Mutex
+	var lapses []lapse
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range cfg.lapses {
+		at := start.Add(time.Duration(i) * cfg.lapseOver / time.Duration(max(cfg.lapses, 1)))
+		time.Sleep(time.Until(at))
+		wg.Go(func() {
+			err := func() error {
+				key := fmt.Sprintf("lapse-%05d", i)
+				err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: lockNS, Name: key, Labels: map[string]string{scaleLabel: "true"}}})
+				if ignoreExists(err) != nil {
+					return err
+				}
+				l, err := cl.TryAcquire(ctx, key, lock.LeaseDuration(cfg.lapseLease))
+				if err != nil {
+					return err
+				}
+				// ExpiresAt is the acquiring write's send time plus the lease
+				// minus the client's safety margin.
+				mu.Lock()
+				lapses = append(lapses, lapse{l.LeaseID(), l.ExpiresAt().Add(max(cfg.lapseLease/10, 100*time.Millisecond))})
+				mu.Unlock()
+				return nil
+			}()
+			if err != nil {
+				mu.Lock()
+				r.Errors++
+				r.ErrKinds[errKind(err)]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	deadline := time.Now().Add(cfg.lapseLease + cfg.grace + time.Minute)
+	for {
+		pending := 0
+		for _, l := range lapses {
+			if _, ok := lw.expiredAt(l.leaseID); !ok {
+				pending++
+			}
+		}
+		if pending == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			r.Missed = pending
+			break
+		}
+		select {
+		case <-lw.seen:
+		case <-time.After(time.Second):
+		}
+	}
+	for _, l := range lapses {
+		if t, ok := lw.expiredAt(l.leaseID); ok {
+			r.Lat = append(r.Lat, t.Sub(l.end))
+		}
+	}
+	r.Dist = summarize(r.Lat)
+	return r
+}
+
+func logPoint(logf func(string, ...any), p memPoint) {
+	logf("  scale: %s: operator RSS %s (peak %s), Go heap in use %s, %.0f heap objects", p.Label, mib(p.RSS), mib(p.Peak), mib(int64(p.HeapInuse)), p.Objects)
+}
+
+func logRound(logf func(string, ...any), r lapseRound) {
+	logf("  scale: expiry lateness (%s): %d expired, p50 %v p99 %v max %v, missed %d, errors %d%s", r.Label, r.Dist.N,
+		r.Dist.P50.Round(time.Millisecond), r.Dist.P99.Round(time.Millisecond), r.Dist.Max.Round(time.Millisecond), r.Missed, r.Errors, firstKind(r.ErrKinds))
+}
+
+// markdown is the workload's section of the report.
+func (s *scaleResult) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	cfg := s.Cfg
+	p("\n## The operator at %d locks\n\n", cfg.locks)
+	p("With the %d lock objects of the run in the operator's cache: %d of them acquired (%d in %s, %.0f/s; errors: %s) and held with a %s lease that pkg/lock renews every %s. "+
+		"Memory from `/proc/<pid>/status` (VmRSS; VmHWM is the peak since the process started) and the operator's `go_memstats_*`. "+
+		"Then the operator is restarted (SIGTERM, the same binary and flags): the new leader lists every lock at once and reconciles each.\n\n",
+		cfg.locks, cfg.held, s.Held, s.HoldTime.Round(time.Second), float64(s.Held)/max(s.HoldTime.Seconds(), 1e-9), kindsString(s.HoldErrs), cfg.holdLease, cfg.holdLease/3)
+	p("| moment | RSS | peak RSS (VmHWM) | Go heap in use | heap objects |\n|---|---:|---:|---:|---:|\n")
+	for _, pt := range s.Points {
+		p("| %s | %s | %s | %s | %.0f |\n", pt.Label, mib(pt.RSS), mib(pt.Peak), mib(int64(pt.HeapInuse)), pt.Objects)
+	}
+	if s.MaxRSS > 0 {
+		p("\nThe restarted operator led after %s and had reconciled every lock (its queue empty for a second) after %s; highest RSS sampled every 250 ms meanwhile: %s.\n",
+			s.ToLeader.Round(time.Millisecond), s.ToIdle.Round(time.Millisecond), mib(s.MaxRSS))
+	}
+	p("\n**Expiry at %d locks.** In each round %d locks are acquired over %s with a %s lease that nobody renews; lateness is from each lease's end (the client's `ExpiresAt()` plus its safety margin) to a watch of those locks seeing the controller's write that expired it. "+
+		"The controller waits the lease plus `--expiry-grace` (%s) after the last renewal it observed, so the target, expiry within lease + grace + %s, is lateness ≤ %s.\n\n",
+		cfg.locks, cfg.lapses, cfg.lapseOver, cfg.lapseLease, cfg.grace, lapseSlackTarget, cfg.grace+lapseSlackTarget)
+	p("| round | expired | p50 | p95 | p99 | max | missed | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range s.Rounds {
+		p("| %s | %d | %s | %s | %s | %s | %d | %d%s |\n", r.Label, r.Dist.N, ms(r.Dist.P50), ms(r.Dist.P95), ms(r.Dist.P99), ms(r.Dist.Max), r.Missed, r.Errors, firstKind(r.ErrKinds))
+	}
+	p("\n| target | figure | met |\n|---|---|---|\n")
+	var peak int64
+	for _, pt := range s.Points {
+		peak = max(peak, pt.RSS, pt.Peak)
+	}
+	peak = max(peak, s.MaxRSS)
+	p("| operator RSS ≤ %s at %d locks | peak %s | %s |\n", mib(scaleRSSTarget), cfg.locks, mib(peak), yesNo(peak <= scaleRSSTarget))
+	for _, r := range s.Rounds {
+		ok := r.Dist.N > 0 && r.Missed == 0 && r.Errors == 0 && r.Dist.Max <= cfg.grace+lapseSlackTarget
+		p("| expiry within lease + grace + %s (%s) | max %s ms late | %s |\n", lapseSlackTarget, r.Label, ms(r.Dist.Max), yesNo(ok))
+	}
+	if s.Err != "" {
+		p("\nThe workload stopped early: %s\n", s.Err)
+	}
+	return b.String()
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "**no**"
+}
