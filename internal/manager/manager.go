@@ -38,6 +38,7 @@ type Options struct {
 	MetricsSecure  bool
 	MetricsCertDir string
 	ProbeAddr      string
+	PprofAddr      string
 
 	LeaderElect             bool
 	LeaderElectionNamespace string
@@ -117,6 +118,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "Serve metrics over HTTPS, only to clients whose bearer token the apiserver authenticates (TokenReview) and authorizes for get on /metrics (SubjectAccessReview); false serves plain HTTP to anyone.")
 	fs.StringVar(&o.MetricsCertDir, "metrics-cert-dir", o.MetricsCertDir, "Directory with the metrics server's tls.crt and tls.key (with --metrics-secure); empty means a self-signed certificate.")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, `Address the /healthz and /readyz probes bind to; "0" disables them.`)
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, `Address Go's /debug/pprof profiles (heap, CPU) are served on, over plain HTTP to anyone who can reach it; empty or "0" disables them.`)
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one replica expires leases and moves queues.")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "Namespace of the leader Lease; empty means the pod's own namespace (required out of cluster).")
 	fs.StringVar(&o.LeaderElectionID, "leader-election-id", o.LeaderElectionID, "Name of the leader Lease, or of the DistributedLock with --leader-election-lock=kubelock.")
@@ -272,6 +274,7 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		WebhookServer:           webhookServer, // added to the manager only with --enable-webhook
 		Metrics:                 metricsOptions(o),
 		HealthProbeBindAddress:  o.ProbeAddr,
+		PprofBindAddress:        o.PprofAddr,
 		LeaderElection:          o.LeaderElect,
 		LeaderElectionID:        o.LeaderElectionID,
 		LeaderElectionNamespace: o.LeaderElectionNamespace,

@@ -73,20 +73,23 @@ type cluster struct {
 	user    *rest.Config // benchUser, no client-side rate limit
 	etcdURL string
 
-	mgr         *childproc.Child
-	mgrMu       sync.Mutex // c.mgr, once the scale workload restarts it
-	mgrArgs     []string   // the operator's binary and flags
-	restarts    int
-	mgrMetrics  string // http://127.0.0.1:port/metrics
-	webhookCfg  *admissionregistrationv1.ValidatingWebhookConfiguration
-	vap         *admissionregistrationv1.ValidatingAdmissionPolicy
-	vapBinding  *admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	redis       *childproc.Child
-	redisAddr   string
-	probeSerial int
-	logf        func(string, ...any)
-	metaVap     *admissionregistrationv1.ValidatingAdmissionPolicy // the main resource's policy (create, delete)
-	metaBinding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	mgr      *childproc.Child
+	mgrMu    sync.Mutex // c.mgr, once the scale workload restarts it
+	mgrArgs  []string   // the operator's binary and flags
+	restarts int
+	// heapProfiles counts the operator's heap profiles taken.
+	heapProfiles int
+	mgrMetrics   string // http://127.0.0.1:port/metrics
+	mgrPprof     string // http://127.0.0.1:port/debug/pprof
+	webhookCfg   *admissionregistrationv1.ValidatingWebhookConfiguration
+	vap          *admissionregistrationv1.ValidatingAdmissionPolicy
+	vapBinding   *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	redis        *childproc.Child
+	redisAddr    string
+	probeSerial  int
+	logf         func(string, ...any)
+	metaVap      *admissionregistrationv1.ValidatingAdmissionPolicy // the main resource's policy (create, delete)
+	metaBinding  *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
 func startCluster(ctx context.Context, dir string, logf func(string, ...any)) (c *cluster, err error) {
@@ -174,12 +177,13 @@ func (c *cluster) startManager(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return err
 	}
-	webhookPort, metricsPort, probePort := ports[0], ports[1], ports[2]
+	webhookPort, metricsPort, probePort, pprofPort := ports[0], ports[1], ports[2], ports[3]
 	c.mgrMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	c.mgrPprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof", pprofPort)
 	if err := c.loadAdmission(caPEM, webhookPort); err != nil {
 		return err
 	}
@@ -195,6 +199,7 @@ func (c *cluster) startManager(ctx context.Context) error {
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
 		"--metrics-secure=false", // scraped over plain HTTP on loopback
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
+		fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort),
 	}
 	c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"), c.mgrArgs[1:]...)
 	if err != nil {

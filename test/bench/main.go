@@ -483,7 +483,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 	// Last: it restarts the operator.
 	if wl["scale"] {
 		rep.scale = runScale(ctx, c, lockPool, scaleConfig{locks: o.locks, held: min(o.scaleHeld, o.locks), holdLease: 300 * time.Second,
-			lapses: o.scaleLapses, lapseLease: o.scaleLapse, lapseOver: 4 * o.scaleLapse, workers: 32, grace: controllers.DefaultExpiryGrace}, logf)
+			lapses: o.scaleLapses, lapseLease: o.scaleLapse, lapseOver: 4 * o.scaleLapse, workers: 8, grace: controllers.DefaultExpiryGrace}, logf)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

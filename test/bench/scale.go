@@ -1,15 +1,21 @@
 package main
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/google/pprof/profile"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -43,7 +49,7 @@ type scaleConfig struct {
 	lapses     int           // leases that lapse in each round
 	lapseLease time.Duration
 	lapseOver  time.Duration // the lapsing acquisitions are spread over this
-	workers    int
+	workers    int           // acquiring the held population, each one acquire at a time
 	grace      time.Duration // the operator's --expiry-grace
 }
 
@@ -53,6 +59,10 @@ type memPoint struct {
 	RSS, Peak int64   // VmRSS and VmHWM (peak since the process started)
 	HeapInuse float64 // go_memstats_heap_inuse_bytes
 	Objects   float64 // go_memstats_heap_objects
+	// Live is the live heap after a forced GC (the heap profile's inuse
+	// bytes); Heap the profile's file.
+	Live int64
+	Heap string
 }
 
 // lapseRound is the lateness of expiries: from each lapsing lease's end to
@@ -108,7 +118,7 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 	var wg sync.WaitGroup
 	for range cfg.workers {
 		wg.Go(func() {
-			for held.Load() < int64(cfg.held) && holdCtx.Err() == nil {
+			for held.Load() < int64(cfg.held) && holdCtx.Err() == nil && c.operatorAlive() == nil {
 				idx, ok := free.take()
 				if !ok {
 					return
@@ -125,6 +135,9 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 	}
 	wg.Wait()
 	res.HoldTime, res.Held = time.Since(start), int(held.Load())
+	if err := c.operatorAlive(); err != nil {
+		return err
+	}
 	logf("  scale: %d locks held in %s (%.0f/s), errors %s", res.Held, res.HoldTime.Round(time.Millisecond), float64(res.Held)/res.HoldTime.Seconds(), kindsString(res.HoldErrs))
 	if err := c.waitQueueEmpty(ctx, 5*time.Minute); err != nil {
 		return err
@@ -213,7 +226,95 @@ func (c *cluster) memPoint(ctx context.Context, label string) memPoint {
 		p.HeapInuse = sumMetric(body, "go_memstats_heap_inuse_bytes", nil)
 		p.Objects = sumMetric(body, "go_memstats_heap_objects", nil)
 	}
+	c.heapProfiles++
+	path := filepath.Join(c.dir, fmt.Sprintf("operator-heap-%d.pprof", c.heapProfiles))
+	if body, err := httpGet(ctx, c.mgrPprof+"/heap?gc=1"); err == nil && os.WriteFile(path, body, 0o644) == nil {
+		p.Heap = path
+		if prof, err := profile.Parse(bytes.NewReader(body)); err == nil {
+			p.Live = inuse(prof, func([]string) bool { return true })
+		}
+	}
 	return p
+}
+
+// inuse sums the in-use bytes of a heap profile's samples whose stack
+// (innermost frame first) keep accepts.
+func inuse(prof *profile.Profile, keep func(frames []string) bool) int64 {
+	vi := slices.IndexFunc(prof.SampleType, func(t *profile.ValueType) bool { return t.Type == "inuse_space" })
+	if vi < 0 {
+		return 0
+	}
+	var sum int64
+	for _, sm := range prof.Sample {
+		if keep(frames(sm)) {
+			sum += sm.Value[vi]
+		}
+	}
+	return sum
+}
+
+func frames(sm *profile.Sample) []string {
+	var out []string
+	for _, loc := range sm.Location {
+		for _, ln := range loc.Line {
+			if ln.Function != nil {
+				out = append(out, ln.Function.Name)
+			}
+		}
+	}
+	return out
+}
+
+// heapHolders are what keeps the operator's live heap: an allocation counts
+// for the first of them (in this order) that a frame of its stack names.
+var heapHolders = []struct{ name, match string }{
+	{"decoded locks", "kubelock/controllers.(*cachedLock).UnmarshalJSON|apis/meta/v1/unstructured.(*Unstructured).UnmarshalJSON|unstructured.(*unstructuredJSONScheme)"},
+	{"the informers' stores and indexes", "tools/cache.(*threadSafeMap)|tools/cache.(*storeIndex)|tools/cache.(*DeltaFIFO)|tools/cache.(*Reflector)"},
+	{"the controller's observations", "kubelock/controllers.(*observations)|kubelock/controllers.observe"},
+	{"the work queue", "controller-runtime/pkg/controller/priorityqueue|client-go/util/workqueue"},
+	{"informer event buffers", "tools/cache.(*processorListener)"},
+	{"reconciling", "kubelock/controllers.(*Reconciler)"},
+	{"the admission webhook", "kubelock/webhook|controller-runtime/pkg/webhook"},
+	{"metrics", "prometheus/client_golang|kubelock/internal/metrics"},
+}
+
+// heapSummary is the live heap of a profile by holder.
+func heapSummary(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer func() { _ = f.Close() }()
+	prof, err := profile.Parse(f)
+	if err != nil {
+		return err.Error()
+	}
+	total := inuse(prof, func([]string) bool { return true })
+	if total == 0 {
+		return "empty"
+	}
+	holder := func(fr []string) string {
+		for _, h := range heapHolders {
+			for _, m := range strings.Split(h.match, "|") {
+				if slices.ContainsFunc(fr, func(f string) bool { return strings.Contains(f, m) }) {
+					return h.name
+				}
+			}
+		}
+		return "other"
+	}
+	by := map[string]int64{}
+	for _, h := range append(heapHolders, struct{ name, match string }{"other", ""}) {
+		by[h.name] = inuse(prof, func(fr []string) bool { return holder(fr) == h.name })
+	}
+	names := slices.SortedFunc(maps.Keys(by), func(a, b string) int { return cmp.Compare(by[b], by[a]) })
+	var parts []string
+	for _, n := range names {
+		if by[n] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s (%.0f%%)", n, mib(by[n]), 100*float64(by[n])/float64(total)))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // sampleRSS reads the operator's VmRSS every 250 ms (whichever process
@@ -393,7 +494,10 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 }
 
 func logPoint(logf func(string, ...any), p memPoint) {
-	logf("  scale: %s: operator RSS %s (peak %s), Go heap in use %s, %.0f heap objects", p.Label, mib(p.RSS), mib(p.Peak), mib(int64(p.HeapInuse)), p.Objects)
+	logf("  scale: %s: operator RSS %s (peak %s), Go heap in use %s, live %s, %.0f heap objects", p.Label, mib(p.RSS), mib(p.Peak), mib(int64(p.HeapInuse)), mib(p.Live), p.Objects)
+	if p.Heap != "" {
+		logf("  scale: live heap: %s", heapSummary(p.Heap))
+	}
 }
 
 func logRound(logf func(string, ...any), r lapseRound) {
@@ -411,9 +515,15 @@ func (s *scaleResult) markdown() string {
 		"Memory from `/proc/<pid>/status` (VmRSS; VmHWM is the peak since the process started) and the operator's `go_memstats_*`. "+
 		"Then the operator is restarted (SIGTERM, the same binary and flags): the new leader lists every lock at once and reconciles each.\n\n",
 		cfg.locks, cfg.held, s.Held, s.HoldTime.Round(time.Second), float64(s.Held)/max(s.HoldTime.Seconds(), 1e-9), kindsString(s.HoldErrs), cfg.holdLease, cfg.holdLease/3)
-	p("| moment | RSS | peak RSS (VmHWM) | Go heap in use | heap objects |\n|---|---:|---:|---:|---:|\n")
+	p("| moment | RSS | peak RSS (VmHWM) | Go heap in use | live heap after GC | heap objects |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, pt := range s.Points {
-		p("| %s | %s | %s | %s | %.0f |\n", pt.Label, mib(pt.RSS), mib(pt.Peak), mib(int64(pt.HeapInuse)), pt.Objects)
+		p("| %s | %s | %s | %s | %s | %.0f |\n", pt.Label, mib(pt.RSS), mib(pt.Peak), mib(int64(pt.HeapInuse)), mib(pt.Live), pt.Objects)
+	}
+	p("\nThe live heap by what holds it (the heap profile after a forced GC, `/debug/pprof/heap?gc=1` of `--pprof-bind-address`):\n\n")
+	for _, pt := range s.Points {
+		if pt.Heap != "" {
+			p("- %s: %s\n", pt.Label, heapSummary(pt.Heap))
+		}
 	}
 	if s.MaxRSS > 0 {
 		p("\nThe restarted operator led after %s and had reconciled every lock (its queue empty for a second) after %s; highest RSS sampled every 250 ms meanwhile: %s.\n",
