@@ -1,16 +1,24 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	sigsjson "sigs.k8s.io/json"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -32,6 +40,10 @@ type cachedLock struct {
 	locksv1alpha1.DistributedLock
 	// undecodable is the decoding error; empty when the lock decoded.
 	undecodable string
+	// received is when the cache received this version, on the controller's
+	// clock (newCache's transform); zero for an object that did not come
+	// through the cache.
+	received time.Time
 }
 
 // cachedLockList is the list type of cachedLock, for the informer's LIST.
@@ -62,7 +74,7 @@ func (c *cachedLock) UnmarshalJSON(data []byte) error {
 }
 
 func (c *cachedLock) DeepCopyObject() runtime.Object {
-	out := &cachedLock{undecodable: c.undecodable}
+	out := &cachedLock{undecodable: c.undecodable, received: c.received}
 	c.DistributedLock.DeepCopyInto(&out.DistributedLock)
 	return out
 }
@@ -104,16 +116,23 @@ func podMetadata() *metav1.PartialObjectMetadata {
 }
 
 // newCache returns a cache for the controller on mgr's connection, with
-// opts' namespaces and selectors. Nothing it holds carries managedFields,
-// and pods keep only what tells a deleted pod's holdings apart: every pod of
-// the cluster is cached, however few hold locks.
-func newCache(mgr ctrl.Manager, opts cache.Options) (cache.Cache, error) {
+// opts' namespaces and selectors. Each lock is stamped with when it arrived
+// on clk. Nothing it holds carries managedFields, and pods keep only what
+// tells a deleted pod's holdings apart: every pod of the cluster is cached,
+// however few hold locks.
+func newCache(mgr ctrl.Manager, opts cache.Options, clk clock.PassiveClock) (cache.Cache, error) {
 	s, err := cacheScheme()
 	if err != nil {
 		return nil, err
 	}
 	opts.Scheme, opts.Mapper, opts.HTTPClient = s, mgr.GetRESTMapper(), mgr.GetHTTPClient()
-	opts.DefaultTransform = cache.TransformStripManagedFields()
+	strip := cache.TransformStripManagedFields()
+	opts.DefaultTransform = func(in any) (any, error) {
+		if l, ok := in.(*cachedLock); ok {
+			l.received = clk.Now()
+		}
+		return strip(in)
+	}
 	if opts.ByObject == nil {
 		opts.ByObject = map[client.Object]cache.ByObject{}
 	}
@@ -134,4 +153,28 @@ var podIdentity toolscache.TransformFunc = func(in any) (any, error) {
 	return &metav1.PartialObjectMetadata{TypeMeta: p.TypeMeta, ObjectMeta: metav1.ObjectMeta{
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
 	}}, nil
+}
+
+// enqueueLocks enqueues the lock of each event as
+// handler.EnqueueRequestForObject does, except that of a new controller's
+// initial list only locks with nothing to time (no holding, no waiter) go
+// behind all other work: a new leader times held leases and queues first,
+// and catches up with idle locks after.
+type enqueueLocks struct {
+	handler.TypedEnqueueRequestForObject[*cachedLock]
+}
+
+func (enqueueLocks) Create(_ context.Context, e event.TypedCreateEvent[*cachedLock], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.Object)}
+	pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request])
+	if !ok {
+		q.Add(req)
+		return
+	}
+	var p *int
+	if s := &e.Object.Status; e.IsInInitialList && s.Holder == nil && len(s.SharedHolders) == 0 && len(s.Waiters) == 0 {
+		low := handler.LowPriority
+		p = &low
+	}
+	pq.AddWithOpts(priorityqueue.AddOpts{Priority: p}, req)
 }

@@ -1,17 +1,24 @@
 package controllers
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
-	"encoding/json"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
@@ -123,5 +130,37 @@ func TestCachedLockFootprint(t *testing.T) {
 				t.Errorf("%s: the footprint test no longer tells an unstructured cache (%d B) from the typed one (%d B)", tc.name, untyped, typed)
 			}
 		})
+	}
+}
+
+// A new leader's initial list puts idle locks behind everything else and
+// locks with holdings or waiters with the watch events; the first deadline
+// requeue of a held lock comes before both.
+func TestEnqueueLocksPutsIdleInitialLocksLast(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("test")
+	defer q.ShutDown()
+	idle, heldLock, queued := &cachedLock{}, &cachedLock{DistributedLock: *newLock(held("l1", 30, clientTime))}, &cachedLock{}
+	idle.Namespace, idle.Name = "ns", "idle"
+	heldLock.Namespace, heldLock.Name = "ns", "held"
+	queued.Namespace, queued.Name = "ns", "queued"
+	queued.Status.Waiters = []locksv1alpha1.Waiter{{RequestID: "r"}}
+	var h enqueueLocks
+	for _, l := range []*cachedLock{idle, heldLock, queued} {
+		h.Create(context.Background(), event.TypedCreateEvent[*cachedLock]{Object: l, IsInInitialList: true}, q)
+	}
+	later := &cachedLock{}
+	later.Namespace, later.Name = "ns", "created-later"
+	h.Create(context.Background(), event.TypedCreateEvent[*cachedLock]{Object: later}, q)
+	q.AddWithOpts(priorityqueue.AddOpts{Priority: atDeadline(time.Second).Priority}, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "deadline"}})
+
+	var got []string
+	for range 5 {
+		req, prio, _ := q.GetWithPriority()
+		got = append(got, fmt.Sprintf("%s@%d", req.Name, prio))
+		q.Done(req)
+	}
+	want := []string{"deadline@10", "held@0", "queued@0", "created-later@0", fmt.Sprintf("idle@%d", handler.LowPriority)}
+	if !slices.Equal(got, want) {
+		t.Errorf("queue order %v, want %v", got, want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -13,13 +14,14 @@ import (
 )
 
 // readLock reads the lock at key from r.reader (cache.go: decoded object by
-// object). ok is false (with a nil error) when the object exists but does not
-// decode: it was logged and counted once for its resourceVersion, and the
-// controller leaves it alone.
-func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lock *locksv1alpha1.DistributedLock, ok bool, err error) {
+// object) with when the cache received it (zero if unknown). ok is false
+// (with a nil error) when the object exists but does not decode: it was
+// logged and counted once for its resourceVersion, and the controller leaves
+// it alone.
+func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lock *locksv1alpha1.DistributedLock, received time.Time, ok bool, err error) {
 	c := &cachedLock{}
 	if err := r.reader.Get(ctx, key, c); err != nil {
-		return nil, false, err
+		return nil, time.Time{}, false, err
 	}
 	if c.undecodable != "" {
 		if r.malformed.first(key, c.ResourceVersion) {
@@ -27,10 +29,10 @@ func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lo
 			log.FromContext(ctx).Error(errors.New(c.undecodable), "lock cannot be decoded; leaving it alone until it is fixed or deleted",
 				"lock", key, "resourceVersion", c.ResourceVersion)
 		}
-		return nil, false, nil
+		return nil, time.Time{}, false, nil
 	}
 	r.malformed.forget(key)
-	return &c.DistributedLock, true, nil
+	return &c.DistributedLock, c.received, true, nil
 }
 
 // malformedLocks remembers the resourceVersion at which each lock last failed

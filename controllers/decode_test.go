@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 func TestMalformedLocksCountsEachVersionOnce(t *testing.T) {
@@ -85,22 +88,23 @@ func TestCacheDecodesEachLockOnItsOwn(t *testing.T) {
 // readLock returns a well-formed lock and reports a malformed one as not ok,
 // without an error: the reconcile ends there and nothing is retried.
 func TestReadLockLeavesMalformedLocksAlone(t *testing.T) {
-	good, bad := &cachedLock{}, &cachedLock{undecodable: "parsing time"}
+	arrived := time.Now()
+	good, bad := &cachedLock{received: arrived}, &cachedLock{undecodable: "parsing time"}
 	good.Namespace, good.Name = "ns", "good"
 	bad.Namespace, bad.Name, bad.ResourceVersion = "ns", "bad", "7"
 	r := &Reconciler{reader: cacheOf{good, bad}}
-	lock, ok, err := r.readLock(context.Background(), client.ObjectKeyFromObject(good))
-	if err != nil || !ok || lock.Name != "good" {
-		t.Fatalf("good lock: got %v, %v, %v", lock, ok, err)
+	lock, received, ok, err := r.readLock(context.Background(), client.ObjectKeyFromObject(good))
+	if err != nil || !ok || lock.Name != "good" || !received.Equal(arrived) {
+		t.Fatalf("good lock: got %v, received %v, %v, %v", lock, received, ok, err)
 	}
-	lock, ok, err = r.readLock(context.Background(), client.ObjectKeyFromObject(bad))
+	lock, _, ok, err = r.readLock(context.Background(), client.ObjectKeyFromObject(bad))
 	if err != nil || ok || lock != nil {
 		t.Fatalf("malformed lock: got %v, %v, %v; want nil, false, nil", lock, ok, err)
 	}
 	if m, _ := r.malformed.rv.Load(client.ObjectKeyFromObject(bad)); m != "7" {
 		t.Errorf("the malformed version is remembered as %v, want 7", m)
 	}
-	if _, _, err := r.readLock(context.Background(), types.NamespacedName{Namespace: "ns", Name: "gone"}); !apierrors.IsNotFound(err) {
+	if _, _, _, err := r.readLock(context.Background(), types.NamespacedName{Namespace: "ns", Name: "gone"}); !apierrors.IsNotFound(err) {
 		t.Errorf("a missing lock: got %v, want NotFound", err)
 	}
 }
@@ -124,3 +128,36 @@ func (c cacheOf) Get(_ context.Context, key client.ObjectKey, obj client.Object,
 }
 
 func (cacheOf) List(context.Context, client.ObjectList, ...client.ListOption) error { return nil }
+
+// A holding's lease runs from when the cache received the version that
+// carried its last renewal, not from when the reconcile got to it: a lock
+// that waited behind a backlog is requeued for the same moment, ahead of
+// the work that delayed it.
+func TestReconcileTimesLeasesFromArrival(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	const grace = 2 * time.Second
+	for _, tc := range []struct {
+		name     string
+		received time.Time
+		want     time.Duration
+	}{
+		{"received 10s before the reconcile", now.Add(-10 * time.Second), 30*time.Second + grace - 10*time.Second},
+		{"not received through the cache", time.Time{}, 30*time.Second + grace},
+		{"received later than the controller's clock says now", now.Add(time.Second), 30*time.Second + grace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLock(held("lease-1", 30, clientTime))
+			// The status the controller would keep, so that it has nothing to write.
+			l = desiredStatus(l, decision{}, "", now)
+			r := &Reconciler{reader: cacheOf{{DistributedLock: *l, received: tc.received}}, clock: clocktesting.NewFakePassiveClock(now),
+				timing: timing{grace: grace, idleTimeout: time.Hour}, events: EventsImportant}
+			res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(l)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.RequeueAfter != tc.want || res.Priority == nil || *res.Priority != deadlinePriority {
+				t.Errorf("got requeue after %s at priority %v, want %s at %d", res.RequeueAfter, res.Priority, tc.want, deadlinePriority)
+			}
+		})
+	}
+}

@@ -122,7 +122,9 @@ func WithEvents(p EventPolicy) Option { return func(r *Reconciler) { r.events = 
 
 // WithNamespaces limits Setup's controller to the locks, sessions and pods
 // in namespaces; by default it watches all. SetupStandby ignores it.
-func WithNamespaces(namespaces ...string) Option { return func(r *Reconciler) { r.namespaces = namespaces } }
+func WithNamespaces(namespaces ...string) Option {
+	return func(r *Reconciler) { r.namespaces = namespaces }
+}
 
 // WithControllerOptions sets controller-runtime options such as MaxConcurrentReconciles.
 func WithControllerOptions(o controller.Options) Option {
@@ -147,7 +149,7 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 		}
 		namespaces[ns] = cache.Config{}
 	}
-	c, err := newCache(mgr, cache.Options{DefaultNamespaces: namespaces})
+	c, err := newCache(mgr, cache.Options{DefaultNamespaces: namespaces}, r.clock)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +168,7 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 	// whole pods of the cluster would cost far more memory.
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		WatchesRawSource(source.Kind(c, &cachedLock{}, &handler.TypedEnqueueRequestForObject[*cachedLock]{})).
+		WatchesRawSource(source.Kind(c, &cachedLock{}, &enqueueLocks{})).
 		WatchesRawSource(source.Kind[client.Object](c, &locksv1alpha1.LockSession{}, handler.EnqueueRequestsFromMapFunc(r.locksOfSession), sessionEnding)).
 		WatchesRawSource(source.Kind[client.Object](c, podMetadata(), handler.EnqueueRequestsFromMapFunc(r.locksOfPod), podDeleted)).
 		WatchesRawSource(source.Channel(kick, &handler.EnqueueRequestForObject{})).
@@ -222,7 +224,7 @@ func newReconciler(mgr ctrl.Manager, opts []Option) (*Reconciler, error) {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	// 1. Read the lock from the cache; forget locks that are gone, and leave
 	// alone one that does not decode (logged and counted by readLock).
-	lock, ok, err := r.readLock(ctx, req.NamespacedName)
+	lock, received, ok, err := r.readLock(ctx, req.NamespacedName)
 	switch {
 	case apierrors.IsNotFound(err):
 		r.obs.forget(req.NamespacedName)
@@ -237,11 +239,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	now := r.clock.Now()
 
 	// 2. Fold it into what this controller has observed; report transitions.
+	// What this version shows was seen when the cache received it, however
+	// long the lock then waited in the queue: a renewal is never later than
+	// that, so a lease timed from there still ends after the client's.
 	prev := r.obs.get(req.NamespacedName)
 	if isStale(prev, lock) {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	obs, transitions := observe(prev, lock, now)
+	seen := now
+	if !received.IsZero() && received.Before(now) {
+		seen = received
+	}
+	obs, transitions := observe(prev, lock, seen)
 	r.obs.put(req.NamespacedName, obs)
 	r.report(ctx, lock, transitions)
 

@@ -33,20 +33,20 @@ const StandbyControllerName = "distributedlock-standby"
 // Setup's controller covers the lock and this one stands aside. Transitions it
 // observes count in this replica's metrics and Events, leadership does not.
 func SetupStandby(mgr ctrl.Manager, key types.NamespacedName, opts ...Option) error {
+	r, err := newReconciler(mgr, opts)
+	if err != nil {
+		return err
+	}
 	c, err := newCache(mgr, cache.Options{
 		DefaultNamespaces: map[string]cache.Config{key.Namespace: {}},
 		ByObject: map[client.Object]cache.ByObject{
 			&cachedLock{}: {Field: fields.OneTermEqualSelector("metadata.name", key.Name)},
 		},
-	})
+	}, r.clock)
 	if err != nil {
 		return err
 	}
 	if err := mgr.Add(standbyCache{c}); err != nil {
-		return err
-	}
-	r, err := newReconciler(mgr, opts)
-	if err != nil {
 		return err
 	}
 	r.reader = c

@@ -83,10 +83,11 @@ type scaleResult struct {
 	HoldErrs map[string]int
 	Points   []memPoint
 	Rounds   []lapseRound
-	// From the restarted operator's start: leading, and its queue empty.
-	ToLeader, ToIdle time.Duration
-	MaxRSS           int64 // highest VmRSS sampled (every 250 ms) after the restart
-	Err              string
+	// From the restarted operator's start: leading, every lock listed and
+	// queued, and its queue empty.
+	ToLeader, ToListed, ToIdle time.Duration
+	MaxRSS                     int64 // highest VmRSS sampled (every 250 ms) after the restart
+	Err                        string
 }
 
 func runScale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, logf func(string, ...any)) *scaleResult {
@@ -99,7 +100,7 @@ func runScale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, logf 
 }
 
 func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *scaleResult, logf func(string, ...any)) error {
-	if err := c.waitQueueEmpty(ctx, 5*time.Minute); err != nil {
+	if err := c.waitQueueEmpty(ctx, cfg.locks, 5*time.Minute); err != nil {
 		return err
 	}
 	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("%d locks, none held", cfg.locks)))
@@ -139,7 +140,7 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 		return err
 	}
 	logf("  scale: %d locks held in %s (%.0f/s), errors %s", res.Held, res.HoldTime.Round(time.Millisecond), float64(res.Held)/res.HoldTime.Seconds(), kindsString(res.HoldErrs))
-	if err := c.waitQueueEmpty(ctx, 5*time.Minute); err != nil {
+	if err := c.waitQueueEmpty(ctx, cfg.locks, 5*time.Minute); err != nil {
 		return err
 	}
 	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("%d locks, %d held", cfg.locks, res.Held)))
@@ -173,10 +174,14 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 		return err
 	}
 	res.ToLeader = time.Since(started)
+	if err := c.waitListed(ctx, cfg.locks, 10*time.Minute); err != nil {
+		return err
+	}
+	res.ToListed = time.Since(started)
 	var round lapseRound
 	var rw sync.WaitGroup
-	rw.Go(func() { round = runLapses(ctx, c, lw, cfg, "after a restart, from leading") })
-	if err := c.waitQueueEmpty(ctx, 10*time.Minute); err != nil {
+	rw.Go(func() { round = runLapses(ctx, c, lw, cfg, "after a restart, behind the relisted locks") })
+	if err := c.waitQueueEmpty(ctx, cfg.locks, 10*time.Minute); err != nil {
 		return err
 	}
 	res.ToIdle = time.Since(started)
@@ -186,30 +191,60 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 	res.MaxRSS = samples()
 	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("restarted with %d locks, %d held", cfg.locks, res.Held)))
 	logPoint(logf, res.Points[len(res.Points)-1])
-	logf("  scale: restarted operator leading after %s, queue empty after %s, highest RSS sampled %s", res.ToLeader.Round(time.Millisecond), res.ToIdle.Round(time.Millisecond), mib(res.MaxRSS))
+	logf("  scale: restarted operator leading after %s, every lock listed after %s, queue empty after %s, highest RSS sampled %s",
+		res.ToLeader.Round(time.Millisecond), res.ToListed.Round(time.Millisecond), res.ToIdle.Round(time.Millisecond), mib(res.MaxRSS))
 	return nil
 }
 
-// waitQueueEmpty waits until the lock controller's work queue has held
-// nothing ready for a second: it caught up with every change.
-func (c *cluster) waitQueueEmpty(ctx context.Context, timeout time.Duration) error {
-	var emptySince time.Time
-	return c.mgr.WaitFor(ctx, "an empty lock queue", timeout, func(ctx context.Context) error {
-		body, err := httpGet(ctx, c.mgrMetrics)
+// lockQueue reads the lock controller's work queue: locks ever added, and
+// queued now.
+func (c *cluster) lockQueue(ctx context.Context) (adds, depth float64, err error) {
+	body, err := httpGet(ctx, c.mgrMetrics)
+	if err != nil {
+		return 0, 0, err
+	}
+	mine := func(l map[string]string) bool { return l["name"] == controllers.ControllerName }
+	sumMetric(body, "workqueue_adds_total", func(l map[string]string, v float64) {
+		if mine(l) {
+			adds += v
+		}
+	})
+	sumMetric(body, "workqueue_depth", func(l map[string]string, v float64) {
+		if mine(l) {
+			depth += v
+		}
+	})
+	return adds, depth, nil
+}
+
+// waitListed waits until the lock controller (of this operator process) has
+// queued at least n locks: its informer delivered its initial list.
+func (c *cluster) waitListed(ctx context.Context, n int, timeout time.Duration) error {
+	return c.mgr.WaitFor(ctx, "its lock informer listed", timeout, func(ctx context.Context) error {
+		adds, _, err := c.lockQueue(ctx)
 		if err != nil {
 			return err
 		}
-		var mine float64
-		sumMetric(body, "workqueue_depth", func(l map[string]string, v float64) {
-			if l["name"] == controllers.ControllerName {
-				mine += v
-			}
-		})
-		if mine > 0 {
-			emptySince = time.Time{}
-			return fmt.Errorf("%.0f locks queued", mine)
+		if adds < float64(n) {
+			return fmt.Errorf("%.0f of %d locks queued", adds, n)
 		}
-		if emptySince.IsZero() {
+		return nil
+	})
+}
+
+// waitQueueEmpty waits until the lock controller has queued at least n locks
+// and its queue has held nothing for a second: it caught up with every change.
+func (c *cluster) waitQueueEmpty(ctx context.Context, n int, timeout time.Duration) error {
+	var emptySince time.Time
+	return c.mgr.WaitFor(ctx, "an empty lock queue", timeout, func(ctx context.Context) error {
+		adds, depth, err := c.lockQueue(ctx)
+		switch {
+		case err != nil:
+			return err
+		case adds < float64(n) || depth > 0:
+			emptySince = time.Time{}
+			return fmt.Errorf("%.0f of %d locks queued, %.0f waiting", adds, n, depth)
+		case emptySince.IsZero():
 			emptySince = time.Now()
 		}
 		if time.Since(emptySince) < time.Second {
@@ -526,8 +561,9 @@ func (s *scaleResult) markdown() string {
 		}
 	}
 	if s.MaxRSS > 0 {
-		p("\nThe restarted operator led after %s and had reconciled every lock (its queue empty for a second) after %s; highest RSS sampled every 250 ms meanwhile: %s.\n",
-			s.ToLeader.Round(time.Millisecond), s.ToIdle.Round(time.Millisecond), mib(s.MaxRSS))
+		p("\nThe restarted operator led after %s, had every lock listed and queued after %s, and had reconciled them all (its queue empty for a second) after %s; highest RSS sampled every 250 ms meanwhile: %s. "+
+			"The second expiry round starts once every lock is queued, so its leases lapse while the controller works through them.\n",
+			s.ToLeader.Round(time.Millisecond), s.ToListed.Round(time.Millisecond), s.ToIdle.Round(time.Millisecond), mib(s.MaxRSS))
 	}
 	p("\n**Expiry at %d locks.** In each round %d locks are acquired over %s with a %s lease that nobody renews; lateness is from each lease's end (the client's `ExpiresAt()` plus its safety margin) to a watch of those locks seeing the controller's write that expired it. "+
 		"The controller waits the lease plus `--expiry-grace` (%s) after the last renewal it observed, so the target, expiry within lease + grace + %s, is lateness ≤ %s.\n\n",
