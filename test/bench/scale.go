@@ -303,7 +303,7 @@ func frames(sm *profile.Sample) []string {
 // heapHolders are what keeps the operator's live heap: an allocation counts
 // for the first of them (in this order) that a frame of its stack names.
 var heapHolders = []struct{ name, match string }{
-	{"decoded locks", "kubelock/controllers.(*cachedLock).UnmarshalJSON|apis/meta/v1/unstructured.(*Unstructured).UnmarshalJSON|unstructured.(*unstructuredJSONScheme)"},
+	{"decoded locks (the informers' watch decoding)", "client-go/rest/watch.(*Decoder).Decode|kubelock/controllers.(*cachedLock).UnmarshalJSON"},
 	{"the informers' stores and indexes", "tools/cache.(*threadSafeMap)|tools/cache.(*storeIndex)|tools/cache.(*DeltaFIFO)|tools/cache.(*Reflector)"},
 	{"the controller's observations", "kubelock/controllers.(*observations)|kubelock/controllers.observe"},
 	{"the work queue", "controller-runtime/pkg/controller/priorityqueue|client-go/util/workqueue"},
