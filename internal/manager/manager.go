@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -335,8 +336,17 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	return mgr.Start(ctx)
 }
 
+// DefaultGCPercent is the operator's GC target unless GOGC sets one. Its
+// heap is mostly the controller's cache of every lock, long-lived, so Go's
+// default (collect when the heap doubled) would hold about twice that cache;
+// 50 holds about 1.5 times it for a few percent more CPU.
+const DefaultGCPercent = 50
+
 // Exit runs Main with the process arguments and exits.
 func Exit() {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(DefaultGCPercent)
+	}
 	os.Exit(Main(os.Args[1:], os.Stderr))
 }
 

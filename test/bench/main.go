@@ -98,6 +98,7 @@ type options struct {
 	maxInFlight    int
 	clients        int
 	scaleHeld      int
+	scaleHoldRate  float64
 	scaleLapses    int
 	scaleLapse     time.Duration
 }
@@ -112,7 +113,7 @@ func defaults(quick bool) options {
 		expiryTrials: 3, expiryLease: 3 * time.Second,
 		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,scale",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
-		scaleHeld: 20000, scaleLapses: 200, scaleLapse: 5 * time.Second,
+		scaleHeld: 20000, scaleHoldRate: 150, scaleLapses: 200, scaleLapse: 5 * time.Second,
 	}
 	if quick {
 		o.locks, o.leaseObjects, o.rates = 2000, 2000, "150,300"
@@ -172,6 +173,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
 	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
 	fs.IntVar(&o.scaleHeld, "scale-held", o.scaleHeld, "Workload scale: locks held (lease 300s, renewed by pkg/lock every 100s) while memory is measured.")
+	fs.Float64Var(&o.scaleHoldRate, "scale-hold-rate", o.scaleHoldRate, "Workload scale: acquisitions/s of the held locks (before --rate-scale).")
 	fs.IntVar(&o.scaleLapses, "scale-lapses", o.scaleLapses, "Workload scale: leases that lapse in each expiry round.")
 	fs.DurationVar(&o.scaleLapse, "scale-lapse-lease", o.scaleLapse, "Workload scale: lease of the lapsing holdings.")
 	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
@@ -482,7 +484,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 	_, rep.mgr.peak = mgrProc.mem()
 	// Last: it restarts the operator.
 	if wl["scale"] {
-		rep.scale = runScale(ctx, c, lockPool, scaleConfig{locks: o.locks, held: min(o.scaleHeld, o.locks), holdLease: 300 * time.Second,
+		rep.scale = runScale(ctx, c, lockPool, scaleConfig{locks: o.locks, held: min(o.scaleHeld, o.locks), holdLease: 300 * time.Second, holdRate: o.scaleHoldRate * o.rateScale,
 			lapses: o.scaleLapses, lapseLease: o.scaleLapse, lapseOver: 4 * o.scaleLapse, workers: 8, grace: controllers.DefaultExpiryGrace}, logf)
 		if ctx.Err() != nil {
 			return ctx.Err()

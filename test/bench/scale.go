@@ -43,13 +43,14 @@ const (
 const scaleLabel = "bench.kubelock.io/lapse"
 
 type scaleConfig struct {
-	locks      int           // lock objects that exist (the seed mix's)
-	held       int           // of them held, renewed every holdLease/3
-	holdLease  time.Duration //
-	lapses     int           // leases that lapse in each round
+	locks      int // lock objects that exist (the seed mix's)
+	held       int // of them held, renewed every holdLease/3
+	holdLease  time.Duration
+	lapses     int // leases that lapse in each round
 	lapseLease time.Duration
 	lapseOver  time.Duration // the lapsing acquisitions are spread over this
-	workers    int           // acquiring the held population, each one acquire at a time
+	holdRate   float64       // acquisitions/s of the held population
+	workers    int           // acquiring it, each one acquire at a time
 	grace      time.Duration // the operator's --expiry-grace
 }
 
@@ -117,9 +118,19 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 	var held atomic.Int64
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	// At a steady rate, as the seed mix offers writes: a burst of
+	// acquisitions as fast as the apiserver answers starves everything else
+	// on a small machine, the operator's leader election included.
+	tick := time.NewTicker(time.Duration(float64(time.Second) / cfg.holdRate))
+	defer tick.Stop()
 	for range cfg.workers {
 		wg.Go(func() {
 			for held.Load() < int64(cfg.held) && holdCtx.Err() == nil && c.operatorAlive() == nil {
+				select {
+				case <-tick.C:
+				case <-holdCtx.Done():
+					return
+				}
 				idx, ok := free.take()
 				if !ok {
 					return
@@ -546,10 +557,10 @@ func (s *scaleResult) markdown() string {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	cfg := s.Cfg
 	p("\n## The operator at %d locks\n\n", cfg.locks)
-	p("With the %d lock objects of the run in the operator's cache: %d of them acquired (%d in %s, %.0f/s; errors: %s) and held with a %s lease that pkg/lock renews every %s. "+
+	p("With the %d lock objects of the run in the operator's cache: %d of them acquired (at most %.0f/s: %d in %s, %.0f/s; errors: %s) and held with a %s lease that pkg/lock renews every %s. "+
 		"Memory from `/proc/<pid>/status` (VmRSS; VmHWM is the peak since the process started) and the operator's `go_memstats_*`. "+
 		"Then the operator is restarted (SIGTERM, the same binary and flags): the new leader lists every lock at once and reconciles each.\n\n",
-		cfg.locks, cfg.held, s.Held, s.HoldTime.Round(time.Second), float64(s.Held)/max(s.HoldTime.Seconds(), 1e-9), kindsString(s.HoldErrs), cfg.holdLease, cfg.holdLease/3)
+		cfg.locks, cfg.held, cfg.holdRate, s.Held, s.HoldTime.Round(time.Second), float64(s.Held)/max(s.HoldTime.Seconds(), 1e-9), kindsString(s.HoldErrs), cfg.holdLease, cfg.holdLease/3)
 	p("| moment | RSS | peak RSS (VmHWM) | Go heap in use | live heap after GC | heap objects |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, pt := range s.Points {
 		p("| %s | %s | %s | %s | %s | %.0f |\n", pt.Label, mib(pt.RSS), mib(pt.Peak), mib(int64(pt.HeapInuse)), mib(pt.Live), pt.Objects)
