@@ -17,7 +17,9 @@ import (
 
 	"github.com/google/pprof/profile"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"k8s.io/apimachinery/pkg/labels"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
@@ -73,6 +75,7 @@ type lapseRound struct {
 	Lat      []time.Duration
 	Dist     dist
 	Missed   int // not seen expired within the round's deadline
+	Events   int // lock events the informer delivered during the round
 	Errors   int
 	ErrKinds map[string]int
 }
@@ -416,44 +419,58 @@ func (c *cluster) mgrPid() int {
 	return c.mgr.Pid()
 }
 
-// lapseWatch sees the controller's expiry writes on the lapsing locks.
+// lapseWatch sees the controller's expiry writes on the lapsing locks,
+// through an informer (which lists and watches again whenever its watch ends).
 type lapseWatch struct {
 	mu      sync.Mutex
-	expired map[string]time.Time // leaseID → when the watch saw it expired
+	expired map[string]time.Time // leaseID → when the informer saw it expired
+	events  int
 	seen    chan struct{}
 	stop    func()
 }
 
 func watchLapses(ctx context.Context, c *cluster) (*lapseWatch, error) {
-	wc, err := client.NewWithWatch(c.admin, client.Options{Scheme: c.env.Scheme})
+	wctx, cancel := context.WithCancel(ctx)
+	ic, err := cache.New(c.admin, cache.Options{Scheme: c.env.Scheme, DefaultNamespaces: map[string]cache.Config{lockNS: {}},
+		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{scaleLabel: "true"})})
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	w, err := wc.Watch(ctx, &locksv1alpha1.DistributedLockList{}, client.InNamespace(lockNS), client.MatchingLabels{scaleLabel: "true"})
+	inf, err := ic.GetInformer(wctx, &locksv1alpha1.DistributedLock{})
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	lw := &lapseWatch{expired: map[string]time.Time{}, seen: make(chan struct{}, 1), stop: w.Stop}
-	go func() {
-		for ev := range w.ResultChan() {
-			l, ok := ev.Object.(*locksv1alpha1.DistributedLock)
-			if !ok {
-				continue
-			}
-			now := time.Now()
-			lw.mu.Lock()
-			for _, f := range l.Status.RecentAcquisitions {
-				if _, dup := lw.expired[f.LeaseID]; f.EndReason == locksv1alpha1.EndReasonExpired && !dup {
-					lw.expired[f.LeaseID] = now
-				}
-			}
-			lw.mu.Unlock()
-			select {
-			case lw.seen <- struct{}{}:
-			default:
+	lw := &lapseWatch{expired: map[string]time.Time{}, seen: make(chan struct{}, 1), stop: cancel}
+	see := func(obj any) {
+		l, ok := obj.(*locksv1alpha1.DistributedLock)
+		if !ok {
+			return
+		}
+		now := time.Now()
+		lw.mu.Lock()
+		lw.events++
+		for _, f := range l.Status.RecentAcquisitions {
+			if _, dup := lw.expired[f.LeaseID]; f.EndReason == locksv1alpha1.EndReasonExpired && !dup {
+				lw.expired[f.LeaseID] = now
 			}
 		}
-	}()
+		lw.mu.Unlock()
+		select {
+		case lw.seen <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, n any) { see(n) }}); err != nil {
+		cancel()
+		return nil, err
+	}
+	go func() { _ = ic.Start(wctx) }()
+	if !ic.WaitForCacheSync(wctx) {
+		cancel()
+		return nil, errors.New("the lapsing locks' informer did not sync")
+	}
 	return lw, nil
 }
 
@@ -467,8 +484,16 @@ func (lw *lapseWatch) expiredAt(leaseID string) (time.Time, bool) {
 // runLapses acquires cfg.lapses labeled locks, spread over cfg.lapseOver,
 // with a lease of cfg.lapseLease that nobody renews, and measures from each
 // lease's end to the watch seeing it expired.
-func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig, label string) lapseRound {
-	r := lapseRound{Label: label, ErrKinds: map[string]int{}}
+func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig, label string) (r lapseRound) {
+	r = lapseRound{Label: label, ErrKinds: map[string]int{}}
+	lw.mu.Lock()
+	events0 := lw.events
+	lw.mu.Unlock()
+	defer func() {
+		lw.mu.Lock()
+		r.Events = lw.events - events0
+		lw.mu.Unlock()
+	}()
 	cl, err := lock.New(c.user, lock.WithNamespace(lockNS), lock.WithIdentity("scale-lapse"), lock.WithoutAutoRenew())
 	if err != nil {
 		r.Errors++
@@ -547,8 +572,8 @@ func logPoint(logf func(string, ...any), p memPoint) {
 }
 
 func logRound(logf func(string, ...any), r lapseRound) {
-	logf("  scale: expiry lateness (%s): %d expired, p50 %v p99 %v max %v, missed %d, errors %d%s", r.Label, r.Dist.N,
-		r.Dist.P50.Round(time.Millisecond), r.Dist.P99.Round(time.Millisecond), r.Dist.Max.Round(time.Millisecond), r.Missed, r.Errors, firstKind(r.ErrKinds))
+	logf("  scale: expiry lateness (%s): %d expired, p50 %v p99 %v max %v, missed %d, errors %d%s (%d lock events seen)", r.Label, r.Dist.N,
+		r.Dist.P50.Round(time.Millisecond), r.Dist.P99.Round(time.Millisecond), r.Dist.Max.Round(time.Millisecond), r.Missed, r.Errors, firstKind(r.ErrKinds), r.Events)
 }
 
 // markdown is the workload's section of the report.
