@@ -157,6 +157,13 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 		return nil, err
 	}
 	r.reader = c
+	if r.ctrlOpts.CacheSyncTimeout == 0 {
+		// controller-runtime's 2 minutes: a new leader listing a few hundred
+		// thousand locks from a busy apiserver takes longer (100,000 took 30 s
+		// on a loaded 2-core machine), and a controller that gives up stops
+		// the manager.
+		r.ctrlOpts.CacheSyncTimeout = 10 * time.Minute
+	}
 	if err := mgr.Add(&leaderReporter{obs: &r.obs, sessions: &r.sessions, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return nil, err
 	}

@@ -71,9 +71,15 @@ type memPoint struct {
 // lapseRound is the lateness of expiries: from each lapsing lease's end to
 // the benchmark's watch seeing the controller's write that ended it.
 type lapseRound struct {
-	Label    string
-	Lat      []time.Duration
-	Dist     dist
+	Label string
+	Lat   []time.Duration
+	Dist  dist
+	// Decided: from each lease's end to the endTime the controller wrote
+	// (its clock when it decided; the same host's wall clock as the client's).
+	Decided dist
+	// Acquire: how long each lapsing holding's acquiring write took; the
+	// controller can only start timing once it committed.
+	Acquire  dist
 	Missed   int // not seen expired within the round's deadline
 	Events   int // lock events the informer delivered during the round
 	Errors   int
@@ -424,6 +430,7 @@ func (c *cluster) mgrPid() int {
 type lapseWatch struct {
 	mu      sync.Mutex
 	expired map[string]time.Time // leaseID → when the informer saw it expired
+	ended   map[string]time.Time // leaseID → the controller's endTime for it
 	events  int
 	seen    chan struct{}
 	stop    func()
@@ -442,7 +449,7 @@ func watchLapses(ctx context.Context, c *cluster) (*lapseWatch, error) {
 		cancel()
 		return nil, err
 	}
-	lw := &lapseWatch{expired: map[string]time.Time{}, seen: make(chan struct{}, 1), stop: cancel}
+	lw := &lapseWatch{expired: map[string]time.Time{}, ended: map[string]time.Time{}, seen: make(chan struct{}, 1), stop: cancel}
 	see := func(obj any) {
 		l, ok := obj.(*locksv1alpha1.DistributedLock)
 		if !ok {
@@ -453,7 +460,7 @@ func watchLapses(ctx context.Context, c *cluster) (*lapseWatch, error) {
 		lw.events++
 		for _, f := range l.Status.RecentAcquisitions {
 			if _, dup := lw.expired[f.LeaseID]; f.EndReason == locksv1alpha1.EndReasonExpired && !dup {
-				lw.expired[f.LeaseID] = now
+				lw.expired[f.LeaseID], lw.ended[f.LeaseID] = now, f.EndTime.Time
 			}
 		}
 		lw.mu.Unlock()
@@ -474,11 +481,13 @@ func watchLapses(ctx context.Context, c *cluster) (*lapseWatch, error) {
 	return lw, nil
 }
 
-func (lw *lapseWatch) expiredAt(leaseID string) (time.Time, bool) {
+// expiredAt is when the informer saw the holding leaseID expired, and the
+// time the controller wrote as its end.
+func (lw *lapseWatch) expiredAt(leaseID string) (seen, ended time.Time, ok bool) {
 	lw.mu.Lock()
 	defer lw.mu.Unlock()
-	t, ok := lw.expired[leaseID]
-	return t, ok
+	seen, ok = lw.expired[leaseID]
+	return seen, lw.ended[leaseID], ok
 }
 
 // runLapses acquires cfg.lapses labeled locks, spread over cfg.lapseOver,
@@ -503,6 +512,7 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 	type lapse struct {
 		leaseID string
 		end     time.Time
+		acquire time.Duration
 	}
 	var mu sync.Mutex
 	var lapses []lapse
@@ -518,14 +528,16 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 				if ignoreExists(err) != nil {
 					return err
 				}
+				sent := time.Now()
 				l, err := cl.TryAcquire(ctx, key, lock.LeaseDuration(cfg.lapseLease))
 				if err != nil {
 					return err
 				}
+				took := time.Since(sent)
 				// ExpiresAt is the acquiring write's send time plus the lease
 				// minus the client's safety margin.
 				mu.Lock()
-				lapses = append(lapses, lapse{l.LeaseID(), l.ExpiresAt().Add(max(cfg.lapseLease/10, 100*time.Millisecond))})
+				lapses = append(lapses, lapse{l.LeaseID(), l.ExpiresAt().Add(max(cfg.lapseLease/10, 100*time.Millisecond)), took})
 				mu.Unlock()
 				return nil
 			}()
@@ -542,7 +554,7 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 	for {
 		pending := 0
 		for _, l := range lapses {
-			if _, ok := lw.expiredAt(l.leaseID); !ok {
+			if _, _, ok := lw.expiredAt(l.leaseID); !ok {
 				pending++
 			}
 		}
@@ -555,12 +567,15 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 		case <-time.After(time.Second):
 		}
 	}
+	var decided, acquired []time.Duration
 	for _, l := range lapses {
-		if t, ok := lw.expiredAt(l.leaseID); ok {
-			r.Lat = append(r.Lat, t.Sub(l.end))
+		acquired = append(acquired, l.acquire)
+		if seen, ended, ok := lw.expiredAt(l.leaseID); ok {
+			r.Lat = append(r.Lat, seen.Sub(l.end))
+			decided = append(decided, ended.Sub(l.end))
 		}
 	}
-	r.Dist = summarize(r.Lat)
+	r.Dist, r.Decided, r.Acquire = summarize(r.Lat), summarize(decided), summarize(acquired)
 	return r
 }
 
@@ -572,8 +587,10 @@ func logPoint(logf func(string, ...any), p memPoint) {
 }
 
 func logRound(logf func(string, ...any), r lapseRound) {
-	logf("  scale: expiry lateness (%s): %d expired, p50 %v p99 %v max %v, missed %d, errors %d%s (%d lock events seen)", r.Label, r.Dist.N,
-		r.Dist.P50.Round(time.Millisecond), r.Dist.P99.Round(time.Millisecond), r.Dist.Max.Round(time.Millisecond), r.Missed, r.Errors, firstKind(r.ErrKinds), r.Events)
+	logf("  scale: expiry lateness (%s): %d expired, seen p50 %v p99 %v max %v, decided p50 %v p99 %v max %v, missed %d, errors %d%s (%d lock events seen)", r.Label, r.Dist.N,
+		r.Dist.P50.Round(time.Millisecond), r.Dist.P99.Round(time.Millisecond), r.Dist.Max.Round(time.Millisecond),
+		r.Decided.P50.Round(time.Millisecond), r.Decided.P99.Round(time.Millisecond), r.Decided.Max.Round(time.Millisecond), r.Missed, r.Errors, firstKind(r.ErrKinds), r.Events)
+	logf("  scale: the lapsing holdings' acquiring writes took p50 %v p99 %v max %v", r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Acquire.Max.Round(time.Millisecond))
 }
 
 // markdown is the workload's section of the report.
@@ -604,9 +621,12 @@ func (s *scaleResult) markdown() string {
 	p("\n**Expiry at %d locks.** In each round %d locks are acquired over %s with a %s lease that nobody renews; lateness is from each lease's end (the client's `ExpiresAt()` plus its safety margin) to a watch of those locks seeing the controller's write that expired it. "+
 		"The controller waits the lease plus `--expiry-grace` (%s) after the last renewal it observed, so the target, expiry within lease + grace + %s, is lateness ≤ %s.\n\n",
 		cfg.locks, cfg.lapses, cfg.lapseOver, cfg.lapseLease, cfg.grace, lapseSlackTarget, cfg.grace+lapseSlackTarget)
-	p("| round | expired | p50 | p95 | p99 | max | missed | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("\"decided\": to the `endTime` the controller wrote, its clock when it decided (the same host's wall clock as the client's), so the difference from \"seen\" is the status write and the watch back.\n\n")
+	p("\"acquire\": how long the lapsing holding's acquiring write took; the lease ends at its send plus the lease, but the controller can only see it once committed.\n\n")
+	p("| round | expired | seen p50 | p95 | p99 | max | decided p50 | p99 | max | acquire p50 | p99 | missed | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range s.Rounds {
-		p("| %s | %d | %s | %s | %s | %s | %d | %d%s |\n", r.Label, r.Dist.N, ms(r.Dist.P50), ms(r.Dist.P95), ms(r.Dist.P99), ms(r.Dist.Max), r.Missed, r.Errors, firstKind(r.ErrKinds))
+		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d%s |\n", r.Label, r.Dist.N, ms(r.Dist.P50), ms(r.Dist.P95), ms(r.Dist.P99), ms(r.Dist.Max),
+			ms(r.Decided.P50), ms(r.Decided.P99), ms(r.Decided.Max), ms(r.Acquire.P50), ms(r.Acquire.P99), r.Missed, r.Errors, firstKind(r.ErrKinds))
 	}
 	p("\n| target | figure | met |\n|---|---|---|\n")
 	var peak int64
