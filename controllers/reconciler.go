@@ -43,9 +43,9 @@ const (
 )
 
 // deadlinePriority is the work-queue priority of a lock whose deadline (a
-// lease's end, a waiter's or a hand-off's) came: ahead of the work a watch
-// event or the initial list adds (priority 0, and lower for the initial
-// list), so that 100,000 new or relisted locks never delay an expiry.
+// lease's end, a waiter's or a hand-off's) came, and of every event about a
+// lock with a holding or a waiter (enqueueLocks): ahead of idle locks'
+// bookkeeping and of a new controller's initial list.
 const deadlinePriority = 10
 
 // atDeadline comes back after d (never when 0) ahead of other work.

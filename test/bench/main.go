@@ -20,10 +20,13 @@
 //  2. uncontended acquire + release at a fixed rate;
 //  3. contended hand-off: K clients on one lock;
 //  4. expiry: a holder dies without releasing; time from its lease's end to
-//     the next holder.
+//     the next holder;
+//  5. scale (runs last): the operator's memory with all N locks cached, none
+//     and 20,000 of them held and after a restart that relists them, and how
+//     late leases lapsing meanwhile are expired.
 //
 // The results go to stdout and to docs/benchmarks.md with PNG plots beside it.
-// Run it with `make bench` (default, < 15 min on 2 cores) or `make bench-quick`.
+// Run it with `make bench` (default, < 20 min on 2 cores) or `make bench-quick`.
 package main
 
 import (

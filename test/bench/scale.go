@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,11 +81,14 @@ type lapseRound struct {
 	Decided dist
 	// Acquire: how long each lapsing holding's acquiring write took; the
 	// controller can only start timing once it committed.
-	Acquire  dist
-	Missed   int // not seen expired within the round's deadline
-	Events   int // lock events the informer delivered during the round
-	Errors   int
-	ErrKinds map[string]int
+	Acquire dist
+	Missed  int // not seen expired within the round's deadline
+	Events  int // lock events the informer delivered during the round
+	// QueueP50, QueueP99: how long locks waited in the controller's work
+	// queue during the round (bucket upper bounds; -1: beyond the last).
+	QueueP50, QueueP99 time.Duration
+	Errors             int
+	ErrKinds           map[string]int
 }
 
 type scaleResult struct {
@@ -235,6 +240,46 @@ func (c *cluster) lockQueue(ctx context.Context) (adds, depth float64, err error
 		}
 	})
 	return adds, depth, nil
+}
+
+// queueWait is the lock controller's histogram of how long locks waited in
+// its work queue (workqueue_queue_duration_seconds): upper bound → count.
+func (c *cluster) queueWait(ctx context.Context) map[float64]float64 {
+	h := map[float64]float64{}
+	body, err := httpGet(ctx, c.mgrMetrics)
+	if err != nil {
+		return h
+	}
+	sumMetric(body, "workqueue_queue_duration_seconds_bucket", func(l map[string]string, v float64) {
+		if l["name"] != controllers.ControllerName {
+			return
+		}
+		le, err := strconv.ParseFloat(l["le"], 64)
+		if err != nil {
+			le = math.Inf(1)
+		}
+		h[le] += v
+	})
+	return h
+}
+
+// waitQuantile is the upper bound of the bucket holding quantile q of the
+// waits counted between two readings of queueWait.
+func waitQuantile(before, after map[float64]float64, q float64) time.Duration {
+	les := slices.Sorted(maps.Keys(after))
+	if len(les) == 0 {
+		return 0
+	}
+	total := after[les[len(les)-1]] - before[les[len(les)-1]]
+	for _, le := range les {
+		if after[le]-before[le] >= q*total {
+			if math.IsInf(le, 1) {
+				return -1
+			}
+			return time.Duration(le * float64(time.Second))
+		}
+	}
+	return -1
 }
 
 // waitListed waits until the lock controller (of this operator process) has
@@ -495,6 +540,11 @@ func (lw *lapseWatch) expiredAt(leaseID string) (seen, ended time.Time, ok bool)
 // lease's end to the watch seeing it expired.
 func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig, label string) (r lapseRound) {
 	r = lapseRound{Label: label, ErrKinds: map[string]int{}}
+	wait0 := c.queueWait(ctx)
+	defer func() {
+		wait1 := c.queueWait(ctx)
+		r.QueueP50, r.QueueP99 = waitQuantile(wait0, wait1, 0.5), waitQuantile(wait0, wait1, 0.99)
+	}()
 	lw.mu.Lock()
 	events0 := lw.events
 	lw.mu.Unlock()
@@ -590,7 +640,8 @@ func logRound(logf func(string, ...any), r lapseRound) {
 	logf("  scale: expiry lateness (%s): %d expired, seen p50 %v p99 %v max %v, decided p50 %v p99 %v max %v, missed %d, errors %d%s (%d lock events seen)", r.Label, r.Dist.N,
 		r.Dist.P50.Round(time.Millisecond), r.Dist.P99.Round(time.Millisecond), r.Dist.Max.Round(time.Millisecond),
 		r.Decided.P50.Round(time.Millisecond), r.Decided.P99.Round(time.Millisecond), r.Decided.Max.Round(time.Millisecond), r.Missed, r.Errors, firstKind(r.ErrKinds), r.Events)
-	logf("  scale: the lapsing holdings' acquiring writes took p50 %v p99 %v max %v", r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Acquire.Max.Round(time.Millisecond))
+	logf("  scale: the lapsing holdings' acquiring writes took p50 %v p99 %v max %v; locks waited in the controller's queue p50 ≤ %v, p99 ≤ %v",
+		r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Acquire.Max.Round(time.Millisecond), r.QueueP50, r.QueueP99)
 }
 
 // markdown is the workload's section of the report.
@@ -623,10 +674,11 @@ func (s *scaleResult) markdown() string {
 		cfg.locks, cfg.lapses, cfg.lapseOver, cfg.lapseLease, cfg.grace, lapseSlackTarget, cfg.grace+lapseSlackTarget)
 	p("\"decided\": to the `endTime` the controller wrote, its clock when it decided (the same host's wall clock as the client's), so the difference from \"seen\" is the status write and the watch back.\n\n")
 	p("\"acquire\": how long the lapsing holding's acquiring write took; the lease ends at its send plus the lease, but the controller can only see it once committed.\n\n")
-	p("| round | expired | seen p50 | p95 | p99 | max | decided p50 | p99 | max | acquire p50 | p99 | missed | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("\"queue\": how long locks (all of them, not only these) waited in the controller's work queue during the round, `workqueue_queue_duration_seconds` (bucket upper bounds).\n\n")
+	p("| round | expired | seen p50 | p95 | p99 | max | decided p50 | p99 | max | acquire p50 | p99 | queue p50 | p99 | missed | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range s.Rounds {
-		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d%s |\n", r.Label, r.Dist.N, ms(r.Dist.P50), ms(r.Dist.P95), ms(r.Dist.P99), ms(r.Dist.Max),
-			ms(r.Decided.P50), ms(r.Decided.P99), ms(r.Decided.Max), ms(r.Acquire.P50), ms(r.Acquire.P99), r.Missed, r.Errors, firstKind(r.ErrKinds))
+		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d%s |\n", r.Label, r.Dist.N, ms(r.Dist.P50), ms(r.Dist.P95), ms(r.Dist.P99), ms(r.Dist.Max),
+			ms(r.Decided.P50), ms(r.Decided.P99), ms(r.Decided.Max), ms(r.Acquire.P50), ms(r.Acquire.P99), bucketMS(r.QueueP50), bucketMS(r.QueueP99), r.Missed, r.Errors, firstKind(r.ErrKinds))
 	}
 	p("\n| target | figure | met |\n|---|---|---|\n")
 	var peak int64
@@ -643,6 +695,14 @@ func (s *scaleResult) markdown() string {
 		p("\nThe workload stopped early: %s\n", s.Err)
 	}
 	return b.String()
+}
+
+// bucketMS is a histogram bucket's upper bound in milliseconds.
+func bucketMS(d time.Duration) string {
+	if d < 0 {
+		return "beyond the last bucket"
+	}
+	return "≤ " + ms(d)
 }
 
 func yesNo(ok bool) string {
