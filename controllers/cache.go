@@ -73,22 +73,19 @@ func (c *cachedLock) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// DeepCopy copies the lock with what the cache knows of it.
-func (c *cachedLock) DeepCopy() *cachedLock {
+func (c *cachedLock) DeepCopyObject() runtime.Object {
 	out := &cachedLock{undecodable: c.undecodable, received: c.received}
-	c.DeepCopyInto(&out.DistributedLock)
+	c.DistributedLock.DeepCopyInto(&out.DistributedLock)
 	return out
 }
 
-func (c *cachedLock) DeepCopyObject() runtime.Object { return c.DeepCopy() }
-
 func (l *cachedLockList) DeepCopyObject() runtime.Object {
 	out := &cachedLockList{TypeMeta: l.TypeMeta}
-	l.DeepCopyInto(&out.ListMeta)
+	l.ListMeta.DeepCopyInto(&out.ListMeta)
 	if l.Items != nil {
 		out.Items = make([]cachedLock, len(l.Items))
 		for i := range l.Items {
-			out.Items[i] = *l.Items[i].DeepCopy()
+			out.Items[i] = *l.Items[i].DeepCopyObject().(*cachedLock) //nolint:forcetypeassert // DeepCopyObject above
 		}
 	}
 	return out

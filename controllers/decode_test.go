@@ -69,8 +69,8 @@ func TestCacheDecodesEachLockOnItsOwn(t *testing.T) {
 	if bad.undecodable == "" || bad.Name != "bad" || bad.ResourceVersion != "7" || bad.UID != "uid-bad" || bad.Labels["a"] != "b" || bad.Status.FencingToken != 0 {
 		t.Errorf("the malformed lock: got %+v (error %q), want its metadata only and the error", bad.DistributedLock, bad.undecodable)
 	}
-	if got := bad.DeepCopy(); got.undecodable != bad.undecodable {
-		t.Errorf("DeepCopy lost the decoding error")
+	if got := bad.DeepCopyObject().(*cachedLock); got.undecodable != bad.undecodable {
+		t.Errorf("DeepCopyObject lost the decoding error")
 	}
 
 	one, _, err := codec.Decode([]byte(lockJSON("bad", "8", "2026-01-01t00:00:00.000000Z")), nil, nil)
@@ -120,7 +120,7 @@ func (c cacheOf) Get(_ context.Context, key client.ObjectKey, obj client.Object,
 	}
 	for _, l := range c {
 		if client.ObjectKeyFromObject(l) == key {
-			*out = *l.DeepCopy()
+			*out = *l.DeepCopyObject().(*cachedLock)
 			return nil
 		}
 	}
