@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 
 	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
@@ -34,6 +35,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // Schema is one CRD version's schema work, built as the apiserver builds it
@@ -47,7 +49,7 @@ type Schema struct {
 
 // Load reads a CustomResourceDefinition of DistributedLocks from path.
 func Load(path string) (*Schema, error) {
-	crd, err := readCRD(path)
+	crd, err := ReadCRD(path)
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +65,13 @@ func Load(path string) (*Schema, error) {
 	return &Schema{structural: structural, status: status, cel: cel.NewValidator(structural, true, celconfig.PerCallLimit)}, nil
 }
 
-func readCRD(path string) (*apiextensionsv1.CustomResourceDefinition, error) {
+// GeneratedCRD is the path of the CRD `make manifests` generates.
+func GeneratedCRD() string {
+	return filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "locks.kubelock.io_distributedlocks.yaml")
+}
+
+// ReadCRD reads a CustomResourceDefinition of one version with a schema.
+func ReadCRD(path string) (*apiextensionsv1.CustomResourceDefinition, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -192,7 +200,7 @@ type Rule struct {
 
 // Rules lists the CEL rules of the CRD in path, with their cost estimates.
 func Rules(path string) ([]Rule, error) {
-	crd, err := readCRD(path)
+	crd, err := ReadCRD(path)
 	if err != nil {
 		return nil, err
 	}

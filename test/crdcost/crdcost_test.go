@@ -28,10 +28,6 @@ import (
 //	KUBELOCK_BASELINE_CRD=/tmp/baseline.yaml go test -v -run TestSchemaWorkPerWrite ./test/crdcost/
 const baselineEnv = "KUBELOCK_BASELINE_CRD"
 
-func crdPath() string {
-	return filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "locks.kubelock.io_distributedlocks.yaml")
-}
-
 // kept is every CEL rule the CRD may have: what must hold with admission off
 // (docs/design.md, "The CRD's rules"). A transition rule that admission
 // checks anyway does not belong here.
@@ -57,7 +53,7 @@ var kept = []Rule{
 // CRD's CEL and admission: the generated CRD has exactly the kept rules, no
 // rule runs per list item with oldSelf, and docs/design.md lists each.
 func TestCRDKeepsOnlyWhatMustHoldWithAdmissionOff(t *testing.T) {
-	rules, err := Rules(crdPath())
+	rules, err := Rules(GeneratedCRD())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +190,7 @@ type crd struct {
 }
 
 func loadCRDs(t *testing.T) []crd {
-	s, err := Load(crdPath())
+	s, err := Load(GeneratedCRD())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,9 +29,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/test/crdcost"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -95,7 +95,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	gen, err := readVersions(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "locks.kubelock.io_distributedlocks.yaml"))
+	gen, err := readVersions(crdcost.GeneratedCRD())
 	if err != nil {
 		return err
 	}
@@ -166,13 +166,9 @@ func run(ctx context.Context, o options) error {
 }
 
 func readVersions(path string) ([]apiextensionsv1.CustomResourceDefinitionVersion, error) {
-	b, err := os.ReadFile(path)
+	crd, err := crdcost.ReadCRD(path)
 	if err != nil {
 		return nil, err
-	}
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := yaml.UnmarshalStrict(b, crd); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if crd.Name != crdName {
 		return nil, fmt.Errorf("%s: not the CRD %s", path, crdName)
