@@ -124,7 +124,10 @@ func asJSONObject(l *locksv1alpha1.DistributedLock) (map[string]any, error) {
 		return nil, err
 	}
 	m := map[string]any{}
-	return m, utiljson.Unmarshal(b, &m)
+	if err := utiljson.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // StatusUpdate does the schema work of w that the apiserver does for a
