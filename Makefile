@@ -253,3 +253,11 @@ bench: control-plane ## Benchmark kubelock against raw Leases, leader election, 
 bench-quick: control-plane ## The benchmark's smoke-test preset (< 3 min); figures reported, nothing asserted.
 	hack/install-redis.sh
 	go -C $(BENCH_DIR) run . --quick $(BENCH_FLAGS)
+
+# CBOR is alpha in kube-apiserver 1.37 (CBORServingAndStorage, off by default),
+# so kubelock's clients speak JSON and make bench measures JSON; this target runs
+# JSON and CBOR clients side by side on an apiserver with the gate on.
+.PHONY: bench-encoding
+bench-encoding: control-plane ## Compare pkg/lock over JSON and over CBOR in one run (quick preset, webhook and raw Lease); writes /tmp/kubelock-bench-encoding/report.md.
+	hack/install-redis.sh
+	go -C $(BENCH_DIR) run . --quick --encoding json,cbor --systems webhook,lease --workloads 1,2,5 --out /tmp/kubelock-bench-encoding/report.md $(BENCH_FLAGS)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -83,17 +84,32 @@ type cluster struct {
 	logf        func(string, ...any)
 	metaVap     *admissionregistrationv1.ValidatingAdmissionPolicy // the main resource's policy (create, delete)
 	metaBinding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	// sessionVap is the LockSession policy ([kubelock:session]), the
+	// policy engine's counterpart of the webhook's vlocksession.
+	sessionVap     *admissionregistrationv1.ValidatingAdmissionPolicy
+	sessionBinding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
-func startCluster(ctx context.Context, dir string, logf func(string, ...any)) (c *cluster, err error) {
+// cborGate is the apiserver's CBOR feature gate (KEP-4222; alpha in 1.37,
+// off by default): CBOR request and response bodies for every resource, and
+// CBOR as the storage encoding of custom resources.
+const cborGate = "CBORServingAndStorage"
+
+// startCluster starts the control plane (with cborGate on when cbor is
+// set), the operator and redis.
+func startCluster(ctx context.Context, dir string, logf func(string, ...any), cbor bool) (c *cluster, err error) {
 	c = &cluster{dir: dir, logf: logf}
 	defer func() {
 		if err != nil {
 			c.stop()
 		}
 	}()
-	logf("control plane: etcd + kube-apiserver from %s", testenv.AssetsDir())
-	if c.env, err = testenv.Start(); err != nil {
+	var opts []testenv.Option
+	if cbor {
+		opts = append(opts, testenv.WithAPIServerArgs("feature-gates", cborGate+"=true"))
+	}
+	logf("control plane: etcd + kube-apiserver from %s (feature gates: %s)", testenv.AssetsDir(), map[bool]string{true: cborGate + "=true", false: "defaults"}[cbor])
+	if c.env, err = testenv.Start(opts...); err != nil {
 		return c, err
 	}
 	c.etcdURL = c.env.ControlPlane.Etcd.URL.String()
@@ -251,7 +267,24 @@ func (c *cluster) loadAdmission(caPEM []byte, port int) error {
 		return err
 	}
 	c.metaBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	return readYAML(filepath.Join(dir, "metadata_validating_admission_policy_binding.yaml"), c.metaBinding)
+	if err := readYAML(filepath.Join(dir, "metadata_validating_admission_policy_binding.yaml"), c.metaBinding); err != nil {
+		return err
+	}
+	c.sessionVap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := readYAML(filepath.Join(dir, "session_validating_admission_policy.yaml"), c.sessionVap); err != nil {
+		return err
+	}
+	if len(c.sessionVap.Spec.Variables) == 0 || c.sessionVap.Spec.Variables[0].Name != "controllerUser" {
+		return errors.New("config/policy: the session policy's first variable is not controllerUser")
+	}
+	c.sessionVap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
+	c.sessionBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	return readYAML(filepath.Join(dir, "session_validating_admission_policy_binding.yaml"), c.sessionBinding)
+}
+
+// policies are the policy engine's objects, each policy before its binding.
+func (c *cluster) policies() []client.Object {
+	return []client.Object{c.vap.DeepCopy(), c.vapBinding.DeepCopy(), c.metaVap.DeepCopy(), c.metaBinding.DeepCopy(), c.sessionVap.DeepCopy(), c.sessionBinding.DeepCopy()}
 }
 
 // activate installs exactly one admission engine (or none) and waits until
@@ -270,22 +303,19 @@ func (c *cluster) activate(ctx context.Context, e engine) error {
 		return err
 	}
 	if e == enginePolicy {
-		for _, o := range []client.Object{c.vap.DeepCopy(), c.vapBinding.DeepCopy(), c.metaVap.DeepCopy(), c.metaBinding.DeepCopy()} {
+		for _, o := range c.policies() {
 			if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 				return err
 			}
 		}
 	} else {
-		for _, o := range []client.Object{c.metaBinding.DeepCopy(), c.metaVap.DeepCopy()} {
+		// Bindings first, so no policy is left bound to nothing.
+		ps := c.policies()
+		slices.Reverse(ps)
+		for _, o := range ps {
 			if err := client.IgnoreNotFound(cl.Delete(ctx, o)); err != nil {
 				return err
 			}
-		}
-		if err := client.IgnoreNotFound(cl.Delete(ctx, c.vapBinding.DeepCopy())); err != nil {
-			return err
-		}
-		if err := client.IgnoreNotFound(cl.Delete(ctx, c.vap.DeepCopy())); err != nil {
-			return err
 		}
 	}
 	deadline := time.Now().Add(60 * time.Second)
@@ -462,6 +492,19 @@ func (c *cluster) apiserverWrites(ctx context.Context) (writeCounts, error) {
 		w[k] += v
 	})
 	return w, nil
+}
+
+// of sums the writes of the given resources, any verb and subresource.
+func (w writeCounts) of(resources ...string) float64 {
+	var t float64
+	for k, v := range w {
+		_, res, _ := strings.Cut(k, " ")
+		res, _, _ = strings.Cut(res, "/")
+		if slices.Contains(resources, res) {
+			t += v
+		}
+	}
+	return t
 }
 
 // since is the per-second rate of each key between two counts.

@@ -102,18 +102,19 @@ func (p pool) take() (int, bool) {
 // gives back 2,000 locks/s: one third each of acquisitions, renewals and
 // releases. A step offering R lock writes/s holds R/3 × lease/3 locks.
 type mixConfig struct {
-	lease        time.Duration
-	churnHold    time.Duration
-	warmup       time.Duration
-	measure      time.Duration
-	rates        []float64
-	objects      int // lock objects the pool holds
-	p99Limit     time.Duration
-	maxInFlight  int
-	holdOnly     bool   // measure a window of renewals only, first
-	profileStep  int    // index of the step to profile; -1 none
-	profileDir   string // where CPU profiles go
-	profilePrefx string
+	lease       time.Duration
+	churnHold   time.Duration
+	warmup      time.Duration
+	measure     time.Duration
+	rates       []float64 // the coarse steps, before bisection
+	absTol      float64   // bisection stops at a bracket this many writes/s wide...
+	relTol      float64   // ...or within ±relTol of its middle
+	maxSteps    int       // steps per system, coarse and bisection together
+	objects     int       // lock objects the pool holds
+	p99Limit    time.Duration
+	maxInFlight int
+	profileStep int    // index of the step to profile; -1 none
+	profileDir  string // where CPU profiles go
 }
 
 // stepResult is one rate step of the seed mix.
@@ -130,102 +131,178 @@ type stepResult struct {
 	// Apiserver writes/s (all resources) in the window, and by verb and resource.
 	APIWrites float64
 	APIByKind writeCounts
+	// APICPU is kube-apiserver's CPU seconds per second in the window.
+	APICPU    float64
 	Sustained bool
 	Profiles  []string
 }
 
+// apiCPUPerWrite is kube-apiserver's CPU milliseconds per lock write.
+func (s stepResult) apiCPUPerWrite() float64 {
+	if s.Achieved <= 0 {
+		return 0
+	}
+	return 1000 * s.APICPU / s.Achieved
+}
+
 type mixResult struct {
 	System string
-	Steps  []stepResult
-	// HoldOnly: held locks renewed at lease/3, no churn.
-	HoldOnly *stepResult
-	// Best is the index of the highest sustained step, -1 if none.
-	Best int
-	CPU  usage
-	Wall time.Duration
+	// Steps in the order they ran: the coarse steps up to the first one not
+	// sustained, then the bisection.
+	Steps   []stepResult
+	Bracket bracket
+	CPU     usage
+	Wall    time.Duration
+}
+
+// best is the highest sustained step, or the lowest step run when none was.
+func (m *mixResult) best() (stepResult, bool) {
+	if m == nil || len(m.Steps) == 0 {
+		return stepResult{}, false
+	}
+	lowest := m.Steps[0]
+	for _, s := range m.Steps {
+		if s.Sustained && s.Offered == m.Bracket.Sustained {
+			return s, true
+		}
+		if s.Offered < lowest.Offered {
+			lowest = s
+		}
+	}
+	return lowest, false
 }
 
 // heldLock is a lock of the held population with its renewal goroutine.
 type heldLock struct {
-	idx int
-	h   holding
+	idx  int
+	h    holding
+	stop chan struct{}
+	done chan struct{}
 }
 
-// runSeedMix runs the rate steps against sys until one is not sustained.
+// heldPopulation is the seed mix's held locks, each renewed every lease/3 on
+// its own schedule; the population grows and shrinks with the offered rate.
+type heldPopulation struct {
+	sys        locker
+	free       pool
+	renewEvery time.Duration
+	cur        *atomic.Pointer[[3]*recorder] // renewals are recorded in [1]
+	locks      []*heldLock
+}
+
+// resize acquires or releases locks until n are held.
+func (p *heldPopulation) resize(ctx context.Context, n int) error {
+	if n < len(p.locks) {
+		drop := p.locks[n:]
+		p.locks = p.locks[:n]
+		parallel(drop, func(hl *heldLock) {
+			close(hl.stop)
+			<-hl.done
+			_ = hl.h.release(ctx)
+			p.free <- hl.idx
+		})
+		return nil
+	}
+	need := n - len(p.locks)
+	var mu sync.Mutex
+	var failed atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for next.Add(1) <= int64(need) {
+				idx, ok := p.free.take()
+				if !ok {
+					failed.Add(1)
+					return
+				}
+				h, err := p.sys.acquire(ctx, lockName(idx))
+				if err != nil {
+					p.free <- idx
+					failed.Add(1)
+					continue
+				}
+				hl := &heldLock{idx: idx, h: h, stop: make(chan struct{}), done: make(chan struct{})}
+				go p.renew(ctx, hl)
+				mu.Lock()
+				p.locks = append(p.locks, hl)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		return fmt.Errorf("%d of %d acquisitions for the held population failed", f, need)
+	}
+	return nil
+}
+
+// renew renews hl every renewEvery from a random phase until it is stopped,
+// recording each renewal against its scheduled time.
+func (p *heldPopulation) renew(ctx context.Context, hl *heldLock) {
+	defer close(hl.done)
+	next := time.Now().Add(time.Duration(rand.Int64N(int64(p.renewEvery))))
+	for {
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-hl.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		done := func(error) {}
+		if r := p.cur.Load(); r != nil {
+			done = r[1].begin(next)
+		}
+		done(hl.h.renew(ctx))
+		next = next.Add(p.renewEvery)
+	}
+}
+
+// parallel calls f for each item with 32 workers.
+func parallel[T any](items []T, f func(T)) {
+	ch := make(chan T)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for it := range ch {
+				f(it)
+			}
+		})
+	}
+	for _, it := range items {
+		ch <- it
+	}
+	close(ch)
+	wg.Wait()
+}
+
+// runSeedMix searches for sys's highest sustained rate: coarse steps up to
+// the first not sustained, then bisection (rateSearch).
 func runSeedMix(ctx context.Context, c *cluster, sys locker, name string, free pool, cfg mixConfig, pw *procWatch, logf func(string, ...any)) *mixResult {
-	res := &mixResult{System: name, Best: -1}
+	res := &mixResult{System: name}
 	start, cpu0 := time.Now(), pw.snap()
 	defer func() { res.Wall, res.CPU = time.Since(start), pw.snap().since(cpu0) }()
 
 	var cur atomic.Pointer[[3]*recorder] // acquire, renew, release of the current window
-	stop := make(chan struct{})
-	var renewers sync.WaitGroup
-	var held []heldLock
 	renewEvery := cfg.lease / 3
-
-	topUp := func(n int) error {
-		var mu sync.Mutex
-		var failed atomic.Int64
-		var wg sync.WaitGroup
-		need := n - len(held)
-		var next atomic.Int64
-		for range 32 {
-			wg.Go(func() {
-				for next.Add(1) <= int64(need) {
-					idx, ok := free.take()
-					if !ok {
-						failed.Add(1)
-						return
-					}
-					h, err := sys.acquire(ctx, lockName(idx))
-					if err != nil {
-						free <- idx
-						failed.Add(1)
-						continue
-					}
-					mu.Lock()
-					held = append(held, heldLock{idx: idx, h: h})
-					mu.Unlock()
-					renewers.Go(func() {
-						next := time.Now().Add(time.Duration(rand.Int64N(int64(renewEvery))))
-						for {
-							t := time.NewTimer(time.Until(next))
-							select {
-							case <-stop:
-								t.Stop()
-								return
-							case <-t.C:
-							}
-							err := h.renew(ctx)
-							if r := cur.Load(); r != nil {
-								r[1].record(next, err)
-							}
-							next = next.Add(renewEvery)
-						}
-					})
-				}
-			})
-		}
-		wg.Wait()
-		if f := failed.Load(); f > 0 {
-			return fmt.Errorf("%d of %d acquisitions for the held population failed", f, need)
-		}
-		return nil
-	}
+	held := &heldPopulation{sys: sys, free: free, renewEvery: renewEvery, cur: &cur}
 
 	window := func(rate float64, acquireRate float64, profile bool) stepResult {
-		sr := stepResult{Offered: rate, Held: len(held)}
+		sr := stepResult{Offered: rate, Held: len(held.locks)}
 		ws := time.Now().Add(cfg.warmup)
 		we := ws.Add(cfg.measure)
 		recs := &[3]*recorder{newRecorder(ws, we), newRecorder(ws, we), newRecorder(ws, we)}
 		cur.Store(recs)
 		var w0 writeCounts
+		var cpu0 usage
 		var profWG sync.WaitGroup
 		w0done := make(chan struct{})
 		go func() {
 			defer close(w0done)
 			time.Sleep(time.Until(ws))
 			w0, _ = c.apiserverWrites(ctx)
+			cpu0 = pw.snap()
 			if profile {
 				sr.Profiles = startProfiles(ctx, c, &profWG, cfg, name)
 			}
@@ -255,50 +332,36 @@ func runSeedMix(ctx context.Context, c *cluster, sys locker, name string, free p
 			time.Sleep(d)
 		}
 		w1, _ := c.apiserverWrites(ctx)
+		cpu1 := pw.snap()
 		<-w0done
 		releases.Wait()
 		// Renewals scheduled inside the window may still be running.
-		time.Sleep(min(2*time.Second, renewEvery))
+		recs[1].drain(min(5*time.Second, renewEvery))
 		profWG.Wait()
 		cur.Store(nil)
 		secs := cfg.measure.Seconds()
 		sr.APIByKind = w1.since(w0, secs)
 		sr.APIWrites = sr.APIByKind.total()
-		acq, acqErr, _ := recs[0].snapshot()
-		ren, renErr, _ := recs[1].snapshot()
-		rel, relErr, _ := recs[2].snapshot()
+		sr.APICPU = cpu1.since(cpu0)["kube-apiserver"] / secs
+		acq, _, _ := recs[0].snapshot()
+		ren, _, _ := recs[1].snapshot()
+		rel, _, _ := recs[2].snapshot()
 		sr.Acquire, sr.Renew, sr.Release = summarize(acq), summarize(ren), summarize(rel)
 		all, errs, kinds := merge(recs[0], recs[1], recs[2])
 		sr.All, sr.Errors, sr.ErrKinds = summarize(all), errs, kinds
-		_ = acqErr + renErr + relErr
 		sr.Achieved = float64(len(all)) / secs
 		sr.Sustained = sr.Errors == 0 && sr.All.P99 <= cfg.p99Limit && sr.Achieved >= 0.9*sr.Offered
 		return sr
 	}
 
-	defer func() {
-		close(stop)
-		renewers.Wait()
-		// Give the held population back.
-		var wg sync.WaitGroup
-		ch := make(chan heldLock)
-		for range 32 {
-			wg.Go(func() {
-				for hl := range ch {
-					_ = hl.h.release(ctx)
-					free <- hl.idx
-				}
-			})
-		}
-		for _, hl := range held {
-			ch <- hl
-		}
-		close(ch)
-		wg.Wait()
-	}()
+	// Give the held population back at the end.
+	defer func() { _ = held.resize(ctx, 0) }()
 
-	for i, rate := range cfg.rates {
-		if ctx.Err() != nil {
+	search := newRateSearch(cfg.rates, cfg.absTol, cfg.relTol, cfg.maxSteps)
+	defer func() { res.Bracket = search.result() }()
+	for i := 0; ctx.Err() == nil; i++ {
+		rate, ok := search.nextRate()
+		if !ok {
 			break
 		}
 		third := rate / 3
@@ -308,31 +371,28 @@ func runSeedMix(ctx context.Context, c *cluster, sys locker, name string, free p
 			break
 		}
 		t0 := time.Now()
-		err := topUp(want)
-		// Let the operator work off the burst of new holdings before measuring.
-		time.Sleep(min(time.Since(t0), 2*cfg.warmup))
+		err := held.resize(ctx, want)
+		// Let the operator work off the burst of new holdings (or a
+		// previous step's backlog) before measuring.
+		time.Sleep(min(time.Since(t0), cfg.warmup))
 		if err != nil {
 			logf("  %s: %v", name, err)
-			res.Steps = append(res.Steps, stepResult{Offered: rate, Held: len(held), Errors: 1, ErrKinds: map[string]int{err.Error(): 1}})
+			res.Steps = append(res.Steps, stepResult{Offered: rate, Held: len(held.locks), Errors: 1, ErrKinds: map[string]int{err.Error(): 1}})
 			break
-		}
-		if i == 0 && cfg.holdOnly {
-			h := window(float64(len(held))/renewEvery.Seconds(), 0, false)
-			res.HoldOnly = &h
-			logf("  %-16s hold only: %d held, %.0f renewals/s, apiserver writes/s %.1f (%.3f per held lock; %s), p99 %v",
-				name, h.Held, h.Achieved, h.APIWrites, h.APIWrites/float64(max(1, h.Held)), h.APIByKind, h.All.P99.Round(time.Millisecond))
 		}
 		sr := window(rate, third, i == cfg.profileStep)
 		res.Steps = append(res.Steps, sr)
-		logf("  %-16s step %d: offered %5.0f writes/s (%5d held) achieved %6.1f p50 %-8v p99 %-8v max %-8v errors %d apiserver writes/s %.0f%s",
-			name, i+1, rate, sr.Held, sr.Achieved, sr.All.P50.Round(time.Millisecond), sr.All.P99.Round(time.Millisecond),
-			sr.All.Max.Round(time.Millisecond), sr.Errors, sr.APIWrites, firstKind(sr.ErrKinds))
-		logf("  %-16s         apiserver writes/s by kind: %s", name, sr.APIByKind)
+		search.record(rate, sr.Sustained)
+		mark := "sustained"
 		if !sr.Sustained {
-			break
+			mark = "NOT sustained"
 		}
-		res.Best = i
+		logf("  %-16s step %d: offered %5.0f writes/s (%5d held) achieved %6.1f p50 %-8v p99 %-8v max %-8v errors %d apiserver writes/s %.0f, CPU %.0f%%: %s%s",
+			name, i+1, rate, sr.Held, sr.Achieved, sr.All.P50.Round(time.Millisecond), sr.All.P99.Round(time.Millisecond),
+			sr.All.Max.Round(time.Millisecond), sr.Errors, sr.APIWrites, 100*sr.APICPU, mark, firstKind(sr.ErrKinds))
+		logf("  %-16s         apiserver writes/s by kind: %s", name, sr.APIByKind)
 	}
+	logf("  %-16s seed mix: %s", name, search.result())
 	return res
 }
 
@@ -349,8 +409,8 @@ func startProfiles(ctx context.Context, c *cluster, wg *sync.WaitGroup, cfg mixC
 	if cfg.profileDir == "" {
 		return nil
 	}
-	api := filepath.Join(cfg.profileDir, cfg.profilePrefx+name+"-apiserver.pprof")
-	self := filepath.Join(cfg.profileDir, cfg.profilePrefx+name+"-client.pprof")
+	api := filepath.Join(cfg.profileDir, name+"-apiserver.pprof")
+	self := filepath.Join(cfg.profileDir, name+"-client.pprof")
 	d := cfg.measure
 	wg.Go(func() {
 		if err := c.apiserverProfile(ctx, d, api); err != nil {
