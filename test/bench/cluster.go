@@ -231,8 +231,9 @@ func (c *cluster) startManager(ctx context.Context) error {
 }
 
 // loadAdmission reads the webhook configuration from config/webhook (url
-// clientConfig to the operator's port, our CA) and the policy from config/policy
-// (the controller's user patched in).
+// clientConfig to the operator's port, our CA) and the three policies of
+// config/policy, lock status, metadata and sessions (the controller's user
+// patched in), as a cluster using either engine would load them.
 func (c *cluster) loadAdmission(caPEM []byte, port int) error {
 	root := testenv.RepoRoot()
 	c.webhookCfg = &admissionregistrationv1.ValidatingWebhookConfiguration{}
@@ -249,37 +250,37 @@ func (c *cluster) loadAdmission(caPEM []byte, port int) error {
 		url := fmt.Sprintf("https://127.0.0.1:%d%s", port, path)
 		w.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM}
 	}
-	dir := filepath.Join(root, "config", "policy")
-	c.vap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
-	if err := readYAML(filepath.Join(dir, "validating_admission_policy.yaml"), c.vap); err != nil {
+	var err error
+	if c.vap, c.vapBinding, err = readPolicy("validating_admission_policy.yaml", true); err != nil {
 		return err
 	}
-	c.vapBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	if err := readYAML(filepath.Join(dir, "validating_admission_policy_binding.yaml"), c.vapBinding); err != nil {
+	if c.metaVap, c.metaBinding, err = readPolicy("metadata_validating_admission_policy.yaml", false); err != nil {
 		return err
 	}
-	if len(c.vap.Spec.Variables) == 0 || c.vap.Spec.Variables[0].Name != "controllerUser" {
-		return errors.New("config/policy: the first variable is not controllerUser")
+	c.sessionVap, c.sessionBinding, err = readPolicy("session_validating_admission_policy.yaml", true)
+	return err
+}
+
+// readPolicy reads a policy of config/policy and its binding (the file
+// name with _binding), with the controller's user patched into its first
+// variable when it has that variable.
+func readPolicy(file string, hasControllerUser bool) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
+	dir := filepath.Join(testenv.RepoRoot(), "config", "policy")
+	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := readYAML(filepath.Join(dir, file), vap); err != nil {
+		return nil, nil, err
 	}
-	c.vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
-	c.metaVap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
-	if err := readYAML(filepath.Join(dir, "metadata_validating_admission_policy.yaml"), c.metaVap); err != nil {
-		return err
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := readYAML(filepath.Join(dir, strings.TrimSuffix(file, ".yaml")+"_binding.yaml"), binding); err != nil {
+		return nil, nil, err
 	}
-	c.metaBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	if err := readYAML(filepath.Join(dir, "metadata_validating_admission_policy_binding.yaml"), c.metaBinding); err != nil {
-		return err
+	if hasControllerUser {
+		if len(vap.Spec.Variables) == 0 || vap.Spec.Variables[0].Name != "controllerUser" {
+			return nil, nil, fmt.Errorf("config/policy/%s: the first variable is not controllerUser", file)
+		}
+		vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
 	}
-	c.sessionVap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
-	if err := readYAML(filepath.Join(dir, "session_validating_admission_policy.yaml"), c.sessionVap); err != nil {
-		return err
-	}
-	if len(c.sessionVap.Spec.Variables) == 0 || c.sessionVap.Spec.Variables[0].Name != "controllerUser" {
-		return errors.New("config/policy: the session policy's first variable is not controllerUser")
-	}
-	c.sessionVap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
-	c.sessionBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	return readYAML(filepath.Join(dir, "session_validating_admission_policy_binding.yaml"), c.sessionBinding)
+	return vap, binding, nil
 }
 
 // policies are the policy engine's objects, each policy before its binding.

@@ -39,6 +39,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -92,6 +93,8 @@ type options struct {
 	uncRate        float64
 	uncMeasure     time.Duration
 	uncRounds      int
+	pairedRate     float64
+	pairedRounds   int
 	handoffK       int
 	handoffHold    time.Duration
 	handoffMeasure time.Duration
@@ -118,10 +121,10 @@ func defaults(quick bool) options {
 		// Steps double, then bisection narrows the bracket; short steps keep
 		// the default run, 100,000 locks included, within 15 min on 2 cores.
 		locks: 100000, leaseObjects: 20000, rates: "150,300,600,1200,2400", rateScale: 1,
-		bisectAbs: 25, bisectRel: 0.05, maxSteps: 7,
-		stepWarmup: 2 * time.Second, stepMeasure: 8 * time.Second, p99Limit: 200 * time.Millisecond,
+		bisectAbs: 25, bisectRel: 0.05, maxSteps: 6,
+		stepWarmup: 2 * time.Second, stepMeasure: 6 * time.Second, p99Limit: 200 * time.Millisecond,
 		lease: 30 * time.Second, churnHold: 200 * time.Millisecond,
-		uncRate: 40, uncMeasure: 10 * time.Second, uncRounds: 4,
+		uncRate: 40, uncMeasure: 10 * time.Second, uncRounds: 4, pairedRounds: 2,
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
 		holdClients: 10, holdPerClient: 40, holdMeasure: 10 * time.Second, encoding: encJSON,
@@ -129,7 +132,7 @@ func defaults(quick bool) options {
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 	}
 	if quick {
-		o.locks, o.leaseObjects, o.rates, o.maxSteps, o.holdClients = 5000, 5000, "150,300,600", 6, 5
+		o.locks, o.leaseObjects, o.rates, o.holdClients = 5000, 5000, "150,300,600", 5
 		o.stepWarmup, o.stepMeasure = time.Second, 3*time.Second
 		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 2500*time.Millisecond, 4, 2500*time.Millisecond, 5*time.Second
 		o.expiryTrials, o.expiryLease = 2, time.Second
@@ -179,6 +182,8 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.DurationVar(&o.churnHold, "churn-hold", o.churnHold, "How long a churn acquisition holds its lock before releasing.")
 	fs.Float64Var(&o.uncRate, "uncontended-rate", o.uncRate, "Workload 2: acquire+release pairs/s (before --rate-scale).")
 	fs.DurationVar(&o.uncMeasure, "uncontended-measure", o.uncMeasure, "Workload 2: measured window.")
+	fs.Float64Var(&o.pairedRate, "paired-rate", o.pairedRate, "With two encodings: the seed-mix rate (before --rate-scale) both run in alternating windows after their own searches; 0: the lower of their highest sustained rates.")
+	fs.IntVar(&o.pairedRounds, "paired-rounds", o.pairedRounds, "With two encodings: rounds of the paired seed-mix step, each one window per encoding, in ABBA order.")
 	fs.IntVar(&o.uncRounds, "uncontended-rounds", o.uncRounds, "Workload 2 with two encodings: the window is split into this many rounds per encoding, alternating between them.")
 	fs.IntVar(&o.handoffK, "handoff-clients", o.handoffK, "Workload 3: K clients contending for one lock.")
 	fs.DurationVar(&o.handoffHold, "handoff-hold", o.handoffHold, "Workload 3: how long each holder keeps the lock.")
@@ -195,7 +200,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
 	fs.StringVar(&o.workDir, "work-dir", o.workDir, "Folder for logs, certificates and profiles (default: a new temporary folder).")
 	fs.BoolVar(&o.keep, "keep", o.keep, "Keep --work-dir (logs, profiles) after the run.")
-	fs.BoolVar(&o.profile, "profile", o.profile, "CPU-profile kube-apiserver and this client during one seed-mix step of the webhook engine.")
+	fs.BoolVar(&o.profile, "profile", o.profile, "CPU-profile kube-apiserver and this client during one seed-mix step of the webhook engine (and, with two encodings, during each encoding's first paired window).")
 	fs.IntVar(&o.profileStep, "profile-step", o.profileStep, "Index (from 0) of the seed-mix step of the webhook engine to profile; none when the run stops before it.")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
@@ -259,6 +264,7 @@ type report struct {
 	handoffs          []*handoffResult
 	expiries          []*expiryResult
 	holds             []*holdResult
+	paired            []pairedResult
 	wire              []wireResult
 	cborServer        bool
 	profiles          []string
@@ -400,6 +406,22 @@ func bench(ctx context.Context, o options, argv []string) error {
 				res := runSeedMix(ctx, c, kls[i], names[i], lockPool, m, pw, logf)
 				rep.mixes = append(rep.mixes, res)
 				for _, s := range res.Steps {
+					rep.profiles = append(rep.profiles, s.Profiles...)
+				}
+			}
+		}
+		if wl["1"] && len(kls) > 1 && ctx.Err() == nil {
+			rate := o.pairedRate * o.rateScale
+			if rate <= 0 {
+				rate = pairedRate(rep.mixes[len(rep.mixes)-len(kls):])
+			}
+			if rate <= 0 {
+				logf("  paired step of %s: no rate (no seed-mix step ran)", en.name)
+			} else if steps, err := runPairedStep(ctx, c, kls, names, lockPool, mix, pw, rate, o.pairedRounds, o.profile); err != nil {
+				logf("  paired step of %s at %.0f writes/s: %v", en.name, rate, err)
+			} else {
+				rep.paired = append(rep.paired, pairedResult{Names: names, Steps: steps, Rounds: o.pairedRounds})
+				for _, s := range steps {
 					rep.profiles = append(rep.profiles, s.Profiles...)
 				}
 			}
@@ -597,6 +619,35 @@ func parseEncodings(s string) ([]string, error) {
 // cborName is the report's name of an engine's CBOR variant.
 func cborName(system string) string {
 	return strings.TrimSuffix(system, ")") + ", CBOR)"
+}
+
+// pairedResult is one engine's paired seed-mix step over its encodings.
+type pairedResult struct {
+	Names  []string
+	Steps  []stepResult
+	Rounds int
+}
+
+// pairedRate is the rate all of mixes sustained (the lowest of their highest
+// sustained rates) or, when one sustained none, the lowest rate any ran.
+func pairedRate(mixes []*mixResult) float64 {
+	rate, lowest, none := math.Inf(1), math.Inf(1), false
+	for _, m := range mixes {
+		if m.Bracket.Sustained <= 0 {
+			none = true
+		}
+		rate = min(rate, m.Bracket.Sustained)
+		for _, st := range m.Steps {
+			lowest = min(lowest, st.Offered)
+		}
+	}
+	switch {
+	case !none && !math.IsInf(rate, 1):
+		return rate
+	case !math.IsInf(lowest, 1):
+		return lowest
+	}
+	return 0
 }
 
 // wireResult says how the apiserver answered one kubelock client set.

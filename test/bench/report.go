@@ -227,7 +227,7 @@ func (r *report) markdown(out string) string {
 
 	if len(r.profiles) > 0 {
 		p("\n## CPU profile of the seed mix\n\n")
-		p("Taken with pprof during the measured window of one seed-mix step of %s (kube-apiserver from `/debug/pprof/profile`, the bench client with `runtime/pprof`).\n\n", sysWebhook)
+		p("Taken with pprof during the measured window of one seed-mix step of %s, and with two encodings during each one's first paired window (kube-apiserver from `/debug/pprof/profile`, the bench client with `runtime/pprof`; the file names say which).\n\n", sysWebhook)
 		for _, path := range r.profiles {
 			p("%s", profileSummary(path))
 		}
@@ -448,6 +448,8 @@ func (r *report) plotHandoff(path string) error {
 var workGroups = []struct{ name, match string }{
 	{"garbage collection (background mark workers)", "runtime.gcBgMarkWorker"},
 	{"JSON encoding/decoding", "encoding/json.|sigs.k8s.io/json|serializer/json|json-iterator|pkg/util/json|UnmarshalJSON|MarshalJSON"},
+	// Before protobuf, whose ".Unmarshal|.Marshal" would claim CBOR's frames.
+	{"CBOR encoding/decoding", "fxamacker/cbor|serializer/cbor|UnmarshalCBOR|MarshalCBOR"},
 	{"protobuf encoding/decoding", "google.golang.org/protobuf|gogo/protobuf|serializer/protobuf|.Unmarshal|.Marshal"},
 	{"TLS and crypto", "crypto/"},
 	{"managedFields bookkeeping (structured-merge-diff)", "structured-merge-diff|pkg/util/managedfields"},
@@ -679,7 +681,8 @@ func (r *report) encodingSection(p func(string, ...any)) {
 	if len(pairs) == 0 {
 		return
 	}
-	p("\nCBOR against JSON, same engine, same apiserver, one run (ratio CBOR / JSON: below 1× CBOR is faster or cheaper):\n\n")
+	r.pairedTable(p)
+	p("\nCBOR against JSON, same engine, same apiserver, one run (ratio CBOR / JSON: below 1× CBOR is faster or cheaper); workload 2 and the paired step alternate between the encodings, the searches and workload 5 run one after the other:\n\n")
 	p("| engine | measure | JSON | CBOR | CBOR / JSON |\n|---|---|---:|---:|---:|\n")
 	for _, pr := range pairs {
 		eng := strings.TrimPrefix(strings.TrimSuffix(pr.json, ")"), "kubelock (")
@@ -689,11 +692,13 @@ func (r *report) encodingSection(p func(string, ...any)) {
 			p("| %s | uncontended release p99 (ms) | %s | %s | %s |\n", eng, ms(uj.Release.P99), ms(uc.Release.P99), ratio(float64(uc.Release.P99), float64(uj.Release.P99)))
 		}
 		if mj, mc := r.mix(pr.json), r.mix(pr.cbor); mj != nil && mc != nil {
-			p("| %s | seed mix, highest sustained (writes/s) | %s | %s | %s |\n", eng, rateOrDash(mj.Bracket.Sustained), rateOrDash(mc.Bracket.Sustained), ratio(mc.Bracket.Sustained, mj.Bracket.Sustained))
-			if sj, sc, ok := commonStep(mj, mc); ok {
-				p("| %s | seed mix at %.0f writes/s: p99 (ms) | %s | %s | %s |\n", eng, sj.Offered, ms(sj.All.P99), ms(sc.All.P99), ratio(float64(sc.All.P99), float64(sj.All.P99)))
-				p("| %s | seed mix at %.0f writes/s: apiserver CPU ms per lock write | %s | %s | %s |\n", eng, sj.Offered, cpuPerWrite(sj), cpuPerWrite(sc), ratio(sc.apiCPUPerWrite(), sj.apiCPUPerWrite()))
-			}
+			p("| %s | seed mix, highest sustained, each its own search (writes/s) | %s | %s | %s |\n", eng, rateOrDash(mj.Bracket.Sustained), rateOrDash(mc.Bracket.Sustained), ratio(mc.Bracket.Sustained, mj.Bracket.Sustained))
+		}
+		if sj, sc, ok := r.pairedStep(pr.json, pr.cbor); ok {
+			what := fmt.Sprintf("paired seed-mix step at %.0f writes/s", sj.Offered)
+			p("| %s | %s: p50 (ms) | %s | %s | %s |\n", eng, what, ms(sj.All.P50), ms(sc.All.P50), ratio(float64(sc.All.P50), float64(sj.All.P50)))
+			p("| %s | %s: p99 (ms) | %s | %s | %s |\n", eng, what, ms(sj.All.P99), ms(sc.All.P99), ratio(float64(sc.All.P99), float64(sj.All.P99)))
+			p("| %s | %s: apiserver CPU ms per lock write | %s | %s | %s |\n", eng, what, cpuPerWrite(sj), cpuPerWrite(sc), ratio(sc.apiCPUPerWrite(), sj.apiCPUPerWrite()))
 		}
 		for _, sessions := range []bool{false, true} {
 			if hj, hc := r.hold(pr.json, sessions), r.hold(pr.cbor, sessions); hj != nil && hc != nil {
@@ -708,21 +713,28 @@ func (r *report) has(system string) bool {
 	return r.mix(system) != nil || r.unc(system) != nil || r.hold(system, false) != nil || r.hold(system, true) != nil
 }
 
-// commonStep is the highest offered rate both ran, preferring one both
-// sustained: the same load, so its CPU per write compares like with like.
-func commonStep(a, b *mixResult) (stepResult, stepResult, bool) {
-	var best [2]stepResult
-	found, bothOK := false, false
-	for _, sa := range a.Steps {
-		for _, sb := range b.Steps {
-			if sa.Offered != sb.Offered {
-				continue
-			}
-			ok := sa.Sustained && sb.Sustained
-			if !found || ok && !bothOK || ok == bothOK && sa.Offered > best[0].Offered {
-				best, found, bothOK = [2]stepResult{sa, sb}, true, ok
-			}
+// pairedStep is the paired seed-mix step of a and b, when they had one.
+func (r *report) pairedStep(a, b string) (stepResult, stepResult, bool) {
+	for _, pr := range r.paired {
+		ia, ib := slices.Index(pr.Names, a), slices.Index(pr.Names, b)
+		if ia >= 0 && ib >= 0 {
+			return pr.Steps[ia], pr.Steps[ib], true
 		}
 	}
-	return best[0], best[1], found
+	return stepResult{}, stepResult{}, false
+}
+
+// pairedTable lists the paired seed-mix steps in full.
+func (r *report) pairedTable(p func(string, ...any)) {
+	if len(r.paired) == 0 {
+		return
+	}
+	o := r.opts
+	p("\nPaired seed-mix step: after both searches, the same rate (the lower of the two highest sustained rates unless `--paired-rate` is given) offered to each encoding in alternating windows, %d rounds in ABBA order (%s warm-up and %s measured each); both held populations renew throughout, so every window carries the other's renewals too. Each row merges its windows:\n\n", o.pairedRounds, o.stepWarmup, o.stepMeasure)
+	p("| system | offered writes/s | held | achieved | p50 | p95 | p99 | max | errors | sustained | apiserver writes/s | apiserver CPU ms per lock write |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
+	for _, pr := range r.paired {
+		for i, s := range pr.Steps {
+			p("| %s | %.0f | %d | %.0f | %s | %s | %s | %s | %d | %s | %.0f | %s |\n", pr.Names[i], s.Offered, s.Held, s.Achieved, ms(s.All.P50), ms(s.All.P95), ms(s.All.P99), ms(s.All.Max), s.Errors, yesNo(s.Sustained), s.APIWrites, cpuPerWrite(s))
+		}
+	}
 }

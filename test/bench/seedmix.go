@@ -277,85 +277,125 @@ func parallel[T any](items []T, f func(T)) {
 	wg.Wait()
 }
 
+// mixRunner runs seed-mix windows against one system: its held population
+// and the recorders of the window under way.
+type mixRunner struct {
+	c    *cluster
+	sys  locker
+	name string
+	free pool
+	cfg  mixConfig
+	pw   *procWatch
+	cur  atomic.Pointer[[3]*recorder] // acquire, renew, release of the current window
+	held *heldPopulation
+}
+
+func newMixRunner(c *cluster, sys locker, name string, free pool, cfg mixConfig, pw *procWatch) *mixRunner {
+	m := &mixRunner{c: c, sys: sys, name: name, free: free, cfg: cfg, pw: pw}
+	m.held = &heldPopulation{sys: sys, free: free, renewEvery: cfg.lease / 3, cur: &m.cur}
+	return m
+}
+
+// errTooFewObjects: a step needs more lock objects than the pool has.
+var errTooFewObjects = errors.New("raise --locks")
+
+// prepare sizes the held population for rate and lets the operator work
+// off the burst of new holdings (or a previous step's backlog).
+func (m *mixRunner) prepare(ctx context.Context, rate float64) error {
+	want := int(rate / 3 * m.held.renewEvery.Seconds())
+	if churn := int(rate/3*(m.cfg.churnHold+m.cfg.warmup).Seconds()) + 100; want+churn > m.cfg.objects {
+		return fmt.Errorf("%.0f writes/s needs %d held + ~%d churning locks, more than the %d objects: %w", rate, want, churn, m.cfg.objects, errTooFewObjects)
+	}
+	t0 := time.Now()
+	err := m.held.resize(ctx, want)
+	time.Sleep(min(time.Since(t0), m.cfg.warmup))
+	return err
+}
+
+// window offers rate for a warm-up and a measured window and returns the
+// step's result and its recorders; with a profile label it CPU-profiles the
+// measured window (files named after the system and the label).
+func (m *mixRunner) window(ctx context.Context, rate float64, profile string) (stepResult, *[3]*recorder) {
+	cfg := m.cfg
+	sr := stepResult{Offered: rate, Held: len(m.held.locks)}
+	ws := time.Now().Add(cfg.warmup)
+	we := ws.Add(cfg.measure)
+	recs := &[3]*recorder{newRecorder(ws, we), newRecorder(ws, we), newRecorder(ws, we)}
+	m.cur.Store(recs)
+	var w0 writeCounts
+	var cpu0 usage
+	var profWG sync.WaitGroup
+	w0done := make(chan struct{})
+	go func() {
+		defer close(w0done)
+		time.Sleep(time.Until(ws))
+		w0, _ = m.c.apiserverWrites(ctx)
+		cpu0 = m.pw.snap()
+		if profile != "" {
+			sr.Profiles = startProfiles(ctx, m.c, &profWG, cfg, m.name+" "+profile)
+		}
+	}()
+	var releases sync.WaitGroup
+	openLoop(ctx, rate/3, time.Now(), we, cfg.maxInFlight, func(sched time.Time) {
+		idx, ok := m.free.take()
+		if !ok {
+			recs[0].record(sched, errors.New("no free lock object left (raise --locks)"))
+			return
+		}
+		h, err := m.sys.acquire(ctx, lockName(idx))
+		recs[0].record(sched, err)
+		if err != nil {
+			m.free <- idx
+			return
+		}
+		releases.Go(func() {
+			time.Sleep(cfg.churnHold)
+			rs := time.Now()
+			err := h.release(ctx)
+			recs[2].record(rs, err)
+			m.free <- idx
+		})
+	}, func(sched time.Time) { recs[0].record(sched, errors.New("client-side in-flight limit reached")) })
+	if d := time.Until(we); d > 0 {
+		time.Sleep(d)
+	}
+	w1, _ := m.c.apiserverWrites(ctx)
+	cpu1 := m.pw.snap()
+	<-w0done
+	releases.Wait()
+	// Renewals scheduled inside the window may still be running.
+	recs[1].drain(min(5*time.Second, m.held.renewEvery))
+	profWG.Wait()
+	m.cur.Store(nil)
+	secs := cfg.measure.Seconds()
+	sr.APIByKind = w1.since(w0, secs)
+	sr.APICPU = cpu1.since(cpu0)["kube-apiserver"] / secs
+	sr.summarize(recs, secs, cfg)
+	return sr, recs
+}
+
+// summarize fills in the latencies, errors and verdict from recs over secs.
+func (sr *stepResult) summarize(recs *[3]*recorder, secs float64, cfg mixConfig) {
+	sr.APIWrites = sr.APIByKind.total()
+	acq, _, _ := recs[0].snapshot()
+	ren, _, _ := recs[1].snapshot()
+	rel, _, _ := recs[2].snapshot()
+	sr.Acquire, sr.Renew, sr.Release = summarize(acq), summarize(ren), summarize(rel)
+	all, errs, kinds := merge(recs[0], recs[1], recs[2])
+	sr.All, sr.Errors, sr.ErrKinds = summarize(all), errs, kinds
+	sr.Achieved = float64(len(all)) / secs
+	sr.Sustained = sr.Errors == 0 && sr.All.P99 <= cfg.p99Limit && sr.Achieved >= 0.9*sr.Offered
+}
+
 // runSeedMix searches for sys's highest sustained rate: coarse steps up to
 // the first not sustained, then bisection (rateSearch).
 func runSeedMix(ctx context.Context, c *cluster, sys locker, name string, free pool, cfg mixConfig, pw *procWatch, logf func(string, ...any)) *mixResult {
 	res := &mixResult{System: name}
 	start, cpu0 := time.Now(), pw.snap()
 	defer func() { res.Wall, res.CPU = time.Since(start), pw.snap().since(cpu0) }()
-
-	var cur atomic.Pointer[[3]*recorder] // acquire, renew, release of the current window
-	renewEvery := cfg.lease / 3
-	held := &heldPopulation{sys: sys, free: free, renewEvery: renewEvery, cur: &cur}
-
-	window := func(rate float64, acquireRate float64, profile bool) stepResult {
-		sr := stepResult{Offered: rate, Held: len(held.locks)}
-		ws := time.Now().Add(cfg.warmup)
-		we := ws.Add(cfg.measure)
-		recs := &[3]*recorder{newRecorder(ws, we), newRecorder(ws, we), newRecorder(ws, we)}
-		cur.Store(recs)
-		var w0 writeCounts
-		var cpu0 usage
-		var profWG sync.WaitGroup
-		w0done := make(chan struct{})
-		go func() {
-			defer close(w0done)
-			time.Sleep(time.Until(ws))
-			w0, _ = c.apiserverWrites(ctx)
-			cpu0 = pw.snap()
-			if profile {
-				sr.Profiles = startProfiles(ctx, c, &profWG, cfg, name)
-			}
-		}()
-		var releases sync.WaitGroup
-		openLoop(ctx, acquireRate, time.Now(), we, cfg.maxInFlight, func(sched time.Time) {
-			idx, ok := free.take()
-			if !ok {
-				recs[0].record(sched, errors.New("no free lock object left (raise --locks)"))
-				return
-			}
-			h, err := sys.acquire(ctx, lockName(idx))
-			recs[0].record(sched, err)
-			if err != nil {
-				free <- idx
-				return
-			}
-			releases.Go(func() {
-				time.Sleep(cfg.churnHold)
-				rs := time.Now()
-				err := h.release(ctx)
-				recs[2].record(rs, err)
-				free <- idx
-			})
-		}, func(sched time.Time) { recs[0].record(sched, errors.New("client-side in-flight limit reached")) })
-		if d := time.Until(we); d > 0 {
-			time.Sleep(d)
-		}
-		w1, _ := c.apiserverWrites(ctx)
-		cpu1 := pw.snap()
-		<-w0done
-		releases.Wait()
-		// Renewals scheduled inside the window may still be running.
-		recs[1].drain(min(5*time.Second, renewEvery))
-		profWG.Wait()
-		cur.Store(nil)
-		secs := cfg.measure.Seconds()
-		sr.APIByKind = w1.since(w0, secs)
-		sr.APIWrites = sr.APIByKind.total()
-		sr.APICPU = cpu1.since(cpu0)["kube-apiserver"] / secs
-		acq, _, _ := recs[0].snapshot()
-		ren, _, _ := recs[1].snapshot()
-		rel, _, _ := recs[2].snapshot()
-		sr.Acquire, sr.Renew, sr.Release = summarize(acq), summarize(ren), summarize(rel)
-		all, errs, kinds := merge(recs[0], recs[1], recs[2])
-		sr.All, sr.Errors, sr.ErrKinds = summarize(all), errs, kinds
-		sr.Achieved = float64(len(all)) / secs
-		sr.Sustained = sr.Errors == 0 && sr.All.P99 <= cfg.p99Limit && sr.Achieved >= 0.9*sr.Offered
-		return sr
-	}
-
+	m := newMixRunner(c, sys, name, free, cfg, pw)
 	// Give the held population back at the end.
-	defer func() { _ = held.resize(ctx, 0) }()
+	defer func() { _ = m.held.resize(ctx, 0) }()
 
 	search := newRateSearch(cfg.rates, cfg.absTol, cfg.relTol, cfg.maxSteps)
 	defer func() { res.Bracket = search.result() }()
@@ -364,36 +404,90 @@ func runSeedMix(ctx context.Context, c *cluster, sys locker, name string, free p
 		if !ok {
 			break
 		}
-		third := rate / 3
-		want := int(third * renewEvery.Seconds())
-		if churn := int(third*(cfg.churnHold+cfg.warmup).Seconds()) + 100; want+churn > cfg.objects {
-			logf("  %-16s step %d (%.0f writes/s) needs %d held + ~%d churning locks, more than the %d objects: stopping (raise --locks)", name, i+1, rate, want, churn, cfg.objects)
+		if err := m.prepare(ctx, rate); err != nil {
+			logf("  %-16s step %d: %v: stopping", name, i+1, err)
+			if !errors.Is(err, errTooFewObjects) {
+				res.Steps = append(res.Steps, stepResult{Offered: rate, Held: len(m.held.locks), Errors: 1, ErrKinds: map[string]int{err.Error(): 1}})
+			}
 			break
 		}
-		t0 := time.Now()
-		err := held.resize(ctx, want)
-		// Let the operator work off the burst of new holdings (or a
-		// previous step's backlog) before measuring.
-		time.Sleep(min(time.Since(t0), cfg.warmup))
-		if err != nil {
-			logf("  %s: %v", name, err)
-			res.Steps = append(res.Steps, stepResult{Offered: rate, Held: len(held.locks), Errors: 1, ErrKinds: map[string]int{err.Error(): 1}})
-			break
+		profile := ""
+		if i == cfg.profileStep {
+			profile = fmt.Sprintf("seed-mix step %d", i+1)
 		}
-		sr := window(rate, third, i == cfg.profileStep)
+		sr, _ := m.window(ctx, rate, profile)
 		res.Steps = append(res.Steps, sr)
 		search.record(rate, sr.Sustained)
-		mark := "sustained"
-		if !sr.Sustained {
-			mark = "NOT sustained"
-		}
-		logf("  %-16s step %d: offered %5.0f writes/s (%5d held) achieved %6.1f p50 %-8v p99 %-8v max %-8v errors %d apiserver writes/s %.0f, CPU %.0f%%: %s%s",
-			name, i+1, rate, sr.Held, sr.Achieved, sr.All.P50.Round(time.Millisecond), sr.All.P99.Round(time.Millisecond),
-			sr.All.Max.Round(time.Millisecond), sr.Errors, sr.APIWrites, 100*sr.APICPU, mark, firstKind(sr.ErrKinds))
-		logf("  %-16s         apiserver writes/s by kind: %s", name, sr.APIByKind)
+		logStep(name, fmt.Sprintf("step %d", i+1), sr)
 	}
 	logf("  %-16s seed mix: %s", name, search.result())
 	return res
+}
+
+func logStep(name, what string, sr stepResult) {
+	mark := "sustained"
+	if !sr.Sustained {
+		mark = "NOT sustained"
+	}
+	logf("  %-16s %s: offered %5.0f writes/s (%5d held) achieved %6.1f p50 %-8v p99 %-8v max %-8v errors %d apiserver writes/s %.0f, CPU %.0f%%: %s%s",
+		name, what, sr.Offered, sr.Held, sr.Achieved, sr.All.P50.Round(time.Millisecond), sr.All.P99.Round(time.Millisecond),
+		sr.All.Max.Round(time.Millisecond), sr.Errors, sr.APIWrites, 100*sr.APICPU, mark, firstKind(sr.ErrKinds))
+	logf("  %-16s         apiserver writes/s by kind: %s", name, sr.APIByKind)
+}
+
+// runPairedStep offers the same seed-mix rate to several systems (one
+// engine over different encodings) in alternating windows, ABBA… order so
+// that a drifting machine load affects them alike. Every system keeps its
+// held population renewing throughout, so each window also carries the
+// others' renewals, the same for all. Each result merges its windows.
+// With profile set, the first round's windows are CPU-profiled.
+func runPairedStep(ctx context.Context, c *cluster, syss []locker, names []string, free pool, cfg mixConfig, pw *procWatch, rate float64, rounds int, profile bool) ([]stepResult, error) {
+	runners := make([]*mixRunner, len(syss))
+	acc := make([]*[3]*recorder, len(syss))
+	sums := make([]stepResult, len(syss))
+	forever := time.Now().Add(24 * time.Hour)
+	for i := range syss {
+		runners[i] = newMixRunner(c, syss[i], names[i], free, cfg, pw)
+		defer func() { _ = runners[i].held.resize(ctx, 0) }()
+		if err := runners[i].prepare(ctx, rate); err != nil {
+			return nil, err
+		}
+		acc[i] = &[3]*recorder{newRecorder(time.Time{}, forever), newRecorder(time.Time{}, forever), newRecorder(time.Time{}, forever)}
+		sums[i] = stepResult{Offered: rate, APIByKind: writeCounts{}}
+	}
+	windows := 0
+	for r := range max(1, rounds) {
+		for k := range runners {
+			i := k
+			if r%2 == 1 {
+				i = len(runners) - 1 - k
+			}
+			label := ""
+			if profile && r == 0 {
+				label = "paired step"
+			}
+			sr, recs := runners[i].window(ctx, rate, label)
+			sums[i].Profiles = append(sums[i].Profiles, sr.Profiles...)
+			for j := range recs {
+				acc[i][j].absorb(recs[j])
+			}
+			sums[i].Held = sr.Held
+			sums[i].APICPU += sr.APICPU
+			for key, v := range sr.APIByKind {
+				sums[i].APIByKind[key] += v
+			}
+		}
+		windows++
+	}
+	for i := range sums {
+		sums[i].APICPU /= float64(windows)
+		for key := range sums[i].APIByKind {
+			sums[i].APIByKind[key] /= float64(windows)
+		}
+		sums[i].summarize(acc[i], cfg.measure.Seconds()*float64(windows), cfg)
+		logStep(names[i], fmt.Sprintf("paired step (%d windows)", windows), sums[i])
+	}
+	return sums, nil
 }
 
 func firstKind(k map[string]int) string {

@@ -68,6 +68,18 @@ func (r *recorder) drain(max time.Duration) {
 	}
 }
 
+// absorb adds everything other recorded.
+func (r *recorder) absorb(other *recorder) {
+	lat, errs, kinds := other.snapshot()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lat = append(r.lat, lat...)
+	r.errs += errs
+	for k, v := range kinds {
+		r.kinds[k] += v
+	}
+}
+
 // add records a latency measured elsewhere (hand-off, expiry).
 func (r *recorder) add(d time.Duration, err error) {
 	r.mu.Lock()
