@@ -132,7 +132,7 @@ func defaults(quick bool) options {
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 	}
 	if quick {
-		o.locks, o.leaseObjects, o.rates, o.holdClients = 5000, 5000, "150,300,600", 5
+		o.locks, o.leaseObjects, o.rates, o.maxSteps, o.holdClients = 5000, 5000, "150,300,600", 4, 5
 		o.stepWarmup, o.stepMeasure = time.Second, 3*time.Second
 		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 2500*time.Millisecond, 4, 2500*time.Millisecond, 5*time.Second
 		o.expiryTrials, o.expiryLease = 2, time.Second

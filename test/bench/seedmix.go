@@ -138,11 +138,11 @@ type stepResult struct {
 }
 
 // apiCPUPerWrite is kube-apiserver's CPU milliseconds per lock write.
-func (s stepResult) apiCPUPerWrite() float64 {
-	if s.Achieved <= 0 {
+func (sr stepResult) apiCPUPerWrite() float64 {
+	if sr.Achieved <= 0 {
 		return 0
 	}
-	return 1000 * s.APICPU / s.Achieved
+	return 1000 * sr.APICPU / sr.Achieved
 }
 
 type mixResult struct {
@@ -446,9 +446,16 @@ func runPairedStep(ctx context.Context, c *cluster, syss []locker, names []strin
 	acc := make([]*[3]*recorder, len(syss))
 	sums := make([]stepResult, len(syss))
 	forever := time.Now().Add(24 * time.Hour)
+	// Give every held population back at the end.
+	defer func() {
+		for _, m := range runners {
+			if m != nil {
+				_ = m.held.resize(ctx, 0)
+			}
+		}
+	}()
 	for i := range syss {
 		runners[i] = newMixRunner(c, syss[i], names[i], free, cfg, pw)
-		defer func() { _ = runners[i].held.resize(ctx, 0) }()
 		if err := runners[i].prepare(ctx, rate); err != nil {
 			return nil, err
 		}

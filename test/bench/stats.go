@@ -58,11 +58,11 @@ func (r *recorder) begin(sched time.Time) func(err error) {
 	}
 }
 
-// drain waits, at most max, until every operation begun in the window has
+// drain waits, at most limit, until every operation begun in the window has
 // been recorded, so that the window's tail is neither lost nor waited for
 // longer than it takes.
-func (r *recorder) drain(max time.Duration) {
-	deadline := time.Now().Add(max)
+func (r *recorder) drain(limit time.Duration) {
+	deadline := time.Now().Add(limit)
 	for r.pending.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
