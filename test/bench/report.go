@@ -658,7 +658,7 @@ func (r *report) encodingSection(p func(string, ...any)) {
 	}
 	p("\n## Wire encoding: JSON and CBOR\n\n")
 	if !r.cborServer {
-		p("This run's kube-apiserver ran with its default feature gates: `CBORServingAndStorage` is alpha in 1.37 and off, so the apiserver refuses CBOR and every kubelock client spoke JSON, the default (`--encoding json,cbor` compares both).\n")
+		p("This run's kube-apiserver ran with its default feature gates: `CBORServingAndStorage` is alpha in 1.37 and off, so the apiserver refuses CBOR and every kubelock client spoke JSON, the default (`--encoding json,cbor` compares both; `make bench-encoding`).\n\n")
 	} else {
 		p("This run's kube-apiserver ran with `--feature-gates=%s=true` (KEP-4222, alpha in 1.37, off by default), which also makes CBOR the *storage* encoding of custom resources, under both client sets. "+
 			"The JSON clients are `lock.New`; the CBOR clients are pkg/lock over this benchmark's `cborClient` (`lock.NewFromClient`): controller-runtime's typed client has no CBOR codec, so DistributedLock and LockSession requests go through a client-go REST client with one, "+
