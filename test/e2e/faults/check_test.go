@@ -84,6 +84,12 @@ func check(ctx context.Context, row result, prefix string) result {
 			_ = porcupine.Visualize(history.Model(), info, f)
 			_ = f.Close()
 		}
+		// Say where: per key, how far an order got and what could not follow.
+		stuck := history.ExplainIllegal(evs, 3*time.Minute)
+		for _, s := range stuck {
+			vs = append(vs, history.Violation{Invariant: "linearizability", Detail: s.Summary()})
+			GinkgoWriter.Printf("linearizability of %s:\n%s", s.Key, s.Report(15))
+		}
 		vs = append(vs, history.Violation{Invariant: "linearizability", Detail: "the lock history is not linearizable; see " + path})
 	case porcupine.Unknown:
 		vs = append(vs, history.Violation{Invariant: "linearizability", Detail: "porcupine timed out"})
