@@ -30,8 +30,9 @@ import (
 // them occupies; every acquisition's token is above every token issued
 // before. The only transition nobody records is the controller's expiry; the
 // model allows it before any operation, for any set of holdings whose
-// clients had already lost them (I5): a lost or killed holder's Abandon spans
-// from its last safe deadline to the moment it noticed, so an expiry that
+// clients had already lost them (I5): a lost or killed holder's Abandon, and
+// that of a holder whose release returned an error, spans from its last safe
+// deadline to the moment it noticed (or stopped), so an expiry that
 // ended a holding before its holder's safe deadline makes the history
 // non-linearizable as soon as anybody observes the lock or an acquisition
 // needs the room in between.
