@@ -2,10 +2,10 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -13,41 +13,26 @@ import (
 	"github.com/kubelock/kubelock/internal/metrics"
 )
 
-// The controller watches and caches locks as unstructured objects and decodes
-// each one on its own in Reconcile. A typed informer decodes the whole LIST
-// (and each watch event) at once, so a single object that the Go types cannot
-// read — a time the CRD's date-time format admits but metav1.MicroTime does
-// not parse — would stop the cache, and with it the expiry of every lock.
-
-// lockGVK is the kind the controller watches.
-var lockGVK = locksv1alpha1.GroupVersion.WithKind("DistributedLock")
-
-// newUnstructuredLock is an empty unstructured DistributedLock, for the cache.
-func newUnstructuredLock() *unstructured.Unstructured {
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(lockGVK)
-	return u
-}
-
-// readLock reads the lock at key from r.reader and decodes it. ok is false
-// (with a nil error) when the object exists but does not decode: it was logged
-// and counted once for its resourceVersion, and the controller leaves it alone.
-func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lock *locksv1alpha1.DistributedLock, ok bool, err error) {
-	u := newUnstructuredLock()
-	if err := r.reader.Get(ctx, key, u); err != nil {
-		return nil, false, err
+// readLock reads the lock at key from r.reader (cache.go: decoded object by
+// object) with when the cache received it (zero if unknown). ok is false
+// (with a nil error) when the object exists but does not decode: it was
+// logged and counted once for its resourceVersion, and the controller leaves
+// it alone.
+func (r *Reconciler) readLock(ctx context.Context, key types.NamespacedName) (lock *locksv1alpha1.DistributedLock, received time.Time, ok bool, err error) {
+	c := &cachedLock{}
+	if err := r.reader.Get(ctx, key, c); err != nil {
+		return nil, time.Time{}, false, err
 	}
-	lock = &locksv1alpha1.DistributedLock{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), lock); err != nil {
-		if r.malformed.first(key, u.GetResourceVersion()) {
+	if c.undecodable != "" {
+		if r.malformed.first(key, c.ResourceVersion) {
 			metrics.LockDecodeErrors.WithLabelValues(key.Namespace).Inc()
-			log.FromContext(ctx).Error(err, "lock cannot be decoded; leaving it alone until it is fixed or deleted",
-				"lock", key, "resourceVersion", u.GetResourceVersion())
+			log.FromContext(ctx).Error(errors.New(c.undecodable), "lock cannot be decoded; leaving it alone until it is fixed or deleted",
+				"lock", key, "resourceVersion", c.ResourceVersion)
 		}
-		return nil, false, nil
+		return nil, time.Time{}, false, nil
 	}
 	r.malformed.forget(key)
-	return lock, true, nil
+	return &c.DistributedLock, c.received, true, nil
 }
 
 // malformedLocks remembers the resourceVersion at which each lock last failed

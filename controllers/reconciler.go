@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -41,6 +41,21 @@ const (
 	// ControllerName names the controller (logs, metrics, Events).
 	ControllerName = "distributedlock"
 )
+
+// deadlinePriority is the work-queue priority of a lock whose deadline (a
+// lease's end, a waiter's or a hand-off's) came: ahead of the work a watch
+// event or the initial list adds (priority 0, and lower for the initial
+// list), so that 100,000 new or relisted locks never delay an expiry.
+const deadlinePriority = 10
+
+// atDeadline comes back after d (never when 0) ahead of other work.
+func atDeadline(d time.Duration) ctrl.Result {
+	if d <= 0 {
+		return ctrl.Result{}
+	}
+	p := deadlinePriority
+	return ctrl.Result{RequeueAfter: d, Priority: &p}
+}
 
 // conflictRetry is how soon a reconcile that lost a write race runs again; the
 // watch event of the winning write usually triggers it sooner.
@@ -70,13 +85,16 @@ type Reconciler struct {
 
 	obs      observations
 	sessions sessionObservations
-	// reader reads locks as unstructured objects (see decode.go), sessions
-	// and pod metadata: the manager's cache.
+	// reader reads locks (decoded object by object: cache.go), sessions and
+	// pod metadata from the controller's cache.
 	reader client.Reader
 	// apiReader reads live, to confirm that a session or pod the cache lacks is gone.
 	apiReader client.Reader
 	malformed malformedLocks
 
+	// namespaces limits Setup's controller to locks, sessions and pods in
+	// them; empty: all.
+	namespaces []string
 	// username is the configured user name; empty means self's.
 	username string
 	self     *lock.Self
@@ -102,6 +120,12 @@ func WithUsername(name string) Option { return func(r *Reconciler) { r.username 
 // WithEvents sets which transitions are reported as Events; default EventsImportant.
 func WithEvents(p EventPolicy) Option { return func(r *Reconciler) { r.events = p } }
 
+// WithNamespaces limits Setup's controller to the locks, sessions and pods
+// in namespaces; by default it watches all. SetupStandby ignores it.
+func WithNamespaces(namespaces ...string) Option {
+	return func(r *Reconciler) { r.namespaces = namespaces }
+}
+
 // WithControllerOptions sets controller-runtime options such as MaxConcurrentReconciles.
 func WithControllerOptions(o controller.Options) Option {
 	return func(r *Reconciler) { r.ctrlOpts = o }
@@ -112,26 +136,49 @@ func WithControllerOptions(o controller.Options) Option {
 // controller-runtime controller it runs only while mgr holds the leader lease.
 // The operator and the test environment both call it.
 func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
-	// Watched and cached unstructured, decoded per object in Reconcile (decode.go).
-	r, err := newReconciler(mgr, mgr.GetCache(), opts)
+	r, err := newReconciler(mgr, opts)
 	if err != nil {
 		return nil, err
+	}
+	// The controller's own cache (cache.go), started with leadership as the
+	// controllers are.
+	var namespaces map[string]cache.Config
+	for _, ns := range r.namespaces {
+		if namespaces == nil {
+			namespaces = map[string]cache.Config{}
+		}
+		namespaces[ns] = cache.Config{}
+	}
+	c, err := newCache(mgr, cache.Options{DefaultNamespaces: namespaces}, r.clock)
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(c); err != nil {
+		return nil, err
+	}
+	r.reader = c
+	if r.ctrlOpts.CacheSyncTimeout == 0 {
+		// controller-runtime's 2 minutes: a new leader listing a few hundred
+		// thousand locks from a busy apiserver takes longer (100,000 took 30 s
+		// on a loaded 2-core machine), and a controller that gives up stops
+		// the manager.
+		r.ctrlOpts.CacheSyncTimeout = 10 * time.Minute
 	}
 	if err := mgr.Add(&leaderReporter{obs: &r.obs, sessions: &r.sessions, clock: r.clock, grace: r.timing.grace}); err != nil {
 		return nil, err
 	}
-	if err := indexLocks(context.Background(), mgr.GetFieldIndexer()); err != nil {
+	if err := indexLocks(context.Background(), c); err != nil {
 		return nil, err
 	}
 	kick := make(chan event.GenericEvent)
 	// Pods are watched as metadata only: a deletion is all that matters, and
 	// whole pods of the cluster would cost far more memory.
 	err = ctrl.NewControllerManagedBy(mgr).
-		For(newUnstructuredLock()).
-		Watches(&locksv1alpha1.LockSession{}, handler.EnqueueRequestsFromMapFunc(r.locksOfSession), builder.WithPredicates(sessionEnding)).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.locksOfPod), builder.OnlyMetadata, builder.WithPredicates(podDeleted)).
-		WatchesRawSource(source.Channel(kick, &handler.EnqueueRequestForObject{})).
 		Named(ControllerName).
+		WatchesRawSource(source.Kind(c, &cachedLock{}, &enqueueLocks{})).
+		WatchesRawSource(source.Kind[client.Object](c, &locksv1alpha1.LockSession{}, handler.EnqueueRequestsFromMapFunc(r.locksOfSession), sessionEnding)).
+		WatchesRawSource(source.Kind[client.Object](c, podMetadata(), handler.EnqueueRequestsFromMapFunc(r.locksOfPod), podDeleted)).
+		WatchesRawSource(source.Channel(kick, &handler.EnqueueRequestForObject{})).
 		WithOptions(r.ctrlOpts).
 		Complete(r)
 	if err != nil {
@@ -139,16 +186,16 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 	}
 	sr := &sessionReconciler{client: r.client, reader: r.reader, clock: r.clock, grace: r.timing.grace, sessions: &r.sessions, kick: kick}
 	return r, ctrl.NewControllerManagedBy(mgr).
-		For(&locksv1alpha1.LockSession{}).
-		Watches(newUnstructuredLock(), sessionsOfLock).
 		Named(SessionControllerName).
+		WatchesRawSource(source.Kind[client.Object](c, &locksv1alpha1.LockSession{}, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Kind[client.Object](c, &cachedLock{}, sessionsOfLock)).
 		WithOptions(r.ctrlOpts).
 		Complete(sr)
 }
 
-// newReconciler builds a reconciler that reads locks, sessions and pods
-// through reader, with opts applied and checked.
-func newReconciler(mgr ctrl.Manager, reader client.Reader, opts []Option) (*Reconciler, error) {
+// newReconciler builds a reconciler with opts applied and checked; its
+// caller sets the reader of locks, sessions and pods.
+func newReconciler(mgr ctrl.Manager, opts []Option) (*Reconciler, error) {
 	c := mgr.GetClient()
 	r := &Reconciler{
 		client:    c,
@@ -156,7 +203,6 @@ func newReconciler(mgr ctrl.Manager, reader client.Reader, opts []Option) (*Reco
 		clock:     clock.RealClock{},
 		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
 		self:      lock.NewSelf(c),
-		reader:    reader,
 		apiReader: mgr.GetAPIReader(),
 	}
 	for _, o := range opts {
@@ -185,7 +231,7 @@ func newReconciler(mgr ctrl.Manager, reader client.Reader, opts []Option) (*Reco
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	// 1. Read the lock from the cache; forget locks that are gone, and leave
 	// alone one that does not decode (logged and counted by readLock).
-	lock, ok, err := r.readLock(ctx, req.NamespacedName)
+	lock, received, ok, err := r.readLock(ctx, req.NamespacedName)
 	switch {
 	case apierrors.IsNotFound(err):
 		r.obs.forget(req.NamespacedName)
@@ -200,11 +246,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	now := r.clock.Now()
 
 	// 2. Fold it into what this controller has observed; report transitions.
+	// What this version shows was seen when the cache received it, however
+	// long the lock then waited in the queue: a renewal is never later than
+	// that, so a lease timed from there still ends after the client's.
 	prev := r.obs.get(req.NamespacedName)
 	if isStale(prev, lock) {
 		return ctrl.Result{RequeueAfter: conflictRetry}, nil
 	}
-	obs, transitions := observe(prev, lock, now)
+	seen := now
+	if !received.IsZero() && received.Before(now) {
+		seen = received
+	}
+	obs, transitions := observe(prev, lock, seen)
 	r.obs.put(req.NamespacedName, obs)
 	r.report(ctx, lock, transitions)
 
@@ -242,14 +295,14 @@ func (r *Reconciler) act(ctx context.Context, key types.NamespacedName, lock *lo
 			metrics.ReconcileErrors.WithLabelValues(metrics.StepWrite).Inc()
 			return ctrl.Result{}, err
 		case updated == nil:
-			return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
+			return atDeadline(d.requeueAfter), nil
 		}
 		// Our own write is observed now, without reporting it a second time.
 		lock = updated
 		obs, _ = observe(&obs, lock, now)
 		r.obs.put(key, obs)
 		if d = decide(lock, obs, live, now, r.timing); !d.acts() {
-			return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
+			return atDeadline(d.requeueAfter), nil
 		}
 	}
 }

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
@@ -92,11 +91,10 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	case d.lapsed:
 		logger.V(1).Info("session lapsed; ending its holdings and waiters first", "session", req.NamespacedName, "locks", len(refs))
 		for _, key := range refs {
-			u := newUnstructuredLock()
-			u.SetNamespace(key.Namespace)
-			u.SetName(key.Name)
+			l := &cachedLock{}
+			l.Namespace, l.Name = key.Namespace, key.Name
 			select {
-			case r.kick <- event.GenericEvent{Object: u}:
+			case r.kick <- event.GenericEvent{Object: l}:
 			case <-ctx.Done():
 				return ctrl.Result{}, ctx.Err()
 			}
@@ -112,13 +110,17 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return ctrl.Result{RequeueAfter: d.requeueAfter}, nil
 }
 
-// indexLocks adds the lock cache's field indexes. The values are read from
-// the unstructured object, so a lock that does not decode is still indexed.
+// indexLocks adds the lock cache's field indexes. A lock that does not
+// decode names no session or pod.
 func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
-	distinct := func(field string, values func(client.Object, string) []string) client.IndexerFunc {
+	distinct := func(values func(*locksv1alpha1.DistributedLock) []string) client.IndexerFunc {
 		return func(o client.Object) []string {
+			l, _ := o.(*cachedLock)
+			if l == nil {
+				return nil
+			}
 			var out []string
-			for _, v := range values(o, field) {
+			for _, v := range values(&l.DistributedLock) {
 				if v != "" && !slices.Contains(out, v) {
 					out = append(out, v)
 				}
@@ -127,11 +129,15 @@ func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
 		}
 	}
 	for field, fn := range map[string]client.IndexerFunc{
-		indexHoldingSession: distinct("session", holdingFields),
-		indexHoldingPodUID:  distinct("podUID", holdingFields),
-		indexWaiterSession:  distinct("session", waiterFields),
+		indexHoldingSession: distinct(func(l *locksv1alpha1.DistributedLock) []string {
+			return holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.Session })
+		}),
+		indexHoldingPodUID: distinct(func(l *locksv1alpha1.DistributedLock) []string {
+			return holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.PodUID })
+		}),
+		indexWaiterSession: distinct(waiterSessions),
 	} {
-		if err := idx.IndexField(ctx, newUnstructuredLock(), field, fn); err != nil {
+		if err := idx.IndexField(ctx, &cachedLock{}, field, fn); err != nil {
 			return err
 		}
 	}
@@ -140,37 +146,20 @@ func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
 
 // holdingFields lists field of each of a lock's holdings, the exclusive
 // holder and the shared holders, one value per holding ("" where unset).
-func holdingFields(o client.Object, field string) []string {
-	u, _ := o.(*unstructured.Unstructured)
-	if u == nil {
-		return nil
+func holdingFields(l *locksv1alpha1.DistributedLock, field func(*locksv1alpha1.LockHolder) string) []string {
+	hs := l.Status.Holdings()
+	out := make([]string, len(hs))
+	for i := range hs {
+		out[i] = field(hs[i].LockHolder)
 	}
-	var out []string
-	if h, ok, _ := unstructured.NestedMap(u.Object, "status", "holder"); ok {
-		v, _ := h[field].(string)
-		out = append(out, v)
-	}
-	return append(out, listFields(u, field, "status", "sharedHolders")...)
+	return out
 }
 
-// waiterFields lists field of each of a lock's waiters ("" where unset).
-func waiterFields(o client.Object, field string) []string {
-	u, _ := o.(*unstructured.Unstructured)
-	if u == nil {
-		return nil
-	}
-	return listFields(u, field, "status", "waiters")
-}
-
-// listFields lists field of each entry of the list at path in u.
-func listFields(u *unstructured.Unstructured, field string, path ...string) []string {
-	raw, _, _ := unstructured.NestedFieldNoCopy(u.Object, path...)
-	items, _ := raw.([]any)
-	out := make([]string, 0, len(items))
-	for _, item := range items {
-		m, _ := item.(map[string]any)
-		v, _ := m[field].(string)
-		out = append(out, v)
+// waiterSessions lists the session of each of a lock's waiters ("" where unset).
+func waiterSessions(l *locksv1alpha1.DistributedLock) []string {
+	out := make([]string, len(l.Status.Waiters))
+	for i, w := range l.Status.Waiters {
+		out[i] = w.Session
 	}
 	return out
 }
@@ -182,17 +171,22 @@ type sessionRef struct {
 	waits    bool
 }
 
-// sessionRefs lists the sessions a lock names.
+// sessionRefs lists the sessions a lock names; none for one that did not decode.
 func sessionRefs(o client.Object) map[string]sessionRef {
 	refs := map[string]sessionRef{}
-	for _, s := range holdingFields(o, "session") {
+	c, _ := o.(*cachedLock)
+	if c == nil {
+		return refs
+	}
+	l := &c.DistributedLock
+	for _, s := range holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.Session }) {
 		if s != "" {
 			r := refs[s]
 			r.holdings++
 			refs[s] = r
 		}
 	}
-	for _, s := range waiterFields(o, "session") {
+	for _, s := range waiterSessions(l) {
 		if s != "" {
 			r := refs[s]
 			r.waits = true
@@ -203,9 +197,8 @@ func sessionRefs(o client.Object) map[string]sessionRef {
 }
 
 // listLocks returns the locks in namespace ns ("" for all) whose index field has value.
-func listLocks(ctx context.Context, reader client.Reader, ns, field, value string) ([]unstructured.Unstructured, error) {
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(lockGVK.GroupVersion().WithKind(lockGVK.Kind + "List"))
+func listLocks(ctx context.Context, reader client.Reader, ns, field, value string) ([]cachedLock, error) {
+	list := &cachedLockList{}
 	if err := reader.List(ctx, list, client.InNamespace(ns), client.MatchingFields{field: value}); err != nil {
 		return nil, err
 	}

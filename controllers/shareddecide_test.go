@@ -8,8 +8,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -419,16 +417,11 @@ func TestSessionRefsCountSharedHoldings(t *testing.T) {
 		sharing("s1", 1, 61, 10, clientTime), sharedIn("s1", "worker-s1"),
 		sharing("s2", 2, 62, 10, clientTime), sharedIn("s2", "other"),
 		waitingFor("q1", locksv1alpha1.Shared, time.Hour), func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Session = "third" })
-	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &unstructured.Unstructured{Object: raw}
 	want := map[string]sessionRef{"worker-s1": {holdings: 2}, "other": {holdings: 1}, "third": {waits: true}}
-	if diff := cmp.Diff(want, sessionRefs(u), cmp.AllowUnexported(sessionRef{})); diff != "" {
+	if diff := cmp.Diff(want, sessionRefs(&cachedLock{DistributedLock: *l}), cmp.AllowUnexported(sessionRef{})); diff != "" {
 		t.Errorf("sessionRefs() mismatch (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{"pod-uid-1", "", ""}, holdingFields(u, "podUID")); diff != "" {
+	if diff := cmp.Diff([]string{"pod-uid-1", "", ""}, holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.PodUID })); diff != "" {
 		t.Errorf("holdingFields(podUID) (-want +got):\n%s", diff)
 	}
 }

@@ -2,9 +2,7 @@ package controllers
 
 import (
 	"context"
-	"fmt"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -35,26 +33,23 @@ const StandbyControllerName = "distributedlock-standby"
 // Setup's controller covers the lock and this one stands aside. Transitions it
 // observes count in this replica's metrics and Events, leadership does not.
 func SetupStandby(mgr ctrl.Manager, key types.NamespacedName, opts ...Option) error {
-	c, err := cache.New(mgr.GetConfig(), cache.Options{
-		HTTPClient:        mgr.GetHTTPClient(),
-		Scheme:            mgr.GetScheme(),
-		Mapper:            mgr.GetRESTMapper(),
+	r, err := newReconciler(mgr, opts)
+	if err != nil {
+		return err
+	}
+	c, err := newCache(mgr, cache.Options{
 		DefaultNamespaces: map[string]cache.Config{key.Namespace: {}},
 		ByObject: map[client.Object]cache.ByObject{
-			newUnstructuredLock(): {Field: fields.OneTermEqualSelector("metadata.name", key.Name)},
+			&cachedLock{}: {Field: fields.OneTermEqualSelector("metadata.name", key.Name)},
 		},
-		DefaultTransform: cache.TransformStripManagedFields(),
-	})
+	}, r.clock)
 	if err != nil {
-		return fmt.Errorf("controllers: standby cache: %w", err)
+		return err
 	}
 	if err := mgr.Add(standbyCache{c}); err != nil {
 		return err
 	}
-	r, err := newReconciler(mgr, c, opts)
-	if err != nil {
-		return err
-	}
+	r.reader = c
 	ctl, err := controller.New(StandbyControllerName, mgr, controller.Options{
 		Reconciler:         &standby{Reconciler: r, elected: mgr.Elected()},
 		NeedLeaderElection: ptr.To(false),
@@ -63,7 +58,7 @@ func SetupStandby(mgr ctrl.Manager, key types.NamespacedName, opts ...Option) er
 	if err != nil {
 		return err
 	}
-	return ctl.Watch(source.Kind(c, newUnstructuredLock(), &handler.TypedEnqueueRequestForObject[*unstructured.Unstructured]{}))
+	return ctl.Watch(source.Kind(c, &cachedLock{}, &handler.TypedEnqueueRequestForObject[*cachedLock]{}))
 }
 
 // standbyCache makes the manager start the standby's cache with the others,

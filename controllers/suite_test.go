@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -71,18 +70,11 @@ type controllerProcess struct {
 // startController starts a manager with the controller, the real clock, no
 // configured user name (so it learns its own) and opts, and registers its stop.
 func startController(opts ...controllers.Option) *controllerProcess {
-	return startControllerIn(cache.Options{}, opts...)
-}
-
-// startControllerIn is startController with the manager's cache limited by
-// c (e.g. to one namespace, so that earlier specs' locks cause no writes).
-func startControllerIn(c cache.Options, opts ...controllers.Option) *controllerProcess {
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  c,
 		// Each spec starts its own manager in this one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})

@@ -14,7 +14,6 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -35,7 +34,7 @@ var _ = Describe("apiserver writes per lock operation", func() {
 		settle := func() func() { return settleAt(idleDepth) }
 		// Only this namespace: the controller then writes nothing for earlier
 		// specs' locks, and every lock write the apiserver counts is this spec's.
-		startControllerIn(cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}})
+		startController(controllers.WithNamespaces(ns))
 		settled := settle()
 		key := createLock(ctx, ns, "writes", nil, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30})
 		settled()

@@ -39,7 +39,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		t.Fatalf("--help exited %d", code)
 	}
 	for _, flag := range []string{
-		"metrics-bind-address", "metrics-secure", "metrics-cert-dir", "webhook-client-ca-file", "health-probe-bind-address", "leader-elect", "leader-election-namespace", "leader-election-lock", "leader-election-service-account",
+		"metrics-bind-address", "metrics-secure", "metrics-cert-dir", "webhook-client-ca-file", "health-probe-bind-address", "pprof-bind-address", "leader-elect", "leader-election-namespace", "leader-election-lock", "leader-election-service-account",
 		"leader-election-id", "expiry-grace", "auto-created-idle-timeout", "controller-username",
 		"concurrency", "events", "kubeconfig", "zap-log-level",
 		"enable-webhook", "webhook-port", "webhook-cert-dir", "webhook-controller-users", "cert-rotation",

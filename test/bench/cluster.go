@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kubelock/kubelock/internal/pki"
@@ -73,17 +74,23 @@ type cluster struct {
 	user    *rest.Config // benchUser, no client-side rate limit
 	etcdURL string
 
-	mgr         *childproc.Child
-	mgrMetrics  string // http://127.0.0.1:port/metrics
-	webhookCfg  *admissionregistrationv1.ValidatingWebhookConfiguration
-	vap         *admissionregistrationv1.ValidatingAdmissionPolicy
-	vapBinding  *admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	redis       *childproc.Child
-	redisAddr   string
-	probeSerial int
-	logf        func(string, ...any)
-	metaVap     *admissionregistrationv1.ValidatingAdmissionPolicy // the main resource's policy (create, delete)
-	metaBinding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	mgr      *childproc.Child
+	mgrMu    sync.Mutex // c.mgr, once the scale workload restarts it
+	mgrArgs  []string   // the operator's binary and flags
+	restarts int
+	// heapProfiles counts the operator's heap profiles taken.
+	heapProfiles int
+	mgrMetrics   string // http://127.0.0.1:port/metrics
+	mgrPprof     string // http://127.0.0.1:port/debug/pprof
+	webhookCfg   *admissionregistrationv1.ValidatingWebhookConfiguration
+	vap          *admissionregistrationv1.ValidatingAdmissionPolicy
+	vapBinding   *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	redis        *childproc.Child
+	redisAddr    string
+	probeSerial  int
+	logf         func(string, ...any)
+	metaVap      *admissionregistrationv1.ValidatingAdmissionPolicy // the main resource's policy (create, delete)
+	metaBinding  *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	// sessionVap is the LockSession policy ([kubelock:session]), the
 	// policy engine's counterpart of the webhook's vlocksession.
 	sessionVap     *admissionregistrationv1.ValidatingAdmissionPolicy
@@ -186,28 +193,31 @@ func (c *cluster) startManager(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return err
 	}
-	webhookPort, metricsPort, probePort := ports[0], ports[1], ports[2]
+	webhookPort, metricsPort, probePort, pprofPort := ports[0], ports[1], ports[2], ports[3]
 	c.mgrMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	c.mgrPprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof", pprofPort)
 	if err := c.loadAdmission(caPEM, webhookPort); err != nil {
 		return err
 	}
-	c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"),
-		"--kubeconfig="+kubeconfig,
+	c.mgrArgs = []string{bin,
+		"--kubeconfig=" + kubeconfig,
 		"--leader-elect=true",
 		"--leader-election-namespace=default",
-		"--leader-election-id="+leaderElectionID,
+		"--leader-election-id=" + leaderElectionID,
 		"--cert-rotation=false",
-		"--webhook-cert-dir="+certDir,
+		"--webhook-cert-dir=" + certDir,
 		"--webhook-host=127.0.0.1",
-		"--webhook-port="+strconv.Itoa(webhookPort),
+		"--webhook-port=" + strconv.Itoa(webhookPort),
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
 		"--metrics-secure=false", // scraped over plain HTTP on loopback
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
-	)
+		fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort),
+	}
+	c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"), c.mgrArgs[1:]...)
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/controllers"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -114,6 +115,10 @@ type options struct {
 	profileStep    int
 	maxInFlight    int
 	clients        int
+	scaleHeld      int
+	scaleHoldRate  float64
+	scaleLapses    int
+	scaleLapse     time.Duration
 }
 
 func defaults(quick bool) options {
@@ -128,14 +133,16 @@ func defaults(quick bool) options {
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
 		holdClients: 10, holdPerClient: 40, holdMeasure: 10 * time.Second, encoding: encJSON,
-		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5",
+		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
+		scaleHeld: 20000, scaleHoldRate: 150, scaleLapses: 200, scaleLapse: 5 * time.Second,
 	}
 	if quick {
 		o.locks, o.leaseObjects, o.rates, o.maxSteps, o.holdClients = 5000, 5000, "150,300,600", 4, 5
 		o.stepWarmup, o.stepMeasure = time.Second, 3*time.Second
 		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 2500*time.Millisecond, 4, 2500*time.Millisecond, 5*time.Second
 		o.expiryTrials, o.expiryLease = 2, time.Second
+		o.scaleHeld, o.scaleLapses, o.scaleLapse = 400, 40, 2*time.Second
 	}
 	return o
 }
@@ -196,7 +203,11 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.DurationVar(&o.holdMeasure, "hold-measure", o.holdMeasure, "Workload 5: measured window (at least lease/3, so every holding renews in it).")
 	fs.StringVar(&o.encoding, "encoding", o.encoding, "Wire encodings of the kubelock clients: json, cbor or json,cbor. With cbor the apiserver runs with --feature-gates=CBORServingAndStorage=true (alpha, off by default) and workloads 1, 2 and 5 run once per encoding; the other workloads use JSON.")
 	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
-	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions).")
+	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions), scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
+	fs.IntVar(&o.scaleHeld, "scale-held", o.scaleHeld, "Workload scale: locks held (lease 300s, renewed by pkg/lock every 100s) while memory is measured.")
+	fs.Float64Var(&o.scaleHoldRate, "scale-hold-rate", o.scaleHoldRate, "Workload scale: acquisitions/s of the held locks (before --rate-scale).")
+	fs.IntVar(&o.scaleLapses, "scale-lapses", o.scaleLapses, "Workload scale: leases that lapse in each expiry round.")
+	fs.DurationVar(&o.scaleLapse, "scale-lapse-lease", o.scaleLapse, "Workload scale: lease of the lapsing holdings.")
 	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
 	fs.StringVar(&o.workDir, "work-dir", o.workDir, "Folder for logs, certificates and profiles (default: a new temporary folder).")
 	fs.BoolVar(&o.keep, "keep", o.keep, "Keep --work-dir (logs, profiles) after the run.")
@@ -268,6 +279,7 @@ type report struct {
 	wire              []wireResult
 	cborServer        bool
 	profiles          []string
+	scale             *scaleResult
 }
 
 type mgrStats struct {
@@ -325,7 +337,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	// N lock objects, then the Leases for the baseline.
-	if wl["1"] || wl["2"] || wl["5"] {
+	if wl["1"] || wl["2"] || wl["5"] || wl["scale"] {
 		logf("creating %d DistributedLocks in namespace %s", o.locks, lockNS)
 		u0 := pw.snap()
 		rep.createTime, err = createLocks(ctx, c.env.Client, o.locks)
@@ -585,6 +597,14 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return ctx.Err()
 	}
 	_, rep.mgr.peak = mgrProc.mem()
+	// Last: it restarts the operator.
+	if wl["scale"] {
+		rep.scale = runScale(ctx, c, lockPool, scaleConfig{locks: o.locks, held: min(o.scaleHeld, o.locks), holdLease: 300 * time.Second, holdRate: o.scaleHoldRate * o.rateScale,
+			lapses: o.scaleLapses, lapseLease: o.scaleLapse, lapseOver: 4 * o.scaleLapse, workers: 8, grace: controllers.DefaultExpiryGrace}, logf)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 	rep.finished = time.Now()
 	rep.loadEnd = loadAvg()
 	logf("load average at end: %s; took %s", rep.loadEnd, rep.finished.Sub(rep.started).Round(time.Second))

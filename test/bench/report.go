@@ -236,6 +236,9 @@ func (r *report) markdown(out string) string {
 	p("\n## Hand-off latency\n\n")
 	p("K clients loop: acquire (waiting in the system's own way), hold %s, release, and compete again once another client holds the lock (so every holding is a hand-off to a client that was waiting; leader election candidates run a fresh elector per attempt). Hand-off latency: from the start of one holder's release to the next holder's acquire returning. FIFO: a holding *overtook a waiter* when another client's acquire call, still waiting at the time, had started more than %s before this holder's call (the slack is the time it takes to join a queue: a read and a write; on a loaded machine joining can take longer, so this client-side count over-reports). For kubelock the order is also checked on the server's record: a watch of the lock object sees every version, and each new holder must have been the head of the queue in the version before. redsync retries (50–250 ms apart, tries raised from 32 so waiters never give up) and client-go leader election polls every 2 s; neither queues, and redsync has no fencing token.\n\n", o.handoffHold, fifoSlack)
 	p("![hand-off latency CDF](%s)\n", plotName(out, "handoff-cdf"))
+	if r.scale != nil {
+		p("%s", r.scale.markdown())
+	}
 	p("\n## Expiry\n\n")
 	p("A holder acquires and then neither renews nor releases (killed); a waiter is already waiting. Latency: from the end of the dead holder's lease to the waiter's acquire returning. kubelock: the controller expires a holding once it has not observed a renewal for the lease plus `--expiry-grace` (default 2 s, kept here), so about 2 s of each figure is that grace; lease end = the client's `ExpiresAt()` plus its safety margin. Leader election: lease end = the Lease's last `renewTime` + 15 s; candidates retry every 2 s. etcd: lease end = the last keep-alive + TTL; etcd checks for expired leases every 500 ms.\n")
 	p("\n## Analysis\n\n")

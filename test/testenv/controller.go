@@ -6,7 +6,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -19,9 +18,7 @@ import (
 // returns the manager's error. Suites may start it again after stopping it.
 func (e *Env) RunController(cfg *rest.Config, opts ...controllers.Option) (stop func() error, err error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: e.Scheme,
-		// As internal/manager.CacheOptions (not imported: its tests import this package).
-		Cache:                  cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Scheme:                 e.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 	})
