@@ -173,6 +173,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
 	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
+	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with this many status writes per variant (DistributedLock as shipped, without CEL, unvalidated; a Lease) and exit.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -181,6 +182,13 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	}
 	if *summarize != "" {
 		fmt.Print(profileSummary(*summarize))
+		return 0
+	}
+	if *writes > 0 {
+		if err := writeCost(context.Background(), *writes); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
 		return 0
 	}
 	if o.leaseObjects > o.locks {
@@ -324,7 +332,8 @@ func bench(ctx context.Context, o options, argv []string) error {
 		if err := c.activate(ctx, en.e); err != nil {
 			return err
 		}
-		kl, err := newKubelockLocker(c.user, lockNS, o.clients)
+		tr := newTrips()
+		kl, err := newKubelockLocker(tr.wrap(c.user), lockNS, o.clients)
 		if err != nil {
 			return err
 		}
@@ -341,9 +350,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 			}
 		}
 		if wl["2"] {
-			r := runUncontended(ctx, kl, en.name, lockPool, uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
-			logf("  %-16s uncontended: acquire p50 %v p99 %v, release p99 %v, errors %d", en.name, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Release.P99.Round(time.Millisecond), r.Errors)
-			rep.uncontended = append(rep.uncontended, r)
+			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, kl, en.name, lockPool, uncRate, o, tr)...)
 		}
 		if wl["3"] {
 			key := "handoff-" + string(en.e)
@@ -357,7 +364,11 @@ func bench(ctx context.Context, o options, argv []string) error {
 			if err != nil {
 				return err
 			}
-			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key))
+			htr := newTrips()
+			st0, _ := c.serverTimes(ctx)
+			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key, htr))
+			r.Trips = htr.summary()
+			logServerTimes(ctx, c, st0)
 			r.ServerFIFOViolations, r.ServerFIFOChecked = fifo.result()
 			r.ServerFIFO = true
 			logHandoff(r)
@@ -379,7 +390,8 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	if systems["lease"] && ctx.Err() == nil {
-		ll, err := newLeaseLocker(c.user, leaseNS, o.clients)
+		tr := newTrips()
+		ll, err := newLeaseLocker(tr.wrap(c.user), leaseNS, o.clients)
 		if err != nil {
 			return err
 		}
@@ -391,9 +403,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, ll, sysLease, leasePool, m, pw, logf))
 		}
 		if wl["2"] {
-			r := runUncontended(ctx, ll, sysLease, leasePool, uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
-			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysLease, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
-			rep.uncontended = append(rep.uncontended, r)
+			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, ll, sysLease, leasePool, uncRate, o, tr)...)
 		}
 	}
 	// client-go's elector on a Lease and on a DistributedLock, same timings.
@@ -430,7 +440,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 			if err != nil {
 				return err
 			}
-			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
 			el.close()
 			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysEtcd, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
 			rep.uncontended = append(rep.uncontended, r)
@@ -456,7 +466,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		defer func() { _ = rc.Close() }()
 		rs := redsync.New(goredis.NewPool(rc))
 		if wl["2"] {
-			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
 			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysRedis, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
 			rep.uncontended = append(rep.uncontended, r)
 		}
@@ -484,9 +494,49 @@ func bench(ctx context.Context, o options, argv []string) error {
 	return nil
 }
 
+// runUncontendedBoth runs workload 2 on locks taken for the first time, then
+// on locks taken again, counting requests and the apiserver's time of each.
+func runUncontendedBoth(ctx context.Context, c *cluster, sys locker, name string, free pool, rate float64, o options, tr *trips) []*uncontendedResult {
+	var out []*uncontendedResult
+	for _, again := range []bool{false, true} {
+		tr.reset()
+		st0, _ := c.serverTimes(ctx)
+		run := runUncontended
+		if again {
+			run = runUncontendedAgain
+		}
+		r := run(ctx, sys, name, free, rate, o.stepWarmup, o.uncMeasure, o.maxInFlight, tr)
+		logUncontended(r)
+		logServerTimes(ctx, c, st0)
+		out = append(out, r)
+	}
+	return out
+}
+
+func logUncontended(r *uncontendedResult) {
+	logf("  %-16s uncontended (%s): acquire p50 %v p99 %v, release p50 %v p99 %v, errors %d", r.System, r.kind(), r.Acquire.P50.Round(100*time.Microsecond), r.Acquire.P99.Round(100*time.Microsecond),
+		r.Release.P50.Round(100*time.Microsecond), r.Release.P99.Round(100*time.Microsecond), r.Errors)
+	if len(r.Trips) > 0 {
+		logf("    requests: %s", tripsString(r.Trips))
+	}
+}
+
+// logServerTimes logs the apiserver's mean time per kind of request since before.
+func logServerTimes(ctx context.Context, c *cluster, before serverTime) {
+	if before == nil {
+		return
+	}
+	if now, err := c.serverTimes(ctx); err == nil {
+		logf("    apiserver: %s", now.meanSince(before))
+	}
+}
+
 func logHandoff(r *handoffResult) {
 	logf("  %-16s hand-off: %d holdings (%.1f/s), p50 %v p99 %v, overtakes %d/%d, server-side FIFO violations %d/%d, errors %d%s", r.System, r.Holdings, r.PerSecond,
 		r.Handoff.P50.Round(time.Millisecond), r.Handoff.P99.Round(time.Millisecond), r.FIFOViolations, r.FIFOChecked, r.ServerFIFOViolations, r.ServerFIFOChecked, r.Errors, firstKind(r.ErrKinds))
+	if len(r.Trips) > 0 {
+		logf("    requests: %s", tripsString(r.Trips))
+	}
 }
 
 func logExpiry(r *expiryResult) {
