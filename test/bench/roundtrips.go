@@ -195,6 +195,11 @@ func (c *cluster) serverTimes(ctx context.Context) (serverTime, error) {
 	sumMetric(body, "apiserver_admission_webhook_admission_duration_seconds_count", add("admission webhook", 1))
 	sumMetric(body, "apiserver_admission_step_admission_duration_seconds_sum", add("admission steps", 0))
 	sumMetric(body, "apiserver_admission_step_admission_duration_seconds_count", add("admission steps", 1))
+	// The webhook server's own time per review, inside the apiserver's "admission webhook".
+	if mgr, err := httpGet(ctx, c.mgrMetrics); err == nil {
+		sumMetric(mgr, "controller_runtime_webhook_latency_seconds_sum", add("admission webhook, in the operator", 0))
+		sumMetric(mgr, "controller_runtime_webhook_latency_seconds_count", add("admission webhook, in the operator", 1))
+	}
 	return st, nil
 }
 
