@@ -17,7 +17,10 @@
 //  1. seed mix: N lock objects; held locks renewed every lease/3 plus
 //     acquire/release churn at the seed's 1:1:1 ratio, raised step by step
 //     until p99 exceeds the limit or errors appear;
-//  2. uncontended acquire + release at a fixed rate;
+//  2. uncontended acquire + release at a fixed rate, first on locks never
+//     taken before in the run (a read and a write), then on a few locks each
+//     taken over and over by its own client (kubelock writes from the last
+//     object it saw); the requests of each operation are counted;
 //  3. contended hand-off: K clients on one lock;
 //  4. expiry: a holder dies without releasing; time from its lease's end to
 //     the next holder.
@@ -184,6 +187,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 		fmt.Print(profileSummary(*summarize))
 		return 0
 	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	if *writes > 0 {
 		if err := writeCost(context.Background(), *writes); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
@@ -196,7 +200,6 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	// client-go's leader election logs every attempt through klog.
 	klog.LogToStderr(false)
 	klog.SetOutput(io.Discard)

@@ -34,7 +34,7 @@ import (
 // of the DistributedLock CRD under other groups (the same schema without its
 // CEL rules; a status the apiserver neither validates nor prunes), fills a
 // lock's status the way pkg/lock does (acquisitions and releases until
-// recentAcquisitions is full, then one held), and then renews each variant
+// recentAcquisitions is full, then one held; and a lock held once), and then renews each variant
 // N times, closed loop, one writer, the variants interleaved in blocks: the
 // client's latency, and the apiserver's CPU time per write from /proc.
 
@@ -82,7 +82,11 @@ func writeCost(ctx context.Context, n int) error {
 	}
 	lockGVR := schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}
 	filled := func(key string) (*unstructured.Unstructured, error) {
-		for range 9 {
+		rounds := 9
+		if strings.HasPrefix(key, "fresh") {
+			rounds = 0
+		}
+		for range rounds {
 			l, err := lc.TryAcquire(ctx, key)
 			if err != nil {
 				return nil, err
@@ -136,7 +140,11 @@ func writeCost(ctx context.Context, n int) error {
 	}
 
 	var variants []costVariant
-	statusPut := func(name string, gvr schema.GroupVersionResource, objName string, strip, patch bool) error {
+	statusPut := func(name string, gvr schema.GroupVersionResource, objName string, strip, patch bool, opts ...metav1.UpdateOptions) error {
+		uo := metav1.UpdateOptions{}
+		if len(opts) > 0 {
+			uo = opts[0]
+		}
 		ri := dyn.Resource(gvr).Namespace(ns)
 		var cur *unstructured.Unstructured
 		switch {
@@ -179,7 +187,7 @@ func writeCost(ctx context.Context, n int) error {
 					"status": map[string]any{"holder": map[string]any{"renewTime": now}}})
 				got, err = ri.Patch(ctx, cur.GetName(), types.MergePatchType, b, metav1.PatchOptions{}, "status")
 			} else {
-				got, err = ri.UpdateStatus(ctx, next, metav1.UpdateOptions{})
+				got, err = ri.UpdateStatus(ctx, next, uo)
 			}
 			if err != nil {
 				return 0, err
@@ -193,6 +201,12 @@ func writeCost(ctx context.Context, n int) error {
 		return err
 	}
 	if err := statusPut("DistributedLock status, managedFields not sent", lockGVR, "cost-strip", true, false); err != nil {
+		return err
+	}
+	if err := statusPut("DistributedLock status, fieldValidation=Ignore", lockGVR, "cost-ignore", false, false, metav1.UpdateOptions{FieldValidation: metav1.FieldValidationIgnore}); err != nil {
+		return err
+	}
+	if err := statusPut("DistributedLock status of a fresh lock (held once, recentAcquisitions empty)", lockGVR, "fresh", false, false); err != nil {
 		return err
 	}
 	if err := statusPut("DistributedLock status, JSON merge patch with resourceVersion", lockGVR, "cost-patch", false, true); err != nil {
@@ -259,6 +273,9 @@ func writeCost(ctx context.Context, n int) error {
 		per := res[i].cpu / float64(len(res[i].lat))
 		fmt.Printf("| %s | %d | %s | %s | %.2f | %.2f× |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), 1000*per, per/base)
 	}
+	if err := pairCost(ctx, n, apiserver, admin, cs, ns); err != nil {
+		return err
+	}
 	// Where the apiserver's time goes while it takes the shipped lock's writes.
 	path := filepath.Join(os.TempDir(), "kubelock-write-cost-apiserver.pprof")
 	errc := make(chan error, 1)
@@ -277,6 +294,97 @@ func writeCost(ctx context.Context, n int) error {
 			return err
 		}
 	}
+}
+
+// pairCost measures workload 2's operations the same way, interleaved: an
+// uncontended acquire and its release by pkg/lock (no admission, no operator:
+// the bench's "none") on a lock the client took before, on a lock it never
+// saw, and raw Lease CAS (get, then update; update to release).
+func pairCost(ctx context.Context, n int, apiserver proc, admin *rest.Config, cs kubernetes.Interface, ns string) error {
+	kl, err := newKubelockLocker(admin, ns, 1)
+	if err != nil {
+		return err
+	}
+	ll, err := newLeaseLocker(admin, ns, 1)
+	if err != nil {
+		return err
+	}
+	if _, err := cs.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "pair"}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	cl, err := client.New(admin, client.Options{})
+	if err != nil {
+		return err
+	}
+	newLock := func(name string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "locks.kubelock.io/v1alpha1", "kind": "DistributedLock",
+			"metadata": map[string]any{"namespace": ns, "name": name}}}
+	}
+	if err := cl.Create(ctx, newLock("again")); err != nil {
+		return err
+	}
+	if _, err := createObjects(ctx, n, 8, func(ctx context.Context, i int) error {
+		return cl.Create(ctx, newLock(fmt.Sprintf("first-%d", i)))
+	}); err != nil {
+		return err
+	}
+	first := 0
+	type pair struct {
+		name string
+		take func(ctx context.Context) (holding, error)
+	}
+	pairs := []pair{
+		{"kubelock, a lock its client took before: PUT", func(ctx context.Context) (holding, error) { return kl.acquire(ctx, "again") }},
+		{"kubelock, a lock its client never saw: GET + PUT", func(ctx context.Context) (holding, error) {
+			first++
+			return kl.acquire(ctx, fmt.Sprintf("first-%d", first-1))
+		}},
+		{"raw Lease CAS: GET + PUT", func(ctx context.Context) (holding, error) { return ll.acquire(ctx, "pair") }},
+	}
+	h, err := pairs[0].take(ctx) // seen from here on
+	if err != nil {
+		return err
+	}
+	if err := h.release(ctx); err != nil {
+		return err
+	}
+	type acc struct {
+		acq, rel []time.Duration
+		cpu      float64
+	}
+	res := make([]acc, len(pairs))
+	const block = 25
+	for done := 0; done+block <= n; done += block {
+		for i, p := range pairs {
+			c0 := apiserver.cpu()
+			for range block {
+				t := time.Now()
+				h, err := p.take(ctx)
+				if err != nil {
+					return fmt.Errorf("%s: %w", p.name, err)
+				}
+				res[i].acq = append(res[i].acq, time.Since(t))
+				t = time.Now()
+				if err := h.release(ctx); err != nil {
+					return fmt.Errorf("%s: %w", p.name, err)
+				}
+				res[i].rel = append(res[i].rel, time.Since(t))
+			}
+			res[i].cpu += apiserver.cpu() - c0
+		}
+	}
+	fmt.Printf("\nUncontended acquire and release, one client, closed loop, %d of each in interleaved blocks of %d; no admission, no operator.\n\n", len(res[0].acq), block)
+	fmt.Printf("| acquire | acquire p50 ms | p99 ms | vs Lease p50, p99 | release p50 ms | p99 ms | apiserver CPU ms per acquire + release | vs Lease |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	last := len(res) - 1
+	la := summarize(res[last].acq)
+	lcpu := res[last].cpu / float64(len(res[last].acq))
+	for i, p := range pairs {
+		a, r := summarize(res[i].acq), summarize(res[i].rel)
+		per := res[i].cpu / float64(len(res[i].acq))
+		fmt.Printf("| %s | %s | %s | %s, %s | %s | %s | %.2f | %.2f× |\n", p.name, ms(a.P50), ms(a.P99), ratio(float64(a.P50), float64(la.P50)), ratio(float64(a.P99), float64(la.P99)),
+			ms(r.P50), ms(r.P99), 1000*per, per/lcpu)
+	}
+	return nil
 }
 
 // regroup is a copy of crd served under group.
