@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -276,6 +277,9 @@ func writeCost(ctx context.Context, n int) error {
 	if err := pairCost(ctx, n, apiserver, admin, cs, ns); err != nil {
 		return err
 	}
+	if err := handoffCost(ctx, n, admin, cs, ns); err != nil {
+		return err
+	}
 	// Where the apiserver's time goes while it takes the shipped lock's writes.
 	path := filepath.Join(os.TempDir(), "kubelock-write-cost-apiserver.pprof")
 	errc := make(chan error, 1)
@@ -385,6 +389,79 @@ func pairCost(ctx context.Context, n int, apiserver proc, admin *rest.Config, cs
 			ms(r.P50), ms(r.P99), 1000*per, per/lcpu)
 	}
 	return nil
+}
+
+// handoffCost measures workload 3's hand-off with one waiter, interleaved
+// with single raw Lease writes (the yardstick): from the holder's
+// Release call to the queued waiter's Acquire returning, in turns (the
+// waiter then holds, and the other client queues).
+func handoffCost(ctx context.Context, n int, admin *rest.Config, cs kubernetes.Interface, ns string) error {
+	var clients [2]*lock.Client
+	for i := range clients {
+		c, err := lock.New(admin, lock.WithNamespace(ns), lock.WithIdentity(fmt.Sprintf("turn-%d", i)), lock.WithoutAutoRenew(), lock.WithAutoCreate())
+		if err != nil {
+			return err
+		}
+		clients[i] = c
+	}
+	held, err := clients[0].TryAcquire(ctx, "handoff")
+	if err != nil {
+		return err
+	}
+	leases := cs.CoordinationV1().Leases(ns)
+	lease, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "handoff"}}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	var handoffs, writes []time.Duration
+	const block = 25
+	for done := 0; done+block <= n; done += block {
+		for range block {
+			waiter := clients[(len(handoffs)+1)%2]
+			queued := make(chan struct{})
+			var once sync.Once
+			type result struct {
+				l   *lock.Lock
+				at  time.Time
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				l, err := waiter.Acquire(ctx, "handoff", lock.OnQueue(func(lock.QueueStatus) { once.Do(func() { close(queued) }) }))
+				got <- result{l, time.Now(), err}
+			}()
+			select {
+			case <-queued:
+			case r := <-got:
+				return fmt.Errorf("the waiter did not queue: %v", r.err)
+			}
+			t := time.Now()
+			if err := held.Release(ctx); err != nil {
+				return err
+			}
+			r := <-got
+			if r.err != nil {
+				return r.err
+			}
+			handoffs = append(handoffs, r.at.Sub(t))
+			held = r.l
+		}
+		for range block {
+			next := lease.DeepCopy()
+			now := metav1.NowMicro()
+			next.Spec.RenewTime = &now
+			t := time.Now()
+			if lease, err = leases.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			writes = append(writes, time.Since(t))
+		}
+	}
+	h, w := summarize(handoffs), summarize(writes)
+	fmt.Printf("\nHand-off with one waiter (release call to the waiter's acquire returning), %d, interleaved in blocks of %d with as many raw Lease writes; no admission, no operator.\n\n", h.N, block)
+	fmt.Printf("| | p50 ms | p99 ms |\n|---|---:|---:|\n| kubelock hand-off | %s | %s |\n| one raw Lease write | %s | %s |\n| ratio | %s | %s |\n",
+		ms(h.P50), ms(h.P99), ms(w.P50), ms(w.P99), ratio(float64(h.P50), float64(w.P50)), ratio(float64(h.P99), float64(w.P99)))
+	return held.Release(ctx)
 }
 
 // regroup is a copy of crd served under group.
