@@ -16,14 +16,21 @@
 //
 //  1. seed mix: N lock objects; held locks renewed every lease/3 plus
 //     acquire/release churn at the seed's 1:1:1 ratio, raised step by step
-//     until p99 exceeds the limit or errors appear;
+//     until p99 exceeds the limit or errors appear, then bisected between
+//     the last sustained and the first unsustained rate;
 //  2. uncontended acquire + release at a fixed rate, first on locks never
 //     taken before in the run (a read and a write), then on a few locks each
 //     taken over and over by its own client (kubelock writes from the last
 //     object it saw); the requests of each operation are counted;
 //  3. contended hand-off: K clients on one lock;
 //  4. expiry: a holder dies without releasing; time from its lease's end to
-//     the next holder.
+//     the next holder;
+//  5. holding only: N clients each hold 40 locks and renew them, without
+//     and with sessions (one renewal per client instead of one per lock).
+//
+// With --encoding json,cbor the apiserver runs with the CBORServingAndStorage
+// gate and every kubelock engine runs workloads 1, 2 and 5 twice: with
+// pkg/lock speaking JSON and speaking CBOR (cbor.go).
 //
 // The results go to stdout and to docs/benchmarks.md with PNG plots beside it.
 // Run it with `make bench` (default, < 15 min on 2 cores) or `make bench-quick`.
@@ -35,6 +42,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -77,6 +85,9 @@ type options struct {
 	leaseObjects   int
 	rates          string
 	rateScale      float64
+	bisectAbs      float64
+	bisectRel      float64
+	maxSteps       int
 	stepWarmup     time.Duration
 	stepMeasure    time.Duration
 	p99Limit       time.Duration
@@ -84,12 +95,19 @@ type options struct {
 	churnHold      time.Duration
 	uncRate        float64
 	uncMeasure     time.Duration
+	uncRounds      int
+	pairedRate     float64
+	pairedRounds   int
 	handoffK       int
 	handoffHold    time.Duration
 	handoffMeasure time.Duration
 	leMeasure      time.Duration
 	expiryTrials   int
 	expiryLease    time.Duration
+	holdClients    int
+	holdPerClient  int
+	holdMeasure    time.Duration
+	encoding       string
 	systems        string
 	workloads      string
 	out            string
@@ -103,17 +121,21 @@ type options struct {
 
 func defaults(quick bool) options {
 	o := options{
-		locks: 100000, leaseObjects: 20000, rates: "150,300,600,900,1200,1800,2400", rateScale: 1,
-		stepWarmup: 4 * time.Second, stepMeasure: 12 * time.Second, p99Limit: 200 * time.Millisecond,
+		// Steps double, then bisection narrows the bracket; short steps keep
+		// the default run, 100,000 locks included, within 15 min on 2 cores.
+		locks: 100000, leaseObjects: 20000, rates: "150,300,600,1200,2400", rateScale: 1,
+		bisectAbs: 25, bisectRel: 0.05, maxSteps: 6,
+		stepWarmup: 2 * time.Second, stepMeasure: 6 * time.Second, p99Limit: 200 * time.Millisecond,
 		lease: 30 * time.Second, churnHold: 200 * time.Millisecond,
-		uncRate: 40, uncMeasure: 10 * time.Second,
+		uncRate: 40, uncMeasure: 10 * time.Second, uncRounds: 4, pairedRounds: 2,
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
-		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4",
+		holdClients: 10, holdPerClient: 40, holdMeasure: 10 * time.Second, encoding: encJSON,
+		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 	}
 	if quick {
-		o.locks, o.leaseObjects, o.rates = 2000, 2000, "150,300"
+		o.locks, o.leaseObjects, o.rates, o.maxSteps, o.holdClients = 5000, 5000, "150,300,600", 4, 5
 		o.stepWarmup, o.stepMeasure = time.Second, 3*time.Second
 		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 2500*time.Millisecond, 4, 2500*time.Millisecond, 5*time.Second
 		o.expiryTrials, o.expiryLease = 2, time.Second
@@ -145,14 +167,17 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 `)
 		fs.PrintDefaults()
 		q := defaults(true)
-		fmt.Fprintf(fs.Output(), "\n--quick presets: --locks %d --lease-objects %d --rates %s --step-warmup %s --step-measure %s --uncontended-measure %s --handoff-clients %d --handoff-measure %s --leaderelection-measure %s --expiry-trials %d --expiry-lease %s (flags given after --quick override them)\n",
-			q.locks, q.leaseObjects, q.rates, q.stepWarmup, q.stepMeasure, q.uncMeasure, q.handoffK, q.handoffMeasure, q.leMeasure, q.expiryTrials, q.expiryLease)
+		fmt.Fprintf(fs.Output(), "\n--quick presets: --locks %d --lease-objects %d --rates %s --max-steps %d --step-warmup %s --step-measure %s --uncontended-measure %s --handoff-clients %d --handoff-measure %s --leaderelection-measure %s --expiry-trials %d --expiry-lease %s --hold-clients %d (flags given after --quick override them)\n",
+			q.locks, q.leaseObjects, q.rates, q.maxSteps, q.stepWarmup, q.stepMeasure, q.uncMeasure, q.handoffK, q.handoffMeasure, q.leMeasure, q.expiryTrials, q.expiryLease, q.holdClients)
 	}
 	fs.BoolVar(&o.quick, "quick", o.quick, "Smoke-test preset: fewer locks, shorter windows, fewer steps (< 3 min on 2 cores).")
 	fs.IntVar(&o.locks, "locks", o.locks, "N: DistributedLock objects created for the seed mix (creation is timed separately).")
 	fs.IntVar(&o.leaseObjects, "lease-objects", o.leaseObjects, "Lease objects created for the raw-Lease baseline (at most --locks; enough for the held population and the churn).")
-	fs.StringVar(&o.rates, "rates", o.rates, "Seed-mix steps: offered lock writes/s (1/3 acquisitions, 1/3 renewals, 1/3 releases), before --rate-scale.")
+	fs.StringVar(&o.rates, "rates", o.rates, "Seed-mix coarse steps: offered lock writes/s (1/3 acquisitions, 1/3 renewals, 1/3 releases), before --rate-scale; run upwards until one is not sustained, then bisected.")
 	fs.Float64Var(&o.rateScale, "rate-scale", o.rateScale, "Multiplies every offered rate (seed-mix steps and --uncontended-rate) to fit the machine.")
+	fs.Float64Var(&o.bisectAbs, "bisect-width", o.bisectAbs, "Seed mix: bisection stops once the bracket (highest sustained, lowest not sustained) is at most this many writes/s wide...")
+	fs.Float64Var(&o.bisectRel, "bisect-tolerance", o.bisectRel, "...or within ± this fraction of its middle.")
+	fs.IntVar(&o.maxSteps, "max-steps", o.maxSteps, "Seed mix: at most this many steps per system, coarse and bisection together (bounds the run's time).")
 	fs.DurationVar(&o.stepWarmup, "step-warmup", o.stepWarmup, "Warm-up before each measured window.")
 	fs.DurationVar(&o.stepMeasure, "step-measure", o.stepMeasure, "Measured window of each seed-mix step.")
 	fs.DurationVar(&o.p99Limit, "p99-limit", o.p99Limit, "A seed-mix step is sustained while p99 stays within this, with no errors and >= 90% of the offered rate completed.")
@@ -160,18 +185,25 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.DurationVar(&o.churnHold, "churn-hold", o.churnHold, "How long a churn acquisition holds its lock before releasing.")
 	fs.Float64Var(&o.uncRate, "uncontended-rate", o.uncRate, "Workload 2: acquire+release pairs/s (before --rate-scale).")
 	fs.DurationVar(&o.uncMeasure, "uncontended-measure", o.uncMeasure, "Workload 2: measured window.")
+	fs.Float64Var(&o.pairedRate, "paired-rate", o.pairedRate, "With two encodings: the seed-mix rate (before --rate-scale) both run in alternating windows after their own searches; 0: the lower of their highest sustained rates.")
+	fs.IntVar(&o.pairedRounds, "paired-rounds", o.pairedRounds, "With two encodings: rounds of the paired seed-mix step, each one window per encoding, in ABBA order.")
+	fs.IntVar(&o.uncRounds, "uncontended-rounds", o.uncRounds, "Workload 2 with two encodings: the window is split into this many rounds per encoding, alternating between them.")
 	fs.IntVar(&o.handoffK, "handoff-clients", o.handoffK, "Workload 3: K clients contending for one lock.")
 	fs.DurationVar(&o.handoffHold, "handoff-hold", o.handoffHold, "Workload 3: how long each holder keeps the lock.")
 	fs.DurationVar(&o.handoffMeasure, "handoff-measure", o.handoffMeasure, "Workload 3: measured window (kubelock, etcd, redsync).")
 	fs.DurationVar(&o.leMeasure, "leaderelection-measure", o.leMeasure, "Workload 3: measured window for client-go leader election (2 s retry period).")
 	fs.IntVar(&o.expiryTrials, "expiry-trials", o.expiryTrials, "Workload 4: dead holders per system (run in parallel).")
 	fs.DurationVar(&o.expiryLease, "expiry-lease", o.expiryLease, "Workload 4: lease of kubelock's and etcd's dead holder (leader election uses its default 15 s).")
+	fs.IntVar(&o.holdClients, "hold-clients", o.holdClients, "Workload 5: clients, each holding --hold-locks-per-client locks.")
+	fs.IntVar(&o.holdPerClient, "hold-locks-per-client", o.holdPerClient, "Workload 5: locks each client holds.")
+	fs.DurationVar(&o.holdMeasure, "hold-measure", o.holdMeasure, "Workload 5: measured window (at least lease/3, so every holding renews in it).")
+	fs.StringVar(&o.encoding, "encoding", o.encoding, "Wire encodings of the kubelock clients: json, cbor or json,cbor. With cbor the apiserver runs with --feature-gates=CBORServingAndStorage=true (alpha, off by default) and workloads 1, 2 and 5 run once per encoding; the other workloads use JSON.")
 	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
-	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry.")
+	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions).")
 	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
 	fs.StringVar(&o.workDir, "work-dir", o.workDir, "Folder for logs, certificates and profiles (default: a new temporary folder).")
 	fs.BoolVar(&o.keep, "keep", o.keep, "Keep --work-dir (logs, profiles) after the run.")
-	fs.BoolVar(&o.profile, "profile", o.profile, "CPU-profile kube-apiserver and this client during one seed-mix step of the webhook engine.")
+	fs.BoolVar(&o.profile, "profile", o.profile, "CPU-profile kube-apiserver and this client during one seed-mix step of the webhook engine (and, with two encodings, during each encoding's first paired window).")
 	fs.IntVar(&o.profileStep, "profile-step", o.profileStep, "Index (from 0) of the seed-mix step of the webhook engine to profile; none when the run stops before it.")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
@@ -197,6 +229,17 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	}
 	if o.leaseObjects > o.locks {
 		o.leaseObjects = o.locks
+	}
+	encodings, err := parseEncodings(o.encoding)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	if slices.Contains(encodings, encCBOR) {
+		if err := allowCBOR(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
@@ -231,6 +274,10 @@ type report struct {
 	uncontended       []*uncontendedResult
 	handoffs          []*handoffResult
 	expiries          []*expiryResult
+	holds             []*holdResult
+	paired            []pairedResult
+	wire              []wireResult
+	cborServer        bool
 	profiles          []string
 }
 
@@ -241,6 +288,10 @@ type mgrStats struct {
 }
 
 func bench(ctx context.Context, o options, argv []string) error {
+	encodings, err := parseEncodings(o.encoding)
+	if err != nil {
+		return err
+	}
 	root := testenv.RepoRoot()
 	if err := os.Chdir(root); err != nil {
 		return err
@@ -271,7 +322,8 @@ func bench(ctx context.Context, o options, argv []string) error {
 	}
 	logf("load average at start: %s; work dir %s", rep.loadStart, dir)
 
-	c, err := startCluster(ctx, dir, logf)
+	rep.cborServer = slices.Contains(encodings, encCBOR)
+	c, err := startCluster(ctx, dir, logf, rep.cborServer)
 	if err != nil {
 		return err
 	}
@@ -284,7 +336,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	// N lock objects, then the Leases for the baseline.
-	if wl["1"] || wl["2"] {
+	if wl["1"] || wl["2"] || wl["5"] {
 		logf("creating %d DistributedLocks in namespace %s", o.locks, lockNS)
 		u0 := pw.snap()
 		rep.createTime, err = createLocks(ctx, c.env.Client, o.locks)
@@ -318,7 +370,9 @@ func bench(ctx context.Context, o options, argv []string) error {
 		rates = append(rates, v*o.rateScale)
 	}
 	mix := mixConfig{lease: o.lease, churnHold: o.churnHold, warmup: o.stepWarmup, measure: o.stepMeasure,
-		rates: rates, p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, profileDir: dir}
+		rates: rates, absTol: o.bisectAbs * o.rateScale, relTol: o.bisectRel, maxSteps: o.maxSteps,
+		p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, profileDir: dir}
+	hold := holdConfig{clients: o.holdClients, perClient: o.holdPerClient, lease: o.lease, measure: max(o.holdMeasure, o.lease/3)}
 	uncRate := o.uncRate * o.rateScale
 	mix.objects = o.locks
 	lockPool := newPool(o.locks)
@@ -335,25 +389,86 @@ func bench(ctx context.Context, o options, argv []string) error {
 		if err := c.activate(ctx, en.e); err != nil {
 			return err
 		}
-		tr := newTrips()
-		kl, err := newKubelockLocker(tr.wrap(c.user), lockNS, o.clients)
-		if err != nil {
-			return err
+		// One client set per encoding; with two, workload 2 alternates
+		// between them and the others run one after the other. trs count
+		// each set's requests per operation.
+		var kls []locker
+		var names []string
+		var factories []lockClientFactory
+		var answers []*mediaTypes
+		var trs []*trips
+		for _, enc := range encodings {
+			name := en.name
+			if enc == encCBOR {
+				name = cborName(en.name)
+			}
+			a := &mediaTypes{}
+			f := lockClients(enc, a)
+			tr := newTrips()
+			kl, err := newKubelockLocker(f, tr.wrap(c.user), lockNS, o.clients, o.lease)
+			if err != nil {
+				return err
+			}
+			kls, names, factories, answers, trs = append(kls, kl), append(names, name), append(factories, f), append(answers, a), append(trs, tr)
 		}
 		if wl["1"] {
-			m := mix
-			m.holdOnly = en.e == engineWebhook
-			if en.e == engineWebhook && o.profile {
-				m.profileStep = min(o.profileStep, len(rates)-1)
+			for i := range kls {
+				m := mix
+				if en.e == engineWebhook && i == 0 && o.profile {
+					m.profileStep = min(o.profileStep, o.maxSteps-1)
+				}
+				res := runSeedMix(ctx, c, kls[i], names[i], lockPool, m, pw, logf)
+				rep.mixes = append(rep.mixes, res)
+				for _, s := range res.Steps {
+					rep.profiles = append(rep.profiles, s.Profiles...)
+				}
 			}
-			res := runSeedMix(ctx, c, kl, en.name, lockPool, m, pw, logf)
-			rep.mixes = append(rep.mixes, res)
-			for _, s := range res.Steps {
-				rep.profiles = append(rep.profiles, s.Profiles...)
+		}
+		if wl["1"] && len(kls) > 1 && ctx.Err() == nil {
+			rate := o.pairedRate * o.rateScale
+			if rate <= 0 {
+				rate = pairedRate(rep.mixes[len(rep.mixes)-len(kls):])
+			}
+			if rate <= 0 {
+				logf("  paired step of %s: no rate (no seed-mix step ran)", en.name)
+			} else if steps, err := runPairedStep(ctx, c, kls, names, lockPool, mix, pw, rate, o.pairedRounds, o.profile); err != nil {
+				logf("  paired step of %s at %.0f writes/s: %v", en.name, rate, err)
+			} else {
+				rep.paired = append(rep.paired, pairedResult{Names: names, Steps: steps, Rounds: o.pairedRounds})
+				for _, s := range steps {
+					rep.profiles = append(rep.profiles, s.Profiles...)
+				}
 			}
 		}
 		if wl["2"] {
-			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, kl, en.name, lockPool, uncRate, o, tr)...)
+			if len(kls) == 1 {
+				rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, kls[0], names[0], lockPool, uncRate, o, trs[0])...)
+			} else {
+				for _, r := range runUncontendedInterleaved(ctx, kls, names, lockPool, uncRate, o.stepWarmup, o.uncMeasure, o.uncRounds, o.maxInFlight) {
+					logUncontended(r)
+					rep.uncontended = append(rep.uncontended, r)
+				}
+			}
+		}
+		if wl["5"] {
+			for i := range kls {
+				for _, sessions := range []bool{false, true} {
+					if ctx.Err() != nil {
+						break
+					}
+					t, err := kubelockHold(ctx, factories[i], c.user, lockNS, hold, sessions)
+					if err != nil {
+						return err
+					}
+					r := runHold(ctx, c, pw, names[i], sessions, lockPool, hold, t)
+					logHold(r)
+					rep.holds = append(rep.holds, r)
+				}
+			}
+		}
+		for i := range kls {
+			rep.wire = append(rep.wire, wireResult{System: names[i], Encoding: encodings[i], Answers: answers[i].String(), CBORShare: answers[i].cborShare()})
+			logf("  %-16s apiserver answers to its lock clients: %s", names[i], answers[i])
 		}
 		if wl["3"] {
 			key := "handoff-" + string(en.e)
@@ -401,9 +516,13 @@ func bench(ctx context.Context, o options, argv []string) error {
 		leasePool := newPool(o.leaseObjects)
 		if wl["1"] {
 			m := mix
-			m.holdOnly = true
 			m.objects = o.leaseObjects
 			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, ll, sysLease, leasePool, m, pw, logf))
+		}
+		if wl["5"] {
+			r := runHold(ctx, c, pw, sysLease, false, leasePool, hold, leaseHold(ll))
+			logHold(r)
+			rep.holds = append(rep.holds, r)
 		}
 		if wl["2"] {
 			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, ll, sysLease, leasePool, uncRate, o, tr)...)
@@ -532,6 +651,64 @@ func logServerTimes(ctx context.Context, c *cluster, before serverTime) {
 	if now, err := c.serverTimes(ctx); err == nil {
 		logf("    apiserver: %s", now.meanSince(before))
 	}
+}
+
+// parseEncodings reads --encoding.
+func parseEncodings(s string) ([]string, error) {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		e = strings.ToLower(strings.TrimSpace(e))
+		switch e {
+		case encJSON, encCBOR:
+			if !slices.Contains(out, e) {
+				out = append(out, e)
+			}
+		default:
+			return nil, fmt.Errorf("--encoding: %q is neither json nor cbor", e)
+		}
+	}
+	return out, nil
+}
+
+// cborName is the report's name of an engine's CBOR variant.
+func cborName(system string) string {
+	return strings.TrimSuffix(system, ")") + ", CBOR)"
+}
+
+// pairedResult is one engine's paired seed-mix step over its encodings.
+type pairedResult struct {
+	Names  []string
+	Steps  []stepResult
+	Rounds int
+}
+
+// pairedRate is the rate all of mixes sustained (the lowest of their highest
+// sustained rates) or, when one sustained none, the lowest rate any ran.
+func pairedRate(mixes []*mixResult) float64 {
+	rate, lowest, none := math.Inf(1), math.Inf(1), false
+	for _, m := range mixes {
+		if m.Bracket.Sustained <= 0 {
+			none = true
+		}
+		rate = min(rate, m.Bracket.Sustained)
+		for _, st := range m.Steps {
+			lowest = min(lowest, st.Offered)
+		}
+	}
+	switch {
+	case !none && !math.IsInf(rate, 1):
+		return rate
+	case !math.IsInf(lowest, 1):
+		return lowest
+	}
+	return 0
+}
+
+// wireResult says how the apiserver answered one kubelock client set.
+type wireResult struct {
+	System, Encoding string
+	Answers          string  // media types by method, with counts
+	CBORShare        float64 // of all answers
 }
 
 func logHandoff(r *handoffResult) {

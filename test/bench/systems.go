@@ -47,10 +47,10 @@ func clientFor(key string, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-func newKubelockLocker(cfg *rest.Config, ns string, n int) (*kubelockLocker, error) {
+func newKubelockLocker(newClient lockClientFactory, cfg *rest.Config, ns string, n int, lease time.Duration) (*kubelockLocker, error) {
 	k := &kubelockLocker{}
 	for i := range n {
-		c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity(fmt.Sprintf("bench-%d", i)), lock.WithoutAutoRenew())
+		c, err := newClient(cfg, lock.WithNamespace(ns), lock.WithIdentity(fmt.Sprintf("bench-%d", i)), lock.WithoutAutoRenew(), lock.WithLeaseDuration(lease))
 		if err != nil {
 			return nil, err
 		}

@@ -35,23 +35,28 @@ const (
 // --- workload 2: uncontended acquire + release ------------------------------------
 
 type uncontendedResult struct {
-	System string
-	// Again: the locks were taken before by the same client (againLocks of
-	// them in turn); otherwise each acquire is the first of its lock.
-	Again            bool
+	System           string
 	Rate             float64
 	Acquire, Release dist
 	Pairs            float64 // completed acquire+release pairs/s
 	Errors           int
 	ErrKinds         map[string]int
+	Rounds           int // > 1: measured in rounds alternating with other systems
+	// Again: the locks were taken before by the same client (againLocks of
+	// them in turn); otherwise each acquire is the first of its lock.
+	Again bool
 	// Trips: the apiserver requests per acquire and per release, as the
 	// system's clients sent them (warm-up included).
 	Trips []tripLine
+
+	acq, rel *recorder
+	pairs    int
+	tr       *trips // counts the requests of the system's clients, when they were built with it
 }
 
 // kind names the run: first acquisitions, or again.
-func (r *uncontendedResult) kind() string {
-	if r.Again {
+func (u *uncontendedResult) kind() string {
+	if u.Again {
 		return "again"
 	}
 	return "first"
@@ -88,47 +93,102 @@ func runUncontendedAgain(ctx context.Context, sys locker, name string, free pool
 // runUncontended takes a free lock and gives it back at a fixed rate, open
 // loop. tr counts the requests of sys's clients when they were built with it.
 func runUncontended(ctx context.Context, sys locker, name string, free pool, rate float64, warmup, measure time.Duration, maxInFlight int, tr *trips) *uncontendedResult {
+	u := newUncontended(name, rate)
+	u.tr = tr
 	ws := time.Now().Add(warmup)
-	we := ws.Add(measure)
-	acq, rel := newRecorder(ws, we), newRecorder(ws, we)
+	u.loop(ctx, sys, free, ws, ws.Add(measure), maxInFlight)
+	return u.result(measure)
+}
+
+// runUncontendedInterleaved measures several systems (the same engine over
+// different encodings) in alternating rounds, each system's warm-up first,
+// so that a machine whose load drifts affects them alike.
+func runUncontendedInterleaved(ctx context.Context, syss []locker, names []string, free pool, rate float64, warmup, measure time.Duration, rounds, maxInFlight int) []*uncontendedResult {
+	us := make([]*uncontendedResult, len(syss))
+	for i := range syss {
+		us[i] = newUncontended(names[i], rate)
+		// Warm-up: connections and caches, nothing recorded.
+		now := time.Now()
+		us[i].loop(ctx, syss[i], free, now.Add(warmup), now.Add(warmup), maxInFlight)
+	}
+	per := measure / time.Duration(max(1, rounds))
+	for r := range max(1, rounds) {
+		for k := range syss {
+			i := (k + r) % len(syss) // alternate who goes first
+			now := time.Now()
+			us[i].loop(ctx, syss[i], free, now, now.Add(per), maxInFlight)
+		}
+	}
+	for _, u := range us {
+		u.Rounds = max(1, rounds)
+	}
+	out := make([]*uncontendedResult, len(us))
+	for i, u := range us {
+		out[i] = u.result(per * time.Duration(max(1, rounds)))
+	}
+	return out
+}
+
+func newUncontended(name string, rate float64) *uncontendedResult {
+	forever := time.Now().Add(24 * time.Hour)
+	return &uncontendedResult{System: name, Rate: rate, acq: newRecorder(time.Time{}, forever), rel: newRecorder(time.Time{}, forever)}
+}
+
+// loop runs the open loop from now until we; acquisitions scheduled from ws
+// on are recorded, and their releases and completed pairs.
+func (u *uncontendedResult) loop(ctx context.Context, sys locker, free pool, ws, we time.Time, maxInFlight int) {
 	var mu sync.Mutex
-	pairs := 0
-	openLoop(ctx, rate, time.Now(), we, maxInFlight, func(sched time.Time) {
+	openLoop(ctx, u.Rate, time.Now(), we, maxInFlight, func(sched time.Time) {
+		measured := !sched.Before(ws)
 		idx, ok := free.take()
 		if !ok {
-			acq.record(sched, errors.New("no free lock object left"))
+			if measured {
+				u.acq.record(sched, errors.New("no free lock object left"))
+			}
 			return
 		}
 		defer func() { free <- idx }()
 		h, err := sys.acquire(inPhase(ctx, "acquire"), lockName(idx))
-		acq.record(sched, err)
+		if measured {
+			u.acq.record(sched, err)
+		}
 		if err != nil {
 			return
 		}
-		tr.done("acquire")
+		u.tr.done("acquire")
 		rs := time.Now()
 		err = h.release(inPhase(ctx, "release"))
-		rel.record(rs, err)
 		if err == nil {
-			tr.done("release")
+			u.tr.done("release")
 		}
-		if err == nil && !sched.Before(ws) {
+		if measured {
+			u.rel.record(rs, err)
+		}
+		if err == nil && measured {
 			mu.Lock()
-			pairs++
+			u.pairs++
 			mu.Unlock()
 		}
-	}, func(sched time.Time) { acq.record(sched, errors.New("client-side in-flight limit reached")) })
-	a, ae, ak := acq.snapshot()
-	r, re, rk := rel.snapshot()
+	}, func(sched time.Time) {
+		if !sched.Before(ws) {
+			u.acq.record(sched, errors.New("client-side in-flight limit reached"))
+		}
+	})
+}
+
+func (u *uncontendedResult) result(measured time.Duration) *uncontendedResult {
+	a, ae, ak := u.acq.snapshot()
+	r, re, rk := u.rel.snapshot()
 	for k, v := range rk {
 		ak[k] += v
 	}
-	res := &uncontendedResult{System: name, Rate: rate, Acquire: summarize(a), Release: summarize(r),
-		Pairs: float64(pairs) / measure.Seconds(), Errors: ae + re, ErrKinds: ak}
-	if tr != nil {
-		res.Trips = tr.summary()
+	u.Acquire, u.Release = summarize(a), summarize(r)
+	u.Pairs = float64(u.pairs) / measured.Seconds()
+	u.Errors, u.ErrKinds = ae+re, ak
+	if u.tr != nil {
+		u.Trips = u.tr.summary()
 	}
-	return res
+	return u
 }
 
 // --- workload 3: contended hand-off --------------------------------------------------

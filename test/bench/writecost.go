@@ -305,7 +305,7 @@ func writeCost(ctx context.Context, n int) error {
 // the bench's "none") on a lock the client took before, on a lock it never
 // saw, and raw Lease CAS (get, then update; update to release).
 func pairCost(ctx context.Context, n int, apiserver proc, admin *rest.Config, cs kubernetes.Interface, ns string) error {
-	kl, err := newKubelockLocker(admin, ns, 1)
+	kl, err := newKubelockLocker(lockClients(encJSON, &mediaTypes{}), admin, ns, 1, 30*time.Second)
 	if err != nil {
 		return err
 	}
