@@ -18,7 +18,10 @@
 //     acquire/release churn at the seed's 1:1:1 ratio, raised step by step
 //     until p99 exceeds the limit or errors appear, then bisected between
 //     the last sustained and the first unsustained rate;
-//  2. uncontended acquire + release at a fixed rate;
+//  2. uncontended acquire + release at a fixed rate, first on locks never
+//     taken before in the run (a read and a write), then on a few locks each
+//     taken over and over by its own client (kubelock writes from the last
+//     object it saw); the requests of each operation are counted;
 //  3. contended hand-off: K clients on one lock;
 //  4. expiry: a holder dies without releasing; time from its lease's end to
 //     the next holder;
@@ -216,6 +219,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
 	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
+	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with this many status writes per variant (DistributedLock as shipped, without CEL, unvalidated; a Lease) and exit.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -224,6 +228,14 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	}
 	if *summarize != "" {
 		fmt.Print(profileSummary(*summarize))
+		return 0
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	if *writes > 0 {
+		if err := writeCost(context.Background(), *writes); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
 		return 0
 	}
 	if o.leaseObjects > o.locks {
@@ -242,7 +254,6 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	// client-go's leader election logs every attempt through klog.
 	klog.LogToStderr(false)
 	klog.SetOutput(io.Discard)
@@ -391,11 +402,13 @@ func bench(ctx context.Context, o options, argv []string) error {
 			return err
 		}
 		// One client set per encoding; with two, workload 2 alternates
-		// between them and the others run one after the other.
+		// between them and the others run one after the other. trs count
+		// each set's requests per operation.
 		var kls []locker
 		var names []string
 		var factories []lockClientFactory
 		var answers []*mediaTypes
+		var trs []*trips
 		for _, enc := range encodings {
 			name := en.name
 			if enc == encCBOR {
@@ -403,11 +416,12 @@ func bench(ctx context.Context, o options, argv []string) error {
 			}
 			a := &mediaTypes{}
 			f := lockClients(enc, a)
-			kl, err := newKubelockLocker(f, c.user, lockNS, o.clients, o.lease)
+			tr := newTrips()
+			kl, err := newKubelockLocker(f, tr.wrap(c.user), lockNS, o.clients, o.lease)
 			if err != nil {
 				return err
 			}
-			kls, names, factories, answers = append(kls, kl), append(names, name), append(factories, f), append(answers, a)
+			kls, names, factories, answers, trs = append(kls, kl), append(names, name), append(factories, f), append(answers, a), append(trs, tr)
 		}
 		if wl["1"] {
 			for i := range kls {
@@ -439,13 +453,13 @@ func bench(ctx context.Context, o options, argv []string) error {
 			}
 		}
 		if wl["2"] {
-			rounds := 1
-			if len(kls) > 1 {
-				rounds = o.uncRounds
-			}
-			for _, r := range runUncontendedInterleaved(ctx, kls, names, lockPool, uncRate, o.stepWarmup, o.uncMeasure, rounds, o.maxInFlight) {
-				logf("  %-16s uncontended: acquire p50 %v p99 %v, release p99 %v, errors %d", r.System, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Release.P99.Round(time.Millisecond), r.Errors)
-				rep.uncontended = append(rep.uncontended, r)
+			if len(kls) == 1 {
+				rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, kls[0], names[0], lockPool, uncRate, o, trs[0])...)
+			} else {
+				for _, r := range runUncontendedInterleaved(ctx, kls, names, lockPool, uncRate, o.stepWarmup, o.uncMeasure, o.uncRounds, o.maxInFlight) {
+					logUncontended(r)
+					rep.uncontended = append(rep.uncontended, r)
+				}
 			}
 		}
 		if wl["5"] {
@@ -480,7 +494,11 @@ func bench(ctx context.Context, o options, argv []string) error {
 			if err != nil {
 				return err
 			}
-			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key))
+			htr := newTrips()
+			st0, _ := c.serverTimes(ctx)
+			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key, htr))
+			r.Trips = htr.summary()
+			logServerTimes(ctx, c, st0)
 			r.ServerFIFOViolations, r.ServerFIFOChecked = fifo.result()
 			r.ServerFIFO = true
 			logHandoff(r)
@@ -502,7 +520,8 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	if systems["lease"] && ctx.Err() == nil {
-		ll, err := newLeaseLocker(c.user, leaseNS, o.clients)
+		tr := newTrips()
+		ll, err := newLeaseLocker(tr.wrap(c.user), leaseNS, o.clients)
 		if err != nil {
 			return err
 		}
@@ -518,9 +537,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 			rep.holds = append(rep.holds, r)
 		}
 		if wl["2"] {
-			r := runUncontended(ctx, ll, sysLease, leasePool, uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
-			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysLease, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
-			rep.uncontended = append(rep.uncontended, r)
+			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, ll, sysLease, leasePool, uncRate, o, tr)...)
 		}
 	}
 	// client-go's elector on a Lease and on a DistributedLock, same timings.
@@ -557,7 +574,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 			if err != nil {
 				return err
 			}
-			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
 			el.close()
 			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysEtcd, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
 			rep.uncontended = append(rep.uncontended, r)
@@ -583,7 +600,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		defer func() { _ = rc.Close() }()
 		rs := redsync.New(goredis.NewPool(rc))
 		if wl["2"] {
-			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
 			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysRedis, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
 			rep.uncontended = append(rep.uncontended, r)
 		}
@@ -617,6 +634,43 @@ func bench(ctx context.Context, o options, argv []string) error {
 		logf("wrote %s", o.out)
 	}
 	return nil
+}
+
+// runUncontendedBoth runs workload 2 on locks taken for the first time, then
+// on locks taken again, counting requests and the apiserver's time of each.
+func runUncontendedBoth(ctx context.Context, c *cluster, sys locker, name string, free pool, rate float64, o options, tr *trips) []*uncontendedResult {
+	var out []*uncontendedResult
+	for _, again := range []bool{false, true} {
+		tr.reset()
+		st0, _ := c.serverTimes(ctx)
+		run := runUncontended
+		if again {
+			run = runUncontendedAgain
+		}
+		r := run(ctx, sys, name, free, rate, o.stepWarmup, o.uncMeasure, o.maxInFlight, tr)
+		logUncontended(r)
+		logServerTimes(ctx, c, st0)
+		out = append(out, r)
+	}
+	return out
+}
+
+func logUncontended(r *uncontendedResult) {
+	logf("  %-16s uncontended (%s): acquire p50 %v p99 %v, release p50 %v p99 %v, errors %d", r.System, r.kind(), r.Acquire.P50.Round(100*time.Microsecond), r.Acquire.P99.Round(100*time.Microsecond),
+		r.Release.P50.Round(100*time.Microsecond), r.Release.P99.Round(100*time.Microsecond), r.Errors)
+	if len(r.Trips) > 0 {
+		logf("    requests: %s", tripsString(r.Trips))
+	}
+}
+
+// logServerTimes logs the apiserver's mean time per kind of request since before.
+func logServerTimes(ctx context.Context, c *cluster, before serverTime) {
+	if before == nil {
+		return
+	}
+	if now, err := c.serverTimes(ctx); err == nil {
+		logf("    apiserver: %s", now.meanSince(before))
+	}
 }
 
 // parseEncodings reads --encoding.
@@ -680,6 +734,9 @@ type wireResult struct {
 func logHandoff(r *handoffResult) {
 	logf("  %-16s hand-off: %d holdings (%.1f/s), p50 %v p99 %v, overtakes %d/%d, server-side FIFO violations %d/%d, errors %d%s", r.System, r.Holdings, r.PerSecond,
 		r.Handoff.P50.Round(time.Millisecond), r.Handoff.P99.Round(time.Millisecond), r.FIFOViolations, r.FIFOChecked, r.ServerFIFOViolations, r.ServerFIFOChecked, r.Errors, firstKind(r.ErrKinds))
+	if len(r.Trips) > 0 {
+		logf("    requests: %s", tripsString(r.Trips))
+	}
 }
 
 func logExpiry(r *expiryResult) {
