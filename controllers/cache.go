@@ -73,19 +73,21 @@ func (c *cachedLock) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-func (c *cachedLock) DeepCopyObject() runtime.Object {
+func (c *cachedLock) DeepCopyObject() runtime.Object { return c.deepCopy() }
+
+func (c *cachedLock) deepCopy() *cachedLock {
 	out := &cachedLock{undecodable: c.undecodable, received: c.received}
-	c.DistributedLock.DeepCopyInto(&out.DistributedLock)
+	c.DeepCopyInto(&out.DistributedLock)
 	return out
 }
 
 func (l *cachedLockList) DeepCopyObject() runtime.Object {
 	out := &cachedLockList{TypeMeta: l.TypeMeta}
-	l.ListMeta.DeepCopyInto(&out.ListMeta)
+	l.DeepCopyInto(&out.ListMeta)
 	if l.Items != nil {
 		out.Items = make([]cachedLock, len(l.Items))
 		for i := range l.Items {
-			out.Items[i] = *l.Items[i].DeepCopyObject().(*cachedLock) //nolint:forcetypeassert // DeepCopyObject above
+			out.Items[i] = *l.Items[i].deepCopy()
 		}
 	}
 	return out

@@ -33,7 +33,7 @@ func servedLock(t testing.TB, i int, held bool) []byte {
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l-%06d", i), Namespace: "bench", UID: "0c3c5f1e-7d4b-4d3c-9a8e-0123456789ab",
 			ResourceVersion: fmt.Sprint(1000000 + i), Generation: 1, CreationTimestamp: metav1.Now(),
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "bench", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "locks.kubelock.io/v1alpha1",
-				FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:holder":{".":{},"f:identity":{},"f:leaseID":{},"f:user":{}}}}`)}}}},
+				FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:holder":{".":{},"f:identity":{},"f:leaseID":{},"f:user":{}}}}`)}}},
 		Spec: locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Mutex, LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: ptr.To[int32](128),
 			HandoffTimeoutSeconds: 10, MaxWaitersPerUser: ptr.To[int32](16), MaxWaitSeconds: 3600},
 	}

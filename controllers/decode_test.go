@@ -69,7 +69,7 @@ func TestCacheDecodesEachLockOnItsOwn(t *testing.T) {
 	if bad.undecodable == "" || bad.Name != "bad" || bad.ResourceVersion != "7" || bad.UID != "uid-bad" || bad.Labels["a"] != "b" || bad.Status.FencingToken != 0 {
 		t.Errorf("the malformed lock: got %+v (error %q), want its metadata only and the error", bad.DistributedLock, bad.undecodable)
 	}
-	if got := bad.DeepCopyObject().(*cachedLock); got.undecodable != bad.undecodable {
+	if got := bad.deepCopy(); got.undecodable != bad.undecodable {
 		t.Errorf("DeepCopyObject lost the decoding error")
 	}
 
@@ -120,7 +120,7 @@ func (c cacheOf) Get(_ context.Context, key client.ObjectKey, obj client.Object,
 	}
 	for _, l := range c {
 		if client.ObjectKeyFromObject(l) == key {
-			*out = *l.DeepCopyObject().(*cachedLock)
+			*out = *l.deepCopy()
 			return nil
 		}
 	}

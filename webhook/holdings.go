@@ -21,6 +21,7 @@ const (
 	msgSharedKept      = "a shared holding's slot and fencingToken never change while it lasts"
 	msgTooManyEnds     = "one write may end at most 8 holdings: each is recorded in recentAcquisitions, which keeps 8"
 	msgHolderCount     = "status.holderCount must equal the number of holdings, exclusive and shared"
+	msgTransitions     = "status.transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
 	msgAcquirerQueued  = "an acquisition takes its own entry out of the wait queue in the same write: its requestID may not stay in status.waiters (or join it)"
 	msgRequestID       = "an acquisition needs a requestID no current holding has: it must differ from the holder's and from every shared holder's"
 )
@@ -28,10 +29,10 @@ const (
 var sharedPath = statusPath.Child("sharedHolders")
 
 // holdings is what one status write does to a lock's holdings. Shared
-// entries are matched by slot, the key of the CRD's list map: the apiserver
-// has already refused a changed leaseID, user, identity, requestID, session
-// or token at the same slot, so a slot present before and after is the same
-// holding.
+// entries are matched by slot, the key of the CRD's list map (the apiserver
+// has already refused two entries on one slot): a slot present before and
+// after is kept, and validateHeldShared refuses it unless it is the same
+// holding (leaseID, user, identity, requestID, session, token), renewed at most.
 type holdings struct {
 	// acquired are the holdings the write adds: a new exclusive holder, and
 	// shared entries on slots the old status did not use.

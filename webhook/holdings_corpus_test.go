@@ -100,6 +100,18 @@ var sharedShapes = []sharedShape{
 	{"an exclusive holder on a Semaphore", func(w generatedWrite) bool {
 		return w.is(locksv1alpha1.Semaphore) && w.new.Status.Holder != nil
 	}},
+	// Left to admission by the CRD (docs/design.md, "The CRD's rules").
+	{"a slot's holding replaced by another leaseID in one write", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.d.kept, func(k keptShared) bool { return k.old.LeaseID != k.new.LeaseID })
+	}},
+	{"a shared holding's lease or pod changed in place", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.d.kept, func(k keptShared) bool {
+			return k.old.LeaseID == k.new.LeaseID && (k.old.LeaseDurationSeconds != k.new.LeaseDurationSeconds || k.old.PodUID != k.new.PodUID)
+		})
+	}},
+	{"an acquisition not counted in transitions", func(w generatedWrite) bool {
+		return len(w.d.acquired) == 1 && w.new.Status.Transitions != w.old.Status.Transitions+1
+	}},
 	{"a fresh leaseID reused", func(w generatedWrite) bool {
 		a := w.added()
 		return a != nil && leaseUsed(&w.old.Status, a.LeaseID)

@@ -3,6 +3,7 @@ package webhook
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -132,7 +133,7 @@ func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) *Actor {
 	st := &n.Status
 	var hint *Actor
 	for range 1 + s.intn(3) {
-		switch s.intn(18) {
+		switch s.intn(19) {
 		case 0, 16:
 			if st.Holder == nil {
 				h := s.holder()
@@ -202,6 +203,8 @@ func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) *Actor {
 			if st.Holder != nil {
 				st.Holder.PodUID = "uid-" + pick(s, fuzzPods...)
 			}
+		case 18:
+			st.Transitions += int64(pick(s, 1, -1))
 		}
 	}
 	return hint
@@ -295,6 +298,9 @@ func acceptedViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) s
 	if errs := ValidateRawStatusTimes(b); len(errs) > 0 {
 		return "times the CRD patterns refuse: " + errs.ToAggregate().Error()
 	}
+	if msg := movedRuleViolation(o, n); msg != "" {
+		return msg
+	}
 	if a.IsController {
 		return newHoldingViolation(oldObj, newObj, a)
 	}
@@ -313,6 +319,54 @@ func acceptedViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) s
 	// New holdings (exclusive or shared): one per write, the writer's own,
 	// a fresh lease ID, the server's token, by the queue's head.
 	return newHoldingViolation(oldObj, newObj, a)
+}
+
+// movedRuleViolation holds every writer, the controller and breakers too, to
+// the transition rules the CRD left to admission (docs/design.md, "The CRD's
+// rules"): a holding keeps everything but renewTime while it lasts, on its
+// slot; one that ends is recorded; transitions counts the acquisitions; no
+// shared token is above status.fencingToken, which never decreases.
+func movedRuleViolation(o, n *locksv1alpha1.DistributedLockStatus) string {
+	acquired := 0
+	switch {
+	case o.Holder != nil && n.Holder != nil && !sameHolding(*o.Holder, *n.Holder):
+		return "the holder changed in place (" + o.Holder.LeaseID + ")"
+	case o.Holder == nil && n.Holder != nil:
+		acquired++
+	case o.Holder != nil && n.Holder == nil && !slices.ContainsFunc(n.RecentAcquisitions, func(r locksv1alpha1.FinishedHolding) bool {
+		return r.LeaseID == o.Holder.LeaseID && r.Slot == nil
+	}):
+		return "the holder ended without its record"
+	}
+	oldAt := map[int32]locksv1alpha1.SharedHolder{}
+	for _, e := range o.SharedHolders {
+		oldAt[e.Slot] = e
+	}
+	for _, e := range n.SharedHolders {
+		old, kept := oldAt[e.Slot]
+		switch {
+		case !kept:
+			acquired++
+		case old.FencingToken != e.FencingToken || !sameHolding(old.LockHolder, e.LockHolder):
+			return "a shared holding changed in place on its slot (" + old.LeaseID + ")"
+		}
+		if e.FencingToken > n.FencingToken {
+			return "a shared holding's token above status.fencingToken"
+		}
+	}
+	switch {
+	case n.Transitions != o.Transitions+int64(acquired):
+		return "transitions that do not count the acquisitions"
+	case n.FencingToken < o.FencingToken:
+		return "a token that went down"
+	}
+	return ""
+}
+
+// sameHolding reports whether n is o, renewed at most.
+func sameHolding(o, n locksv1alpha1.LockHolder) bool {
+	o.RenewTime, n.RenewTime = nil, nil
+	return equality.Semantic.DeepEqual(o, n)
 }
 
 // queueViolation: others' entries and pods' entries stay; the queue grows by one.

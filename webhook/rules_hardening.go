@@ -75,14 +75,20 @@ func (a Actor) pod() (name, uid string) {
 	return name, uid
 }
 
-// validateBookkeeping keeps lock users from forging observedGeneration and
+// validateBookkeeping keeps every writer's counts true (holderCount, and
+// transitions, by which a client tells whether its lost acquire could still be
+// in recentAcquisitions) and lock users from forging observedGeneration and
 // conditions: foreign conditions could fill the list so that nobody's next
 // write fits (issue 13, class 2). Nor may they pile up server-side apply
 // entries in managedFields (MaxManagedFields).
 func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, d holdings, a Actor) field.ErrorList {
 	var errs field.ErrorList
-	if newObj.Status.HolderCount != holderCount(&newObj.Status) {
+	o, n := &oldObj.Status, &newObj.Status
+	if n.HolderCount != holderCount(n) {
 		errs = append(errs, deny(statusPath.Child("holderCount"), RuleBookkeeping, msgHolderCount))
+	}
+	if n.Transitions != o.Transitions+int64(len(d.acquired)) {
+		errs = append(errs, deny(statusPath.Child("transitions"), RuleBookkeeping, msgTransitions))
 	}
 	if a.IsController {
 		return errs
@@ -90,7 +96,6 @@ func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, d holdin
 	if m := applyEntries(newObj); m > applyEntries(oldObj) && m > MaxManagedFields {
 		errs = append(errs, deny(field.NewPath("metadata", "managedFields"), RuleBookkeeping, msgManagedFields))
 	}
-	o, n := &oldObj.Status, &newObj.Status
 	if n.ObservedGeneration != o.ObservedGeneration && n.ObservedGeneration != newObj.Generation {
 		errs = append(errs, deny(statusPath.Child("observedGeneration"), RuleBookkeeping, msgObservedGeneration))
 	}

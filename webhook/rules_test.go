@@ -73,6 +73,21 @@ func TestValidateStatusUpdate(t *testing.T) {
 		{name: "change the lease while held", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.Holder.LeaseDurationSeconds = 3600 }, actor: Actor{Username: alice}, rule: RuleHolderFields},
 		{name: "steal with another leaseID", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.Holder.LeaseID = "lease-b" }, actor: Actor{Username: alice}, rule: RuleHolderOnly},
 		{name: "change the token while held", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.FencingToken++ }, actor: Actor{Username: alice}, rule: RuleFencingToken},
+		// Rules the CRD left to admission (docs/design.md, "The CRD's rules").
+		{name: "take over the holding in place, keeping its leaseID", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) {
+			l.Status.Holder.User, l.Status.Holder.Identity = bob, "bob-pod"
+		}, actor: Actor{Username: bob}, rule: RuleHolderFields},
+		{name: "change the requestID while held", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.Holder.RequestID = "req-b" }, actor: Actor{Username: alice}, rule: RuleHolderFields},
+		{name: "name a session while held", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.Holder.Session = "s1" }, actor: Actor{Username: alice}, rule: RuleHolderFields},
+		{name: "acquire without counting the transition", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
+			l.Acquire(holder(alice, "l1", "r1"), 101)
+			l.Status.Transitions--
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping},
+		{name: "a renewal that counts a transition", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) {
+			renew(l)
+			l.Status.Transitions++
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping},
+		{name: "the controller resetting transitions", old: released(), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.Transitions = 0 }, actor: Actor{Username: ctrlr, IsController: true}, rule: RuleBookkeeping},
 		{name: "release by the holder", old: heldBy(alice), edit: end(locksv1alpha1.EndReasonReleased, alice), actor: Actor{Username: alice}},
 		{name: "release by another user", old: heldBy(alice), edit: end(locksv1alpha1.EndReasonReleased, bob), actor: Actor{Username: bob}, rule: RuleHolderOnly},
 		{name: "release recorded in someone else's name", old: heldBy(alice), edit: end(locksv1alpha1.EndReasonReleased, bob), actor: Actor{Username: alice}, rule: RuleIdentity},

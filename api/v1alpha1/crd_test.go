@@ -2,6 +2,7 @@ package v1alpha1_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -331,63 +332,15 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 
 	// status: tokens and counters
 	Entry("status: token decreases", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken-- },
-		want:   "status: Invalid value: fencingToken must not decrease"}),
-	Entry("status: token grows while the same holder holds", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken++ },
-		want:   "status: Invalid value: fencingToken may change only when a holding is acquired, and then it is the new holding's token"}),
-	Entry("status: token grows while the lock is free", invalidCase{setup: released, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken += 10 },
-		want:   "status: Invalid value: fencingToken may change only when a holding is acquired, and then it is the new holding's token"}),
-	Entry("status: acquisition keeps the old token", invalidCase{setup: released, write: status,
-		mutate: func(l *locksv1.DistributedLock) {
-			token := l.Status.FencingToken
-			l.Acquire(holder("bob", 2), token)
-		},
-		want: "status: Invalid value: an acquisition must raise fencingToken"}),
-	Entry("status: transitions grow by two on an acquisition", invalidCase{setup: released, write: status,
-		mutate: func(l *locksv1.DistributedLock) {
-			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
-			l.Acquire(holder("bob", 2), token)
-			l.Status.Transitions++
-		},
-		want: "status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise"}),
-	Entry("status: transitions change without an acquisition", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.Transitions++ },
-		want:   "status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise"}),
+		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken = 1 },
+		want:   "status.fencingToken: Invalid value: 1: fencingToken must not decrease"}),
 	Entry("status: negative token", invalidCase{setup: fresh, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken = -1 },
 		want:   "status.fencingToken: Invalid value: -1: fencingToken in body should be greater than or equal to 0",
 		// Even a never-written status defaults to token 0, so -1 is also a decrease.
-		also: []string{"status: Invalid value: fencingToken must not decrease"}}),
+		also: []string{"status.fencingToken: Invalid value: -1: fencingToken must not decrease"}}),
 
 	// status: the holder
-	Entry("status: holder replaced by a different leaseID", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) {
-			l.Status.Holder.LeaseID = "lease-ffffffffffffffff"
-		},
-		want: `status.holder.leaseID: Invalid value: "lease-ffffffffffffffff": a holding cannot pass to another leaseID; release it first`}),
-	Entry("status: holder swapped for a new leaseID in one write, the old holding recorded", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) {
-			old := *l.Status.Holder
-			l.EndHolding(locksv1.EndReasonReleased, "alice", micro())
-			old.LeaseID = "lease-eeeeeeeeeeeeeeee"
-			l.Status.Holder = &old
-			l.Status.HolderCount = 1
-		},
-		want: `status.holder.leaseID: Invalid value: "lease-eeeeeeeeeeeeeeee": a holding cannot pass to another leaseID; release it first`}),
-	Entry("status: holder.user changes", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.User = "mallory" },
-		want:   `status.holder.user: Invalid value: "mallory": a holding's user cannot change while it lasts`}),
-	Entry("status: holder.identity changes", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.Identity = "someone-else" },
-		want:   `status.holder.identity: Invalid value: "someone-else": a holding's identity cannot change while it lasts`}),
-	Entry("status: holder.requestID changes", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.RequestID = "req-other" },
-		want:   `status.holder.requestID: Invalid value: "req-other": a holding's requestID cannot change while it lasts`}),
-	Entry("status: holder removed without recording it", invalidCase{setup: held, write: status,
-		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder, l.Status.HolderCount = nil, 0 },
-		want:   "status: Invalid value: a holding that ends must be recorded in recentAcquisitions"}),
 	Entry("status: holder lease above spec.maxLeaseDurationSeconds", invalidCase{setup: released, write: status,
 		mutate: func(l *locksv1.DistributedLock) {
 			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
@@ -451,16 +404,95 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		want:   "status.recentAcquisitions[0].endedBy: Too long: may not be more than 512 bytes"}),
 
 	// status: the whole object
-	// Removing status defaults it back to an empty one, which the transition
-	// rules refuse like any other reset of a held lock.
+	// Removing status defaults it back to an empty one, whose token 0 is a
+	// decrease (admission refuses the rest of such a reset).
 	Entry("status: status removed", invalidCase{setup: held, write: status,
 		raw:  func(u map[string]any) { delete(u, "status") },
-		want: "status: Invalid value: fencingToken must not decrease",
-		also: []string{
-			"status: Invalid value: transitions must grow by exactly one on each acquisition and stay unchanged otherwise",
-			"status: Invalid value: a holding that ends must be recorded in recentAcquisitions",
-		}}),
+		want: "status.fencingToken: Invalid value: 0: fencingToken must not decrease"}),
 )
+
+// movedCase is a status write the CRD refused until its transition rules moved
+// to admission (docs/design.md, "The CRD's rules"). With no admission engine
+// the apiserver now stores it; rule names the admission rule that refuses it
+// in both engines (test/admission, "rules the CRD left to admission").
+type movedCase struct {
+	prepare func(l *locksv1.DistributedLock)
+	setup   func(ctx context.Context, l *locksv1.DistributedLock)
+	mutate  func(l *locksv1.DistributedLock)
+	rule    string
+}
+
+var _ = DescribeTable("the CRD leaves transition rules to admission: with no admission engine the apiserver stores these writes",
+	expectStoredWithoutAdmission,
+
+	Entry("status: token grows while the same holder holds", movedCase{setup: held, rule: "fencing-token",
+		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken++ }}),
+	Entry("status: token grows while the lock is free", movedCase{setup: released, rule: "fencing-token",
+		mutate: func(l *locksv1.DistributedLock) { l.Status.FencingToken += 10 }}),
+	Entry("status: acquisition keeps the old token", movedCase{setup: released, rule: "fencing-token",
+		mutate: func(l *locksv1.DistributedLock) {
+			token := l.Status.FencingToken
+			l.Acquire(holder("bob", 2), token)
+		}}),
+	Entry("status: transitions grow by two on an acquisition", movedCase{setup: released, rule: "bookkeeping",
+		mutate: func(l *locksv1.DistributedLock) {
+			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
+			l.Acquire(holder("bob", 2), token)
+			l.Status.Transitions++
+		}}),
+	Entry("status: transitions change without an acquisition", movedCase{setup: held, rule: "bookkeeping",
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Transitions++ }}),
+	Entry("status: holder replaced by a different leaseID", movedCase{setup: held, rule: "holder-only",
+		mutate: func(l *locksv1.DistributedLock) {
+			l.Status.Holder.LeaseID = "lease-ffffffffffffffff"
+		}}),
+	Entry("status: holder swapped for a new leaseID in one write, the old holding recorded", movedCase{setup: held, rule: "holder-only",
+		mutate: func(l *locksv1.DistributedLock) {
+			old := *l.Status.Holder
+			l.EndHolding(locksv1.EndReasonReleased, "alice", micro())
+			old.LeaseID = "lease-eeeeeeeeeeeeeeee"
+			l.Status.Holder = &old
+			l.Status.HolderCount = 1
+		}}),
+	Entry("status: holder.user changes", movedCase{setup: held, rule: "holder-fields",
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.User = "mallory" }}),
+	Entry("status: holder.identity changes", movedCase{setup: held, rule: "holder-fields",
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.Identity = "someone-else" }}),
+	Entry("status: holder.requestID changes", movedCase{setup: held, rule: "holder-fields",
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.RequestID = "req-other" }}),
+	Entry("status: holder.session changes", movedCase{rule: "holder-fields",
+		setup: func(ctx context.Context, l *locksv1.DistributedLock) {
+			free(ctx, l)
+			h := holder("alice", 1)
+			h.Session = "session-a"
+			acquire(ctx, env.Client, l, h)
+		},
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder.Session = "session-b" }}),
+	Entry("status: holder removed without recording it", movedCase{setup: held, rule: "end-record",
+		mutate: func(l *locksv1.DistributedLock) { l.Status.Holder, l.Status.HolderCount = nil, 0 }}),
+)
+
+// expectStoredWithoutAdmission makes the write c describes and expects the
+// apiserver to store it: this suite runs no admission engine.
+func expectStoredWithoutAdmission(ctx SpecContext, c movedCase) {
+	Expect(c.rule).NotTo(BeEmpty(), "name the admission rule that refuses the write")
+	l := newLock()
+	if c.prepare != nil {
+		c.prepare(l)
+	}
+	Expect(env.Client.Create(ctx, l)).To(Succeed())
+	c.setup(ctx, l)
+	before := l.ResourceVersion
+	c.mutate(l)
+	// What the client sends: the JSON round trip drops condition times' fractions.
+	b, err := json.Marshal(l.Status)
+	Expect(err).NotTo(HaveOccurred())
+	var sent locksv1.DistributedLockStatus
+	Expect(json.Unmarshal(b, &sent)).To(Succeed())
+	Expect(env.Client.Status().Update(ctx, l)).To(Succeed(), "the CRD alone refuses it; admission rule %s should", c.rule)
+	Expect(l.ResourceVersion).NotTo(Equal(before))
+	Expect(cmp.Diff(sent, l.Status)).To(BeEmpty(), "stored status (-sent +stored)")
+}
 
 // expectRejected makes the write c describes and expects the apiserver's own
 // rejection, with the stored lock unchanged.

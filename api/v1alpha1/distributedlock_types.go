@@ -185,21 +185,20 @@ type DistributedLockSpec struct {
 }
 
 // LockHolder is the current holding of a lock. While the lock is held, only
-// renewTime may change.
+// renewTime may change: admission checks it (rules holder-only and
+// holder-fields), not the CRD.
 type LockHolder struct {
 	// identity is the holder's human-friendly name, by default its pod name or hostname.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's identity cannot change while it lasts"
 	Identity string `json:"identity"`
 
 	// user is the authenticated name of the client that acquired the lock.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's user cannot change while it lasts"
 	User string `json:"user"`
 
 	// leaseID identifies this holding; it is random per acquisition.
@@ -207,7 +206,6 @@ type LockHolder struct {
 	// +kubebuilder:validation:MinLength=16
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z-]+$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding cannot pass to another leaseID; release it first"
 	LeaseID string `json:"leaseID"`
 
 	// requestID is the idempotency key of the acquire that created this holding.
@@ -215,7 +213,6 @@ type LockHolder struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z._-]+$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's requestID cannot change while it lasts"
 	RequestID string `json:"requestID"`
 
 	// leaseDurationSeconds is how long the holding lasts without a renewal.
@@ -242,7 +239,6 @@ type LockHolder struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a holding's session cannot change while it lasts"
 	Session string `json:"session,omitempty"`
 
 	// acquireTime is when the holding began, by the holder's clock; informational.
@@ -260,8 +256,8 @@ type LockHolder struct {
 
 // SharedHolder is one of an RWMutex's readers or a Semaphore's permits. Each
 // entry is acquired, renewed, released and expired on its own; while it lasts,
-// only renewTime may change (the list is keyed by slot, so the CRD's transition
-// rules compare an entry with the same slot's old entry).
+// only renewTime may change. The list is keyed by slot, so admission compares
+// an entry with the same slot's old entry (rules holder-only, holder-fields, slot).
 type SharedHolder struct {
 	LockHolder `json:",inline"`
 
@@ -269,7 +265,6 @@ type SharedHolder struct {
 	// the acquisition, plus one.
 	// +required
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a shared holding's fencingToken cannot change"
 	FencingToken int64 `json:"fencingToken"`
 
 	// slot is the permit this holding occupies, distinct among the shared
@@ -400,14 +395,13 @@ type FinishedHolding struct {
 }
 
 // DistributedLockStatus is the lock's state, written only by lock clients and the controller.
-// +kubebuilder:validation:XValidation:rule="self.fencingToken >= oldSelf.fencingToken",message="fencingToken must not decrease"
-// +kubebuilder:validation:XValidation:rule="self.fencingToken <= oldSelf.fencingToken || (has(self.holder) && !has(oldSelf.holder)) || (has(self.sharedHolders) && self.sharedHolders.exists(h, h.fencingToken == self.fencingToken))",message="fencingToken may change only when a holding is acquired, and then it is the new holding's token"
-// +kubebuilder:validation:XValidation:rule="!has(self.holder) || has(oldSelf.holder) || self.fencingToken > oldSelf.fencingToken",message="an acquisition must raise fencingToken"
-// +kubebuilder:validation:XValidation:rule="!has(self.sharedHolders) || self.sharedHolders.all(h, h.fencingToken <= self.fencingToken)",message="a shared holding's fencingToken must not exceed status.fencingToken"
-// +kubebuilder:validation:XValidation:rule="self.transitions == oldSelf.transitions + (has(self.holder) && !has(oldSelf.holder) ? 1 : 0) + (has(self.sharedHolders) && self.sharedHolders.exists(h, h.fencingToken > oldSelf.fencingToken) ? 1 : 0)",message="transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
+//
+// The CRD's CEL keeps only what must hold with admission off: bounds, enums,
+// holdings that fit the type, a token that never decreases and the counts.
+// Who may change what, and how (the transition rules), is admission's, which
+// checks every status write anyway (docs/design.md, "The CRD's rules").
 // +kubebuilder:validation:XValidation:rule="(has(self.waiters) ? size(self.waiters) : 0) == self.waiterCount",message="waiterCount must equal the number of waiters"
 // +kubebuilder:validation:XValidation:rule="(has(self.holder) ? 1 : 0) + (has(self.sharedHolders) ? size(self.sharedHolders) : 0) == self.holderCount",message="holderCount must equal the number of holdings, exclusive and shared"
-// +kubebuilder:validation:XValidation:rule="!has(oldSelf.holder) || has(self.holder) || (has(self.recentAcquisitions) && self.recentAcquisitions.exists(h, h.leaseID == oldSelf.holder.leaseID))",message="a holding that ends must be recorded in recentAcquisitions"
 type DistributedLockStatus struct {
 	// holder is the current holding; absent while the lock is free.
 	// +optional
@@ -435,6 +429,7 @@ type DistributedLockStatus struct {
 	// +optional
 	// +kubebuilder:default=0
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="fencingToken must not decrease"
 	FencingToken int64 `json:"fencingToken"`
 
 	// transitions counts acquisitions of this lock object.
@@ -493,12 +488,12 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Transitions",type=integer,JSONPath=`.status.transitions`,priority=1
 // +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.holder) || self.status.holder.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds",message="holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".status.holder.leaseDurationSeconds"
 // +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || size(self.status.waiters) <= self.spec.maxWaiters",message="the wait queue must not be longer than spec.maxWaiters",fieldPath=".status.waiters"
-// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.sharedHolders) || self.status.sharedHolders.all(h, h.leaseDurationSeconds <= self.spec.maxLeaseDurationSeconds)",message="a shared holding's leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".status.sharedHolders"
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.sharedHolders) || size(self.status.sharedHolders) == 0 || self.status.sharedHolders.map(h, h.leaseDurationSeconds).max() <= self.spec.maxLeaseDurationSeconds",message="a shared holding's leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds",fieldPath=".status.sharedHolders"
 // +kubebuilder:validation:XValidation:rule="self.spec.type != 'Mutex' || !has(self.status) || !has(self.status.sharedHolders) || size(self.status.sharedHolders) == 0",message="a Mutex has no shared holders",fieldPath=".status.sharedHolders"
 // +kubebuilder:validation:XValidation:rule="self.spec.type != 'RWMutex' || !has(self.status) || !has(self.status.holder) || !has(self.status.sharedHolders) || size(self.status.sharedHolders) == 0",message="an RWMutex has a writer or readers, never both",fieldPath=".status.holder"
 // +kubebuilder:validation:XValidation:rule="self.spec.type != 'Semaphore' || !has(self.status) || !has(self.status.holder)",message="a Semaphore has no exclusive holder; its permits are shared holdings",fieldPath=".status.holder"
-// +kubebuilder:validation:XValidation:rule="self.spec.type != 'Semaphore' || !has(self.status) || !has(self.status.sharedHolders) || (size(self.status.sharedHolders) <= self.spec.permits && self.status.sharedHolders.all(h, h.slot < self.spec.permits))",message="a Semaphore has at most spec.permits holders, on slots in [0, permits)",fieldPath=".status.sharedHolders"
-// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || self.spec.type == 'RWMutex' || self.status.waiters.all(w, w.mode == (self.spec.type == 'Mutex' ? 'Exclusive' : 'Shared'))",message="a Mutex's waiters are Exclusive and a Semaphore's are Shared",fieldPath=".status.waiters"
+// +kubebuilder:validation:XValidation:rule="self.spec.type != 'Semaphore' || !has(self.status) || !has(self.status.sharedHolders) || size(self.status.sharedHolders) == 0 || (size(self.status.sharedHolders) <= self.spec.permits && self.status.sharedHolders.map(h, h.slot).max() < self.spec.permits)",message="a Semaphore has at most spec.permits holders, on slots in [0, permits)",fieldPath=".status.sharedHolders"
+// +kubebuilder:validation:XValidation:rule="!has(self.status) || !has(self.status.waiters) || self.spec.type == 'RWMutex' || !((self.spec.type == 'Mutex' ? 'Shared' : 'Exclusive') in self.status.waiters.map(w, w.mode))",message="a Mutex's waiters are Exclusive and a Semaphore's are Shared",fieldPath=".status.waiters"
 type DistributedLock struct {
 	metav1.TypeMeta `json:",inline"`
 
@@ -512,7 +507,7 @@ type DistributedLock struct {
 	Spec DistributedLockSpec `json:"spec,omitempty"`
 
 	// status is the lock's state. Its default makes even a never-written status
-	// exist, so the transition rules also check a lock's first status write.
+	// exist, so the token's rule also checks a lock's first status write.
 	// +optional
 	// +kubebuilder:default={fencingToken:0,transitions:0,waiterCount:0,holderCount:0}
 	Status DistributedLockStatus `json:"status,omitempty"`

@@ -375,7 +375,7 @@ var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
 
 			DescribeTable("rejects a hostile session write and leaves the session unchanged",
 				func(ctx SpecContext, h sessionHostile) { checkSessionHostile(ctx, e, ns, h) },
-				sessionEntries(),
+				append(sessionEntries(), movedSessionEntries()...),
 			)
 
 			It("admits a session's create, renew and close by its owner, and a pod's from its own pod", func(ctx SpecContext) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,17 +91,32 @@ type cluster struct {
 	logf         func(string, ...any)
 	metaVap      *admissionregistrationv1.ValidatingAdmissionPolicy // the main resource's policy (create, delete)
 	metaBinding  *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	// sessionVap is the LockSession policy ([kubelock:session]), the
+	// policy engine's counterpart of the webhook's vlocksession.
+	sessionVap     *admissionregistrationv1.ValidatingAdmissionPolicy
+	sessionBinding *admissionregistrationv1.ValidatingAdmissionPolicyBinding
 }
 
-func startCluster(ctx context.Context, dir string, logf func(string, ...any)) (c *cluster, err error) {
+// cborGate is the apiserver's CBOR feature gate (KEP-4222; alpha in 1.37,
+// off by default): CBOR request and response bodies for every resource, and
+// CBOR as the storage encoding of custom resources.
+const cborGate = "CBORServingAndStorage"
+
+// startCluster starts the control plane (with cborGate on when cbor is
+// set), the operator and redis.
+func startCluster(ctx context.Context, dir string, logf func(string, ...any), cbor bool) (c *cluster, err error) {
 	c = &cluster{dir: dir, logf: logf}
 	defer func() {
 		if err != nil {
 			c.stop()
 		}
 	}()
-	logf("control plane: etcd + kube-apiserver from %s", testenv.AssetsDir())
-	if c.env, err = testenv.Start(); err != nil {
+	var opts []testenv.Option
+	if cbor {
+		opts = append(opts, testenv.WithAPIServerArgs("feature-gates", cborGate+"=true"))
+	}
+	logf("control plane: etcd + kube-apiserver from %s (feature gates: %s)", testenv.AssetsDir(), map[bool]string{true: cborGate + "=true", false: "defaults"}[cbor])
+	if c.env, err = testenv.Start(opts...); err != nil {
 		return c, err
 	}
 	c.etcdURL = c.env.ControlPlane.Etcd.URL.String()
@@ -225,8 +241,9 @@ func (c *cluster) startManager(ctx context.Context) error {
 }
 
 // loadAdmission reads the webhook configuration from config/webhook (url
-// clientConfig to the operator's port, our CA) and the policy from config/policy
-// (the controller's user patched in).
+// clientConfig to the operator's port, our CA) and the three policies of
+// config/policy, lock status, metadata and sessions (the controller's user
+// patched in), as a cluster using either engine would load them.
 func (c *cluster) loadAdmission(caPEM []byte, port int) error {
 	root := testenv.RepoRoot()
 	c.webhookCfg = &admissionregistrationv1.ValidatingWebhookConfiguration{}
@@ -243,25 +260,42 @@ func (c *cluster) loadAdmission(caPEM []byte, port int) error {
 		url := fmt.Sprintf("https://127.0.0.1:%d%s", port, path)
 		w.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM}
 	}
-	dir := filepath.Join(root, "config", "policy")
-	c.vap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
-	if err := readYAML(filepath.Join(dir, "validating_admission_policy.yaml"), c.vap); err != nil {
+	var err error
+	if c.vap, c.vapBinding, err = readPolicy("validating_admission_policy.yaml", true); err != nil {
 		return err
 	}
-	c.vapBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	if err := readYAML(filepath.Join(dir, "validating_admission_policy_binding.yaml"), c.vapBinding); err != nil {
+	if c.metaVap, c.metaBinding, err = readPolicy("metadata_validating_admission_policy.yaml", false); err != nil {
 		return err
 	}
-	if len(c.vap.Spec.Variables) == 0 || c.vap.Spec.Variables[0].Name != "controllerUser" {
-		return errors.New("config/policy: the first variable is not controllerUser")
+	c.sessionVap, c.sessionBinding, err = readPolicy("session_validating_admission_policy.yaml", true)
+	return err
+}
+
+// readPolicy reads a policy of config/policy and its binding (the file
+// name with _binding), with the controller's user patched into its first
+// variable when it has that variable.
+func readPolicy(file string, hasControllerUser bool) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding, error) {
+	dir := filepath.Join(testenv.RepoRoot(), "config", "policy")
+	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := readYAML(filepath.Join(dir, file), vap); err != nil {
+		return nil, nil, err
 	}
-	c.vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
-	c.metaVap = &admissionregistrationv1.ValidatingAdmissionPolicy{}
-	if err := readYAML(filepath.Join(dir, "metadata_validating_admission_policy.yaml"), c.metaVap); err != nil {
-		return err
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := readYAML(filepath.Join(dir, strings.TrimSuffix(file, ".yaml")+"_binding.yaml"), binding); err != nil {
+		return nil, nil, err
 	}
-	c.metaBinding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	return readYAML(filepath.Join(dir, "metadata_validating_admission_policy_binding.yaml"), c.metaBinding)
+	if hasControllerUser {
+		if len(vap.Spec.Variables) == 0 || vap.Spec.Variables[0].Name != "controllerUser" {
+			return nil, nil, fmt.Errorf("config/policy/%s: the first variable is not controllerUser", file)
+		}
+		vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
+	}
+	return vap, binding, nil
+}
+
+// policies are the policy engine's objects, each policy before its binding.
+func (c *cluster) policies() []client.Object {
+	return []client.Object{c.vap.DeepCopy(), c.vapBinding.DeepCopy(), c.metaVap.DeepCopy(), c.metaBinding.DeepCopy(), c.sessionVap.DeepCopy(), c.sessionBinding.DeepCopy()}
 }
 
 // activate installs exactly one admission engine (or none) and waits until
@@ -280,22 +314,19 @@ func (c *cluster) activate(ctx context.Context, e engine) error {
 		return err
 	}
 	if e == enginePolicy {
-		for _, o := range []client.Object{c.vap.DeepCopy(), c.vapBinding.DeepCopy(), c.metaVap.DeepCopy(), c.metaBinding.DeepCopy()} {
+		for _, o := range c.policies() {
 			if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 				return err
 			}
 		}
 	} else {
-		for _, o := range []client.Object{c.metaBinding.DeepCopy(), c.metaVap.DeepCopy()} {
+		// Bindings first, so no policy is left bound to nothing.
+		ps := c.policies()
+		slices.Reverse(ps)
+		for _, o := range ps {
 			if err := client.IgnoreNotFound(cl.Delete(ctx, o)); err != nil {
 				return err
 			}
-		}
-		if err := client.IgnoreNotFound(cl.Delete(ctx, c.vapBinding.DeepCopy())); err != nil {
-			return err
-		}
-		if err := client.IgnoreNotFound(cl.Delete(ctx, c.vap.DeepCopy())); err != nil {
-			return err
 		}
 	}
 	deadline := time.Now().Add(60 * time.Second)
@@ -472,6 +503,19 @@ func (c *cluster) apiserverWrites(ctx context.Context) (writeCounts, error) {
 		w[k] += v
 	})
 	return w, nil
+}
+
+// of sums the writes of the given resources, any verb and subresource.
+func (w writeCounts) of(resources ...string) float64 {
+	var t float64
+	for k, v := range w {
+		_, res, _ := strings.Cut(k, " ")
+		res, _, _ = strings.Cut(res, "/")
+		if slices.Contains(resources, res) {
+			t += v
+		}
+	}
+	return t
 }
 
 // since is the per-second rate of each key between two counts.

@@ -16,14 +16,24 @@
 //
 //  1. seed mix: N lock objects; held locks renewed every lease/3 plus
 //     acquire/release churn at the seed's 1:1:1 ratio, raised step by step
-//     until p99 exceeds the limit or errors appear;
-//  2. uncontended acquire + release at a fixed rate;
+//     until p99 exceeds the limit or errors appear, then bisected between
+//     the last sustained and the first unsustained rate;
+//  2. uncontended acquire + release at a fixed rate, first on locks never
+//     taken before in the run (a read and a write), then on a few locks each
+//     taken over and over by its own client (kubelock writes from the last
+//     object it saw); the requests of each operation are counted;
 //  3. contended hand-off: K clients on one lock;
 //  4. expiry: a holder dies without releasing; time from its lease's end to
 //     the next holder;
-//  5. scale (runs last): the operator's memory with all N locks cached, none
+//  5. holding only: N clients each hold 40 locks and renew them, without
+//     and with sessions (one renewal per client instead of one per lock);
+//  6. scale (runs last): the operator's memory with all N locks cached, none
 //     and 20,000 of them held and after a restart that relists them, and how
 //     late leases lapsing meanwhile are expired.
+//
+// With --encoding json,cbor the apiserver runs with the CBORServingAndStorage
+// gate and every kubelock engine runs workloads 1, 2 and 5 twice: with
+// pkg/lock speaking JSON and speaking CBOR (cbor.go).
 //
 // The results go to stdout and to docs/benchmarks.md with PNG plots beside it.
 // Run it with `make bench` (default, < 20 min on 2 cores) or `make bench-quick`.
@@ -35,6 +45,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -78,6 +89,9 @@ type options struct {
 	leaseObjects   int
 	rates          string
 	rateScale      float64
+	bisectAbs      float64
+	bisectRel      float64
+	maxSteps       int
 	stepWarmup     time.Duration
 	stepMeasure    time.Duration
 	p99Limit       time.Duration
@@ -85,12 +99,19 @@ type options struct {
 	churnHold      time.Duration
 	uncRate        float64
 	uncMeasure     time.Duration
+	uncRounds      int
+	pairedRate     float64
+	pairedRounds   int
 	handoffK       int
 	handoffHold    time.Duration
 	handoffMeasure time.Duration
 	leMeasure      time.Duration
 	expiryTrials   int
 	expiryLease    time.Duration
+	holdClients    int
+	holdPerClient  int
+	holdMeasure    time.Duration
+	encoding       string
 	systems        string
 	workloads      string
 	out            string
@@ -108,18 +129,22 @@ type options struct {
 
 func defaults(quick bool) options {
 	o := options{
-		locks: 100000, leaseObjects: 20000, rates: "150,300,600,900,1200,1800,2400", rateScale: 1,
-		stepWarmup: 4 * time.Second, stepMeasure: 12 * time.Second, p99Limit: 200 * time.Millisecond,
+		// Steps double, then bisection narrows the bracket; short steps keep
+		// the default run, 100,000 locks included, within 15 min on 2 cores.
+		locks: 100000, leaseObjects: 20000, rates: "150,300,600,1200,2400", rateScale: 1,
+		bisectAbs: 25, bisectRel: 0.05, maxSteps: 6,
+		stepWarmup: 2 * time.Second, stepMeasure: 6 * time.Second, p99Limit: 200 * time.Millisecond,
 		lease: 30 * time.Second, churnHold: 200 * time.Millisecond,
-		uncRate: 40, uncMeasure: 10 * time.Second,
+		uncRate: 40, uncMeasure: 10 * time.Second, uncRounds: 4, pairedRounds: 2,
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
-		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,scale",
+		holdClients: 10, holdPerClient: 40, holdMeasure: 10 * time.Second, encoding: encJSON,
+		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 		scaleHeld: 20000, scaleHoldRate: 150, scaleLapses: 200, scaleLapse: 5 * time.Second,
 	}
 	if quick {
-		o.locks, o.leaseObjects, o.rates = 2000, 2000, "150,300"
+		o.locks, o.leaseObjects, o.rates, o.maxSteps, o.holdClients = 5000, 5000, "150,300,600", 4, 5
 		o.stepWarmup, o.stepMeasure = time.Second, 3*time.Second
 		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 2500*time.Millisecond, 4, 2500*time.Millisecond, 5*time.Second
 		o.expiryTrials, o.expiryLease = 2, time.Second
@@ -152,14 +177,17 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 `)
 		fs.PrintDefaults()
 		q := defaults(true)
-		fmt.Fprintf(fs.Output(), "\n--quick presets: --locks %d --lease-objects %d --rates %s --step-warmup %s --step-measure %s --uncontended-measure %s --handoff-clients %d --handoff-measure %s --leaderelection-measure %s --expiry-trials %d --expiry-lease %s (flags given after --quick override them)\n",
-			q.locks, q.leaseObjects, q.rates, q.stepWarmup, q.stepMeasure, q.uncMeasure, q.handoffK, q.handoffMeasure, q.leMeasure, q.expiryTrials, q.expiryLease)
+		fmt.Fprintf(fs.Output(), "\n--quick presets: --locks %d --lease-objects %d --rates %s --max-steps %d --step-warmup %s --step-measure %s --uncontended-measure %s --handoff-clients %d --handoff-measure %s --leaderelection-measure %s --expiry-trials %d --expiry-lease %s --hold-clients %d (flags given after --quick override them)\n",
+			q.locks, q.leaseObjects, q.rates, q.maxSteps, q.stepWarmup, q.stepMeasure, q.uncMeasure, q.handoffK, q.handoffMeasure, q.leMeasure, q.expiryTrials, q.expiryLease, q.holdClients)
 	}
 	fs.BoolVar(&o.quick, "quick", o.quick, "Smoke-test preset: fewer locks, shorter windows, fewer steps (< 3 min on 2 cores).")
 	fs.IntVar(&o.locks, "locks", o.locks, "N: DistributedLock objects created for the seed mix (creation is timed separately).")
 	fs.IntVar(&o.leaseObjects, "lease-objects", o.leaseObjects, "Lease objects created for the raw-Lease baseline (at most --locks; enough for the held population and the churn).")
-	fs.StringVar(&o.rates, "rates", o.rates, "Seed-mix steps: offered lock writes/s (1/3 acquisitions, 1/3 renewals, 1/3 releases), before --rate-scale.")
+	fs.StringVar(&o.rates, "rates", o.rates, "Seed-mix coarse steps: offered lock writes/s (1/3 acquisitions, 1/3 renewals, 1/3 releases), before --rate-scale; run upwards until one is not sustained, then bisected.")
 	fs.Float64Var(&o.rateScale, "rate-scale", o.rateScale, "Multiplies every offered rate (seed-mix steps and --uncontended-rate) to fit the machine.")
+	fs.Float64Var(&o.bisectAbs, "bisect-width", o.bisectAbs, "Seed mix: bisection stops once the bracket (highest sustained, lowest not sustained) is at most this many writes/s wide...")
+	fs.Float64Var(&o.bisectRel, "bisect-tolerance", o.bisectRel, "...or within ± this fraction of its middle.")
+	fs.IntVar(&o.maxSteps, "max-steps", o.maxSteps, "Seed mix: at most this many steps per system, coarse and bisection together (bounds the run's time).")
 	fs.DurationVar(&o.stepWarmup, "step-warmup", o.stepWarmup, "Warm-up before each measured window.")
 	fs.DurationVar(&o.stepMeasure, "step-measure", o.stepMeasure, "Measured window of each seed-mix step.")
 	fs.DurationVar(&o.p99Limit, "p99-limit", o.p99Limit, "A seed-mix step is sustained while p99 stays within this, with no errors and >= 90% of the offered rate completed.")
@@ -167,14 +195,21 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.DurationVar(&o.churnHold, "churn-hold", o.churnHold, "How long a churn acquisition holds its lock before releasing.")
 	fs.Float64Var(&o.uncRate, "uncontended-rate", o.uncRate, "Workload 2: acquire+release pairs/s (before --rate-scale).")
 	fs.DurationVar(&o.uncMeasure, "uncontended-measure", o.uncMeasure, "Workload 2: measured window.")
+	fs.Float64Var(&o.pairedRate, "paired-rate", o.pairedRate, "With two encodings: the seed-mix rate (before --rate-scale) both run in alternating windows after their own searches; 0: the lower of their highest sustained rates.")
+	fs.IntVar(&o.pairedRounds, "paired-rounds", o.pairedRounds, "With two encodings: rounds of the paired seed-mix step, each one window per encoding, in ABBA order.")
+	fs.IntVar(&o.uncRounds, "uncontended-rounds", o.uncRounds, "Workload 2 with two encodings: the window is split into this many rounds per encoding, alternating between them.")
 	fs.IntVar(&o.handoffK, "handoff-clients", o.handoffK, "Workload 3: K clients contending for one lock.")
 	fs.DurationVar(&o.handoffHold, "handoff-hold", o.handoffHold, "Workload 3: how long each holder keeps the lock.")
 	fs.DurationVar(&o.handoffMeasure, "handoff-measure", o.handoffMeasure, "Workload 3: measured window (kubelock, etcd, redsync).")
 	fs.DurationVar(&o.leMeasure, "leaderelection-measure", o.leMeasure, "Workload 3: measured window for client-go leader election (2 s retry period).")
 	fs.IntVar(&o.expiryTrials, "expiry-trials", o.expiryTrials, "Workload 4: dead holders per system (run in parallel).")
 	fs.DurationVar(&o.expiryLease, "expiry-lease", o.expiryLease, "Workload 4: lease of kubelock's and etcd's dead holder (leader election uses its default 15 s).")
+	fs.IntVar(&o.holdClients, "hold-clients", o.holdClients, "Workload 5: clients, each holding --hold-locks-per-client locks.")
+	fs.IntVar(&o.holdPerClient, "hold-locks-per-client", o.holdPerClient, "Workload 5: locks each client holds.")
+	fs.DurationVar(&o.holdMeasure, "hold-measure", o.holdMeasure, "Workload 5: measured window (at least lease/3, so every holding renews in it).")
+	fs.StringVar(&o.encoding, "encoding", o.encoding, "Wire encodings of the kubelock clients: json, cbor or json,cbor. With cbor the apiserver runs with --feature-gates=CBORServingAndStorage=true (alpha, off by default) and workloads 1, 2 and 5 run once per encoding; the other workloads use JSON.")
 	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
-	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
+	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions), scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
 	fs.IntVar(&o.scaleHeld, "scale-held", o.scaleHeld, "Workload scale: locks held (lease 300s, renewed by pkg/lock every 100s) while memory is measured.")
 	fs.Float64Var(&o.scaleHoldRate, "scale-hold-rate", o.scaleHoldRate, "Workload scale: acquisitions/s of the held locks (before --rate-scale).")
 	fs.IntVar(&o.scaleLapses, "scale-lapses", o.scaleLapses, "Workload scale: leases that lapse in each expiry round.")
@@ -182,11 +217,12 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
 	fs.StringVar(&o.workDir, "work-dir", o.workDir, "Folder for logs, certificates and profiles (default: a new temporary folder).")
 	fs.BoolVar(&o.keep, "keep", o.keep, "Keep --work-dir (logs, profiles) after the run.")
-	fs.BoolVar(&o.profile, "profile", o.profile, "CPU-profile kube-apiserver and this client during one seed-mix step of the webhook engine.")
+	fs.BoolVar(&o.profile, "profile", o.profile, "CPU-profile kube-apiserver and this client during one seed-mix step of the webhook engine (and, with two encodings, during each encoding's first paired window).")
 	fs.IntVar(&o.profileStep, "profile-step", o.profileStep, "Index (from 0) of the seed-mix step of the webhook engine to profile; none when the run stops before it.")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
 	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
+	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with this many status writes per variant (DistributedLock as shipped, without CEL, unvalidated; a Lease) and exit.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -197,12 +233,30 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 		fmt.Print(profileSummary(*summarize))
 		return 0
 	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	if *writes > 0 {
+		if err := writeCost(context.Background(), *writes); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		return 0
+	}
 	if o.leaseObjects > o.locks {
 		o.leaseObjects = o.locks
 	}
+	encodings, err := parseEncodings(o.encoding)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	if slices.Contains(encodings, encCBOR) {
+		if err := allowCBOR(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	// client-go's leader election logs every attempt through klog.
 	klog.LogToStderr(false)
 	klog.SetOutput(io.Discard)
@@ -234,6 +288,10 @@ type report struct {
 	uncontended       []*uncontendedResult
 	handoffs          []*handoffResult
 	expiries          []*expiryResult
+	holds             []*holdResult
+	paired            []pairedResult
+	wire              []wireResult
+	cborServer        bool
 	profiles          []string
 	scale             *scaleResult
 }
@@ -245,6 +303,10 @@ type mgrStats struct {
 }
 
 func bench(ctx context.Context, o options, argv []string) error {
+	encodings, err := parseEncodings(o.encoding)
+	if err != nil {
+		return err
+	}
 	root := testenv.RepoRoot()
 	if err := os.Chdir(root); err != nil {
 		return err
@@ -275,7 +337,8 @@ func bench(ctx context.Context, o options, argv []string) error {
 	}
 	logf("load average at start: %s; work dir %s", rep.loadStart, dir)
 
-	c, err := startCluster(ctx, dir, logf)
+	rep.cborServer = slices.Contains(encodings, encCBOR)
+	c, err := startCluster(ctx, dir, logf, rep.cborServer)
 	if err != nil {
 		return err
 	}
@@ -288,7 +351,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	// N lock objects, then the Leases for the baseline.
-	if wl["1"] || wl["2"] || wl["scale"] {
+	if wl["1"] || wl["2"] || wl["5"] || wl["scale"] {
 		logf("creating %d DistributedLocks in namespace %s", o.locks, lockNS)
 		u0 := pw.snap()
 		rep.createTime, err = createLocks(ctx, c.env.Client, o.locks)
@@ -322,7 +385,9 @@ func bench(ctx context.Context, o options, argv []string) error {
 		rates = append(rates, v*o.rateScale)
 	}
 	mix := mixConfig{lease: o.lease, churnHold: o.churnHold, warmup: o.stepWarmup, measure: o.stepMeasure,
-		rates: rates, p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, profileDir: dir}
+		rates: rates, absTol: o.bisectAbs * o.rateScale, relTol: o.bisectRel, maxSteps: o.maxSteps,
+		p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, profileDir: dir}
+	hold := holdConfig{clients: o.holdClients, perClient: o.holdPerClient, lease: o.lease, measure: max(o.holdMeasure, o.lease/3)}
 	uncRate := o.uncRate * o.rateScale
 	mix.objects = o.locks
 	lockPool := newPool(o.locks)
@@ -339,26 +404,86 @@ func bench(ctx context.Context, o options, argv []string) error {
 		if err := c.activate(ctx, en.e); err != nil {
 			return err
 		}
-		kl, err := newKubelockLocker(c.user, lockNS, o.clients)
-		if err != nil {
-			return err
+		// One client set per encoding; with two, workload 2 alternates
+		// between them and the others run one after the other. trs count
+		// each set's requests per operation.
+		var kls []locker
+		var names []string
+		var factories []lockClientFactory
+		var answers []*mediaTypes
+		var trs []*trips
+		for _, enc := range encodings {
+			name := en.name
+			if enc == encCBOR {
+				name = cborName(en.name)
+			}
+			a := &mediaTypes{}
+			f := lockClients(enc, a)
+			tr := newTrips()
+			kl, err := newKubelockLocker(f, tr.wrap(c.user), lockNS, o.clients, o.lease)
+			if err != nil {
+				return err
+			}
+			kls, names, factories, answers, trs = append(kls, kl), append(names, name), append(factories, f), append(answers, a), append(trs, tr)
 		}
 		if wl["1"] {
-			m := mix
-			m.holdOnly = en.e == engineWebhook
-			if en.e == engineWebhook && o.profile {
-				m.profileStep = min(o.profileStep, len(rates)-1)
+			for i := range kls {
+				m := mix
+				if en.e == engineWebhook && i == 0 && o.profile {
+					m.profileStep = min(o.profileStep, o.maxSteps-1)
+				}
+				res := runSeedMix(ctx, c, kls[i], names[i], lockPool, m, pw, logf)
+				rep.mixes = append(rep.mixes, res)
+				for _, s := range res.Steps {
+					rep.profiles = append(rep.profiles, s.Profiles...)
+				}
 			}
-			res := runSeedMix(ctx, c, kl, en.name, lockPool, m, pw, logf)
-			rep.mixes = append(rep.mixes, res)
-			for _, s := range res.Steps {
-				rep.profiles = append(rep.profiles, s.Profiles...)
+		}
+		if wl["1"] && len(kls) > 1 && ctx.Err() == nil {
+			rate := o.pairedRate * o.rateScale
+			if rate <= 0 {
+				rate = pairedRate(rep.mixes[len(rep.mixes)-len(kls):])
+			}
+			if rate <= 0 {
+				logf("  paired step of %s: no rate (no seed-mix step ran)", en.name)
+			} else if steps, err := runPairedStep(ctx, c, kls, names, lockPool, mix, pw, rate, o.pairedRounds, o.profile); err != nil {
+				logf("  paired step of %s at %.0f writes/s: %v", en.name, rate, err)
+			} else {
+				rep.paired = append(rep.paired, pairedResult{Names: names, Steps: steps, Rounds: o.pairedRounds})
+				for _, s := range steps {
+					rep.profiles = append(rep.profiles, s.Profiles...)
+				}
 			}
 		}
 		if wl["2"] {
-			r := runUncontended(ctx, kl, en.name, lockPool, uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
-			logf("  %-16s uncontended: acquire p50 %v p99 %v, release p99 %v, errors %d", en.name, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Release.P99.Round(time.Millisecond), r.Errors)
-			rep.uncontended = append(rep.uncontended, r)
+			if len(kls) == 1 {
+				rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, kls[0], names[0], lockPool, uncRate, o, trs[0])...)
+			} else {
+				for _, r := range runUncontendedInterleaved(ctx, kls, names, lockPool, uncRate, o.stepWarmup, o.uncMeasure, o.uncRounds, o.maxInFlight) {
+					logUncontended(r)
+					rep.uncontended = append(rep.uncontended, r)
+				}
+			}
+		}
+		if wl["5"] {
+			for i := range kls {
+				for _, sessions := range []bool{false, true} {
+					if ctx.Err() != nil {
+						break
+					}
+					t, err := kubelockHold(ctx, factories[i], c.user, lockNS, hold, sessions)
+					if err != nil {
+						return err
+					}
+					r := runHold(ctx, c, pw, names[i], sessions, lockPool, hold, t)
+					logHold(r)
+					rep.holds = append(rep.holds, r)
+				}
+			}
+		}
+		for i := range kls {
+			rep.wire = append(rep.wire, wireResult{System: names[i], Encoding: encodings[i], Answers: answers[i].String(), CBORShare: answers[i].cborShare()})
+			logf("  %-16s apiserver answers to its lock clients: %s", names[i], answers[i])
 		}
 		if wl["3"] {
 			key := "handoff-" + string(en.e)
@@ -372,7 +497,11 @@ func bench(ctx context.Context, o options, argv []string) error {
 			if err != nil {
 				return err
 			}
-			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key))
+			htr := newTrips()
+			st0, _ := c.serverTimes(ctx)
+			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key, htr))
+			r.Trips = htr.summary()
+			logServerTimes(ctx, c, st0)
 			r.ServerFIFOViolations, r.ServerFIFOChecked = fifo.result()
 			r.ServerFIFO = true
 			logHandoff(r)
@@ -394,21 +523,24 @@ func bench(ctx context.Context, o options, argv []string) error {
 		return err
 	}
 	if systems["lease"] && ctx.Err() == nil {
-		ll, err := newLeaseLocker(c.user, leaseNS, o.clients)
+		tr := newTrips()
+		ll, err := newLeaseLocker(tr.wrap(c.user), leaseNS, o.clients)
 		if err != nil {
 			return err
 		}
 		leasePool := newPool(o.leaseObjects)
 		if wl["1"] {
 			m := mix
-			m.holdOnly = true
 			m.objects = o.leaseObjects
 			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, ll, sysLease, leasePool, m, pw, logf))
 		}
+		if wl["5"] {
+			r := runHold(ctx, c, pw, sysLease, false, leasePool, hold, leaseHold(ll))
+			logHold(r)
+			rep.holds = append(rep.holds, r)
+		}
 		if wl["2"] {
-			r := runUncontended(ctx, ll, sysLease, leasePool, uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
-			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysLease, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
-			rep.uncontended = append(rep.uncontended, r)
+			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, ll, sysLease, leasePool, uncRate, o, tr)...)
 		}
 	}
 	// client-go's elector on a Lease and on a DistributedLock, same timings.
@@ -445,7 +577,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 			if err != nil {
 				return err
 			}
-			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
 			el.close()
 			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysEtcd, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
 			rep.uncontended = append(rep.uncontended, r)
@@ -471,7 +603,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 		defer func() { _ = rc.Close() }()
 		rs := redsync.New(goredis.NewPool(rc))
 		if wl["2"] {
-			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight)
+			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
 			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysRedis, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
 			rep.uncontended = append(rep.uncontended, r)
 		}
@@ -507,9 +639,107 @@ func bench(ctx context.Context, o options, argv []string) error {
 	return nil
 }
 
+// runUncontendedBoth runs workload 2 on locks taken for the first time, then
+// on locks taken again, counting requests and the apiserver's time of each.
+func runUncontendedBoth(ctx context.Context, c *cluster, sys locker, name string, free pool, rate float64, o options, tr *trips) []*uncontendedResult {
+	var out []*uncontendedResult
+	for _, again := range []bool{false, true} {
+		tr.reset()
+		st0, _ := c.serverTimes(ctx)
+		run := runUncontended
+		if again {
+			run = runUncontendedAgain
+		}
+		r := run(ctx, sys, name, free, rate, o.stepWarmup, o.uncMeasure, o.maxInFlight, tr)
+		logUncontended(r)
+		logServerTimes(ctx, c, st0)
+		out = append(out, r)
+	}
+	return out
+}
+
+func logUncontended(r *uncontendedResult) {
+	logf("  %-16s uncontended (%s): acquire p50 %v p99 %v, release p50 %v p99 %v, errors %d", r.System, r.kind(), r.Acquire.P50.Round(100*time.Microsecond), r.Acquire.P99.Round(100*time.Microsecond),
+		r.Release.P50.Round(100*time.Microsecond), r.Release.P99.Round(100*time.Microsecond), r.Errors)
+	if len(r.Trips) > 0 {
+		logf("    requests: %s", tripsString(r.Trips))
+	}
+}
+
+// logServerTimes logs the apiserver's mean time per kind of request since before.
+func logServerTimes(ctx context.Context, c *cluster, before serverTime) {
+	if before == nil {
+		return
+	}
+	if now, err := c.serverTimes(ctx); err == nil {
+		logf("    apiserver: %s", now.meanSince(before))
+	}
+}
+
+// parseEncodings reads --encoding.
+func parseEncodings(s string) ([]string, error) {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		e = strings.ToLower(strings.TrimSpace(e))
+		switch e {
+		case encJSON, encCBOR:
+			if !slices.Contains(out, e) {
+				out = append(out, e)
+			}
+		default:
+			return nil, fmt.Errorf("--encoding: %q is neither json nor cbor", e)
+		}
+	}
+	return out, nil
+}
+
+// cborName is the report's name of an engine's CBOR variant.
+func cborName(system string) string {
+	return strings.TrimSuffix(system, ")") + ", CBOR)"
+}
+
+// pairedResult is one engine's paired seed-mix step over its encodings.
+type pairedResult struct {
+	Names  []string
+	Steps  []stepResult
+	Rounds int
+}
+
+// pairedRate is the rate all of mixes sustained (the lowest of their highest
+// sustained rates) or, when one sustained none, the lowest rate any ran.
+func pairedRate(mixes []*mixResult) float64 {
+	rate, lowest, none := math.Inf(1), math.Inf(1), false
+	for _, m := range mixes {
+		if m.Bracket.Sustained <= 0 {
+			none = true
+		}
+		rate = min(rate, m.Bracket.Sustained)
+		for _, st := range m.Steps {
+			lowest = min(lowest, st.Offered)
+		}
+	}
+	switch {
+	case !none && !math.IsInf(rate, 1):
+		return rate
+	case !math.IsInf(lowest, 1):
+		return lowest
+	}
+	return 0
+}
+
+// wireResult says how the apiserver answered one kubelock client set.
+type wireResult struct {
+	System, Encoding string
+	Answers          string  // media types by method, with counts
+	CBORShare        float64 // of all answers
+}
+
 func logHandoff(r *handoffResult) {
 	logf("  %-16s hand-off: %d holdings (%.1f/s), p50 %v p99 %v, overtakes %d/%d, server-side FIFO violations %d/%d, errors %d%s", r.System, r.Holdings, r.PerSecond,
 		r.Handoff.P50.Round(time.Millisecond), r.Handoff.P99.Round(time.Millisecond), r.FIFOViolations, r.FIFOChecked, r.ServerFIFOViolations, r.ServerFIFOChecked, r.Errors, firstKind(r.ErrKinds))
+	if len(r.Trips) > 0 {
+		logf("    requests: %s", tripsString(r.Trips))
+	}
 }
 
 func logExpiry(r *expiryResult) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"os"
@@ -62,20 +63,9 @@ func (r *report) mix(system string) *mixResult {
 	return nil
 }
 
-// best is the highest sustained step, or the first step when none was.
-func (m *mixResult) best() (stepResult, bool) {
-	if m == nil || len(m.Steps) == 0 {
-		return stepResult{}, false
-	}
-	if m.Best >= 0 {
-		return m.Steps[m.Best], true
-	}
-	return m.Steps[0], false
-}
-
-func (r *report) unc(system string) *uncontendedResult {
+func (r *report) unc(system string, again bool) *uncontendedResult {
 	for _, u := range r.uncontended {
-		if u.System == system {
+		if u.System == system && u.Again == again {
 			return u
 		}
 	}
@@ -102,29 +92,38 @@ func (r *report) expiry(system string) *expiryResult {
 
 func (r *report) rows() []row {
 	var rows []row
-	limit, _ := r.mix(sysLease).best()
+	var limit float64
+	if l := r.mix(sysLease); l != nil {
+		limit = l.Bracket.Sustained
+	}
 	for _, m := range r.mixes {
 		s, ok := m.best()
-		note := fmt.Sprintf("step %.0f writes/s offered, %d held", s.Offered, s.Held)
+		note := fmt.Sprintf("**%s** writes/s offered (%d steps); shown: the step at %.0f, %d held", m.Bracket, len(m.Steps), s.Offered, s.Held)
 		if !ok {
-			note += "; no step sustained, first step shown"
+			note += ", the lowest step run"
 		}
-		rows = append(rows, row{"1 seed mix (highest sustained)", m.System, fmt.Sprintf("%.0f", s.Achieved), s.All, s.Errors, ratio(s.Achieved, limit.Achieved) + " thr", note})
+		rows = append(rows, row{"1 seed mix (highest sustained)", m.System, fmt.Sprintf("%.0f", s.Achieved), s.All, s.Errors, ratio(m.Bracket.Sustained, limit) + " thr", note})
 	}
-	base := r.unc(sysLease)
 	for _, u := range r.uncontended {
 		vs := "–"
-		if base != nil {
+		if base := r.unc(sysLease, u.Again); base != nil {
 			vs = ratio(float64(u.Acquire.P99), float64(base.Acquire.P99)) + " p99"
 		}
-		rows = append(rows, row{"2 uncontended acquire", u.System, fmt.Sprintf("%.0f", u.Pairs), u.Acquire, u.Errors, vs, fmt.Sprintf("%.0f pairs/s offered", u.Rate)})
+		note := fmt.Sprintf("%.0f pairs/s offered", u.Rate)
+		if u.Rounds > 1 {
+			note += fmt.Sprintf("; %d rounds alternating with the other encoding", u.Rounds)
+		}
+		if len(u.Trips) > 0 {
+			note += "; requests per acquire: " + tripsPerOp(u.Trips, "acquire")
+		}
+		rows = append(rows, row{"2 uncontended acquire, " + u.kind(), u.System, fmt.Sprintf("%.0f", u.Pairs), u.Acquire, u.Errors, vs, note})
 	}
 	for _, u := range r.uncontended {
 		vs := "–"
-		if base != nil {
+		if base := r.unc(sysLease, u.Again); base != nil {
 			vs = ratio(float64(u.Release.P99), float64(base.Release.P99)) + " p99"
 		}
-		rows = append(rows, row{"2 uncontended release", u.System, fmt.Sprintf("%.0f", u.Pairs), u.Release, 0, vs, ""})
+		rows = append(rows, row{"2 uncontended release, " + u.kind(), u.System, fmt.Sprintf("%.0f", u.Pairs), u.Release, 0, vs, "requests per release: " + tripsPerOp(u.Trips, "release")})
 	}
 	le := r.handoff(sysLE)
 	for _, h := range r.handoffs {
@@ -172,7 +171,7 @@ func (r *report) markdown(out string) string {
 	}
 	p("\n## Results\n\n")
 	p("Latencies in milliseconds, measured from the time each request was *scheduled* (open loop: queueing counts). ops/s: lock writes/s completed for the seed mix, acquire+release pairs/s for workload 2, holdings/s for workload 3.\n")
-	p("\"vs limit\": for workload 1 the throughput as a ratio of raw Lease CAS (the stack's limit), for workload 2 the p99 as a ratio of raw Lease CAS's, for workloads 3 and 4 the p99 as a ratio of client-go leader election's (default timings).\n\n")
+	p("\"vs limit\": for workload 1 the highest sustained offered rate as a ratio of raw Lease CAS's (the stack's limit), for workload 2 the p99 as a ratio of raw Lease CAS's, for workloads 3 and 4 the p99 as a ratio of client-go leader election's (default timings).\n\n")
 	p("| workload | system | ops/s | p50 | p95 | p99 | p99.9 | max | errors | vs limit | notes |\n")
 	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, rw := range r.rows() {
@@ -183,18 +182,23 @@ func (r *report) markdown(out string) string {
 
 	if len(r.mixes) > 0 {
 		p("\n## Seed mix, step by step\n\n")
-		p("Each step offers R lock writes/s: R/3 acquisitions of free locks (TryAcquire; the lock is released %s later), the same number of releases, and R/3 renewals by a held population of R/3 × %s locks renewing every %s (lease %s). Steps run for %s after a %s warm-up and stop at the first that is not sustained (p99 > %s, an error, or < 90%% of the offered rate completed). Apiserver writes/s: `apiserver_request_total` for POST/PUT/PATCH/DELETE over the window, all resources (the operator's and Events included).\n\n",
-			o.churnHold, o.lease/3, o.lease/3, o.lease, o.stepMeasure, o.stepWarmup, o.p99Limit)
-		p("| system | offered writes/s | held | achieved | p50 | p95 | p99 | p99.9 | max | acquire p99 | renew p99 | release p99 | errors | apiserver writes/s | per lock write |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("Each step offers R lock writes/s: R/3 acquisitions of free locks (TryAcquire; the lock is released %s later), the same number of releases, and R/3 renewals by a held population of R/3 × %s locks renewing every %s (lease %s). A step runs for %s after a %s warm-up and is *sustained* when p99 ≤ %s, no request failed and ≥ 90%% of the offered rate completed. The steps go up (%s writes/s) until one is not sustained; then bisection between the highest sustained and the lowest unsustained rate narrows the bracket until it is within ±%.0f%% of its middle or at most %.0f writes/s wide (at most %d steps per system). The bracket is the result: the highest sustained rate lies between its ends. Apiserver writes/s: `apiserver_request_total` for POST/PUT/PATCH/DELETE over the window, all resources (the operator's and Events included); apiserver CPU: kube-apiserver's CPU time over the window (`/proc`), per completed lock write.\n\n",
+			o.churnHold, o.lease/3, o.lease/3, o.lease, o.stepMeasure, o.stepWarmup, o.p99Limit, strings.ReplaceAll(o.rates, ",", ", "), 100*o.bisectRel, o.bisectAbs*o.rateScale, o.maxSteps)
+		p("| system | highest sustained (offered writes/s) | not sustained | steps | seed mix wall |\n|---|---:|---:|---:|---:|\n")
 		for _, m := range r.mixes {
-			for _, s := range m.Steps {
+			p("| %s | %s | %s | %d | %s |\n", m.System, rateOrDash(m.Bracket.Sustained), rateOrDash(m.Bracket.NotSustained), len(m.Steps), m.Wall.Round(time.Second))
+		}
+		p("\nEvery step, in the order it ran (✗: not sustained):\n\n")
+		p("| system | # | offered writes/s | held | achieved | p50 | p95 | p99 | p99.9 | max | acquire p99 | renew p99 | release p99 | errors | apiserver writes/s | per lock write | apiserver CPU ms per lock write |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, m := range r.mixes {
+			for i, s := range m.Steps {
 				mark := ""
 				if !s.Sustained {
 					mark = " ✗"
 				}
-				p("| %s | %.0f%s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d | %.0f | %s |\n", m.System, s.Offered, mark, s.Held, s.Achieved,
-					ms(s.All.P50), ms(s.All.P95), ms(s.All.P99), ms(s.All.P999), ms(s.All.Max), ms(s.Acquire.P99), ms(s.Renew.P99), ms(s.Release.P99), s.Errors, s.APIWrites, perWrite(s))
+				p("| %s | %d | %.0f%s | %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d | %.0f | %s | %s |\n", m.System, i+1, s.Offered, mark, s.Held, s.Achieved,
+					ms(s.All.P50), ms(s.All.P95), ms(s.All.P99), ms(s.All.P999), ms(s.All.Max), ms(s.Acquire.P99), ms(s.Renew.P99), ms(s.Release.P99), s.Errors, s.APIWrites, perWrite(s), cpuPerWrite(s))
 			}
 		}
 		for _, m := range r.mixes {
@@ -219,16 +223,13 @@ func (r *report) markdown(out string) string {
 		p("- seed mix of %s (%s wall): CPU %% of one core — operator %.0f%%, kube-apiserver %.0f%%, etcd %.0f%%, bench client %.0f%%\n", m.System, m.Wall.Round(time.Second),
 			100*m.CPU["manager"]/w, 100*m.CPU["kube-apiserver"]/w, 100*m.CPU["etcd"]/w, 100*m.CPU["bench"]/w)
 	}
-	for _, m := range r.mixes {
-		if h := m.HoldOnly; h != nil && h.Held > 0 {
-			p("- holding only (%s, %d locks held, renewals every %s, no churn): %.1f apiserver writes/s = **%.3f writes/s per held lock** (renewals alone would be %.3f); renew p99 %s ms\n",
-				m.System, h.Held, o.lease/3, h.APIWrites, h.APIWrites/float64(h.Held), 1/(o.lease/3).Seconds(), ms(h.Renew.P99))
-		}
-	}
+
+	r.holdSection(p)
+	r.encodingSection(p)
 
 	if len(r.profiles) > 0 {
 		p("\n## CPU profile of the seed mix\n\n")
-		p("Taken with pprof during the measured window of one seed-mix step of %s (kube-apiserver from `/debug/pprof/profile`, the bench client with `runtime/pprof`).\n\n", sysWebhook)
+		p("Taken with pprof during the measured window of one seed-mix step of %s, and with two encodings during each one's first paired window (kube-apiserver from `/debug/pprof/profile`, the bench client with `runtime/pprof`; the file names say which).\n\n", sysWebhook)
 		for _, path := range r.profiles {
 			p("%s", profileSummary(path))
 		}
@@ -245,6 +246,20 @@ func (r *report) markdown(out string) string {
 	p("\n## Analysis\n\n")
 	p("%s\n", r.analysis(out))
 	return b.String()
+}
+
+func rateOrDash(v float64) string {
+	if v <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func cpuPerWrite(s stepResult) string {
+	if v := s.apiCPUPerWrite(); v > 0 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return "–"
 }
 
 func perWrite(s stepResult) string {
@@ -272,17 +287,28 @@ func kindsString(k map[string]int) string {
 
 // headline states the ratios the issue asks for.
 func (r *report) headline(p func(string, ...any)) {
-	limit, limitOK := r.mix(sysLease).best()
 	var lines []string
-	for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
-		if s, ok := r.mix(sys).best(); ok && limitOK {
-			lines = append(lines, fmt.Sprintf("%s sustains %.0f lock writes/s in the seed mix, %s of raw Lease CAS (%.0f/s)", sys, s.Achieved, ratio(s.Achieved, limit.Achieved), limit.Achieved))
+	if limit := r.mix(sysLease); limit != nil && limit.Bracket.Sustained > 0 {
+		for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
+			if m := r.mix(sys); m != nil {
+				lines = append(lines, fmt.Sprintf("%s: seed mix %s lock writes/s, %s of raw Lease CAS (%s)", sys, m.Bracket, ratio(m.Bracket.Sustained, limit.Bracket.Sustained), limit.Bracket))
+			}
 		}
 	}
-	base := r.unc(sysLease)
-	for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
-		if u := r.unc(sys); u != nil && base != nil {
-			lines = append(lines, fmt.Sprintf("%s uncontended acquire p99 %s ms = %s raw Lease CAS's %s ms", sys, ms(u.Acquire.P99), ratio(float64(u.Acquire.P99), float64(base.Acquire.P99)), ms(base.Acquire.P99)))
+	for _, again := range []bool{false, true} {
+		base := r.unc(sysLease, again)
+		for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
+			if u := r.unc(sys, again); u != nil && base != nil {
+				lines = append(lines, fmt.Sprintf("%s uncontended acquire (%s) p99 %s ms = %s raw Lease CAS's %s ms", sys, u.kind(), ms(u.Acquire.P99), ratio(float64(u.Acquire.P99), float64(base.Acquire.P99)), ms(base.Acquire.P99)))
+			}
+		}
+	}
+	// The issue's hand-off target: against one raw Lease write (workload 2's release).
+	if base := r.unc(sysLease, true); base != nil {
+		for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
+			if h := r.handoff(sys); h != nil {
+				lines = append(lines, fmt.Sprintf("%s hand-off p99 %s ms = %s one raw Lease write's p99 (%s ms, workload 2's release, again)", sys, ms(h.Handoff.P99), ratio(float64(h.Handoff.P99), float64(base.Release.P99)), ms(base.Release.P99)))
+			}
 		}
 	}
 	if le := r.handoff(sysLE); le != nil {
@@ -353,7 +379,8 @@ func (r *report) plotRates(path string) error {
 	series := 0
 	for i, m := range r.mixes {
 		var p99, p50 plotter.XYs
-		for _, s := range m.Steps {
+		steps := slices.SortedFunc(slices.Values(m.Steps), func(a, b stepResult) int { return cmp.Compare(a.Offered, b.Offered) })
+		for _, s := range steps {
 			if s.All.N == 0 {
 				continue
 			}
@@ -436,6 +463,8 @@ func (r *report) plotHandoff(path string) error {
 var workGroups = []struct{ name, match string }{
 	{"garbage collection (background mark workers)", "runtime.gcBgMarkWorker"},
 	{"JSON encoding/decoding", "encoding/json.|sigs.k8s.io/json|serializer/json|json-iterator|pkg/util/json|UnmarshalJSON|MarshalJSON"},
+	// Before protobuf, whose ".Unmarshal|.Marshal" would claim CBOR's frames.
+	{"CBOR encoding/decoding", "fxamacker/cbor|serializer/cbor|UnmarshalCBOR|MarshalCBOR"},
 	{"protobuf encoding/decoding", "google.golang.org/protobuf|gogo/protobuf|serializer/protobuf|.Unmarshal|.Marshal"},
 	{"TLS and crypto", "crypto/"},
 	{"managedFields bookkeeping (structured-merge-diff)", "structured-merge-diff|pkg/util/managedfields"},
@@ -570,4 +599,157 @@ func shortFn(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// --- holding only and encodings ----------------------------------------------------------
+
+func (r *report) hold(system string, sessions bool) *holdResult {
+	for _, h := range r.holds {
+		if h.System == system && h.Sessions == sessions {
+			return h
+		}
+	}
+	return nil
+}
+
+func (r *report) holdSection(p func(string, ...any)) {
+	if len(r.holds) == 0 {
+		return
+	}
+	o := r.opts
+	p("\n## Holding only\n\n")
+	p("Workload 5: %d clients each hold %d locks (lease %s) and do nothing else; measured over %s after the acquisitions settled. "+
+		"**Without sessions** every lock is renewed every %s (the benchmark schedules each renewal; latency from its scheduled time). "+
+		"**With sessions** each client holds its locks in one LockSession (TTL %s) that pkg/lock renews by itself every TTL/3 with jitter, one merge patch for all its locks; "+
+		"its latency is timed on the wire, from the request to the answer. Client writes: the clients' renewals in the window; apiserver writes: mutating requests on the system's own resources, whoever sent them (DistributedLocks, LockSessions and Events for kubelock; Leases for the baseline, where the operator's leader-election Lease adds ~0.5/s); by kind: every mutating request. "+
+		"With few clients the sessions' renewals are few (n), so their percentiles are coarse.\n\n",
+		o.holdClients, o.holdPerClient, o.lease, max(o.holdMeasure, o.lease/3), o.lease/3, o.lease)
+	p("| system | sessions | clients | held | client writes/s | per held lock | apiserver writes/s (own resources) | per held lock | apiserver writes/s by kind (all) | apiserver CPU | renew p50 | renew p99 | renew max | n | errors |\n")
+	p("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, h := range r.holds {
+		p("| %s | %s | %d | %d | %.1f | %.4f | %.1f | %.4f | %s | %.0f%% | %s | %s | %s | %d | %d |\n", h.System, yesNo(h.Sessions), h.Clients, h.Held,
+			h.LockWrites, h.perHeld(h.LockWrites), h.APIWrites, h.perHeld(h.APIWrites), strings.ReplaceAll(h.APIByKind.String(), "|", "/"), 100*h.APICPU,
+			ms(h.Renew.P50), ms(h.Renew.P99), ms(h.Renew.Max), h.Renew.N, h.Errors)
+	}
+	var lines []string
+	lease := r.hold(sysLease, false)
+	for _, h := range r.holds {
+		if !h.Sessions {
+			continue
+		}
+		if without := r.hold(h.System, false); without != nil && h.APIWrites > 0 {
+			line := fmt.Sprintf("%s: sessions take %.4f apiserver writes/s per held lock where renewing each lock takes %.4f (%.0f× fewer); apiserver CPU %s",
+				h.System, h.perHeld(h.APIWrites), without.perHeld(without.APIWrites), without.APIWrites/h.APIWrites, ratio(h.APICPU, without.APICPU))
+			if lease != nil {
+				line += fmt.Sprintf("; raw Leases take %.4f", lease.perHeld(lease.APIWrites))
+			}
+			lines = append(lines, line)
+		}
+	}
+	for _, h := range r.holds {
+		if len(h.ErrKinds) > 0 {
+			lines = append(lines, fmt.Sprintf("errors of %s (%s): %s", h.System, sessionWord(h.Sessions), kindsString(h.ErrKinds)))
+		}
+	}
+	if len(lines) > 0 {
+		p("\n")
+		for _, l := range lines {
+			p("- %s\n", l)
+		}
+	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// encodingSection compares each engine's JSON and CBOR clients of this run.
+func (r *report) encodingSection(p func(string, ...any)) {
+	if !r.cborServer && len(r.wire) == 0 {
+		return
+	}
+	p("\n## Wire encoding: JSON and CBOR\n\n")
+	if !r.cborServer {
+		p("This run's kube-apiserver ran with its default feature gates: `CBORServingAndStorage` is alpha in 1.37 and off, so the apiserver refuses CBOR and every kubelock client spoke JSON, the default (`--encoding json,cbor` compares both; `make bench-encoding`).\n\n")
+	} else {
+		p("This run's kube-apiserver ran with `--feature-gates=%s=true` (KEP-4222, alpha in 1.37, off by default), which also makes CBOR the *storage* encoding of custom resources, under both client sets. "+
+			"The JSON clients are `lock.New`; the CBOR clients are pkg/lock over this benchmark's `cborClient` (`lock.NewFromClient`): controller-runtime's typed client has no CBOR codec, so DistributedLock and LockSession requests go through a client-go REST client with one, "+
+			"with client-go's `ClientsAllowCBOR` gate on (`%s=true`; without it client-go rewrites CBOR to JSON) and `ClientsPreferCBOR` off. The operator, its webhook (AdmissionReview is JSON) and the other workloads speak JSON in both. "+
+			"What the apiserver answered, read off the wire:\n\n", cborGate, cborGateEnv)
+	}
+	if len(r.wire) > 0 {
+		p("| system | client encoding | answers to lock and session requests (method, media type, count) | CBOR share |\n|---|---|---|---:|\n")
+		for _, w := range r.wire {
+			p("| %s | %s | %s | %.0f%% |\n", w.System, w.Encoding, w.Answers, 100*w.CBORShare)
+		}
+	}
+	type pair struct{ json, cbor string }
+	var pairs []pair
+	for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
+		if r.has(sys) && r.has(cborName(sys)) {
+			pairs = append(pairs, pair{sys, cborName(sys)})
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	r.pairedTable(p)
+	p("\nCBOR against JSON, same engine, same apiserver, one run (ratio CBOR / JSON: below 1× CBOR is faster or cheaper); workload 2 and the paired step alternate between the encodings, the searches and workload 5 run one after the other:\n\n")
+	p("| engine | measure | JSON | CBOR | CBOR / JSON |\n|---|---|---:|---:|---:|\n")
+	for _, pr := range pairs {
+		eng := strings.TrimPrefix(strings.TrimSuffix(pr.json, ")"), "kubelock (")
+		if uj, uc := r.unc(pr.json, false), r.unc(pr.cbor, false); uj != nil && uc != nil {
+			p("| %s | uncontended acquire p50 (ms) | %s | %s | %s |\n", eng, ms(uj.Acquire.P50), ms(uc.Acquire.P50), ratio(float64(uc.Acquire.P50), float64(uj.Acquire.P50)))
+			p("| %s | uncontended acquire p99 (ms) | %s | %s | %s |\n", eng, ms(uj.Acquire.P99), ms(uc.Acquire.P99), ratio(float64(uc.Acquire.P99), float64(uj.Acquire.P99)))
+			p("| %s | uncontended release p99 (ms) | %s | %s | %s |\n", eng, ms(uj.Release.P99), ms(uc.Release.P99), ratio(float64(uc.Release.P99), float64(uj.Release.P99)))
+		}
+		if mj, mc := r.mix(pr.json), r.mix(pr.cbor); mj != nil && mc != nil {
+			p("| %s | seed mix, highest sustained, each its own search (writes/s) | %s | %s | %s |\n", eng, rateOrDash(mj.Bracket.Sustained), rateOrDash(mc.Bracket.Sustained), ratio(mc.Bracket.Sustained, mj.Bracket.Sustained))
+		}
+		if sj, sc, ok := r.pairedStep(pr.json, pr.cbor); ok {
+			what := fmt.Sprintf("paired seed-mix step at %.0f writes/s", sj.Offered)
+			p("| %s | %s: p50 (ms) | %s | %s | %s |\n", eng, what, ms(sj.All.P50), ms(sc.All.P50), ratio(float64(sc.All.P50), float64(sj.All.P50)))
+			p("| %s | %s: p99 (ms) | %s | %s | %s |\n", eng, what, ms(sj.All.P99), ms(sc.All.P99), ratio(float64(sc.All.P99), float64(sj.All.P99)))
+			p("| %s | %s: apiserver CPU ms per lock write | %s | %s | %s |\n", eng, what, cpuPerWrite(sj), cpuPerWrite(sc), ratio(sc.apiCPUPerWrite(), sj.apiCPUPerWrite()))
+		}
+		for _, sessions := range []bool{false, true} {
+			if hj, hc := r.hold(pr.json, sessions), r.hold(pr.cbor, sessions); hj != nil && hc != nil {
+				p("| %s | holding only (%s): apiserver CPU | %.0f%% | %.0f%% | %s |\n", eng, sessionWord(sessions), 100*hj.APICPU, 100*hc.APICPU, ratio(hc.APICPU, hj.APICPU))
+			}
+		}
+	}
+}
+
+// has reports whether any workload ran system.
+func (r *report) has(system string) bool {
+	return r.mix(system) != nil || r.unc(system, false) != nil || r.hold(system, false) != nil || r.hold(system, true) != nil
+}
+
+// pairedStep is the paired seed-mix step of a and b, when they had one.
+func (r *report) pairedStep(a, b string) (stepResult, stepResult, bool) {
+	for _, pr := range r.paired {
+		ia, ib := slices.Index(pr.Names, a), slices.Index(pr.Names, b)
+		if ia >= 0 && ib >= 0 {
+			return pr.Steps[ia], pr.Steps[ib], true
+		}
+	}
+	return stepResult{}, stepResult{}, false
+}
+
+// pairedTable lists the paired seed-mix steps in full.
+func (r *report) pairedTable(p func(string, ...any)) {
+	if len(r.paired) == 0 {
+		return
+	}
+	o := r.opts
+	p("\nPaired seed-mix step: after both searches, the same rate (the lower of the two highest sustained rates unless `--paired-rate` is given) offered to each encoding in alternating windows, %d rounds in ABBA order (%s warm-up and %s measured each); both held populations renew throughout, so every window carries the other's renewals too. Each row merges its windows:\n\n", o.pairedRounds, o.stepWarmup, o.stepMeasure)
+	p("| system | offered writes/s | held | achieved | p50 | p95 | p99 | max | errors | sustained | apiserver writes/s | apiserver CPU ms per lock write |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
+	for _, pr := range r.paired {
+		for i, s := range pr.Steps {
+			p("| %s | %.0f | %d | %.0f | %s | %s | %s | %s | %d | %s | %.0f | %s |\n", pr.Names[i], s.Offered, s.Held, s.Achieved, ms(s.All.P50), ms(s.All.P95), ms(s.All.P99), ms(s.All.Max), s.Errors, yesNo(s.Sustained), s.APIWrites, cpuPerWrite(s))
+		}
+	}
 }

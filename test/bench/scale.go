@@ -694,10 +694,10 @@ func (s *scaleResult) markdown() string {
 		peak = max(peak, pt.RSS, pt.Peak)
 	}
 	peak = max(peak, s.MaxRSS)
-	p("| operator RSS ≤ %s at %d locks | peak %s | %s |\n", mib(scaleRSSTarget), cfg.locks, mib(peak), yesNo(peak <= scaleRSSTarget))
+	p("| operator RSS ≤ %s at %d locks | peak %s | %s |\n", mib(scaleRSSTarget), cfg.locks, mib(peak), met(peak <= scaleRSSTarget))
 	for _, r := range s.Rounds {
 		ok := r.Dist.N > 0 && r.Missed == 0 && r.Errors == 0 && r.Dist.Max <= cfg.grace+lapseSlackTarget
-		p("| expiry within lease + grace + %s (%s) | max %s ms late | %s |\n", lapseSlackTarget, r.Label, ms(r.Dist.Max), yesNo(ok))
+		p("| expiry within lease + grace + %s (%s) | max %s ms late | %s |\n", lapseSlackTarget, r.Label, ms(r.Dist.Max), met(ok))
 	}
 	if s.Err != "" {
 		p("\nThe workload stopped early: %s\n", s.Err)
@@ -713,7 +713,8 @@ func bucketMS(d time.Duration) string {
 	return "≤ " + ms(d)
 }
 
-func yesNo(ok bool) string {
+// met shows whether a target was met, a miss in bold.
+func met(ok bool) string {
 	if ok {
 		return "yes"
 	}

@@ -22,6 +22,7 @@ type recorder struct {
 	lat      []time.Duration
 	errs     int
 	kinds    map[string]int
+	pending  atomic.Int64 // operations begun (begin) in the window, not yet recorded
 }
 
 func newRecorder(from, to time.Time) *recorder {
@@ -42,6 +43,41 @@ func (r *recorder) record(sched time.Time, err error) {
 		return
 	}
 	r.lat = append(r.lat, d)
+}
+
+// begin notes an operation scheduled at sched that is about to run and
+// returns what records it: drain waits for the ones in the window.
+func (r *recorder) begin(sched time.Time) func(err error) {
+	if r == nil || sched.Before(r.from) || !sched.Before(r.to) {
+		return func(error) {}
+	}
+	r.pending.Add(1)
+	return func(err error) {
+		r.record(sched, err)
+		r.pending.Add(-1)
+	}
+}
+
+// drain waits, at most limit, until every operation begun in the window has
+// been recorded, so that the window's tail is neither lost nor waited for
+// longer than it takes.
+func (r *recorder) drain(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for r.pending.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// absorb adds everything other recorded.
+func (r *recorder) absorb(other *recorder) {
+	lat, errs, kinds := other.snapshot()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lat = append(r.lat, lat...)
+	r.errs += errs
+	for k, v := range kinds {
+		r.kinds[k] += v
+	}
 }
 
 // add records a latency measured elsewhere (hand-off, expiry).

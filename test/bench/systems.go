@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync/atomic"
 	"time"
 
@@ -36,13 +37,20 @@ type holding interface {
 // benchmark (WithoutAutoRenew + Renew) so renewals are scheduled and measured.
 type kubelockLocker struct {
 	clients []*lock.Client
-	next    atomic.Uint64
 }
 
-func newKubelockLocker(cfg *rest.Config, ns string, n int) (*kubelockLocker, error) {
+// clientFor is the client of n that takes key: always the same one, as a
+// process takes its own keys, so that a lock taken again was seen before.
+func clientFor(key string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}
+
+func newKubelockLocker(newClient lockClientFactory, cfg *rest.Config, ns string, n int, lease time.Duration) (*kubelockLocker, error) {
 	k := &kubelockLocker{}
 	for i := range n {
-		c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity(fmt.Sprintf("bench-%d", i)), lock.WithoutAutoRenew())
+		c, err := newClient(cfg, lock.WithNamespace(ns), lock.WithIdentity(fmt.Sprintf("bench-%d", i)), lock.WithoutAutoRenew(), lock.WithLeaseDuration(lease))
 		if err != nil {
 			return nil, err
 		}
@@ -52,7 +60,7 @@ func newKubelockLocker(cfg *rest.Config, ns string, n int) (*kubelockLocker, err
 }
 
 func (k *kubelockLocker) acquire(ctx context.Context, key string) (holding, error) {
-	c := k.clients[k.next.Add(1)%uint64(len(k.clients))]
+	c := k.clients[clientFor(key, len(k.clients))]
 	l, err := c.TryAcquire(ctx, key)
 	if err != nil {
 		return nil, err
@@ -73,7 +81,6 @@ func (h kubelockHolding) release(ctx context.Context) error { return h.l.Release
 type leaseLocker struct {
 	cs       []kubernetes.Interface
 	ns       string
-	next     atomic.Uint64
 	identity string
 }
 
@@ -92,7 +99,7 @@ func newLeaseLocker(cfg *rest.Config, ns string, n int) (*leaseLocker, error) {
 var errLeaseHeld = errors.New("lease is held")
 
 func (l *leaseLocker) acquire(ctx context.Context, key string) (holding, error) {
-	cs := l.cs[l.next.Add(1)%uint64(len(l.cs))]
+	cs := l.cs[clientFor(key, len(l.cs))]
 	api := cs.CoordinationV1().Leases(l.ns)
 	obj, err := api.Get(ctx, key, metav1.GetOptions{})
 	if err != nil {

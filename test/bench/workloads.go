@@ -41,43 +41,154 @@ type uncontendedResult struct {
 	Pairs            float64 // completed acquire+release pairs/s
 	Errors           int
 	ErrKinds         map[string]int
+	Rounds           int // > 1: measured in rounds alternating with other systems
+	// Again: the locks were taken before by the same client (againLocks of
+	// them in turn); otherwise each acquire is the first of its lock.
+	Again bool
+	// Trips: the apiserver requests per acquire and per release, as the
+	// system's clients sent them (warm-up included).
+	Trips []tripLine
+
+	acq, rel *recorder
+	pairs    int
+	tr       *trips // counts the requests of the system's clients, when they were built with it
 }
 
-// runUncontended takes a free lock and gives it back at a fixed rate, open loop.
-func runUncontended(ctx context.Context, sys locker, name string, free pool, rate float64, warmup, measure time.Duration, maxInFlight int) *uncontendedResult {
+// kind names the run: first acquisitions, or again.
+func (u *uncontendedResult) kind() string {
+	if u.Again {
+		return "again"
+	}
+	return "first"
+}
+
+// againLocks is how many locks workload 2's second run takes in turn, so
+// that every lock is taken again within the warm-up (at least rate x warm-up
+// acquisitions: 40 in --quick) and the measured acquisitions are repeats.
+const againLocks = 24
+
+// runUncontendedAgain is workload 2 on againLocks locks of free taken over
+// and over, each by its own client (clientFor): a client that takes a lock
+// it saw before may write straight away, where the first acquisition of a
+// lock (runUncontended on the whole pool) must read it.
+func runUncontendedAgain(ctx context.Context, sys locker, name string, free pool, rate float64, warmup, measure time.Duration, maxInFlight int, tr *trips) *uncontendedResult {
+	again := make(pool, againLocks)
+	for range againLocks {
+		i, ok := free.take()
+		if !ok {
+			return &uncontendedResult{System: name, Again: true, ErrKinds: map[string]int{"no free lock object left": 1}, Errors: 1}
+		}
+		again <- i
+	}
+	defer func() {
+		for range againLocks {
+			free <- <-again
+		}
+	}()
+	r := runUncontended(ctx, sys, name, again, rate, warmup, measure, maxInFlight, tr)
+	r.Again = true
+	return r
+}
+
+// runUncontended takes a free lock and gives it back at a fixed rate, open
+// loop. tr counts the requests of sys's clients when they were built with it.
+func runUncontended(ctx context.Context, sys locker, name string, free pool, rate float64, warmup, measure time.Duration, maxInFlight int, tr *trips) *uncontendedResult {
+	u := newUncontended(name, rate)
+	u.tr = tr
 	ws := time.Now().Add(warmup)
-	we := ws.Add(measure)
-	acq, rel := newRecorder(ws, we), newRecorder(ws, we)
+	u.loop(ctx, sys, free, ws, ws.Add(measure), maxInFlight)
+	return u.result(measure)
+}
+
+// runUncontendedInterleaved measures several systems (the same engine over
+// different encodings) in alternating rounds, each system's warm-up first,
+// so that a machine whose load drifts affects them alike.
+func runUncontendedInterleaved(ctx context.Context, syss []locker, names []string, free pool, rate float64, warmup, measure time.Duration, rounds, maxInFlight int) []*uncontendedResult {
+	us := make([]*uncontendedResult, len(syss))
+	for i := range syss {
+		us[i] = newUncontended(names[i], rate)
+		// Warm-up: connections and caches, nothing recorded.
+		now := time.Now()
+		us[i].loop(ctx, syss[i], free, now.Add(warmup), now.Add(warmup), maxInFlight)
+	}
+	per := measure / time.Duration(max(1, rounds))
+	for r := range max(1, rounds) {
+		for k := range syss {
+			i := (k + r) % len(syss) // alternate who goes first
+			now := time.Now()
+			us[i].loop(ctx, syss[i], free, now, now.Add(per), maxInFlight)
+		}
+	}
+	for _, u := range us {
+		u.Rounds = max(1, rounds)
+	}
+	out := make([]*uncontendedResult, len(us))
+	for i, u := range us {
+		out[i] = u.result(per * time.Duration(max(1, rounds)))
+	}
+	return out
+}
+
+func newUncontended(name string, rate float64) *uncontendedResult {
+	forever := time.Now().Add(24 * time.Hour)
+	return &uncontendedResult{System: name, Rate: rate, acq: newRecorder(time.Time{}, forever), rel: newRecorder(time.Time{}, forever)}
+}
+
+// loop runs the open loop from now until we; acquisitions scheduled from ws
+// on are recorded, and their releases and completed pairs.
+func (u *uncontendedResult) loop(ctx context.Context, sys locker, free pool, ws, we time.Time, maxInFlight int) {
 	var mu sync.Mutex
-	pairs := 0
-	openLoop(ctx, rate, time.Now(), we, maxInFlight, func(sched time.Time) {
+	openLoop(ctx, u.Rate, time.Now(), we, maxInFlight, func(sched time.Time) {
+		measured := !sched.Before(ws)
 		idx, ok := free.take()
 		if !ok {
-			acq.record(sched, errors.New("no free lock object left"))
+			if measured {
+				u.acq.record(sched, errors.New("no free lock object left"))
+			}
 			return
 		}
 		defer func() { free <- idx }()
-		h, err := sys.acquire(ctx, lockName(idx))
-		acq.record(sched, err)
+		h, err := sys.acquire(inPhase(ctx, "acquire"), lockName(idx))
+		if measured {
+			u.acq.record(sched, err)
+		}
 		if err != nil {
 			return
 		}
+		u.tr.done("acquire")
 		rs := time.Now()
-		err = h.release(ctx)
-		rel.record(rs, err)
-		if err == nil && !sched.Before(ws) {
+		err = h.release(inPhase(ctx, "release"))
+		if err == nil {
+			u.tr.done("release")
+		}
+		if measured {
+			u.rel.record(rs, err)
+		}
+		if err == nil && measured {
 			mu.Lock()
-			pairs++
+			u.pairs++
 			mu.Unlock()
 		}
-	}, func(sched time.Time) { acq.record(sched, errors.New("client-side in-flight limit reached")) })
-	a, ae, ak := acq.snapshot()
-	r, re, rk := rel.snapshot()
+	}, func(sched time.Time) {
+		if !sched.Before(ws) {
+			u.acq.record(sched, errors.New("client-side in-flight limit reached"))
+		}
+	})
+}
+
+func (u *uncontendedResult) result(measured time.Duration) *uncontendedResult {
+	a, ae, ak := u.acq.snapshot()
+	r, re, rk := u.rel.snapshot()
 	for k, v := range rk {
 		ak[k] += v
 	}
-	return &uncontendedResult{System: name, Rate: rate, Acquire: summarize(a), Release: summarize(r),
-		Pairs: float64(pairs) / measure.Seconds(), Errors: ae + re, ErrKinds: ak}
+	u.Acquire, u.Release = summarize(a), summarize(r)
+	u.Pairs = float64(u.pairs) / measured.Seconds()
+	u.Errors, u.ErrKinds = ae+re, ak
+	if u.tr != nil {
+		u.Trips = u.tr.summary()
+	}
+	return u
 }
 
 // --- workload 3: contended hand-off --------------------------------------------------
@@ -100,6 +211,7 @@ type handoffResult struct {
 	ServerFIFO                              bool
 	Errors                                  int
 	ErrKinds                                map[string]int
+	Trips                                   []tripLine // kubelock only: requests per acquire and release
 }
 
 type holdEvent struct {
@@ -210,18 +322,26 @@ func sortEvents(ev []holdEvent) {
 	}
 }
 
-func kubelockMutex(cfg *rest.Config, key string) func(i int) (mutexFn, error) {
+// kubelockMutex: tr counts the requests of acquire and release.
+func kubelockMutex(cfg *rest.Config, key string, tr *trips) func(i int) (mutexFn, error) {
 	return func(i int) (mutexFn, error) {
-		c, err := lock.New(cfg, lock.WithNamespace(workNS), lock.WithIdentity(fmt.Sprintf("contender-%d", i)))
+		c, err := lock.New(tr.wrap(cfg), lock.WithNamespace(workNS), lock.WithIdentity(fmt.Sprintf("contender-%d", i)))
 		if err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context) (func() error, error) {
-			l, err := c.Acquire(ctx, key)
+			l, err := c.Acquire(inPhase(ctx, "acquire"), key)
 			if err != nil {
 				return nil, err
 			}
-			return func() error { return l.Release(context.Background()) }, nil
+			tr.done("acquire")
+			return func() error {
+				err := l.Release(inPhase(context.Background(), "release"))
+				if err == nil {
+					tr.done("release")
+				}
+				return err
+			}, nil
 		}, nil
 	}
 }

@@ -2,6 +2,7 @@ package history
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/anishathalye/porcupine"
@@ -268,5 +269,83 @@ func TestSharedOperationsAreLinearizable(t *testing.T) {
 		sharedRead(25, 21, 6, nil, Event{Lease: "L1", Req: "r1", Token: 5}))
 	if res, _, _ := CheckLinearizable(missed, 0); res != porcupine.Illegal {
 		t.Fatalf("a read that misses a permit must not be linearizable, got %s", res)
+	}
+}
+
+// failedRel is a release invoked at call whose write the apiserver refused
+// (a 403 while its RBAC informers sync after a restart): it returned an error
+// at ret, and the holding stayed stored for the controller to expire.
+func failedRel(proc string, id, call, ret int64, key, lease string) []Event {
+	return []Event{
+		{Proc: proc, Op: OpRelease, Phase: Invoke, ID: id, T: call, Key: key, Lease: lease},
+		{Proc: proc, Op: OpRelease, Phase: Return, ID: id, T: ret, Key: key, Lease: lease, Outcome: Failed, Err: "forbidden"},
+	}
+}
+
+// The soak's soak-7 in a coordinator run: a release refused with 403 right
+// after the apiserver came back, the holding still stored after the release
+// returned, then expired by the controller after the holder's safe deadline.
+func TestFailedReleaseLeavesTheHoldingToTheController(t *testing.T) {
+	base := cat(acq("a", 1, 0, 10, "k", "r1", "L1", 5, 100), failedRel("a", 2, 20, 60, "k", "L1"),
+		read(70, 65, 5, "L1", "r1"))
+	expired := cat(base, read(150, 140, 5, "", "", Event{Lease: "L1", Req: "r1", Token: 5, Reason: "Expired"}),
+		acq("b", 1, 160, 170, "k", "r2", "L2", 9, 300), read(180, 175, 9, "L2", "r2", Event{Lease: "L1", Req: "r1", Token: 5, Reason: "Expired"}))
+	if res, _, _ := CheckLinearizable(expired, 0); res != porcupine.Ok {
+		t.Fatalf("an expiry after the safe deadline of a holding whose release failed is correct, got %s", res)
+	}
+	hs := Holdings(expired)
+	if vs := append(CheckHoldings(hs), CheckStored(expired, hs)...); len(vs) > 0 {
+		t.Fatal(vs)
+	}
+	// Still an early expiry: free before the holder's safe deadline, after a
+	// read showed the failed release had not committed.
+	early := cat(base, read(85, 80, 5, "", "", Event{Lease: "L1", Req: "r1", Token: 5, Reason: "Expired"}))
+	if res, _, _ := CheckLinearizable(early, 0); res != porcupine.Illegal {
+		t.Fatalf("an expiry before the safe deadline must stay illegal, got %s", res)
+	}
+	// And a holder that failed to release it before anybody's acquisition
+	// within its safe deadline.
+	taken := cat(base, acq("b", 1, 75, 90, "k", "r2", "L2", 9, 300))
+	if res, _, _ := CheckLinearizable(taken, 0); res != porcupine.Illegal {
+		t.Fatalf("an acquisition within the safe deadline must stay illegal, got %s", res)
+	}
+}
+
+// An acquire whose write committed while its answer was lost, and whose
+// holding the controller ended before the call's retry read found it in
+// recentAcquisitions: the call returns ErrLockLost (I6: "says that lease is
+// already over"), and reads saw the holding meanwhile.
+func TestAcquireLostAfterItsOwnHoldingEnded(t *testing.T) {
+	h := []Event{
+		{Proc: "a", Op: OpAcquire, Phase: Invoke, ID: 1, T: 0, Key: "k", Req: "r1"},
+		{Proc: "a", Op: OpAcquire, Phase: Return, ID: 1, T: 200, Key: "k", Req: "r1", Outcome: Lost, Err: "lease L1 (token 5) already ended: Expired by controller"},
+	}
+	h = cat(h, read(60, 50, 5, "L1", "r1"), read(160, 150, 5, "", "", Event{Lease: "L1", Req: "r1", Token: 5, Reason: "Expired"}))
+	if res, _, _ := CheckLinearizable(h, 0); res != porcupine.Ok {
+		t.Fatalf("a call told its own holding already ended had that holding, got %s", res)
+	}
+	// But not while another holding lasts: it never committed then.
+	held := cat(acq("b", 1, 0, 10, "k", "r2", "L2", 4, 1000), h[:2], read(60, 50, 5, "L1", "r1"))
+	if res, _, _ := CheckLinearizable(held, 0); res != porcupine.Illegal {
+		t.Fatalf("a holding while another's lasts must stay illegal, got %s", res)
+	}
+}
+
+func TestExplainIllegalSaysWhere(t *testing.T) {
+	// a's release failed; the lock was free before its safe deadline (100).
+	h := cat(acq("a", 1, 0, 10, "k", "r1", "L1", 5, 100), failedRel("a", 2, 20, 60, "k", "L1"),
+		read(70, 65, 5, "L1", "r1"), read(85, 80, 5, "", ""), acq("b", 1, 300, 310, "k2", "r2", "L2", 9, 400))
+	stuck := ExplainIllegal(h, 0)
+	if len(stuck) != 1 || stuck[0].Key != "k" {
+		t.Fatalf("want key k stuck, got %+v", stuck)
+	}
+	sum := stuck[0].Summary()
+	for _, want := range []string{"key k: the lock is held by L1, token 5", "Observe(k) -> free", "Release(L1) -> error (forbidden)"} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary %q lacks %q", sum, want)
+		}
+	}
+	if rep := stuck[0].Report(5); !strings.Contains(rep, "none of these can come next") {
+		t.Errorf("report: %s", rep)
 	}
 }

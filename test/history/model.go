@@ -30,8 +30,9 @@ import (
 // them occupies; every acquisition's token is above every token issued
 // before. The only transition nobody records is the controller's expiry; the
 // model allows it before any operation, for any set of holdings whose
-// clients had already lost them (I5): a lost or killed holder's Abandon spans
-// from its last safe deadline to the moment it noticed, so an expiry that
+// clients had already lost them (I5): a lost or killed holder's Abandon, and
+// that of a holder whose release returned an error, spans from its last safe
+// deadline to the moment it noticed (or stopped), so an expiry that
 // ended a holding before its holder's safe deadline makes the history
 // non-linearizable as soon as anybody observes the lock or an acquisition
 // needs the room in between.
@@ -406,8 +407,12 @@ func acquire(p state, i Input, o Output) []state {
 			return nil
 		}
 		return []state{p}
-	case Lost: // the holding of an earlier call with this request ID ended
-		return []state{p}
+	case Lost:
+		// The holding of this request ID ended: an earlier call's, or this
+		// call's own, whose write committed while its answer was lost and
+		// which ended before the call's next read found it recorded (I6).
+		// Either way nothing is held now; meanwhile, as for an unknown
+		// outcome, the holding may have been there.
 	case Timeout:
 		if i.Try {
 			return nil
@@ -543,8 +548,8 @@ func describeState(st any) string {
 // from their invoke/return pairs (one without a return never returned: its
 // outcome is unknown), every "lost" as an abandon of the holding spanning
 // from the holder's last safe deadline (if earlier) to when it noticed, every
-// kill as an abandon no earlier than the killed holder's safe deadline, and
-// observer reads.
+// kill and every release that returned an error as an abandon no earlier than
+// the holder's safe deadline, and observer reads.
 func Operations(events []Event) []porcupine.Operation {
 	type pk struct {
 		proc string
@@ -564,18 +569,19 @@ func Operations(events []Event) []porcupine.Operation {
 		return clients[p]
 	}
 	// A holder that noticed the loss (lost) gave it up by then, or earlier
-	// at its safe deadline. A killed holder stopped acting at once, but its
+	// at its safe deadline. A killed holder, and one whose release failed,
+	// stopped renewing at once (at the kill, at the release's call), but its
 	// lease is its own until its safe deadline: nobody may end it before.
-	abandon := func(proc, key, lease string, t int64, killed bool) {
+	abandon := func(proc, key, lease string, t int64, stopped bool) {
 		call, ret := t, t
 		if d, ok := deadline[lease]; ok {
-			if killed {
+			if stopped {
 				call, ret = d, max(d, t)
 			} else if d < call {
 				call = d
 			}
 		}
-		ops = append(ops, porcupine.Operation{ClientId: cid(proc), Input: Input{Kind: KindAbandon, Key: key, Lease: lease}, Call: call, Output: Output{Outcome: OK}, Return: ret})
+		ops = append(ops, porcupine.Operation{ClientId: cid(proc), Input: Input{Kind: KindAbandon, Key: key, Lease: lease}, Call: call, Output: Output{Outcome: OK}, Return: ret, Metadata: OpInfo{Proc: proc}})
 	}
 	ended := map[string]bool{}
 	shared := sharedShown(events)
@@ -615,7 +621,7 @@ func Operations(events []Event) []porcupine.Operation {
 		case OpServer:
 			if e.Phase == Return && !e.Shared { // a read: Deadline holds its send time
 				out := Output{Outcome: OK, Lease: e.Lease, Req: e.Req, Token: e.Token, Shared: shared[readOf(e)]}
-				ops = append(ops, porcupine.Operation{ClientId: cid(e.Proc), Input: Input{Kind: KindObserve, Key: e.Key}, Call: e.Deadline, Output: out, Return: e.T})
+				ops = append(ops, porcupine.Operation{ClientId: cid(e.Proc), Input: Input{Kind: KindObserve, Key: e.Key}, Call: e.Deadline, Output: out, Return: e.T, Metadata: OpInfo{Proc: e.Proc}})
 			}
 		}
 	}
@@ -627,7 +633,7 @@ func Operations(events []Event) []porcupine.Operation {
 			kd = KindRelease
 		}
 		in := Input{Kind: kd, Key: inv.Key, Req: inv.Req, Lease: inv.Lease, Shared: inv.Shared, Limit: inv.Permits}
-		op := porcupine.Operation{ClientId: cid(inv.Proc), Input: in, Call: inv.T, Return: math.MaxInt64}
+		op := porcupine.Operation{ClientId: cid(inv.Proc), Input: in, Call: inv.T, Return: math.MaxInt64, Metadata: OpInfo{Proc: inv.Proc}}
 		switch {
 		case !ok:
 			op.Output = Output{Outcome: Failed}
@@ -638,10 +644,25 @@ func Operations(events []Event) []porcupine.Operation {
 		default:
 			op.Output, op.Return = Output{Outcome: ret.Outcome, Lease: ret.Lease, Token: ret.Token, Slot: ret.Slot}, ret.T
 		}
+		if ok {
+			op.Metadata = OpInfo{Proc: inv.Proc, Err: ret.Err}
+		}
 		ops = append(ops, op)
+		if kd == KindRelease && ok && ret.Outcome != OK {
+			// Release ends the holding's context before it writes, so a
+			// release that failed (a 403 while a restarted apiserver's RBAC
+			// informers sync, its deadline passing while the apiserver is
+			// down) left a holding nobody renews: the controller ends it
+			// once its lease lapses, as it would a killed holder's.
+			abandon(inv.Proc, inv.Key, inv.Lease, inv.T, true)
+		}
 	}
 	return ops
 }
+
+// OpInfo is what Operations keeps of an operation for a report (porcupine's
+// Metadata): its process and the error it returned.
+type OpInfo struct{ Proc, Err string }
 
 // readKey identifies one observer's read: its events share the process, key and time.
 type readKey struct {

@@ -84,6 +84,12 @@ func check(ctx context.Context, row result, prefix string) result {
 			_ = porcupine.Visualize(history.Model(), info, f)
 			_ = f.Close()
 		}
+		// Say where: per key, how far an order got and what could not follow.
+		stuck := history.ExplainIllegal(evs, 3*time.Minute)
+		for _, s := range stuck {
+			vs = append(vs, history.Violation{Invariant: "linearizability", Detail: s.Summary()})
+			GinkgoWriter.Printf("linearizability of %s:\n%s", s.Key, s.Report(15))
+		}
 		vs = append(vs, history.Violation{Invariant: "linearizability", Detail: "the lock history is not linearizable; see " + path})
 	case porcupine.Unknown:
 		vs = append(vs, history.Violation{Invariant: "linearizability", Detail: "porcupine timed out"})
@@ -103,10 +109,14 @@ func check(ctx context.Context, row result, prefix string) result {
 	reportMu.Unlock()
 	AddReportEntry(row.Scenario, fmt.Sprintf("%d ops, faults: %s, violations: %d, recovery: %s, %s", row.Ops, row.Faults, len(vs), row.Recovery, row.Notes))
 	GinkgoWriter.Printf("%s: %d ops, faults: %s, violations: %d, recovery: %s; %s\n", row.Scenario, row.Ops, row.Faults, len(vs), row.Recovery, row.Notes)
+	var lines []string
 	for _, v := range vs {
 		GinkgoWriter.Println("  VIOLATION", v)
+		lines = append(lines, "VIOLATION "+v.String())
 	}
-	Expect(vs).To(BeEmpty(), "invariant violations in %s (histories in %s)", row.Scenario, workDir)
+	// The violations in the failure's own message too: gomega shortens a long
+	// slice it prints, never the message.
+	Expect(vs).To(BeEmpty(), "invariant violations in %s (histories in %s):\n%s", row.Scenario, workDir, strings.Join(lines, "\n"))
 	return row
 }
 

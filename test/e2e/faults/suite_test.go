@@ -12,6 +12,10 @@
 //	FAULTS_SEED     seed of the soak's workload and fault schedule (default: the clock)
 //	FAULTS_SOAK     duration of the soak (default 10m)
 //	FAULTS_REPORT   where to write the Markdown report (default: the work dir, printed)
+//	FAULTS_KEEP     keep the work dir (logs, histories) of a passing run too; a failing
+//	                run's is always kept. `go run ./test/history/histcheck -prefix s4
+//	                <work dir>/history` says which check fails and where
+//	FAULTS_RACE     build the client and manager binaries with -race
 package faults
 
 import (
