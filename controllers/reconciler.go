@@ -325,11 +325,15 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 	if err := r.client.Status().Update(ctx, desired); err != nil {
 		return nil, err
 	}
+	written := r.clock.Now()
 	logger := log.FromContext(ctx)
 	for _, e := range d.ends {
 		reason := string(e.reason)
 		if e.reason == locksv1alpha1.EndReasonExpired {
 			metrics.Expirations.Inc()
+			if !e.due.IsZero() {
+				metrics.Expired(written.Sub(e.due))
+			}
 		}
 		// The write is the change of holdings; its watch event is not reported again.
 		metrics.TransitionsObserved.WithLabelValues(reason).Inc()
