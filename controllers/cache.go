@@ -158,25 +158,46 @@ var podIdentity toolscache.TransformFunc = func(in any) (any, error) {
 }
 
 // enqueueLocks enqueues the lock of each event as
-// handler.EnqueueRequestForObject does, except that of a new controller's
-// initial list only locks with nothing to time (no holding, no waiter) go
-// behind all other work: a new leader times held leases and queues first,
-// and catches up with idle locks after.
+// handler.EnqueueRequestForObject does, at a priority by what the lock has to
+// time: one with a holding or a waiter goes with the deadlines
+// (deadlinePriority), ahead of idle locks, and of a new controller's initial
+// list idle locks go behind everything else. So a new leader times held
+// leases and queues first, and 100,000 idle locks, new or relisted, never
+// delay an acquisition's first reconcile or an expiry.
 type enqueueLocks struct {
 	handler.TypedEnqueueRequestForObject[*cachedLock]
 }
 
+// lockPriority is the work-queue priority of an event about l.
+func lockPriority(l *cachedLock, initialList bool) int {
+	switch s := &l.Status; {
+	case s.Holder != nil || len(s.SharedHolders) > 0 || len(s.Waiters) > 0:
+		return deadlinePriority
+	case initialList:
+		return handler.LowPriority
+	}
+	return 0
+}
+
 func (enqueueLocks) Create(_ context.Context, e event.TypedCreateEvent[*cachedLock], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.Object)}
+	enqueueAt(q, e.Object, lockPriority(e.Object, e.IsInInitialList))
+}
+
+func (enqueueLocks) Update(_ context.Context, e event.TypedUpdateEvent[*cachedLock], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	p := lockPriority(e.ObjectNew, false)
+	if e.ObjectOld.ResourceVersion == e.ObjectNew.ResourceVersion {
+		p = handler.LowPriority // a resync: nothing changed
+	}
+	enqueueAt(q, e.ObjectNew, p)
+}
+
+// enqueueAt adds l's key at priority p when q is a priority queue.
+func enqueueAt(q workqueue.TypedRateLimitingInterface[reconcile.Request], l *cachedLock, p int) {
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(l)}
 	pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request])
 	if !ok {
 		q.Add(req)
 		return
 	}
-	var p *int
-	if s := &e.Object.Status; e.IsInInitialList && s.Holder == nil && len(s.SharedHolders) == 0 && len(s.Waiters) == 0 {
-		low := handler.LowPriority
-		p = &low
-	}
-	pq.AddWithOpts(priorityqueue.AddOpts{Priority: p}, req)
+	pq.AddWithOpts(priorityqueue.AddOpts{Priority: &p}, req)
 }

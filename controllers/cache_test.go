@@ -133,33 +133,40 @@ func TestCachedLockFootprint(t *testing.T) {
 	}
 }
 
-// A new leader's initial list puts idle locks behind everything else and
-// locks with holdings or waiters with the watch events; the first deadline
-// requeue of a held lock comes before both.
-func TestEnqueueLocksPutsIdleInitialLocksLast(t *testing.T) {
+// Events about locks with holdings or waiters, and deadlines, go first; a
+// new leader's initial list puts idle locks behind everything else; a
+// resync is low too.
+func TestEnqueueLocksByWhatTheyTime(t *testing.T) {
 	q := priorityqueue.New[reconcile.Request]("test")
 	defer q.ShutDown()
-	idle, heldLock, queued := &cachedLock{}, &cachedLock{DistributedLock: *newLock(held("l1", 30, clientTime))}, &cachedLock{}
-	idle.Namespace, idle.Name = "ns", "idle"
-	heldLock.Namespace, heldLock.Name = "ns", "held"
-	queued.Namespace, queued.Name = "ns", "queued"
-	queued.Status.Waiters = []locksv1alpha1.Waiter{{RequestID: "r"}}
-	var h enqueueLocks
-	for _, l := range []*cachedLock{idle, heldLock, queued} {
-		h.Create(context.Background(), event.TypedCreateEvent[*cachedLock]{Object: l, IsInInitialList: true}, q)
+	lock := func(name string, opts ...lockOpt) *cachedLock {
+		l := &cachedLock{DistributedLock: *newLock(opts...)}
+		l.Name = name
+		return l
 	}
-	later := &cachedLock{}
-	later.Namespace, later.Name = "ns", "created-later"
-	h.Create(context.Background(), event.TypedCreateEvent[*cachedLock]{Object: later}, q)
-	q.AddWithOpts(priorityqueue.AddOpts{Priority: atDeadline(time.Second).Priority}, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "deadline"}})
+	queued := func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters = []locksv1alpha1.Waiter{{RequestID: "r"}} }
+	var h enqueueLocks
+	ctx := context.Background()
+	for _, l := range []*cachedLock{lock("idle-listed"), lock("held-listed", held("l1", 30, clientTime)), lock("queued-listed", queued)} {
+		h.Create(ctx, event.TypedCreateEvent[*cachedLock]{Object: l, IsInInitialList: true}, q)
+	}
+	h.Create(ctx, event.TypedCreateEvent[*cachedLock]{Object: lock("created")}, q)
+	released, acquired := lock("released"), lock("acquired", held("l2", 30, clientTime))
+	released.ResourceVersion, acquired.ResourceVersion = "101", "101"
+	h.Update(ctx, event.TypedUpdateEvent[*cachedLock]{ObjectOld: lock("released", held("l3", 30, clientTime)), ObjectNew: released}, q)
+	h.Update(ctx, event.TypedUpdateEvent[*cachedLock]{ObjectOld: lock("acquired"), ObjectNew: acquired}, q)
+	h.Update(ctx, event.TypedUpdateEvent[*cachedLock]{ObjectOld: lock("resynced", held("l4", 30, clientTime)), ObjectNew: lock("resynced", held("l4", 30, clientTime))}, q)
+	q.AddWithOpts(priorityqueue.AddOpts{Priority: atDeadline(time.Second).Priority}, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "shop", Name: "deadline"}})
 
 	var got []string
-	for range 5 {
+	for range 8 {
 		req, prio, _ := q.GetWithPriority()
 		got = append(got, fmt.Sprintf("%s@%d", req.Name, prio))
 		q.Done(req)
 	}
-	want := []string{"deadline@10", "held@0", "queued@0", "created-later@0", fmt.Sprintf("idle@%d", handler.LowPriority)}
+	low := handler.LowPriority
+	want := []string{"held-listed@10", "queued-listed@10", "acquired@10", "deadline@10", "created@0", "released@0",
+		fmt.Sprintf("idle-listed@%d", low), fmt.Sprintf("resynced@%d", low)}
 	if !slices.Equal(got, want) {
 		t.Errorf("queue order %v, want %v", got, want)
 	}

@@ -42,6 +42,9 @@ type ending struct {
 	slot              *int32
 	reason            locksv1alpha1.EndReason
 	why               string
+	// due is the lease's deadline on this controller's clock, for a lease
+	// expiry; zero for other ends.
+	due time.Time
 }
 
 // decision is what one reconcile does to a lock: end holdings (at most
@@ -154,8 +157,8 @@ func holdingEnd(h locksv1alpha1.Holding, lock *locksv1alpha1.DistributedLock, ob
 	case h.PodUID != "" && live.podsGone[h.PodUID]:
 		e = ending{reason: locksv1alpha1.EndReasonExpired, why: fmt.Sprintf("holder pod %s deleted", h.PodName)}
 	case observed:
-		if next.due(seen.renewSeen.Add(seconds(h.LeaseDurationSeconds) + t.grace)) {
-			e = ending{reason: locksv1alpha1.EndReasonExpired, why: fmt.Sprintf("no renewal observed for %ds + %s grace", h.LeaseDurationSeconds, t.grace)}
+		if deadline := seen.renewSeen.Add(seconds(h.LeaseDurationSeconds) + t.grace); next.due(deadline) {
+			e = ending{reason: locksv1alpha1.EndReasonExpired, why: fmt.Sprintf("no renewal observed for %ds + %s grace", h.LeaseDurationSeconds, t.grace), due: deadline}
 		}
 	}
 	if e.reason != "" {

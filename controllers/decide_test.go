@@ -72,7 +72,9 @@ func withToken(token int64) lockOpt {
 	return func(l *locksv1alpha1.DistributedLock) { l.Status.FencingToken = token }
 }
 
-var cmpDecision = cmp.AllowUnexported(decision{}, droppedWaiter{}, ending{}, sessionDecision{})
+// cmpDecision compares decisions; an ending's deadline (due) is checked by
+// TestDecideKnowsTheExpiryDeadline.
+var cmpDecision = cmp.Options{cmp.AllowUnexported(decision{}, droppedWaiter{}, ending{}, sessionDecision{}), cmpopts.IgnoreFields(ending{}, "due")}
 
 // expiredAfter is the ending of holder "a" (token 42, see held) whose lease
 // of leaseSeconds saw no renewal.
@@ -85,6 +87,23 @@ func expiredAfter(leaseSeconds int32) ending {
 func endOf(leaseID string, token int64, slot *int32, e ending) ending {
 	e.leaseID, e.identity, e.token, e.slot = leaseID, "worker-"+leaseID, token, slot
 	return e
+}
+
+// A lease expiry carries its deadline on the controller's clock, the last
+// renewal it observed plus the lease and the grace, however late decide
+// runs: kubelock_controller_expiry_delay_seconds measures from there.
+func TestDecideKnowsTheExpiryDeadline(t *testing.T) {
+	renewed := newLock(held("a", 30, clientTime))
+	prev, _ := observe(nil, renewed, t0)
+	again := newLock(held("a", 30, clientTime.Add(10*time.Second)))
+	obs, _ := observe(&prev, again, t0.Add(5*time.Second))
+	d := decide(again, obs, liveness{}, t0.Add(time.Minute), testTiming)
+	if len(d.ends) != 1 {
+		t.Fatalf("decide() = %+v, want one ending", d)
+	}
+	if want := t0.Add(5*time.Second + 30*time.Second + testTiming.grace); !d.ends[0].due.Equal(want) {
+		t.Errorf("due = %s, want %s (the renewal seen at t0+5s, + lease + grace)", d.ends[0].due, want)
+	}
 }
 
 func TestDecide(t *testing.T) {

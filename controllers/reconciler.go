@@ -43,9 +43,9 @@ const (
 )
 
 // deadlinePriority is the work-queue priority of a lock whose deadline (a
-// lease's end, a waiter's or a hand-off's) came: ahead of the work a watch
-// event or the initial list adds (priority 0, and lower for the initial
-// list), so that 100,000 new or relisted locks never delay an expiry.
+// lease's end, a waiter's or a hand-off's) came, and of every event about a
+// lock with a holding or a waiter (enqueueLocks): ahead of idle locks'
+// bookkeeping and of a new controller's initial list.
 const deadlinePriority = 10
 
 // atDeadline comes back after d (never when 0) ahead of other work.
@@ -325,11 +325,15 @@ func (r *Reconciler) writeStatus(ctx context.Context, lock *locksv1alpha1.Distri
 	if err := r.client.Status().Update(ctx, desired); err != nil {
 		return nil, err
 	}
+	written := r.clock.Now()
 	logger := log.FromContext(ctx)
 	for _, e := range d.ends {
 		reason := string(e.reason)
 		if e.reason == locksv1alpha1.EndReasonExpired {
 			metrics.Expirations.Inc()
+			if !e.due.IsZero() {
+				metrics.Expired(written.Sub(e.due))
+			}
 		}
 		// The write is the change of holdings; its watch event is not reported again.
 		metrics.TransitionsObserved.WithLabelValues(reason).Inc()

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
@@ -73,6 +74,9 @@ var (
 	handoffSeconds = histogram("handoff_seconds",
 		"Time from the controller seeing a lock free with a head waiter to seeing that waiter acquire it.",
 		prometheus.ExponentialBuckets(0.005, 2, 14))
+	expiryDelay = histogram("expiry_delay_seconds",
+		"Time from a holding's deadline on the controller's clock (its last renewal as the controller's cache received it, plus the lease and the grace) to the controller's write that expired it.",
+		[]float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60})
 	queueLength = histogram("queue_length",
 		"Length of a lock's wait queue each time the controller observes an acquisition, exclusive or shared.",
 		[]float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024})
@@ -133,6 +137,10 @@ func Acquisition(queued int, waitedSeconds, handoffSecs float64) {
 		handoffSeconds.Observe(handoffSecs)
 	}
 }
+
+// Expired records how late after its deadline the controller expired a
+// holding (its write included).
+func Expired(late time.Duration) { expiryDelay.Observe(max(0, late.Seconds())) }
 
 // LockState is what the gauges need of one observed lock.
 type LockState struct {

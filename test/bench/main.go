@@ -26,14 +26,17 @@
 //  4. expiry: a holder dies without releasing; time from its lease's end to
 //     the next holder;
 //  5. holding only: N clients each hold 40 locks and renew them, without
-//     and with sessions (one renewal per client instead of one per lock).
+//     and with sessions (one renewal per client instead of one per lock);
+//  6. scale (runs last): the operator's memory with all N locks cached, none
+//     and 20,000 of them held and after a restart that relists them, and how
+//     late leases lapsing meanwhile are expired.
 //
 // With --encoding json,cbor the apiserver runs with the CBORServingAndStorage
 // gate and every kubelock engine runs workloads 1, 2 and 5 twice: with
 // pkg/lock speaking JSON and speaking CBOR (cbor.go).
 //
 // The results go to stdout and to docs/benchmarks.md with PNG plots beside it.
-// Run it with `make bench` (default, < 15 min on 2 cores) or `make bench-quick`.
+// Run it with `make bench` (default, < 20 min on 2 cores) or `make bench-quick`.
 package main
 
 import (

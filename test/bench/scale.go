@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,13 +79,24 @@ type lapseRound struct {
 	// Decided: from each lease's end to the endTime the controller wrote
 	// (its clock when it decided; the same host's wall clock as the client's).
 	Decided dist
-	// Acquire: how long each lapsing holding's acquiring write took; the
-	// controller can only start timing once it committed.
-	Acquire  dist
-	Missed   int // not seen expired within the round's deadline
-	Events   int // lock events the informer delivered during the round
-	Errors   int
-	ErrKinds map[string]int
+	// Acquire: how long each lapsing holding's TryAcquire took (its read and
+	// write); the controller can only start timing once the write committed.
+	Acquire dist
+	// FromReturn: from each TryAcquire's return plus the lease to the watch
+	// seeing the expiry: the lateness the acquiring call's latency does not
+	// explain (the write committed before it returned).
+	FromReturn dist
+	Missed     int // not seen expired within the round's deadline
+	Events     int // lock events the informer delivered during the round
+	// QueueP50, QueueP99: how long locks waited in the controller's work
+	// queue during the round (bucket upper bounds; -1: beyond the last).
+	QueueP50, QueueP99 time.Duration
+	// DelayP50, DelayP99: how late after their deadlines on the controller's
+	// clock it expired holdings during the round (its own histogram; after a
+	// restart the new process's, which counts only this round).
+	DelayP50, DelayP99 time.Duration
+	Errors             int
+	ErrKinds           map[string]int
 }
 
 type scaleResult struct {
@@ -235,6 +248,60 @@ func (c *cluster) lockQueue(ctx context.Context) (adds, depth float64, err error
 		}
 	})
 	return adds, depth, nil
+}
+
+// histogram reads the operator's histogram name (the series labels accepts):
+// upper bound → cumulative count.
+func (c *cluster) histogram(ctx context.Context, name string, accept func(map[string]string) bool) map[float64]float64 {
+	h := map[float64]float64{}
+	body, err := httpGet(ctx, c.mgrMetrics)
+	if err != nil {
+		return h
+	}
+	sumMetric(body, name+"_bucket", func(l map[string]string, v float64) {
+		if !accept(l) {
+			return
+		}
+		le, err := strconv.ParseFloat(l["le"], 64)
+		if err != nil {
+			le = math.Inf(1)
+		}
+		h[le] += v
+	})
+	return h
+}
+
+// queueWait is how long locks waited in the lock controller's work queue
+// (workqueue_queue_duration_seconds); expiryDelay how late after their
+// deadlines it expired holdings (kubelock_controller_expiry_delay_seconds).
+func (c *cluster) queueWait(ctx context.Context) map[float64]float64 {
+	return c.histogram(ctx, "workqueue_queue_duration_seconds", func(l map[string]string) bool { return l["name"] == controllers.ControllerName })
+}
+
+func (c *cluster) expiryDelay(ctx context.Context) map[float64]float64 {
+	return c.histogram(ctx, "kubelock_controller_expiry_delay_seconds", func(map[string]string) bool { return true })
+}
+
+// waitQuantile is the upper bound of the bucket holding quantile q of the
+// waits counted between two readings of queueWait.
+func waitQuantile(before, after map[float64]float64, q float64) time.Duration {
+	les := slices.Sorted(maps.Keys(after))
+	if len(les) == 0 {
+		return 0
+	}
+	total := after[les[len(les)-1]] - before[les[len(les)-1]]
+	if total <= 0 {
+		return 0
+	}
+	for _, le := range les {
+		if after[le]-before[le] >= q*total {
+			if math.IsInf(le, 1) {
+				return -1
+			}
+			return time.Duration(le * float64(time.Second))
+		}
+	}
+	return -1
 }
 
 // waitListed waits until the lock controller (of this operator process) has
@@ -495,6 +562,12 @@ func (lw *lapseWatch) expiredAt(leaseID string) (seen, ended time.Time, ok bool)
 // lease's end to the watch seeing it expired.
 func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig, label string) (r lapseRound) {
 	r = lapseRound{Label: label, ErrKinds: map[string]int{}}
+	wait0, delay0 := c.queueWait(ctx), c.expiryDelay(ctx)
+	defer func() {
+		wait1, delay1 := c.queueWait(ctx), c.expiryDelay(ctx)
+		r.QueueP50, r.QueueP99 = waitQuantile(wait0, wait1, 0.5), waitQuantile(wait0, wait1, 0.99)
+		r.DelayP50, r.DelayP99 = waitQuantile(delay0, delay1, 0.5), waitQuantile(delay0, delay1, 0.99)
+	}()
 	lw.mu.Lock()
 	events0 := lw.events
 	lw.mu.Unlock()
@@ -510,9 +583,10 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 		return r
 	}
 	type lapse struct {
-		leaseID string
-		end     time.Time
-		acquire time.Duration
+		leaseID  string
+		end      time.Time
+		acquire  time.Duration
+		returned time.Time
 	}
 	var mu sync.Mutex
 	var lapses []lapse
@@ -533,11 +607,11 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 				if err != nil {
 					return err
 				}
-				took := time.Since(sent)
+				returned := time.Now()
 				// ExpiresAt is the acquiring write's send time plus the lease
 				// minus the client's safety margin.
 				mu.Lock()
-				lapses = append(lapses, lapse{l.LeaseID(), l.ExpiresAt().Add(max(cfg.lapseLease/10, 100*time.Millisecond)), took})
+				lapses = append(lapses, lapse{l.LeaseID(), l.ExpiresAt().Add(max(cfg.lapseLease/10, 100*time.Millisecond)), returned.Sub(sent), returned})
 				mu.Unlock()
 				return nil
 			}()
@@ -567,15 +641,16 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 		case <-time.After(time.Second):
 		}
 	}
-	var decided, acquired []time.Duration
+	var decided, acquired, fromReturn []time.Duration
 	for _, l := range lapses {
 		acquired = append(acquired, l.acquire)
 		if seen, ended, ok := lw.expiredAt(l.leaseID); ok {
 			r.Lat = append(r.Lat, seen.Sub(l.end))
 			decided = append(decided, ended.Sub(l.end))
+			fromReturn = append(fromReturn, seen.Sub(l.returned.Add(cfg.lapseLease)))
 		}
 	}
-	r.Dist, r.Decided, r.Acquire = summarize(r.Lat), summarize(decided), summarize(acquired)
+	r.Dist, r.Decided, r.Acquire, r.FromReturn = summarize(r.Lat), summarize(decided), summarize(acquired), summarize(fromReturn)
 	return r
 }
 
@@ -590,7 +665,9 @@ func logRound(logf func(string, ...any), r lapseRound) {
 	logf("  scale: expiry lateness (%s): %d expired, seen p50 %v p99 %v max %v, decided p50 %v p99 %v max %v, missed %d, errors %d%s (%d lock events seen)", r.Label, r.Dist.N,
 		r.Dist.P50.Round(time.Millisecond), r.Dist.P99.Round(time.Millisecond), r.Dist.Max.Round(time.Millisecond),
 		r.Decided.P50.Round(time.Millisecond), r.Decided.P99.Round(time.Millisecond), r.Decided.Max.Round(time.Millisecond), r.Missed, r.Errors, firstKind(r.ErrKinds), r.Events)
-	logf("  scale: the lapsing holdings' acquiring writes took p50 %v p99 %v max %v", r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Acquire.Max.Round(time.Millisecond))
+	logf("  scale: TryAcquire took p50 %v p99 %v max %v; from its return + lease, seen p50 %v p99 %v max %v; locks waited in the controller's queue p50 ≤ %v, p99 ≤ %v; its expiries came after their deadlines p50 ≤ %v, p99 ≤ %v",
+		r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Acquire.Max.Round(time.Millisecond),
+		r.FromReturn.P50.Round(time.Millisecond), r.FromReturn.P99.Round(time.Millisecond), r.FromReturn.Max.Round(time.Millisecond), r.QueueP50, r.QueueP99, r.DelayP50, r.DelayP99)
 }
 
 // markdown is the workload's section of the report.
@@ -622,11 +699,13 @@ func (s *scaleResult) markdown() string {
 		"The controller waits the lease plus `--expiry-grace` (%s) after the last renewal it observed, so the target, expiry within lease + grace + %s, is lateness ≤ %s.\n\n",
 		cfg.locks, cfg.lapses, cfg.lapseOver, cfg.lapseLease, cfg.grace, lapseSlackTarget, cfg.grace+lapseSlackTarget)
 	p("\"decided\": to the `endTime` the controller wrote, its clock when it decided (the same host's wall clock as the client's), so the difference from \"seen\" is the status write and the watch back.\n\n")
-	p("\"acquire\": how long the lapsing holding's acquiring write took; the lease ends at its send plus the lease, but the controller can only see it once committed.\n\n")
-	p("| round | expired | seen p50 | p95 | p99 | max | decided p50 | p99 | max | acquire p50 | p99 | missed | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("\"acquire\": how long each lapsing holding's `TryAcquire` took (its read and its write): the lease ends at the write's send plus the lease, but the controller can only see the holding once the write committed. \"from return\": from `TryAcquire`'s return plus the lease to the watch seeing the expiry, the lateness that the acquiring call's own latency does not explain (ideally the grace).\n\n")
+	p("\"queue\": how long locks (all of them, not only these) waited in the controller's work queue during the round, `workqueue_queue_duration_seconds`; \"controller late\": how long after each holding's deadline on the controller's own clock (the last renewal as its cache received it, + lease + grace) its expiring write committed, `kubelock_controller_expiry_delay_seconds` (both bucket upper bounds).\n\n")
+	p("| round | expired | seen p50 | p95 | p99 | max | decided p50 | p99 | max | acquire p50 | p99 | from return p50 | p99 | max | queue p50 | p99 | controller late p50 | p99 | missed | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range s.Rounds {
-		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d%s |\n", r.Label, r.Dist.N, ms(r.Dist.P50), ms(r.Dist.P95), ms(r.Dist.P99), ms(r.Dist.Max),
-			ms(r.Decided.P50), ms(r.Decided.P99), ms(r.Decided.Max), ms(r.Acquire.P50), ms(r.Acquire.P99), r.Missed, r.Errors, firstKind(r.ErrKinds))
+		p("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d%s |\n", r.Label, r.Dist.N, ms(r.Dist.P50), ms(r.Dist.P95), ms(r.Dist.P99), ms(r.Dist.Max),
+			ms(r.Decided.P50), ms(r.Decided.P99), ms(r.Decided.Max), ms(r.Acquire.P50), ms(r.Acquire.P99),
+			ms(r.FromReturn.P50), ms(r.FromReturn.P99), ms(r.FromReturn.Max), bucketMS(r.QueueP50), bucketMS(r.QueueP99), bucketMS(r.DelayP50), bucketMS(r.DelayP99), r.Missed, r.Errors, firstKind(r.ErrKinds))
 	}
 	p("\n| target | figure | met |\n|---|---|---|\n")
 	var peak int64
@@ -643,6 +722,17 @@ func (s *scaleResult) markdown() string {
 		p("\nThe workload stopped early: %s\n", s.Err)
 	}
 	return b.String()
+}
+
+// bucketMS is a histogram bucket's upper bound in milliseconds.
+func bucketMS(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "beyond the last bucket"
+	case d == 0:
+		return "–"
+	}
+	return "≤ " + ms(d)
 }
 
 // met shows whether a target was met, a miss in bold.

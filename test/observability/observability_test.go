@@ -198,9 +198,10 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 			{"kubelock_controller_transitions_observed_total", labels{"kind": "Expired"}, 1},
 			{"kubelock_controller_transitions_observed_total", labels{"kind": "ForceReleased"}, 1},
 			{"kubelock_controller_expirations_total", nil, 1},
-			{"kubelock_controller_wait_seconds", nil, 1},    // B, seen queued
-			{"kubelock_controller_handoff_seconds", nil, 1}, // B, seen at the head of the free lock
-			{"kubelock_controller_queue_length", nil, 3},    // one per acquisition
+			{"kubelock_controller_expiry_delay_seconds", nil, 1}, // B's lease
+			{"kubelock_controller_wait_seconds", nil, 1},         // B, seen queued
+			{"kubelock_controller_handoff_seconds", nil, 1},      // B, seen at the head of the free lock
+			{"kubelock_controller_queue_length", nil, 3},         // one per acquisition
 			{"kubelock_controller_waiters_dropped_total", nil, 0},
 			{"kubelock_controller_idle_locks_deleted_total", nil, 0},
 			{"kubelock_controller_reconcile_errors_total", nil, 0},
