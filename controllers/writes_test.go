@@ -9,9 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -121,6 +124,128 @@ var _ = Describe("an acquire starting from the object seen last", func() {
 		Expect(requests.get()).To(Equal(map[string]int{"GET lock": 1, "PUT status": 1}))
 		Expect(la.FencingToken()).To(BeNumerically(">", lb.FencingToken()))
 		Expect(la.Release(ctx)).To(Succeed())
+	})
+})
+
+var _ = Describe("a holding whose acquire waited", func() {
+	It("follows its lock: renewing and releasing after others joined or left the queue sends no read", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		key := createLock(ctx, ns, "followed", nil, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30})
+		client := func(name string, cfg *rest.Config) *lock.Client {
+			c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity(name), lock.WithoutAutoRenew())
+			Expect(err).NotTo(HaveOccurred())
+			return c
+		}
+		requests := &requestCounter{}
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Wrap(requests.wrap)
+		first, follower, joiner := client("first", env.Config), client("follower", cfg), client("joiner", env.Config)
+		queued := func(n int) {
+			GinkgoHelper()
+			Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, key).Status.Waiters }).Should(HaveLen(n))
+		}
+		acquire := func(c *lock.Client) <-chan *lock.Lock {
+			got := make(chan *lock.Lock, 1)
+			go func() {
+				defer GinkgoRecover()
+				l, err := c.Acquire(ctx, key.Name)
+				Expect(err).NotTo(HaveOccurred())
+				got <- l
+			}()
+			return got
+		}
+
+		lf, err := first.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+		followed := acquire(follower)
+		queued(1)
+		Expect(lf.Release(ctx)).To(Succeed())
+		var l *lock.Lock
+		Eventually(followed).Should(Receive(&l))
+
+		// Each write below is based on a version older than the lock's: the
+		// follower either saw the newer one on its watch before writing, or
+		// meets a conflict and takes it from the watch; it never reads.
+		noRead := func(what string) {
+			GinkgoHelper()
+			r := requests.get()
+			fmt.Fprintf(GinkgoWriter, "%s: client requests %v\n", what, r)
+			Expect(r).NotTo(HaveKey("GET lock"), what)
+			Expect(r["PUT status"]).To(BeNumerically(">=", 1), what)
+			Expect(r["PUT status"]).To(BeNumerically("<=", 2), what)
+		}
+		joined := acquire(joiner)
+		queued(1)
+		requests.reset()
+		Expect(l.Renew(ctx)).To(Succeed())
+		noRead("renew after a waiter joined")
+
+		By("the joiner leaving the queue and joining again")
+		jl := getLock(ctx, key)
+		Expect(jl.Status.RemoveWaiter(jl.Status.Waiters[0].RequestID)).To(BeTrue())
+		Expect(env.Client.Status().Update(ctx, jl)).To(Succeed())
+		queued(1) // the joiner's watch sees it left and it joins again
+		requests.reset()
+		Expect(l.Release(ctx)).To(Succeed())
+		noRead("release after the queue changed")
+		var lj *lock.Lock
+		Eventually(joined).Should(Receive(&lj))
+		Expect(lj.FencingToken()).To(BeNumerically(">", l.FencingToken()))
+		Expect(lj.Release(ctx)).To(Succeed())
+	})
+})
+
+var _ = Describe("a waiter whose acquiring write meets a conflict", func() {
+	It("takes the version that won from its watch instead of reading the lock", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		key := createLock(ctx, ns, "raced", nil, locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30})
+		holder, err := lock.New(env.Config, lock.WithNamespace(ns), lock.WithIdentity("holder"), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+		lh, err := holder.TryAcquire(ctx, key.Name)
+		Expect(err).NotTo(HaveOccurred())
+
+		// Once armed, the waiter's next status write waits until another
+		// waiter's entry is written: that write wins, the waiter's meets a 409.
+		requests := &requestCounter{}
+		var armed atomic.Bool
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Wrap(requests.wrap)
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") && armed.CompareAndSwap(true, false) {
+					l := getLock(ctx, key)
+					now := metav1.NowMicro()
+					l.Status.AppendWaiter(locksv1alpha1.Waiter{Identity: "joiner", User: whoAmI(), RequestID: "joiner-request",
+						EnqueueTime: now, Deadline: metav1.NewMicroTime(now.Add(time.Minute))})
+					Expect(env.Client.Status().Update(ctx, l)).To(Succeed())
+				}
+				return rt.RoundTrip(r)
+			})
+		})
+		waiter, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("waiter"), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+		got := make(chan *lock.Lock, 1)
+		go func() {
+			defer GinkgoRecover()
+			l, err := waiter.Acquire(ctx, key.Name)
+			Expect(err).NotTo(HaveOccurred())
+			got <- l
+		}()
+		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, key).Status.Waiters }).Should(HaveLen(1))
+		requests.reset()
+		armed.Store(true)
+		Expect(lh.Release(ctx)).To(Succeed())
+		var lw *lock.Lock
+		Eventually(got).Should(Receive(&lw))
+		r := requests.get()
+		fmt.Fprintf(GinkgoWriter, "take with a conflict: client requests %v\n", r)
+		Expect(armed.Load()).To(BeFalse(), "the waiter's write met the joiner's")
+		Expect(r).To(Equal(map[string]int{"PUT status": 2}), "a 409, then the take on the version from the watch; no read")
+		st := getLock(ctx, key).Status
+		Expect(st.Holder.Identity).To(Equal("waiter"))
+		Expect(st.Waiters).To(HaveLen(1)) // the joiner, still queued
+		Expect(lw.FencingToken()).To(BeNumerically(">", lh.FencingToken()))
+		Expect(lw.Release(ctx)).To(Succeed())
 	})
 })
 

@@ -209,12 +209,23 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				}
 				h, _ := findHolding(&next.Status, a.cfg.requestID)
 				l := a.c.newLock(a, next, h)
+				if w != nil {
+					// Others queue for this lock: keep following it, so the
+					// renewals and the release write on its newest version.
+					l.follow(w)
+					w = nil
+				}
 				l.start(sent)
 				return l, nil
 			case definite(err):
 				return nil, a.failed(err)
 			case apierrors.IsConflict(err):
 				a.c.metrics.conflict(a.op())
+				// A waiter's watch brings the version that won.
+				if won := w.won(ctx, obj.ResourceVersion); won != nil {
+					obj, fromSeen = won, false
+					continue
+				}
 			default:
 				if a.unknownAt < 0 {
 					a.unknownAt, a.unknownHeld = obj.Status.Transitions, int64(obj.Status.HolderCount)
@@ -241,6 +252,10 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				return nil, a.failed(err)
 			case apierrors.IsConflict(err):
 				a.c.metrics.conflict(a.op())
+				if won := w.won(ctx, obj.ResourceVersion); won != nil {
+					obj = won
+					continue
+				}
 			default:
 				last = keepCause(last, err)
 				_ = pause(ctx, &back)
@@ -531,7 +546,9 @@ func (c *Client) watch(name string) *lockWatch { return &lockWatch{c: c, name: n
 // read it afresh (the watch ended, the object was deleted, or ctx ended).
 func (w *lockWatch) next(ctx context.Context, rv string) *locksv1alpha1.DistributedLock {
 	if w.w == nil {
-		ww, err := w.c.c.Watch(ctx, &locksv1alpha1.DistributedLockList{},
+		// The watch outlives this call's ctx (a holding that waited keeps
+		// following its lock, Lock.follow); stop ends it.
+		ww, err := w.c.c.Watch(context.WithoutCancel(ctx), &locksv1alpha1.DistributedLockList{},
 			client.InNamespace(w.c.cfg.namespace),
 			client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", w.name)},
 			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: false}})
@@ -552,6 +569,47 @@ func (w *lockWatch) next(ctx context.Context, rv string) *locksv1alpha1.Distribu
 		}
 		w.stop()
 		return nil
+	}
+}
+
+// won returns, after a write based on version rv met a conflict, the
+// version that won as the watch brings it: the first newer event within
+// followWait, or a later one already waiting. nil when there is no watch, it
+// ended or lagged: the caller reads the lock instead.
+func (w *lockWatch) won(ctx context.Context, rv string) *locksv1alpha1.DistributedLock {
+	if w == nil || w.w == nil {
+		return nil
+	}
+	t := time.NewTimer(followWait)
+	defer t.Stop()
+	var got *locksv1alpha1.DistributedLock
+	for {
+		var ev watch.Event
+		var ok bool
+		if got == nil {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				return nil
+			case ev, ok = <-w.w.ResultChan():
+			}
+		} else {
+			select {
+			case ev, ok = <-w.w.ResultChan():
+			default:
+				return got // and nothing newer is waiting
+			}
+		}
+		obj, isLock := ev.Object.(*locksv1alpha1.DistributedLock)
+		if !ok || !isLock || (ev.Type != watch.Modified && ev.Type != watch.Added) {
+			w.stop() // the next wait watches again
+			return got
+		}
+		w.c.seen.saw(obj)
+		if newerRV(obj.ResourceVersion, rv) {
+			got = obj
+		}
 	}
 }
 

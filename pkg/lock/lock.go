@@ -38,6 +38,10 @@ type Lock struct {
 	wmu sync.Mutex
 	obj *locksv1alpha1.DistributedLock // last version this holder wrote or read
 
+	// fol follows the lock while this holding lasts, when its acquire had
+	// waited (others queue for the lock); nil otherwise.
+	fol *follower
+
 	// session is the session whose renewals keep this holding alive, nil when
 	// the holding renews its own lease.
 	session *Session
@@ -239,7 +243,7 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 		if err := l.Err(); err != nil {
 			return time.Time{}, err
 		}
-		next := l.obj.DeepCopy()
+		next := l.base()
 		now := metav1.NewMicroTime(l.c.cfg.clock.Now())
 		if l.shared {
 			// Only this entry's renewTime: the rest of status stays as read.
@@ -263,8 +267,12 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("kubelock: renew %s: %w", l.name, err)
 		}
 		l.c.metrics.conflict(opRenew)
-		// Someone else wrote (a waiter joined, the controller): reread and
-		// renew again if the holding is still ours.
+		// Someone else wrote (a waiter joined, the controller): take their
+		// version from the watch this holding follows, or reread; renew again
+		// if the holding is still ours.
+		if l.caughtUp(ctx) {
+			continue
+		}
 		if _, err := l.refresh(ctx); err != nil {
 			return time.Time{}, err
 		}
@@ -319,6 +327,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	if !last {
 		return err // another re-entry still holds it
 	}
+	defer l.fol.stop() // followed until the release is written
 	if err != nil {
 		if errors.Is(err, ErrReleased) {
 			return nil
@@ -343,6 +352,9 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 			return fmt.Errorf("kubelock: release %s: %w", l.name, err)
 		case apierrors.IsConflict(err):
 			l.c.metrics.conflict(opRelease)
+			if l.caughtUp(ctx) {
+				continue
+			}
 		default:
 			_ = pause(ctx, &back)
 		}
@@ -387,7 +399,7 @@ func (l *Lock) enter() bool {
 
 // writeRelease writes the end of the holding onto l.obj. Callers hold l.wmu.
 func (l *Lock) writeRelease(ctx context.Context) error {
-	next := l.obj.DeepCopy()
+	next := l.base()
 	now := metav1.NewMicroTime(l.c.cfg.clock.Now())
 	if l.shared {
 		next.EndShared(l.leaseID, locksv1alpha1.EndReasonReleased, l.user, now)
@@ -435,6 +447,9 @@ func (l *Lock) finishLocked(cause error) {
 	}
 	l.finished = true
 	l.cancel(cause)
+	if !errors.Is(cause, ErrReleased) {
+		l.fol.stop() // Release stops it once the release is written
+	}
 	if l.ownsSlot {
 		l.c.slots.give(l.name)
 		if m := l.c.metrics; m != nil {
