@@ -433,7 +433,7 @@ func handoffCost(ctx context.Context, n int, admin *rest.Config, cs kubernetes.I
 			select {
 			case <-queued:
 			case r := <-got:
-				return fmt.Errorf("the waiter did not queue: %v", r.err)
+				return fmt.Errorf("the waiter did not queue: %w", r.err)
 			}
 			t := time.Now()
 			if err := held.Release(ctx); err != nil {
