@@ -17,7 +17,9 @@ import (
 
 // Acquire takes the lock for key, waiting in its FIFO queue until it is this
 // caller's turn, ctx ends or the WaitTimeout passes (ErrTimeout). It takes
-// the lock exclusively unless asked Shared, or the lock is a Semaphore.
+// the lock exclusively unless asked Shared, or the lock is a Semaphore. A
+// holding that waited keeps watching the lock while it lasts and ctx has not
+// ended, so that its renewals and release rarely meet a conflict.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	return c.acquire(ctx, key, true, opts)
 }
@@ -54,6 +56,10 @@ type attempt struct {
 	queued QueueStatus
 	// queuedAt is when this call joined the queue, zero while it has not.
 	queuedAt time.Time
+	// callerCtx is the context the caller passed, before this call's own
+	// deadline: the watch a waiting call opens lives within it, so that the
+	// holding can keep following the lock after the call returns.
+	callerCtx context.Context
 }
 
 // op is the operation label of this call.
@@ -65,7 +71,7 @@ func (a *attempt) op() string {
 }
 
 func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (l *Lock, err error) {
-	a := attempt{c: c, key: key, wait: wait, leaseID: randomID(), unknownAt: -1}
+	a := attempt{c: c, key: key, wait: wait, leaseID: randomID(), unknownAt: -1, callerCtx: ctx}
 	defer c.timed(a.op())(&err)
 	name, err := NameForKey(key)
 	if err != nil {
@@ -265,7 +271,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 		}
 		a.report(pos, st)
 		if w == nil {
-			w = a.c.watch(a.name)
+			w = a.c.watch(a.callerCtx, a.name)
 		}
 		obj = w.next(ctx, obj.ResourceVersion)
 	}
@@ -538,17 +544,23 @@ type lockWatch struct {
 	c    *Client
 	name string
 	w    watch.Interface
+	// ctx bounds the watch: the caller's context, which the holding's
+	// follower (Lock.follow) outlives only until it ends.
+	ctx context.Context
 }
 
-func (c *Client) watch(name string) *lockWatch { return &lockWatch{c: c, name: name} }
+func (c *Client) watch(ctx context.Context, name string) *lockWatch {
+	return &lockWatch{c: c, name: name, ctx: ctx}
+}
 
 // next returns the lock's next version after rv, or nil when the caller should
 // read it afresh (the watch ended, the object was deleted, or ctx ended).
 func (w *lockWatch) next(ctx context.Context, rv string) *locksv1alpha1.DistributedLock {
 	if w.w == nil {
-		// The watch outlives this call's ctx (a holding that waited keeps
-		// following its lock, Lock.follow); stop ends it.
-		ww, err := w.c.c.Watch(context.WithoutCancel(ctx), &locksv1alpha1.DistributedLockList{},
+		// The watch outlives this call's own deadline but not the caller's
+		// context (a holding that waited keeps following its lock while it
+		// lasts, Lock.follow); stop ends it sooner.
+		ww, err := w.c.c.Watch(w.ctx, &locksv1alpha1.DistributedLockList{},
 			client.InNamespace(w.c.cfg.namespace),
 			client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", w.name)},
 			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: false}})

@@ -18,7 +18,8 @@ const followWait = 250 * time.Millisecond
 
 // follower keeps a holding's view of its lock current from the watch its
 // acquire waited on, from the acquisition until the release is written (or
-// the holding ends otherwise). While others join and leave the queue, the
+// the holding ends otherwise, or the context the caller passed to Acquire
+// ends: the watch lives within it). While others join and leave the queue, the
 // holding's renewals and its release then write on the version the watch
 // brought, instead of meeting a conflict and reading the lock again. It only
 // feeds the client's last-seen objects (seenLocks): every write still
