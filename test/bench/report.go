@@ -161,7 +161,7 @@ func (r *report) markdown(out string) string {
 	for _, m := range r.machine {
 		p("- %s\n", m)
 	}
-	p("- **The machine is shared**: other sessions were running their test suites during this run, so the absolute figures are noisy and load-dependent; the ratios between systems measured in the same run are the more robust result. Client, operator, apiserver, etcd and redis share the same cores.\n")
+	p("- Client, operator, apiserver, etcd and redis share the same cores, so absolute figures depend on what else ran (the load averages above); the ratios between systems measured in the same run are the more robust result.\n")
 	if r.created > 0 {
 		p("- %d DistributedLocks created in %s (%.0f creates/s, 48 parallel writers), not part of any workload", r.created, r.createTime.Round(time.Millisecond), float64(r.created)/r.createTime.Seconds())
 		if r.leases > 0 {
@@ -179,6 +179,7 @@ func (r *report) markdown(out string) string {
 	}
 	p("\n")
 	r.headline(p)
+	r.targets(p)
 
 	if len(r.mixes) > 0 {
 		p("\n## Seed mix, step by step\n\n")
@@ -324,6 +325,88 @@ func (r *report) headline(p func(string, ...any)) {
 	p("Headline ratios of this run:\n\n")
 	for _, l := range lines {
 		p("- %s\n", l)
+	}
+}
+
+// targetRow is one of the performance budget's targets as this run measured it.
+type targetRow struct {
+	target, figure string
+	met            bool
+}
+
+// The performance budget (DESIGN.md, "Performance notes"; issue 17), as
+// ratios against raw Lease CAS measured in the same run.
+const (
+	targetThroughput = 0.8  // seed mix, highest sustained rate
+	targetWritesPer  = 1.05 // apiserver writes per lock write
+	targetAcquireP99 = 1.5  // uncontended acquire p99
+	targetHandoffP99 = 2.0  // hand-off p99 against one raw Lease write's
+)
+
+// targets gathers every target this run measured into one table, so that a
+// report says by itself which are met.
+func (r *report) targets(p func(string, ...any)) {
+	var rows []targetRow
+	kubelock := []string{sysWebhook, sysPolicy, sysNone}
+	if limit := r.mix(sysLease); limit != nil && limit.Bracket.Sustained > 0 {
+		for _, sys := range []string{sysWebhook, sysPolicy} {
+			if m := r.mix(sys); m != nil {
+				x := m.Bracket.Sustained / limit.Bracket.Sustained
+				rows = append(rows, targetRow{
+					target: fmt.Sprintf("%s sustains ≥ %.1f× raw Lease CAS's seed-mix rate", sys, targetThroughput),
+					figure: fmt.Sprintf("%s (%s; raw Lease %s)", ratio(m.Bracket.Sustained, limit.Bracket.Sustained), m.Bracket, limit.Bracket),
+					met:    x >= targetThroughput,
+				})
+			}
+		}
+	}
+	for _, sys := range kubelock {
+		if s, ok := r.mix(sys).best(); ok && s.Achieved > 0 {
+			per := s.APIWrites / s.Achieved
+			rows = append(rows, targetRow{
+				target: fmt.Sprintf("%s: apiserver writes per lock write ≤ %.2f", sys, targetWritesPer),
+				figure: fmt.Sprintf("%.2f at %.0f writes/s", per, s.Offered),
+				met:    per <= targetWritesPer,
+			})
+		}
+	}
+	for _, again := range []bool{true, false} {
+		base := r.unc(sysLease, again)
+		if base == nil || base.Acquire.P99 <= 0 {
+			continue
+		}
+		for _, sys := range kubelock {
+			if u := r.unc(sys, again); u != nil {
+				x := float64(u.Acquire.P99) / float64(base.Acquire.P99)
+				rows = append(rows, targetRow{
+					target: fmt.Sprintf("%s: uncontended acquire (%s) p99 ≤ %.1f× raw Lease CAS's", sys, u.kind(), targetAcquireP99),
+					figure: fmt.Sprintf("%s (%s ms against %s; p50 %s)", ratio(float64(u.Acquire.P99), float64(base.Acquire.P99)), ms(u.Acquire.P99), ms(base.Acquire.P99), ratio(float64(u.Acquire.P50), float64(base.Acquire.P50))),
+					met:    x <= targetAcquireP99,
+				})
+			}
+		}
+	}
+	if base := r.unc(sysLease, true); base != nil && base.Release.P99 > 0 {
+		for _, sys := range kubelock {
+			if h := r.handoff(sys); h != nil {
+				x := float64(h.Handoff.P99) / float64(base.Release.P99)
+				rows = append(rows, targetRow{
+					target: fmt.Sprintf("%s: hand-off p99 ≤ %.0f× one raw Lease write's p99", sys, targetHandoffP99),
+					figure: fmt.Sprintf("%s (%s ms against %s)", ratio(float64(h.Handoff.P99), float64(base.Release.P99)), ms(h.Handoff.P99), ms(base.Release.P99)),
+					met:    x <= targetHandoffP99,
+				})
+			}
+		}
+	}
+	if r.scale != nil {
+		rows = append(rows, r.scale.targets()...)
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("\nTargets (DESIGN.md's performance budget), as this run measured them:\n\n| target | figure | met |\n|---|---|---|\n")
+	for _, t := range rows {
+		p("| %s | %s | %s |\n", t.target, t.figure, met(t.met))
 	}
 }
 
