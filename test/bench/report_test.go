@@ -39,9 +39,9 @@ func TestReportPresentsTheMeasurements(t *testing.T) {
 			{System: sysLease, Again: true, Rate: 40, Acquire: dist{P50: 4 * time.Millisecond, P99: 8 * time.Millisecond}, Release: dist{P99: 5 * time.Millisecond}, Rounds: 4},
 			{System: cborName(sysWebhook), Rate: 40, Acquire: dist{P50: 8 * time.Millisecond, P99: 15 * time.Millisecond}, Rounds: 4},
 		},
-		wire:   []wireResult{{System: sysWebhook, Encoding: encJSON, Answers: "PUT application/json ×9"}, {System: cborName(sysWebhook), Encoding: encCBOR, Answers: "PUT application/cbor ×9", CBORShare: 1}},
+		wire:     []wireResult{{System: sysWebhook, Encoding: encJSON, Answers: "PUT application/json ×9"}, {System: cborName(sysWebhook), Encoding: encCBOR, Answers: "PUT application/cbor ×9", CBORShare: 1}},
 		handoffs: []*handoffResult{{System: sysWebhook, Handoff: dist{P99: 9 * time.Millisecond}}},
-		paired: []pairedResult{{Names: []string{sysWebhook, cborName(sysWebhook)}, Steps: []stepResult{step(150, true), step(150, true)}, Rounds: 2}},
+		paired:   []pairedResult{{Names: []string{sysWebhook, cborName(sysWebhook)}, Steps: []stepResult{step(150, true), step(150, true)}, Rounds: 2}},
 	}
 	md := r.markdown(out)
 	for _, want := range []string{
