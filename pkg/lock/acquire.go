@@ -254,6 +254,8 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				continue
 			case errors.Is(err, ErrQueueFull):
 				return nil, err
+			case tooLarge(err):
+				return nil, fmt.Errorf("%w: %w", ErrQueueFull, sizeLimit(err))
 			case definite(err):
 				return nil, a.failed(err)
 			case apierrors.IsConflict(err):
@@ -488,7 +490,17 @@ func (a *attempt) giveUp(ctx context.Context, last error) error {
 }
 
 // failed is the error of an acquire the apiserver refused with err.
-func (a *attempt) failed(err error) error { return fmt.Errorf("kubelock: acquire %q: %w", a.key, err) }
+func (a *attempt) failed(err error) error {
+	if tooLarge(err) {
+		return fmt.Errorf("kubelock: acquire %q: %w", a.key, sizeLimit(err))
+	}
+	return fmt.Errorf("kubelock: acquire %q: %w", a.key, err)
+}
+
+// sizeLimit explains a write refused by tooLarge, keeping err.
+func sizeLimit(err error) error {
+	return fmt.Errorf("the lock object would be larger than the apiserver's store takes (etcd's --max-request-bytes): too many or too long holdings and waiters: %w", err)
+}
 
 // leaveQueue removes this request's queue entry, if any. It uses its own short
 // deadline, since ctx is already over; TryAcquire never queues and skips it.

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -210,7 +212,25 @@ func randomID() string {
 func definite(err error) bool {
 	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) ||
 		apierrors.IsUnauthorized(err) || apierrors.IsMethodNotSupported(err) || apierrors.IsNotAcceptable(err) ||
-		apierrors.IsUnsupportedMediaType(err) || apierrors.IsRequestEntityTooLargeError(err)
+		apierrors.IsUnsupportedMediaType(err) || tooLarge(err)
+}
+
+// tooLarge reports whether a write was refused because the object would be
+// larger than the apiserver's store takes: etcd's --max-request-bytes (1.5 MiB
+// by default), or the gRPC limit in front of it (2 MiB). The apiserver passes
+// both on as a 500 with no reason, but nothing was written and the same write
+// fails again: a lock with many long holdings and a long queue can reach it
+// before spec.maxWaiters does.
+func tooLarge(err error) bool {
+	if apierrors.IsRequestEntityTooLargeError(err) {
+		return true
+	}
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) || st.Status().Code != http.StatusInternalServerError {
+		return false
+	}
+	msg := st.Status().Message
+	return strings.Contains(msg, "etcdserver: request is too large") || strings.Contains(msg, "trying to send message larger than max")
 }
 
 // retryBackoff is the pause between retries of a request: 5..15ms at first,

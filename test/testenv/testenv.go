@@ -114,6 +114,19 @@ func WithAPIServerArgs(kv ...string) Option {
 	}
 }
 
+// WithEtcdArgs sets extra etcd flags.
+func WithEtcdArgs(kv ...string) Option {
+	return func(env *envtest.Environment) {
+		if env.ControlPlane.Etcd == nil {
+			env.ControlPlane.Etcd = &envtest.Etcd{}
+		}
+		args := env.ControlPlane.Etcd.Configure()
+		for i := 0; i+1 < len(kv); i += 2 {
+			args.Set(kv[i], kv[i+1])
+		}
+	}
+}
+
 // RepoRoot is the repository's top folder, found from this source file.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
