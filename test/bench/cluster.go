@@ -610,13 +610,16 @@ func splitLabels(s string) []string {
 
 // --- helpers -----------------------------------------------------------------
 
-// leaseRBAC lets benchUser use coordination.k8s.io Leases (the baselines).
+// leaseRBAC lets benchUser use coordination.k8s.io Leases and the bare CRD
+// (the baselines).
 func leaseRBAC() (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
 	const name = "kubelock-bench-leases"
 	return &rbacv1.ClusterRole{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{coordinationv1.GroupName}, Resources: []string{"leases"},
-				Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{coordinationv1.GroupName}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+				{APIGroups: []string{bareGVR.Group}, Resources: []string{bareGVR.Resource}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+			},
 		}, &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},

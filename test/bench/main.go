@@ -61,6 +61,7 @@ import (
 	goredislib "github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -77,6 +78,7 @@ const (
 	sysPolicy  = "kubelock (policy)"
 	sysNone    = "kubelock (none)"
 	sysLease   = "raw Lease CAS"
+	sysBare    = "raw CRD CAS"
 	sysLE      = "client-go leaderelection"
 	sysKLE     = "client-go leaderelection on kubelock"
 	sysEtcd    = "etcd Mutex"
@@ -139,7 +141,7 @@ func defaults(quick bool) options {
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
 		holdClients: 10, holdPerClient: 40, holdMeasure: 10 * time.Second, encoding: encJSON,
-		systems: "webhook,policy,none,lease,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
+		systems: "webhook,policy,none,lease,crd,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 		scaleHeld: 20000, scaleHoldRate: 150, scaleLapses: 200, scaleLapse: 5 * time.Second,
 	}
@@ -208,7 +210,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.IntVar(&o.holdPerClient, "hold-locks-per-client", o.holdPerClient, "Workload 5: locks each client holds.")
 	fs.DurationVar(&o.holdMeasure, "hold-measure", o.holdMeasure, "Workload 5: measured window (at least lease/3, so every holding renews in it).")
 	fs.StringVar(&o.encoding, "encoding", o.encoding, "Wire encodings of the kubelock clients: json, cbor or json,cbor. With cbor the apiserver runs with --feature-gates=CBORServingAndStorage=true (alpha, off by default) and workloads 1, 2 and 5 run once per encoding; the other workloads use JSON.")
-	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
+	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, crd (raw CRD CAS: a custom resource with a Lease's fields, no CEL, no admission: the floor of any CRD-based lock), leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
 	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions), scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
 	fs.IntVar(&o.scaleHeld, "scale-held", o.scaleHeld, "Workload scale: locks held (lease 300s, renewed by pkg/lock every 100s) while memory is measured.")
 	fs.Float64Var(&o.scaleHoldRate, "scale-hold-rate", o.scaleHoldRate, "Workload scale: acquisitions/s of the held locks (before --rate-scale).")
@@ -373,6 +375,20 @@ func bench(ctx context.Context, o options, argv []string) error {
 			}
 			rep.leases = o.leaseObjects
 			logf("created %d Leases in %s", o.leaseObjects, rep.leaseTime.Round(time.Millisecond))
+		}
+		if systems["crd"] {
+			if err := installBareCRD(ctx, c); err != nil {
+				return fmt.Errorf("installing the bare CRD: %w", err)
+			}
+			dc, err := dynamic.NewForConfig(c.admin)
+			if err != nil {
+				return err
+			}
+			d, err := createBareLocks(ctx, dc, o.leaseObjects)
+			if err != nil {
+				return err
+			}
+			logf("created %d bare CRD locks in %s", o.leaseObjects, d.Round(time.Millisecond))
 		}
 	}
 
@@ -541,6 +557,27 @@ func bench(ctx context.Context, o options, argv []string) error {
 		}
 		if wl["2"] {
 			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, ll, sysLease, leasePool, uncRate, o, tr)...)
+		}
+	}
+	if systems["crd"] && ctx.Err() == nil {
+		tr := newTrips()
+		bl, err := newBareLocker(tr.wrap(c.user), leaseNS, o.clients)
+		if err != nil {
+			return err
+		}
+		barePool := newPool(o.leaseObjects)
+		if wl["1"] {
+			m := mix
+			m.objects = o.leaseObjects
+			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, bl, sysBare, barePool, m, pw, logf))
+		}
+		if wl["5"] {
+			r := runHold(ctx, c, pw, sysBare, false, barePool, hold, bareHold(bl))
+			logHold(r)
+			rep.holds = append(rep.holds, r)
+		}
+		if wl["2"] {
+			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, bl, sysBare, barePool, uncRate, o, tr)...)
 		}
 	}
 	// client-go's elector on a Lease and on a DistributedLock, same timings.

@@ -290,15 +290,23 @@ func kindsString(k map[string]int) string {
 func (r *report) headline(p func(string, ...any)) {
 	var lines []string
 	if limit := r.mix(sysLease); limit != nil && limit.Bracket.Sustained > 0 {
-		for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
+		for _, sys := range []string{sysWebhook, sysPolicy, sysNone, sysBare} {
 			if m := r.mix(sys); m != nil {
 				lines = append(lines, fmt.Sprintf("%s: seed mix %s lock writes/s, %s of raw Lease CAS (%s)", sys, m.Bracket, ratio(m.Bracket.Sustained, limit.Bracket.Sustained), limit.Bracket))
 			}
 		}
 	}
+	// The floor of a lock kept in a custom resource, and kubelock above it.
+	if floor := r.mix(sysBare); floor != nil && floor.Bracket.Sustained > 0 {
+		for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
+			if m := r.mix(sys); m != nil {
+				lines = append(lines, fmt.Sprintf("%s: seed mix %s of raw CRD CAS's rate (%s; a custom resource with a Lease's fields, no CEL, no admission)", sys, ratio(m.Bracket.Sustained, floor.Bracket.Sustained), floor.Bracket))
+			}
+		}
+	}
 	for _, again := range []bool{false, true} {
 		base := r.unc(sysLease, again)
-		for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
+		for _, sys := range []string{sysWebhook, sysPolicy, sysNone, sysBare} {
 			if u := r.unc(sys, again); u != nil && base != nil {
 				lines = append(lines, fmt.Sprintf("%s uncontended acquire (%s) p99 %s ms = %s raw Lease CAS's %s ms", sys, u.kind(), ms(u.Acquire.P99), ratio(float64(u.Acquire.P99), float64(base.Acquire.P99)), ms(base.Acquire.P99)))
 			}
