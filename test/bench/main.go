@@ -63,6 +63,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -538,46 +539,48 @@ func bench(ctx context.Context, o options, argv []string) error {
 	if err != nil {
 		return err
 	}
-	if systems["lease"] && ctx.Err() == nil {
+	// The baselines, raw CAS on Leases and on a bare custom resource: the same
+	// workloads on their own objects, made like kubelock's.
+	for _, base := range []struct {
+		key, system string
+		locker      func(cfg *rest.Config) (locker, holdTarget, error)
+	}{
+		{"lease", sysLease, func(cfg *rest.Config) (locker, holdTarget, error) {
+			ll, err := newLeaseLocker(cfg, leaseNS, o.clients)
+			if err != nil {
+				return nil, holdTarget{}, err
+			}
+			return ll, leaseHold(ll), nil
+		}},
+		{"crd", sysBare, func(cfg *rest.Config) (locker, holdTarget, error) {
+			bl, err := newBareLocker(cfg, leaseNS, o.clients)
+			if err != nil {
+				return nil, holdTarget{}, err
+			}
+			return bl, bareHold(bl), nil
+		}},
+	} {
+		if !systems[base.key] || ctx.Err() != nil {
+			continue
+		}
 		tr := newTrips()
-		ll, err := newLeaseLocker(tr.wrap(c.user), leaseNS, o.clients)
+		l, target, err := base.locker(tr.wrap(c.user))
 		if err != nil {
 			return err
 		}
-		leasePool := newPool(o.leaseObjects)
+		free := newPool(o.leaseObjects)
 		if wl["1"] {
 			m := mix
 			m.objects = o.leaseObjects
-			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, ll, sysLease, leasePool, m, pw, logf))
+			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, l, base.system, free, m, pw, logf))
 		}
 		if wl["5"] {
-			r := runHold(ctx, c, pw, sysLease, false, leasePool, hold, leaseHold(ll))
+			r := runHold(ctx, c, pw, base.system, false, free, hold, target)
 			logHold(r)
 			rep.holds = append(rep.holds, r)
 		}
 		if wl["2"] {
-			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, ll, sysLease, leasePool, uncRate, o, tr)...)
-		}
-	}
-	if systems["crd"] && ctx.Err() == nil {
-		tr := newTrips()
-		bl, err := newBareLocker(tr.wrap(c.user), leaseNS, o.clients)
-		if err != nil {
-			return err
-		}
-		barePool := newPool(o.leaseObjects)
-		if wl["1"] {
-			m := mix
-			m.objects = o.leaseObjects
-			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, bl, sysBare, barePool, m, pw, logf))
-		}
-		if wl["5"] {
-			r := runHold(ctx, c, pw, sysBare, false, barePool, hold, bareHold(bl))
-			logHold(r)
-			rep.holds = append(rep.holds, r)
-		}
-		if wl["2"] {
-			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, bl, sysBare, barePool, uncRate, o, tr)...)
+			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, l, base.system, free, uncRate, o, tr)...)
 		}
 	}
 	// client-go's elector on a Lease and on a DistributedLock, same timings.
