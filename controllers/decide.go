@@ -26,6 +26,9 @@ const (
 	// or is gone or not the waiter's own.
 	dropSessionExpired = dropReason(locksv1alpha1.EndReasonSessionExpired)
 	dropSessionClosed  = dropReason(locksv1alpha1.EndReasonSessionClosed)
+	// dropPodDeleted: the waiter was bound to a pod (without a session) that
+	// no longer exists.
+	dropPodDeleted dropReason = "PodDeleted"
 )
 
 // droppedWaiter is a waiter the controller removes from the queue.
@@ -66,8 +69,8 @@ func (d decision) acts() bool { return len(d.ends) > 0 || len(d.drop) > 0 || d.d
 type liveness struct {
 	// sessions holds every session the lock names, by name.
 	sessions map[string]sessionState
-	// podsGone holds the UIDs of the pods of holdings without a session that
-	// a live read confirmed gone.
+	// podsGone holds the UIDs of the pods of holdings and waiters without a
+	// session, true for those a live read confirmed gone.
 	podsGone map[string]bool
 }
 
@@ -101,10 +104,16 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 		}
 	}
 
-	// 2. Waiters whose wait is over, measured on this controller's clock from
-	// when it first saw them: first seen + (deadline - enqueueTime).
+	// 2. Waiters whose wait is over: their pod or session is gone, or their
+	// deadline passed, measured on this controller's clock from when it first
+	// saw them: first seen + (deadline - enqueueTime).
 	dropped := map[string]bool{}
 	for _, w := range s.Waiters {
+		if w.Session == "" && w.PodUID != "" && live.podsGone[w.PodUID] {
+			d.drop = append(d.drop, droppedWaiter{requestID: w.RequestID, identity: w.Identity, reason: dropPodDeleted})
+			dropped[w.RequestID] = true
+			continue
+		}
 		if w.Session != "" {
 			if e := sessionEnd(live.sessions[w.Session], lock.Namespace, w.User, w.PodUID, 0, now, t.grace); e.reason != "" {
 				d.drop = append(d.drop, droppedWaiter{requestID: w.RequestID, identity: w.Identity, reason: dropReason(e.reason)})

@@ -200,6 +200,17 @@ func TestDecideWithSessions(t *testing.T) {
 			}},
 		},
 		{
+			name: "a pod-bound waiter without a session whose pod is gone is dropped; one whose pod lives stays",
+			lock: func() *locksv1alpha1.DistributedLock {
+				l := newLock(held("a", 30, clientTime), sessionWaiter("w1", owner, ""), sessionWaiter("w2", owner, ""))
+				l.Status.Waiters[0].PodName, l.Status.Waiters[0].PodUID = "worker-0", "pod-uid-1"
+				l.Status.Waiters[1].PodName, l.Status.Waiters[1].PodUID = "worker-1", "pod-uid-2"
+				return l
+			}(),
+			live: liveness{podsGone: map[string]bool{"pod-uid-1": true, "pod-uid-2": false}},
+			want: decision{drop: []droppedWaiter{{requestID: "w1", identity: "w-w1", reason: dropPodDeleted}}},
+		},
+		{
 			name: "waiters of a lapsed session are dropped",
 			lock: newLock(held("a", 30, clientTime), sessionWaiter("w1", owner, "worker-s1")),
 			live: liveness{sessions: alive(newSession())},

@@ -30,11 +30,12 @@ const SessionControllerName = "locksession"
 
 // Field indexes of the lock cache, so that the work a session or pod event
 // causes scales with the locks that name it, never with all locks.
-// The holding indexes cover the exclusive holder and every shared holder.
+// The holding indexes cover the exclusive holder and every shared holder;
+// indexPodUID covers them and the waiters.
 const (
 	indexHoldingSession = "status.holdings.session"
 	indexWaiterSession  = "status.waiters.session"
-	indexHoldingPodUID  = "status.holdings.podUID"
+	indexPodUID         = "status.podUID"
 )
 
 // +kubebuilder:rbac:groups=locks.kubelock.io,resources=locksessions,verbs=get;list;watch;delete
@@ -132,9 +133,7 @@ func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
 		indexHoldingSession: distinct(func(l *locksv1alpha1.DistributedLock) []string {
 			return holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.Session })
 		}),
-		indexHoldingPodUID: distinct(func(l *locksv1alpha1.DistributedLock) []string {
-			return holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.PodUID })
-		}),
+		indexPodUID:        distinct(podUIDs),
 		indexWaiterSession: distinct(waiterSessions),
 	} {
 		if err := idx.IndexField(ctx, &cachedLock{}, field, fn); err != nil {
@@ -156,6 +155,17 @@ func holdingFields(l *locksv1alpha1.DistributedLock, field func(*locksv1alpha1.L
 }
 
 // waiterSessions lists the session of each of a lock's waiters ("" where unset).
+// podUIDs lists the pods a lock's holdings and waiters are bound to: a pod's
+// deletion ends those of them without a session (and a session's, through
+// the session).
+func podUIDs(l *locksv1alpha1.DistributedLock) []string {
+	out := holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.PodUID })
+	for _, w := range l.Status.Waiters {
+		out = append(out, w.PodUID)
+	}
+	return out
+}
+
 func waiterSessions(l *locksv1alpha1.DistributedLock) []string {
 	out := make([]string, len(l.Status.Waiters))
 	for i, w := range l.Status.Waiters {
@@ -241,7 +251,7 @@ func (r *Reconciler) locksOfSession(ctx context.Context, o client.Object) []reco
 
 // locksOfPod maps a pod's deletion to the locks it holds (exclusive or shared).
 func (r *Reconciler) locksOfPod(ctx context.Context, o client.Object) []reconcile.Request {
-	locks, err := listLocks(ctx, r.reader, "", indexHoldingPodUID, string(o.GetUID()))
+	locks, err := listLocks(ctx, r.reader, "", indexPodUID, string(o.GetUID()))
 	if err != nil {
 		log.FromContext(ctx).Error(err, "cannot list the locks of a pod", "pod", client.ObjectKeyFromObject(o))
 	}
@@ -321,21 +331,34 @@ func (r *Reconciler) liveness(ctx context.Context, lock *locksv1alpha1.Distribut
 		}
 		live.sessions[name] = st
 	}
+	// The pods of holdings and waiters bound to a pod without a session.
+	type podRef struct{ user, name, uid string }
+	var pods []podRef
 	for _, h := range hs {
-		if h.Session != "" || h.PodUID == "" || h.PodName == "" {
+		if h.Session == "" {
+			pods = append(pods, podRef{h.User, h.PodName, h.PodUID})
+		}
+	}
+	for _, w := range lock.Status.Waiters {
+		if w.Session == "" {
+			pods = append(pods, podRef{w.User, w.PodName, w.PodUID})
+		}
+	}
+	for _, p := range pods {
+		if p.uid == "" || p.name == "" {
 			continue
 		}
-		if _, checked := live.podsGone[h.PodUID]; checked {
+		if _, checked := live.podsGone[p.uid]; checked {
 			continue
 		}
-		gone, err := r.podGone(ctx, h.LockHolder)
+		gone, err := r.podGone(ctx, p.user, p.name, p.uid)
 		if err != nil {
 			return live, err
 		}
 		if live.podsGone == nil {
 			live.podsGone = map[string]bool{}
 		}
-		live.podsGone[h.PodUID] = gone
+		live.podsGone[p.uid] = gone
 	}
 	return live, nil
 }
@@ -360,20 +383,21 @@ func (r *Reconciler) session(ctx context.Context, key types.NamespacedName, now 
 	return st, nil
 }
 
-// podGone reports whether h's pod no longer exists. A pod's namespace is its
-// service account's, which the holder's user name carries. What the cache
-// says is confirmed with a live read before a holding is ended on it.
-func (r *Reconciler) podGone(ctx context.Context, h *locksv1alpha1.LockHolder) (bool, error) {
-	sa, isSA := strings.CutPrefix(h.User, "system:serviceaccount:")
+// podGone reports whether the pod podName with podUID no longer exists. A
+// pod's namespace is its service account's, which user (the holder's or the
+// waiter's) carries. What the cache says is confirmed with a live read before
+// a holding or a waiter is ended on it.
+func (r *Reconciler) podGone(ctx context.Context, user, podName, podUID string) (bool, error) {
+	sa, isSA := strings.CutPrefix(user, "system:serviceaccount:")
 	ns, _, ok := strings.Cut(sa, ":")
 	if !isSA || !ok {
 		return false, nil
 	}
-	key := types.NamespacedName{Namespace: ns, Name: h.PodName}
+	key := types.NamespacedName{Namespace: ns, Name: podName}
 	pod := &metav1.PartialObjectMetadata{}
 	pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
 	err := r.reader.Get(ctx, key, pod)
-	if err == nil && string(pod.UID) == h.PodUID {
+	if err == nil && string(pod.UID) == podUID {
 		return false, nil
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -383,5 +407,5 @@ func (r *Reconciler) podGone(ctx context.Context, h *locksv1alpha1.LockHolder) (
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
-	return err == nil && string(pod.UID) != h.PodUID, err
+	return err == nil && string(pod.UID) != podUID, err
 }

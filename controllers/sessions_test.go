@@ -142,6 +142,30 @@ var _ = Describe("sessions", func() {
 		Eventually(eventReasons).WithArguments(ctx, types.NamespacedName{Namespace: ns, Name: "pod-held-0"}).Should(ContainElement(controllers.EventExpired))
 	})
 
+	It("drops a waiter bound to a pod without a session soon after the pod is deleted, and keeps a live pod's", func() {
+		startController()
+		user := "system:serviceaccount:" + ns + ":worker"
+		gone, live := createPod(ctx, ns, "waiter-gone"), createPod(ctx, ns, "waiter-live")
+		key := createLock(ctx, ns, "pod-waited", nil, locksv1alpha1.DistributedLockSpec{})
+		acquireWith(ctx, key, "lease-pod-waited-0001", 30, func(*locksv1alpha1.LockHolder) {})
+		updateStatus(ctx, key, func(l *locksv1alpha1.DistributedLock) {
+			for _, pod := range []*corev1.Pod{gone, live} {
+				w := waiter("req-"+pod.Name, time.Now(), time.Hour)
+				w.User, w.PodName, w.PodUID = user, pod.Name, string(pod.UID)
+				l.Status.AppendWaiter(w)
+			}
+		})
+		Consistently(waiterIDs).WithArguments(ctx, key).WithTimeout(500*time.Millisecond).Should(HaveLen(2), "live pods keep their queue entries")
+		deleted := time.Now()
+		Expect(env.Client.Delete(ctx, gone)).To(Succeed())
+		Eventually(waiterIDs).WithArguments(ctx, key).Should(Equal([]string{"req-waiter-live"}))
+		took := time.Since(deleted)
+		GinkgoWriter.Printf("pod deletion -> its waiter without a session dropped: %s\n", took)
+		Expect(took).To(BeNumerically("<", 2*time.Second), "the pod's deletion, not the waiter's deadline (an hour), dropped it")
+		Eventually(eventReasons).WithArguments(ctx, key).Should(ContainElement(controllers.EventWaiterDropped))
+		Expect(holderID(ctx, key)).To(Equal("lease-pod-waited-0001"), "the holding was not touched")
+	})
+
 	It("frees a pod-bound session's locks when the garbage collector deletes the session after its pod", func() {
 		kcm, err := env.StartControllerManager(ctx)
 		Expect(err).NotTo(HaveOccurred())

@@ -64,7 +64,7 @@ const ctrl, hook = ControllerSubsystem, WebhookSubsystem
 var (
 	Expirations    = counter(ctrl, "expirations_total", "Holdings, exclusive or shared, the controller expired (each entry on its own).")
 	WaitersDropped = counterVec(ctrl, "waiters_dropped_total",
-		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout, SessionExpired, SessionClosed).", "reason")
+		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout, SessionExpired, SessionClosed, PodDeleted).", "reason")
 	IdleLocksDeleted    = counter(ctrl, "idle_locks_deleted_total", "Idle auto-created locks the controller deleted.")
 	TransitionsObserved = counterVec(ctrl, "transitions_observed_total",
 		"Holdings, exclusive or shared, the controller observed begin (Acquired) or end, by kind (Acquired, Released, Expired, ForceReleased, SessionExpired, SessionClosed).", "kind")
