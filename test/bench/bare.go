@@ -5,14 +5,12 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 // --- raw CRD CAS -----------------------------------------------------------------
@@ -52,29 +50,9 @@ func bareCRD() *apiextensionsv1.CustomResourceDefinition {
 }
 
 // installBareCRD creates the bare CRD and waits until it is served.
-func installBareCRD(ctx context.Context, c *cluster) error {
-	if err := apiextensionsv1.AddToScheme(c.env.Scheme); err != nil {
-		return err
-	}
-	return installCRD(ctx, c.env.Client, bareCRD())
-}
-
-// installCRD creates crd and waits until it is served.
-func installCRD(ctx context.Context, c client.Client, crd *apiextensionsv1.CustomResourceDefinition) error {
-	if err := c.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(crd), crd); err != nil {
-			return false, err
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+func installBareCRD(c *cluster) error {
+	_, err := envtest.InstallCRDs(c.admin, envtest.CRDInstallOptions{CRDs: []*apiextensionsv1.CustomResourceDefinition{bareCRD()}})
+	return err
 }
 
 // createBareLocks creates n bare locks in leaseNS, named as the Leases are.

@@ -378,7 +378,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 			logf("created %d Leases in %s", o.leaseObjects, rep.leaseTime.Round(time.Millisecond))
 		}
 		if systems["crd"] {
-			if err := installBareCRD(ctx, c); err != nil {
+			if err := installBareCRD(c); err != nil {
 				return fmt.Errorf("installing the bare CRD: %w", err)
 			}
 			dc, err := dynamic.NewForConfig(c.admin)

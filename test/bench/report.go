@@ -589,19 +589,11 @@ func profileSummary(path string) string {
 	for _, sm := range prof.Sample {
 		v := sm.Value[vi]
 		total += v
-		var frames []string // innermost first
-		for _, loc := range sm.Location {
-			for _, ln := range loc.Line {
-				if ln.Function != nil {
-					frames = append(frames, ln.Function.Name)
-				}
-			}
+		fr := frames(sm) // innermost first
+		if len(fr) > 0 {
+			flat[fr[0]] += v
 		}
-		if len(frames) > 0 {
-			flat[frames[0]] += v
-		}
-		g := classify(frames)
-		groups[g] += v
+		groups[classify(fr)] += v
 	}
 	if total == 0 {
 		return fmt.Sprintf("- %s: empty profile\n", filepath.Base(path))

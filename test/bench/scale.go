@@ -353,7 +353,7 @@ func (c *cluster) memPoint(ctx context.Context, label string) memPoint {
 	if body, err := httpGet(ctx, c.mgrPprof+"/heap?gc=1"); err == nil && os.WriteFile(path, body, 0o644) == nil {
 		p.Heap = path
 		if prof, err := profile.Parse(bytes.NewReader(body)); err == nil {
-			p.Live = inuse(prof, func([]string) bool { return true })
+			p.Live = inuse(prof)
 		}
 	}
 	return p
@@ -361,18 +361,26 @@ func (c *cluster) memPoint(ctx context.Context, label string) memPoint {
 
 // inuse sums the in-use bytes of a heap profile's samples whose stack
 // (innermost frame first) keep accepts.
-func inuse(prof *profile.Profile, keep func(frames []string) bool) int64 {
-	vi := slices.IndexFunc(prof.SampleType, func(t *profile.ValueType) bool { return t.Type == "inuse_space" })
-	if vi < 0 {
-		return 0
-	}
+func inuse(prof *profile.Profile) int64 {
 	var sum int64
-	for _, sm := range prof.Sample {
-		if keep(frames(sm)) {
-			sum += sm.Value[vi]
-		}
+	for _, v := range inuseBy(prof, func([]string) string { return "" }) {
+		sum += v
 	}
 	return sum
+}
+
+// inuseBy sums a heap profile's in-use bytes by the key each sample's frames
+// (innermost first) give.
+func inuseBy(prof *profile.Profile, key func(frames []string) string) map[string]int64 {
+	by := map[string]int64{}
+	vi := slices.IndexFunc(prof.SampleType, func(t *profile.ValueType) bool { return t.Type == "inuse_space" })
+	if vi < 0 {
+		return by
+	}
+	for _, sm := range prof.Sample {
+		by[key(frames(sm))] += sm.Value[vi]
+	}
+	return by
 }
 
 func frames(sm *profile.Sample) []string {
@@ -400,6 +408,18 @@ var heapHolders = []struct{ name, match string }{
 	{"metrics", "prometheus/client_golang|kubelock/internal/metrics"},
 }
 
+// heapHolder names the first of heapHolders that one of frames names.
+func heapHolder(frames []string) string {
+	for _, h := range heapHolders {
+		for _, m := range strings.Split(h.match, "|") {
+			if slices.ContainsFunc(frames, func(f string) bool { return strings.Contains(f, m) }) {
+				return h.name
+			}
+		}
+	}
+	return "other"
+}
+
 // heapSummary is the live heap of a profile by holder.
 func heapSummary(path string) string {
 	f, err := os.Open(path)
@@ -411,25 +431,15 @@ func heapSummary(path string) string {
 	if err != nil {
 		return err.Error()
 	}
-	total := inuse(prof, func([]string) bool { return true })
+	by := inuseBy(prof, heapHolder)
+	var total int64
+	for _, v := range by {
+		total += v
+	}
 	if total == 0 {
 		return "empty"
 	}
-	holder := func(fr []string) string {
-		for _, h := range heapHolders {
-			for _, m := range strings.Split(h.match, "|") {
-				if slices.ContainsFunc(fr, func(f string) bool { return strings.Contains(f, m) }) {
-					return h.name
-				}
-			}
-		}
-		return "other"
-	}
-	by := map[string]int64{}
-	for _, h := range append(heapHolders, struct{ name, match string }{"other", ""}) {
-		by[h.name] = inuse(prof, func(fr []string) bool { return holder(fr) == h.name })
-	}
-	names := slices.SortedFunc(maps.Keys(by), func(a, b string) int { return cmp.Compare(by[b], by[a]) })
+	names := slices.SortedFunc(maps.Keys(by), func(a, b string) int { return cmp.Or(cmp.Compare(by[b], by[a]), cmp.Compare(a, b)) })
 	var parts []string
 	for _, n := range names {
 		if by[n] > 0 {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/testenv"
@@ -61,9 +62,6 @@ func writeCost(ctx context.Context, n int) error {
 	}
 	admin := rest.CopyConfig(env.Config)
 	admin.QPS = -1
-	if err := apiextensionsv1.AddToScheme(env.Scheme); err != nil {
-		return err
-	}
 	cl, err := client.New(admin, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		return err
@@ -116,27 +114,7 @@ func writeCost(ctx context.Context, n int) error {
 	open := regroup(crd, "open.kubelock.io")
 	open.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"] = apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptrTo(true)}
 	open.Spec.Versions[0].Schema.OpenAPIV3Schema.XValidations = nil
-	for _, c := range []*apiextensionsv1.CustomResourceDefinition{noCEL, open} {
-		if err := cl.Create(ctx, c); err != nil {
-			return err
-		}
-	}
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		for _, c := range []*apiextensionsv1.CustomResourceDefinition{noCEL, open} {
-			got := &apiextensionsv1.CustomResourceDefinition{}
-			if err := cl.Get(ctx, client.ObjectKeyFromObject(c), got); err != nil {
-				return false, err
-			}
-			established := false
-			for _, cond := range got.Status.Conditions {
-				established = established || (cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue)
-			}
-			if !established {
-				return false, nil
-			}
-		}
-		return true, nil
-	}); err != nil {
+	if _, err := envtest.InstallCRDs(admin, envtest.CRDInstallOptions{CRDs: []*apiextensionsv1.CustomResourceDefinition{noCEL, open}}); err != nil {
 		return err
 	}
 
