@@ -170,8 +170,8 @@ type enqueueLocks struct {
 
 // lockPriority is the work-queue priority of an event about l.
 func lockPriority(l *cachedLock, initialList bool) int {
-	switch s := &l.Status; {
-	case s.Holder != nil || len(s.SharedHolders) > 0 || len(s.Waiters) > 0:
+	switch {
+	case l.IsHeld() || len(l.Status.Waiters) > 0:
 		return deadlinePriority
 	case initialList:
 		return handler.LowPriority

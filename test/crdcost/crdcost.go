@@ -49,11 +49,7 @@ type Schema struct {
 
 // Load reads a CustomResourceDefinition of DistributedLocks from path.
 func Load(path string) (*Schema, error) {
-	crd, err := ReadCRD(path)
-	if err != nil {
-		return nil, err
-	}
-	props, structural, err := internalSchema(crd)
+	props, structural, err := internalSchema(path)
 	if err != nil {
 		return nil, err
 	}
@@ -86,8 +82,12 @@ func ReadCRD(path string) (*apiextensionsv1.CustomResourceDefinition, error) {
 	return crd, nil
 }
 
-// internalSchema is the CRD's one schema as the apiserver holds it.
-func internalSchema(crd *apiextensionsv1.CustomResourceDefinition) (*apiextensions.JSONSchemaProps, *structuralschema.Structural, error) {
+// internalSchema is the one schema of the CRD in path as the apiserver holds it.
+func internalSchema(path string) (*apiextensions.JSONSchemaProps, *structuralschema.Structural, error) {
+	crd, err := ReadCRD(path)
+	if err != nil {
+		return nil, nil, err
+	}
 	internal := &apiextensions.CustomResourceValidation{}
 	if err := apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(crd.Spec.Versions[0].Schema, internal, nil); err != nil {
 		return nil, nil, err
@@ -203,11 +203,7 @@ type Rule struct {
 
 // Rules lists the CEL rules of the CRD in path, with their cost estimates.
 func Rules(path string) ([]Rule, error) {
-	crd, err := ReadCRD(path)
-	if err != nil {
-		return nil, err
-	}
-	_, structural, err := internalSchema(crd)
+	_, structural, err := internalSchema(path)
 	if err != nil {
 		return nil, err
 	}
