@@ -24,6 +24,12 @@ import (
 // long holdings and a long queue reaches it before its spec's bounds do, so
 // pkg/lock must take that answer as final and say what it means. Here etcd
 // takes 128 KiB, so a hundred readers reach it.
+//
+// The readers are not renewed, so each must stay within its lease until the
+// last step releases the first of them. Taking a few hundred readers one by
+// one takes 20-30 s on a 2-core machine and longer under load, so the lock's
+// lease is an hour (the longest allowed): the spec relies on the whole of it
+// finishing within that hour, not on the machine's speed.
 var _ = Describe("a lock at the size etcd takes", func() {
 	It("refuses the write that would outgrow it at once, with an error that says so, and still releases", func() {
 		small, err := testenv.Start(testenv.WithEtcdArgs("max-request-bytes", "131072"))
@@ -31,9 +37,11 @@ var _ = Describe("a lock at the size etcd takes", func() {
 		DeferCleanup(small.Stop)
 		ctx := context.Background()
 		const ns, name = "default", "big"
+		const readerLease = locksv1alpha1.MaxLeaseDurationSeconds
 		Expect(small.Client.Create(ctx, &locksv1alpha1.DistributedLock{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.RWMutex,
+				LeaseDurationSeconds: readerLease, MaxLeaseDurationSeconds: readerLease,
 				MaxWaiters: ptr.To[int32](1024), MaxWaitersPerUser: ptr.To[int32](1024)},
 		})).To(Succeed())
 		long := strings.Repeat("r", 240)

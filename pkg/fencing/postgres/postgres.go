@@ -47,6 +47,14 @@ type DB interface {
 // times, after a random growing pause) in a fresh transaction, so callers see
 // success or fencing.ErrStaleToken.
 //
+// A holder that stops inside Do (a process paused, a network cut) would keep
+// the fence row locked, and with it every later holder of the lock, for as
+// long as its connection lives. Do therefore bounds how long its transaction
+// may sit idle: PostgreSQL ends a session idle in a transaction for longer than
+// WithIdleTimeout (default DefaultIdleTimeout), which rolls it back and frees
+// the row. A successor's write waits at most that long for a stopped
+// predecessor.
+//
 // With WithVerifier, Do also refuses a token the lock never issued (above
 // its current token) before it touches the fence: a forged token raises
 // nothing. Without one, Guard trusts the token it is given, which suits only
@@ -57,7 +65,12 @@ type Guard struct {
 	txOpts   pgx.TxOptions
 	retries  int
 	metrics  *fencing.Metrics
+	idle     time.Duration
 }
+
+// DefaultIdleTimeout is how long a transaction of Do may sit idle (waiting for
+// its caller's next statement) before PostgreSQL ends it.
+const DefaultIdleTimeout = 5 * time.Second
 
 // GuardOption configures a Guard.
 type GuardOption func(*Guard)
@@ -70,15 +83,24 @@ func WithTxOptions(o pgx.TxOptions) GuardOption { return func(g *Guard) { g.txOp
 // (fencing.ParseLockRef), which is also the fence row's key.
 func WithVerifier(v fencing.Verifier) GuardOption { return func(g *Guard) { g.verifier = v } }
 
+// WithIdleTimeout sets how long Do's transaction may wait idle for the
+// caller's next statement before PostgreSQL ends the session and rolls the
+// transaction back (its idle_in_transaction_session_timeout, set for the
+// transaction only). It is also the longest a successor's write waits for a
+// holder stopped inside Do. Whole milliseconds, at least one. Default
+// DefaultIdleTimeout.
+func WithIdleTimeout(d time.Duration) GuardOption { return func(g *Guard) { g.idle = d } }
+
 // WithMetrics counts the Guard's stale-token rejections in m.
 func WithMetrics(m *fencing.Metrics) GuardOption { return func(g *Guard) { g.metrics = m } }
 
 // NewGuard returns a Guard on db.
 func NewGuard(db DB, opts ...GuardOption) *Guard {
-	g := &Guard{db: db, retries: 30}
+	g := &Guard{db: db, retries: 30, idle: DefaultIdleTimeout}
 	for _, o := range opts {
 		o(g)
 	}
+	g.idle = max(g.idle.Truncate(time.Millisecond), time.Millisecond)
 	return g
 }
 
@@ -135,8 +157,22 @@ func (g *Guard) do(ctx context.Context, lock string, token int64, fn func(pgx.Tx
 			_ = tx.Rollback(ctx)
 		}
 	}()
+	// The bound and the raise in one round trip: the bound is in place before
+	// the fence row is locked.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true)`, fmt.Sprint(g.idle.Milliseconds()))
+	b.Queue(raiseSQL, lock, token)
 	var accepted int64
-	switch err = tx.QueryRow(ctx, raiseSQL, lock, token).Scan(&accepted); {
+	br := tx.SendBatch(ctx, b)
+	if _, err = br.Exec(); err != nil {
+		_ = br.Close()
+		return fmt.Errorf("kubelock: bounding the transaction of %q: %w", lock, err)
+	}
+	err = br.QueryRow().Scan(&accepted)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		var highest int64
 		if err := tx.QueryRow(ctx, `SELECT token FROM kubelock_fence WHERE lock_key = $1`, lock).Scan(&highest); err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -101,6 +102,53 @@ func TestGuardRejectsStaleTokensAndRollsBack(t *testing.T) {
 	}
 	if err := g.Do(ctx, "stock", 15, write(4, 15)); err != nil {
 		t.Fatalf("the rolled-back token 20 must not fence out 15: %v", err)
+	}
+}
+
+// A holder stopped inside Do (here: its fn waits, sending nothing, as a
+// SIGSTOPped process would) keeps the fence row locked. Its successor's write
+// must not wait for it past the guard's idle bound: PostgreSQL ends the stopped
+// transaction and the successor's token is accepted. The successor's deadline
+// is the bound plus 10 s of slack; the stopped holder's write is rolled back.
+func TestGuardSuccessorNotBlockedByStoppedHolder(t *testing.T) {
+	ctx := t.Context()
+	const idle = time.Second
+	g, pool := newGuard(t, postgres.WithIdleTimeout(idle))
+	inside, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	wake := func() { once.Do(func() { close(resume) }) }
+	defer wake() // on a failure too, so the pool can close
+	stopped := make(chan error, 1)
+	go func() {
+		stopped <- g.Do(ctx, "stock", 10, func(tx pgx.Tx) error {
+			if err := write(1, 10)(tx); err != nil {
+				return err
+			}
+			close(inside)
+			<-resume // stopped between its statements
+			_, err := tx.Exec(ctx, `INSERT INTO writes (token) VALUES (10)`)
+			return err
+		})
+	}()
+	<-inside
+	sctx, cancel := context.WithTimeout(ctx, idle+10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := g.Do(sctx, "stock", 11, write(2, 11)); err != nil {
+		t.Fatalf("the successor's token 11 was not accepted within %s: %v", idle+10*time.Second, err)
+	}
+	t.Logf("the successor waited %s for the stopped holder (bound %s)", time.Since(start).Round(time.Millisecond), idle)
+	wake()
+	if err := <-stopped; err == nil {
+		t.Fatal("the stopped holder's transaction committed after its session was ended")
+	}
+	var qty int
+	var by int64
+	if err := pool.QueryRow(ctx, `SELECT qty, written_by FROM stock`).Scan(&qty, &by); err != nil {
+		t.Fatal(err)
+	}
+	if qty != 2 || by != 11 {
+		t.Fatalf("stored qty %d from token %d, want 2 from 11", qty, by)
 	}
 }
 

@@ -70,6 +70,11 @@ func writeTotals(chs []<-chan wire.Reply) (accepted, stale int) {
 
 // takeOver acquires every key with b, checks the tokens grew past held's and
 // makes one fenced write on each; it returns when b acquired the first and the last.
+//
+// The bound it relies on: a holder paused by SIGSTOP may be stopped inside
+// the guard's transaction with the key's fence row locked, so b's write can
+// wait until PostgreSQL ends that transaction, postgres.DefaultIdleTimeout
+// (5 s) later. The client's write gives up after 10 s.
 func takeOver(b *lockClient, keys []string, held []wire.Reply) (first, last int64) {
 	for i, k := range keys {
 		r := acquireOK(b, k, time.Minute)
