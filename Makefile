@@ -151,10 +151,13 @@ test-cluster: manifests generate control-plane node $(HELM) ## Run the real-node
 DEV_FLAGS ?=
 # NODE=1: a real node (root): kubelet, containerd, kube-proxy, the operator as a Deployment.
 NODE ?=
+# ADMISSION=policy: the lock rules as config/policy's ValidatingAdmissionPolicies
+# instead of the operator's webhook (kubelock-dev --admission; default webhook).
+ADMISSION ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root).
-	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(DEV_FLAGS)
+dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook.
+	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(if $(ADMISSION),--admission $(ADMISSION)) $(DEV_FLAGS)
 
 ##@ Deploy
 
