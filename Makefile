@@ -138,9 +138,10 @@ test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI
 
 # The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
 # the operator Deployment, failover, the webhook through its Service, the sidecar
-# sample as pods. Root only: `make test` runs it as root and says NOT RUN otherwise.
+# sample as pods, the chart electing on kubelock (helm upgrade). Root only: `make
+# test` runs it as root and says NOT RUN otherwise.
 .PHONY: test-cluster
-test-cluster: manifests generate control-plane node ## Run the real-node suite as root (kubelet, containerd, kube-proxy; the operator and the samples as pods).
+test-cluster: manifests generate control-plane node $(HELM) ## Run the real-node suite as root (kubelet, containerd, kube-proxy; the operator and the samples as pods).
 	@[ "$$(id -u)" = 0 ] || { echo "make test-cluster needs root (kubelet, containerd, iptables): not run"; exit 1; }
 	go test -tags cluster -count=1 -timeout 30m -v ./test/e2e/cluster/
 
@@ -150,10 +151,13 @@ test-cluster: manifests generate control-plane node ## Run the real-node suite a
 DEV_FLAGS ?=
 # NODE=1: a real node (root): kubelet, containerd, kube-proxy, the operator as a Deployment.
 NODE ?=
+# ADMISSION=policy: the lock rules as config/policy's ValidatingAdmissionPolicies
+# instead of the operator's webhook (kubelock-dev --admission; default webhook).
+ADMISSION ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root).
-	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(DEV_FLAGS)
+dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook.
+	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(if $(ADMISSION),--admission $(ADMISSION)) $(DEV_FLAGS)
 
 ##@ Deploy
 

@@ -60,6 +60,15 @@ started. "make dev" builds it and runs it.
 
 Without --persist the data folder starts fresh at every start.
 
+--admission chooses the engine of the lock rules, as the chart's
+admission.engine: "webhook" (the default: the operator's validating webhook) or
+"policy" (config/policy's ValidatingAdmissionPolicies and bindings, evaluated
+inside kube-apiserver, and no webhook for lock writes; the operator's webhook
+serves fenced objects only; with --node, config/default goes in without its
+lock webhook configuration, as the chart leaves it out). Both deny the same
+writes with the same [kubelock:<rule>] tags; "make dev ADMISSION=policy"
+passes it.
+
 With --node (root only; "make dev NODE=1") it also runs a real node: kube-scheduler,
 containerd, kubelet and kube-proxy with pods on a CNI bridge, imports images of the
 operator and kubelock built from the checkout, and deploys the operator from
@@ -93,8 +102,23 @@ kubelet (the pods run on).`,
 	f.IntVar(&d.WebhookPort, "webhook-port", d.WebhookPort, "admission webhook port on 127.0.0.1")
 	f.IntVar(&d.ProbePort, "probe-port", d.ProbePort, "operator /healthz and /readyz port on 127.0.0.1; 0 turns them off")
 	f.IntVar(&d.MetricsPort, "metrics-port", d.MetricsPort, "operator metrics port on 127.0.0.1; 0 turns them off")
+	f.Var((*admissionFlag)(&d.Admission), "admission", `admission engine of the lock rules, as the chart's admission.engine: "webhook" (the operator's webhook) or "policy" (config/policy's ValidatingAdmissionPolicies)`)
 	f.BoolVar(&d.Node, "node", d.Node, "run a real node as root (kube-scheduler, containerd, kubelet, kube-proxy, which make node builds) and deploy the operator from config/default with images built from the checkout")
 	f.StringVar(&d.NodeDir, "node-dir", d.NodeDir, "folder with containerd, ctr, the runc shim, runc and cni/ (with --node)")
 	f.DurationVar(&d.StartTimeout, "start-timeout", d.StartTimeout, "how long each start-up stage may take")
 	return cmd
+}
+
+// admissionFlag is --admission: an unknown engine is a usage error.
+type admissionFlag string
+
+func (a *admissionFlag) String() string { return string(*a) }
+func (a *admissionFlag) Type() string   { return "engine" }
+
+func (a *admissionFlag) Set(v string) error {
+	if err := checkAdmission(v); err != nil {
+		return err
+	}
+	*a = admissionFlag(v)
+	return nil
 }

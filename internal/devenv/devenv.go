@@ -74,6 +74,12 @@ type Options struct {
 	ProbePort   int
 	MetricsPort int
 
+	// Admission is the engine of the lock rules, as the chart's
+	// admission.engine: AdmissionWebhook (the operator's webhook) or
+	// AdmissionPolicy (config/policy's ValidatingAdmissionPolicies; the
+	// operator's webhook then serves fenced objects only).
+	Admission string
+
 	// Node runs a real node (root only): kube-scheduler, containerd, kubelet
 	// and kube-proxy, with the operator deployed from config/default instead
 	// of running in this process. NodeDir holds containerd, runc and the CNI
@@ -98,6 +104,7 @@ func DefaultOptions() Options {
 		EtcdPort:      12379,
 		EtcdPeerPort:  12380,
 		WebhookPort:   19443,
+		Admission:     AdmissionWebhook,
 		NodeDir:       DefaultNodeDir(),
 		StartTimeout:  time.Minute,
 	}
@@ -199,7 +206,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		if err := e.waitOperator(ctx, mgrDone); err != nil {
 			return err
 		}
-		if err := e.registerWebhook(ctx); err != nil {
+		if err := e.registerAdmission(ctx); err != nil {
 			return err
 		}
 		if err := e.registerFencedObjects(ctx); err != nil {
@@ -279,6 +286,9 @@ func (e *env) check() error {
 	if o.Dir == "" {
 		return errors.New("--data-dir must not be empty")
 	}
+	if err := checkAdmission(o.Admission); err != nil {
+		return err
+	}
 	for _, bin := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubectl"} {
 		p := filepath.Join(o.AssetsDir, bin)
 		if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
@@ -320,6 +330,14 @@ func (e *env) check() error {
 	}
 	e.kubelock, err = findKubelock(self)
 	return err
+}
+
+// checkAdmission fails on an engine kubelock-dev does not know.
+func checkAdmission(engine string) error {
+	if engine != AdmissionWebhook && engine != AdmissionPolicy {
+		return fmt.Errorf("--admission must be %q or %q, got %q", AdmissionWebhook, AdmissionPolicy, engine)
+	}
+	return nil
 }
 
 // findKubelock is the kubelock binary the next steps use as the kubectl-lock
@@ -586,7 +604,7 @@ func (e *env) waitOperator(ctx context.Context, done chan error) error {
 		return fmt.Errorf("admission webhook not serving on %s after %s: %w (log: %s)", addr, o.StartTimeout, last, e.operatorLog)
 	}
 	if err == nil {
-		e.progress("operator up: controller and admission webhook on https://%s", addr)
+		e.progress("operator up: controller and webhook server on https://%s", addr)
 	}
 	return err
 }

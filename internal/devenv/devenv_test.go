@@ -1,11 +1,15 @@
 package devenv
 
 import (
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 func TestCheck(t *testing.T) {
@@ -40,6 +44,7 @@ func TestCheck(t *testing.T) {
 		{"duplicate ports", func(o *Options) { o.EtcdPort = o.APIServerPort }, "--apiserver-port and --etcd-port are both"},
 		{"port out of range", func(o *Options) { o.EtcdPeerPort = 70000 }, "--etcd-peer-port must be in 1..65535"},
 		{"empty data dir", func(o *Options) { o.Dir = "" }, "--data-dir must not be empty"},
+		{"unknown admission engine", func(o *Options) { o.Admission = "opa" }, `--admission must be "webhook" or "policy", got "opa"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base()
@@ -111,7 +116,7 @@ func TestFindKubelock(t *testing.T) {
 }
 
 func TestMainUsage(t *testing.T) {
-	for _, args := range [][]string{{"kubelock-dev", "--no-such-flag"}, {"kubelock-dev", "extra"}} {
+	for _, args := range [][]string{{"kubelock-dev", "--no-such-flag"}, {"kubelock-dev", "extra"}, {"kubelock-dev", "--admission", "opa"}} {
 		var out, errOut strings.Builder
 		if code := Main(args, &out, &errOut); code != exitUsage {
 			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
@@ -124,9 +129,55 @@ func TestMainUsage(t *testing.T) {
 	if code := Main([]string{"kubelock-dev", "--help"}, &out, &errOut); code != 0 {
 		t.Errorf("--help: exit %d", code)
 	}
-	for _, flag := range []string{"--kubeconfig-out", "--data-dir", "--persist", "--assets-dir", "--apiserver-port", "--etcd-port", "--etcd-peer-port", "--webhook-port", "--probe-port", "--metrics-port", "--start-timeout"} {
+	for _, flag := range []string{"--kubeconfig-out", "--data-dir", "--persist", "--assets-dir", "--apiserver-port", "--etcd-port", "--etcd-peer-port", "--webhook-port", "--probe-port", "--metrics-port", "--start-timeout", "--admission"} {
 		if !strings.Contains(out.String(), flag) {
 			t.Errorf("--help does not list %s", flag)
 		}
+	}
+}
+
+// TestPolicyObjects checks what --admission policy applies: config/policy's
+// policies and bindings, the controller's user in each policy that names one.
+func TestPolicyObjects(t *testing.T) {
+	objs, err := policyObjects("kubelock-dev-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	controllerUsers := 0
+	for _, o := range objs {
+		kinds[o.GetKind()]++
+		vars, _, _ := unstructured.NestedSlice(o.Object, "spec", "variables")
+		for _, v := range vars {
+			if m, _ := v.(map[string]any); m["name"] == "controllerUser" {
+				controllerUsers++
+				if m["expression"] != `"kubelock-dev-controller"` {
+					t.Errorf("%s: controllerUser is %v", o.GetName(), m["expression"])
+				}
+			}
+		}
+	}
+	if want := map[string]int{"ValidatingAdmissionPolicy": 3, "ValidatingAdmissionPolicyBinding": 3}; !maps.Equal(kinds, want) {
+		t.Errorf("objects by kind %v, want %v", kinds, want)
+	}
+	if controllerUsers != 2 {
+		t.Errorf("%d policies name the controller, want 2 (locks and sessions)", controllerUsers)
+	}
+}
+
+// TestFencedWebhookOnly checks the Deployment --node applies with the policy
+// engine: the certificate rotation keeps the fenced-objects webhook's caBundle.
+func TestFencedWebhookOnly(t *testing.T) {
+	d := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
+		"containers": []any{map[string]any{"name": "manager", "args": []any{"--leader-elect=true", "--webhook-config-name=kubelock-validating-webhook-configuration"}}},
+	}}}}}
+	if err := fencedWebhookOnly(d); err != nil {
+		t.Fatal(err)
+	}
+	cs, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	got := cs[0].(map[string]any)["args"] //nolint:errcheck // built above
+	want := []any{"--leader-elect=true", "--webhook-config-name=" + FencedWebhookConfigName, "--fenced-webhook-config-name="}
+	if !slices.Equal(got.([]any), want) { //nolint:errcheck // built above
+		t.Errorf("args %v, want %v", got, want)
 	}
 }

@@ -132,26 +132,103 @@ func (e *env) install(ctx context.Context) error {
 	return nil
 }
 
-// registerWebhook installs config/webhook's generated configuration pointed at
-// the operator's webhook on 127.0.0.1 with the dev CA, and returns once the
-// apiserver enforces it: a dry-run write the webhook must deny is denied.
-func (e *env) registerWebhook(ctx context.Context) error {
+// The admission engines kubelock-dev starts, as the chart's admission.engine.
+const (
+	// AdmissionWebhook is the operator's validating webhook (config/webhook).
+	AdmissionWebhook = "webhook"
+	// AdmissionPolicy is config/policy's ValidatingAdmissionPolicies,
+	// evaluated inside the apiserver; no webhook sees lock writes.
+	AdmissionPolicy = "policy"
+)
+
+// What the apiserver's denial says first when the webhook denied a write, and
+// when a ValidatingAdmissionPolicy did.
+const (
+	webhookDenial = "admission webhook"
+	policyDenial  = "ValidatingAdmissionPolicy"
+)
+
+// registerAdmission starts the lock rules' engine: the webhook served by the
+// in-process operator, or the policies.
+func (e *env) registerAdmission(ctx context.Context) error {
 	c, err := e.client()
 	if err != nil {
 		return err
+	}
+	if e.o.Admission == AdmissionPolicy {
+		return e.registerPolicy(ctx, c, ControllerUser)
 	}
 	host, err := e.installWebhookConfig(ctx, c, "webhook/manifests.yaml", WebhookConfigName)
 	if err != nil {
 		return err
 	}
-	return e.waitWebhook(ctx, c, host)
+	return e.waitAdmission(ctx, c, webhookDenial, "the admission webhook at "+host)
 }
 
-// waitWebhook returns once the apiserver enforces the lock webhook (served at
-// where): a dry-run write the webhook must deny is denied.
-func (e *env) waitWebhook(ctx context.Context, c client.Client, where string) error {
+// registerPolicy applies config/policy's ValidatingAdmissionPolicies and their
+// bindings, with controllerUser as the controller they let expire holdings,
+// and returns once the apiserver enforces them.
+func (e *env) registerPolicy(ctx context.Context, c client.Client, controllerUser string) error {
+	objs, err := policyObjects(controllerUser)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if err := apply(ctx, c, o); err != nil {
+			return fmt.Errorf("applying %s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+	}
+	return e.waitAdmission(ctx, c, policyDenial, "the ValidatingAdmissionPolicies of config/policy")
+}
+
+// policyObjects are config/policy's policies and bindings, each policy's
+// controllerUser variable (the first, by config/policy's convention)
+// replaced by controllerUser, as an overlay for another controller account
+// does.
+func policyObjects(controllerUser string) ([]*unstructured.Unstructured, error) {
+	all, err := readObjects("policy/*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	var out []*unstructured.Unstructured
+	for _, o := range all {
+		switch o.GetKind() {
+		case "ValidatingAdmissionPolicy":
+			if err := setControllerUser(o, controllerUser); err != nil {
+				return nil, err
+			}
+		case "ValidatingAdmissionPolicyBinding":
+		default:
+			continue // the kustomization
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// setControllerUser sets a policy's controllerUser variable, if it has one.
+func setControllerUser(policy *unstructured.Unstructured, user string) error {
+	vars, _, err := unstructured.NestedSlice(policy.Object, "spec", "variables")
+	if err != nil {
+		return err
+	}
+	if len(vars) == 0 {
+		return nil
+	}
+	first, ok := vars[0].(map[string]any)
+	if !ok || first["name"] != "controllerUser" {
+		return nil
+	}
+	first["expression"] = strconv.Quote(user)
+	return unstructured.SetNestedSlice(policy.Object, vars, "spec", "variables")
+}
+
+// waitAdmission returns once the apiserver enforces the lock rules with the
+// engine whose denials contain deniedBy: a dry-run write both engines must
+// deny is denied by it. what names the engine in the error.
+func (e *env) waitAdmission(ctx context.Context, c client.Client, deniedBy, what string) error {
 	// A waiter written in someone else's name passes the CRD's rules and
-	// is denied by the webhook ([kubelock:identity]).
+	// is denied by either engine ([kubelock:identity]).
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		l := &locksv1alpha1.DistributedLock{}
@@ -166,12 +243,12 @@ func (e *env) waitWebhook(ctx context.Context, c client.Client, where string) er
 				last = errors.New("a write the webhook must deny was admitted")
 			}
 		}
-		return strings.Contains(last.Error(), "[kubelock:"), nil
+		return strings.Contains(last.Error(), deniedBy) && strings.Contains(last.Error(), "[kubelock:"), nil
 	})
 	if err != nil {
-		return fmt.Errorf("the apiserver does not call the admission webhook at %s: %w (operator log: %s)", where, last, e.operatorLog)
+		return fmt.Errorf("the apiserver does not enforce %s: %w (operator log: %s)", what, last, e.operatorLog)
 	}
-	e.progress("admission webhook registered and enforced")
+	e.progress("admission: %s enforced", what)
 	return nil
 }
 

@@ -44,6 +44,8 @@ const (
 	// OperatorNamespace and OperatorDeployment are config/default's.
 	OperatorNamespace  = "kubelock-system"
 	OperatorDeployment = "kubelock-controller-manager"
+	// operatorServiceAccount is config/default's account of the operator's pods.
+	operatorServiceAccount = "kubelock-controller-manager"
 
 	serviceCIDR = "10.0.0.0/24"
 	serviceIP   = "10.0.0.1" // the kubernetes Service: the first address of serviceCIDR
@@ -445,13 +447,17 @@ func (e *env) waitNodeReady(ctx context.Context) error {
 // replicas with leader election, the webhook behind its Service) and
 // config/fenced-objects, with the imported image and imagePullPolicy Never,
 // and returns once the Deployment is available and the apiserver enforces
-// both webhooks through the Service.
+// the lock rules and the fenced-objects webhook through the Service. With the
+// policy engine, as the chart's admission.engine=policy: config/policy's
+// policies instead of the lock webhook, and the operator's webhook serves
+// fenced objects only.
 func (e *env) deployOperator(ctx context.Context) error {
 	started := time.Now()
 	c, err := e.client()
 	if err != nil {
 		return err
 	}
+	policy := e.o.Admission == AdmissionPolicy
 	for _, k := range []string{"config/default", "config/fenced-objects"} {
 		out, err := exec.CommandContext(ctx, filepath.Join(e.o.AssetsDir, "kubectl"), "kustomize", filepath.Join(e.root, k)).Output()
 		if err != nil {
@@ -462,9 +468,17 @@ func (e *env) deployOperator(ctx context.Context) error {
 			return fmt.Errorf("reading %s: %w", k, err)
 		}
 		for _, o := range objs {
+			if policy && o.GetKind() == "ValidatingWebhookConfiguration" && o.GetName() == WebhookConfigName {
+				continue
+			}
 			if o.GetKind() == "Deployment" {
 				if err := neverPull(o); err != nil {
 					return err
+				}
+				if policy {
+					if err := fencedWebhookOnly(o); err != nil {
+						return err
+					}
 				}
 			}
 			if err := apply(ctx, c, o); err != nil {
@@ -487,13 +501,43 @@ func (e *env) deployOperator(ctx context.Context) error {
 	}
 	e.progress("operator Deployment %s/%s available after %s (the node's first pods)", OperatorNamespace, OperatorDeployment, time.Since(started).Round(10*time.Millisecond))
 	service := fmt.Sprintf("Service %s/kubelock-webhook-service", OperatorNamespace)
-	if err := e.waitWebhook(ctx, c, service); err != nil {
+	if policy {
+		err = e.registerPolicy(ctx, c, "system:serviceaccount:"+OperatorNamespace+":"+operatorServiceAccount)
+	} else {
+		err = e.waitAdmission(ctx, c, webhookDenial, "the admission webhook behind "+service)
+	}
+	if err != nil {
 		return err
 	}
 	if err := e.waitFencedWebhook(ctx, c, service); err != nil {
 		return err
 	}
 	return bindConfigMapWriters(ctx, c)
+}
+
+// fencedWebhookOnly points the manager's certificate rotation at the
+// fenced-objects webhook configuration, the only one there is with the
+// policy engine, as the chart's Deployment does for admission.engine=policy.
+func fencedWebhookOnly(d *unstructured.Unstructured) error {
+	path := []string{"spec", "template", "spec", "containers"}
+	cs, _, err := unstructured.NestedSlice(d.Object, path...)
+	if err != nil {
+		return err
+	}
+	for _, c := range cs {
+		m, ok := c.(map[string]any)
+		if !ok || m["name"] != "manager" {
+			continue
+		}
+		args, _ := m["args"].([]any)
+		for i, a := range args {
+			if s, _ := a.(string); strings.HasPrefix(s, "--webhook-config-name=") {
+				args[i] = "--webhook-config-name=" + FencedWebhookConfigName
+			}
+		}
+		m["args"] = append(args, "--fenced-webhook-config-name=")
+	}
+	return unstructured.SetNestedSlice(d.Object, cs, path...)
 }
 
 // neverPull sets every container of a Deployment to imagePullPolicy Never:

@@ -95,7 +95,12 @@ func (e *env) printNextSteps() error {
 		fmt.Fprintf(tw, "  node\t%s: kubelet, containerd, kube-proxy, kube-scheduler; images %s and %s built from the checkout (imagePullPolicy: Never)\n", e.nodeIP, ManagerImage, KubelockImage)
 		fmt.Fprintf(tw, "  operator\tDeployment %s/%s from config/default (2 replicas, leader election), webhook behind Service %s/kubelock-webhook-service\n", OperatorNamespace, OperatorDeployment, OperatorNamespace)
 	} else {
-		fmt.Fprintf(tw, "  operator\tcontroller + admission webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)
+		fmt.Fprintf(tw, "  operator\tcontroller + webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)
+	}
+	if o.Admission == AdmissionPolicy {
+		fmt.Fprintf(tw, "  admission\tpolicy: config/policy's ValidatingAdmissionPolicies in kube-apiserver; no webhook sees lock writes (--admission)\n")
+	} else {
+		fmt.Fprintf(tw, "  admission\twebhook: the operator's validating webhook (--admission policy: the ValidatingAdmissionPolicies instead)\n")
 	}
 	fmt.Fprintf(tw, "  fenced objects\tConfigMaps labelled %s=true: every write needs the current token of the lock named by %s, from its holder (config/samples/fenced_configmap.yaml)\n",
 		locksv1alpha1.FencedLabel, locksv1alpha1.FencedByAnnotation)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/transport"
 
+	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/pkg/lock/leaderelection"
 )
@@ -33,15 +34,20 @@ const (
 // Admission never lets the controller's own user acquire a lock or join a
 // queue ([kubelock:controller-only]): it may expire holdings, and one user
 // must not be able to do both. So the replicas campaign as another service
-// account, with tokens the manager requests for it, bound to the replica's
-// own pod when POD_NAME and POD_UID say which: each replica is then a holder
-// of its own, and admission refuses one replica's write to another's holding.
+// account, with tokens the manager requests for it. A token can be bound to a
+// pod only if the pod runs as that very service account (the apiserver's
+// TokenRequest refuses any other), and the replicas' pods run as the
+// controller's, so the election's tokens are bound to nothing: each replica
+// is a holder of its own by its identity (POD_NAME) and the leaseID of each
+// acquisition, and writes no pod into its holding, since admission accepts a
+// pod only from a token bound to it.
 //
 // +kubebuilder:rbac:groups="",namespace=system,resources=serviceaccounts/token,resourceNames=kubelock-leader-election,verbs=create
 
-// electionTokenTTL is how long a candidate's token is valid; it is replaced
-// after 80% of it.
-const electionTokenTTL = time.Hour
+// electionTokenTTL is how long a candidate's token is valid: the shortest
+// lifetime the apiserver issues, as the token is bound to no pod that could
+// end it sooner. It is kept in memory only and replaced after 80% of it.
+const electionTokenTTL = 10 * time.Minute
 
 // inClusterNamespace is where a pod's service account namespace is mounted.
 const inClusterNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -58,17 +64,29 @@ func kubelockElection(cfg *rest.Config, o Options) (resourcelock.Interface, type
 	if err != nil {
 		return nil, key, err
 	}
-	ts := &saTokenSource{cs: cs, namespace: ns, serviceAccount: o.LeaderElectionServiceAccount,
-		podName: os.Getenv("POD_NAME"), podUID: os.Getenv("POD_UID")}
+	ts := &saTokenSource{cs: cs, namespace: ns, serviceAccount: o.LeaderElectionServiceAccount}
 	candidate := rest.AnonymousClientConfig(cfg)
 	candidate.WrapTransport = transport.TokenSourceWrapTransport(transport.NewCachedTokenSource(ts))
 	candidate.UserAgent = "kubelock-manager/leader-election"
-	rl, err := leaderelection.New(candidate, o.LeaderElectionID, o.electionTimings(),
-		lock.WithNamespace(ns), lock.WithIdentity(electionIdentity()), lock.WithAutoCreate())
+	lo := o.electionTimings()
+	lo.OnCampaign = reportCampaign
+	rl, err := leaderelection.New(candidate, o.LeaderElectionID, lo,
+		lock.WithNamespace(ns), lock.WithIdentity(electionIdentity()), lock.WithAutoCreate(),
+		lock.WithPod("", "")) // the token is bound to no pod: name none
 	if err != nil {
 		return nil, key, err
 	}
 	return rl, key, nil
+}
+
+// reportCampaign keeps kubelock_manager_leader_election_campaign_failing: a
+// replica whose attempts fail is no standby, though it logs no differently.
+func reportCampaign(err error) {
+	failing := 0.0
+	if err != nil {
+		failing = 1
+	}
+	metrics.LeaderElectionCampaignFailing.Set(failing)
 }
 
 func (o *Options) electionTimings() leaderelection.Options {
@@ -100,10 +118,9 @@ func electionIdentity() string {
 
 // saTokenSource requests tokens for the election's service account.
 type saTokenSource struct {
-	cs              kubernetes.Interface
-	namespace       string
-	serviceAccount  string
-	podName, podUID string
+	cs             kubernetes.Interface
+	namespace      string
+	serviceAccount string
 }
 
 // Token implements oauth2.TokenSource.
@@ -112,9 +129,6 @@ func (s *saTokenSource) Token() (*oauth2.Token, error) {
 	defer cancel()
 	ttl := int64(electionTokenTTL / time.Second)
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &ttl}}
-	if s.podName != "" && s.podUID != "" {
-		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: s.podName, UID: types.UID(s.podUID)}
-	}
 	issued := time.Now()
 	out, err := s.cs.CoreV1().ServiceAccounts(s.namespace).CreateToken(ctx, s.serviceAccount, req, metav1.CreateOptions{})
 	if err != nil {

@@ -67,8 +67,12 @@ func TestValidateElectionOptions(t *testing.T) {
 
 // TestElectOnKubelock runs two operators, each a process of its own as in a
 // Deployment, electing on a DistributedLock behind the admission webhook with
-// no other controller running. The leader is killed: only the standby can end
-// its holding (the controller runs on the leader), and then it leads.
+// no other controller running. Each runs as the chart runs it: in a Pod of
+// the manager's service account, with POD_NAME and POD_UID set (envtest has
+// no kubelet, but the apiserver knows the Pod objects). The leader is killed:
+// only the standby can end its holding (the controller runs on the leader),
+// and then it leads. A third replica, whose campaign cannot get a token,
+// says so in its metrics; the standby, which waits in the queue, does not.
 func TestElectOnKubelock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane")
@@ -87,9 +91,12 @@ func TestElectOnKubelock(t *testing.T) {
 	kubeconfig := writeKubeconfig(t, opCfg)
 
 	// The service account the replicas campaign as, a lock user in the
-	// operator's namespace, as config/rbac's leader_election_candidate.yaml.
-	const ns, sa = "default", "kubelock-leader-election"
-	must(t, env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}}))
+	// operator's namespace, as config/rbac's leader_election_candidate.yaml;
+	// and the one their pods run as, as config/manager's Deployment.
+	const ns, sa, podSA = "default", "kubelock-leader-election", "kubelock-controller-manager"
+	for _, name := range []string{sa, podSA} {
+		must(t, env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}))
+	}
 	must(t, env.Client.Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: testenv.LockUserRole},
@@ -98,16 +105,23 @@ func TestElectOnKubelock(t *testing.T) {
 
 	opts := DefaultOptions()
 	key := client.ObjectKey{Namespace: ns, Name: opts.LeaderElectionID}
-	start := func(pod string) *exec.Cmd {
+	start := func(name string, extra ...string) (*exec.Cmd, string) {
 		t.Helper()
-		args := []string{
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       corev1.PodSpec{ServiceAccountName: podSA, Containers: []corev1.Container{{Name: "manager", Image: "kubelock/manager"}}},
+		}
+		must(t, env.Client.Create(ctx, pod))
+		metrics := freeAddr(t)
+		args := append([]string{
 			"--kubeconfig=" + kubeconfig, "--leader-election-lock=kubelock", "--leader-election-namespace=" + ns,
 			"--leader-election-lease-duration=6s", "--leader-election-renew-deadline=3s", "--leader-election-retry-period=1s",
-			"--expiry-grace=500ms", "--enable-webhook=false", "--metrics-bind-address=0", "--health-probe-bind-address=0",
-		}
+			"--expiry-grace=500ms", "--enable-webhook=false", "--metrics-bind-address=" + metrics, "--metrics-secure=false",
+			"--health-probe-bind-address=0",
+		}, extra...)
 		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), operatorArgs+"="+strings.Join(args, "\n"), "POD_NAME="+pod)
-		logFile, err := os.Create(filepath.Join(t.TempDir(), pod+".log"))
+		cmd.Env = append(os.Environ(), operatorArgs+"="+strings.Join(args, "\n"), "POD_NAME="+pod.Name, "POD_UID="+string(pod.UID))
+		logFile, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 		must(t, err)
 		cmd.Stdout, cmd.Stderr = logFile, logFile
 		must(t, cmd.Start())
@@ -116,10 +130,10 @@ func TestElectOnKubelock(t *testing.T) {
 			_ = cmd.Wait()
 			if t.Failed() {
 				out, _ := os.ReadFile(logFile.Name())
-				t.Logf("log of %s:\n%s", pod, out)
+				t.Logf("log of %s:\n%s", name, out)
 			}
 		})
-		return cmd
+		return cmd, "http://" + metrics + "/metrics"
 	}
 	lock := &locksv1alpha1.DistributedLock{}
 	poll := func(what string, cond func() bool) {
@@ -137,16 +151,35 @@ func TestElectOnKubelock(t *testing.T) {
 	holder := func(identity string) func() bool {
 		return func() bool { h := lock.Status.Holder; return h != nil && h.Identity == identity }
 	}
+	campaignFailing := func(url, want string) {
+		t.Helper()
+		const gauge = "kubelock_manager_leader_election_campaign_failing "
+		var body string
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			_, body = get(url)
+			return strings.Contains(body, gauge+want+"\n"), nil
+		})
+		if err != nil {
+			t.Fatalf("%s: want %s%s; metrics:\n%.3000s", url, gauge, want, body)
+		}
+	}
 
-	a := start("op-a")
+	a, _ := start("op-a")
 	poll("op-a to lead", holder("op-a"))
 	first := *lock.Status.Holder
 	tokenA := lock.Status.FencingToken
 	if want := "system:serviceaccount:" + ns + ":" + sa; first.User != want {
 		t.Errorf("the leader holds the lock as %q, want the election's service account %q", first.User, want)
 	}
-	start("op-b")
+	// Its token is bound to no pod, so its holding names none.
+	if first.PodName != "" || first.PodUID != "" {
+		t.Errorf("the leader's holding names pod %q (%q), want none: its token is not bound to a pod", first.PodName, first.PodUID)
+	}
+	_, bMetrics := start("op-b")
 	poll("op-b to queue", func() bool { return len(lock.Status.Waiters) == 1 && lock.Status.Waiters[0].Identity == "op-b" })
+	campaignFailing(bMetrics, "0")
+	_, cMetrics := start("op-c", "--leader-election-service-account=missing")
+	campaignFailing(cMetrics, "1")
 
 	must(t, a.Process.Signal(syscall.SIGKILL))
 	poll("op-b to lead", holder("op-b"))

@@ -1,6 +1,7 @@
 // Package metrics holds every Prometheus metric of the kubelock operator
-// binary: the controller's (subsystem "controller") and the admission
-// webhook's (subsystem "webhook"). Register adds them to controller-runtime's
+// binary: the controller's (subsystem "controller"), the admission
+// webhook's (subsystem "webhook") and the process's own leader election
+// (subsystem "manager"). Register adds them to controller-runtime's
 // registry, which the manager serves on its metrics endpoint.
 //
 // Per-lock series are never created for the whole fleet: the hot-lock tracker

@@ -2,17 +2,22 @@ package leaderelection
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientle "k8s.io/client-go/tools/leaderelection"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 	kle "github.com/kubelock/kubelock/pkg/lock/leaderelection"
 	"github.com/kubelock/kubelock/test/suite"
+	"github.com/kubelock/kubelock/test/testenv"
 )
 
 var _ = Describe("client-go's elector on a ResourceLock, in this process", func() {
@@ -62,6 +67,43 @@ var _ = Describe("client-go's elector on a ResourceLock, in this process", func(
 		Eventually(func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), seen...) }).Should(ContainElement("a"))
 		Expect(b.FencingToken()).To(BeZero(), "b does not lead")
 		Expect(a.FencingToken()).To(Equal(a.Holding().FencingToken()))
+	})
+
+	It("tells OnCampaign of every failed attempt, and once that a later one waits in the queue", func(ctx SpecContext) {
+		var mu sync.Mutex
+		heard := map[string][]error{}
+		listen := func(id string) kle.Options {
+			o := short
+			o.OnCampaign = func(err error) { mu.Lock(); defer mu.Unlock(); heard[id] = append(heard[id], err) }
+			return o
+		}
+		reports := func(id string) func() []error {
+			return func() []error { mu.Lock(); defer mu.Unlock(); return slices.Clone(heard[id]) }
+		}
+		a := newLock(ctx, "a", listen("a"))
+		ledA, _ := run(a.ElectionConfig(clientle.LeaderCallbacks{}))
+		Eventually(ledA).Should(BeClosed())
+
+		// b is a user with no right on locks yet: every attempt is refused.
+		user := "no-rights-" + ns
+		u, err := suite.Env.AddUser(envtest.User{Name: user}, nil)
+		Expect(err).NotTo(HaveOccurred())
+		b, err := kle.New(u.Config(), lockName, listen("b"), lock.WithNamespace(ns), lock.WithIdentity("b"))
+		Expect(err).NotTo(HaveOccurred())
+		run(b.ElectionConfig(clientle.LeaderCallbacks{}))
+		Eventually(func() int { return len(reports("b")()) }).Should(BeNumerically(">=", 2), "one report per failed attempt")
+		Expect(reports("b")()).To(HaveEach(MatchError(ContainSubstring("forbidden"))))
+
+		Expect(suite.Env.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: testenv.LockUserRole},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+		})).To(Succeed())
+		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, lockName).Status.Waiters }).Should(
+			ContainElement(HaveField("Identity", "b")))
+		Eventually(func() error { r := reports("b")(); return r[len(r)-1] }).Should(Succeed(), "b waits: healthy")
+		Expect(slices.DeleteFunc(reports("b")(), func(err error) bool { return err != nil })).To(HaveLen(1), "nil once")
+		Expect(reports("a")()).To(BeEmpty(), "the leader never failed")
 	})
 
 	It("refuses to lead for an elector with other timings, and frees the lock it never claimed", func(ctx SpecContext) {

@@ -55,6 +55,15 @@ type Options struct {
 	// Get returns only when this candidate's turn came (or the campaign
 	// failed), and the hand-off takes milliseconds.
 	ReportLeaderChanges bool
+	// OnCampaign, when set, hears how this candidate's campaign goes: the
+	// error of every attempt to join the lock's queue or take the lock that
+	// failed (no credentials, no permission, a denied write), then nil once a
+	// later attempt got into the queue or took the lock. A candidate waiting
+	// in the queue is healthy; one whose attempts fail cannot take over when
+	// the leader goes, which only this says (the elector logs each failure,
+	// but a failing candidate and a waiting one look alike to it). Called on
+	// the campaign's goroutine; it must return quickly. Default: none.
+	OnCampaign func(err error)
 }
 
 func (o Options) withDefaults() Options {
@@ -120,6 +129,9 @@ type ResourceLock struct {
 	// errs counts campaign failures; errsSeen those returned to the elector.
 	errs, errsSeen int
 	lastErr        error
+	// failing is set from a failed attempt until a later one got into the
+	// queue or took the lock (Options.OnCampaign).
+	failing bool
 
 	// held is the holding the campaign won, nil before; heldAt is when.
 	held   *lock.Lock
@@ -412,8 +424,10 @@ func (r *ResourceLock) campaign(ctx context.Context) {
 		r.mu.Lock()
 		r.errs++
 		r.lastErr = fmt.Errorf("kubelock: campaigning for %s: %w", r.Describe(), err)
+		r.failing = true
 		r.broadcastLocked()
 		r.mu.Unlock()
+		r.report(r.lastErr)
 		t := time.NewTimer(r.o.RetryPeriod)
 		select {
 		case <-ctx.Done():
@@ -430,9 +444,29 @@ func (r *ResourceLock) campaign(ctx context.Context) {
 // queued is the campaign's OnQueue callback.
 func (r *ResourceLock) queued(q lock.QueueStatus) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.queueSeen, r.queue = true, q
 	r.broadcastLocked()
+	r.mu.Unlock()
+	r.recovered()
+}
+
+// report tells Options.OnCampaign how the campaign goes.
+func (r *ResourceLock) report(err error) {
+	if r.o.OnCampaign != nil {
+		r.o.OnCampaign(err)
+	}
+}
+
+// recovered reports nil once after failed attempts: this one got into the
+// queue or took the lock.
+func (r *ResourceLock) recovered() {
+	r.mu.Lock()
+	was := r.failing
+	r.failing = false
+	r.mu.Unlock()
+	if was {
+		r.report(nil)
+	}
 }
 
 // won records the campaign's holding. The term ends with it; a holding the
@@ -443,6 +477,7 @@ func (r *ResourceLock) won(ctx context.Context, l *lock.Lock) {
 	r.held, r.heldAt, r.campaigning = l, time.Now(), false
 	r.broadcastLocked()
 	r.mu.Unlock()
+	r.recovered()
 	context.AfterFunc(l.Context(), func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()

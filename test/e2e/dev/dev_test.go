@@ -110,17 +110,19 @@ func children(pid int) []int {
 type step struct{ cmd, comment string }
 
 var _ = Describe("kubelock-dev", func() {
-	It("starts a local kubelock whose printed next steps work, and leaves nothing behind on SIGTERM", func() {
+	// deniedBy is how the apiserver's denial names the engine.
+	DescribeTable("starts a local kubelock whose printed next steps work, and leaves nothing behind on SIGTERM", func(admission, deniedBy string) {
 		dataDir := filepath.Join(GinkgoT().TempDir(), "dev")
 		ports := freePorts(4)
 		started := time.Now()
-		s, err := gexec.Start(devCommand(dataDir, ports), GinkgoWriter, GinkgoWriter)
+		s, err := gexec.Start(devCommand(dataDir, ports, "--admission", admission), GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { s.Kill().Wait() })
 		Eventually(s.Out, 2*time.Minute).Should(gbytes.Say(`(?m)^` + regexp.QuoteMeta(devenv.ReadyLine) + `$`))
 		GinkgoWriter.Printf("ready after %s\n", time.Since(started))
 		Eventually(s.Out).Should(gbytes.Say(`kubectl lock force-release --session.*\n`))
 		Expect(bytes.Count(s.Out.Contents(), []byte(devenv.ReadyLine))).To(Equal(1))
+		Expect(string(s.Out.Contents())).To(MatchRegexp(`(?m)^  admission\s+` + admission + `: `))
 
 		// The next steps, as printed.
 		var steps []step
@@ -209,6 +211,7 @@ var _ = Describe("kubelock-dev", func() {
 				Expect(err).To(HaveOccurred(), out)
 				Expect(cmd.ProcessState.ExitCode()).To(Equal(77), out)
 				Expect(stderr.String()).To(ContainSubstring("[kubelock:holder-only]"))
+				Expect(stderr.String()).To(ContainSubstring(deniedBy))
 				Expect(st.comment).To(ContainSubstring("[kubelock:holder-only]"))
 			case strings.Contains(st.cmd, "lock release demo"):
 				Expect(err).NotTo(HaveOccurred(), out)
@@ -227,6 +230,23 @@ var _ = Describe("kubelock-dev", func() {
 			}
 		}
 		Expect(ran).To(Equal(len(steps)))
+
+		By("listing the admission configurations: one engine for lock writes, the fenced-objects webhook either way")
+		out, err := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "--kubeconfig", filepath.Join(dataDir, "kubeconfig"),
+			"get", "validatingwebhookconfigurations,validatingadmissionpolicies", "-o", "name").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		configs := strings.Fields(string(out))
+		Expect(configs).To(ContainElement("validatingwebhookconfiguration.admissionregistration.k8s.io/" + devenv.FencedWebhookConfigName))
+		lockWebhook := "validatingwebhookconfiguration.admissionregistration.k8s.io/" + devenv.WebhookConfigName
+		policies := ContainElements(
+			"validatingadmissionpolicy.admissionregistration.k8s.io/kubelock-distributedlocks",
+			"validatingadmissionpolicy.admissionregistration.k8s.io/kubelock-distributedlocks-metadata",
+			"validatingadmissionpolicy.admissionregistration.k8s.io/kubelock-locksessions")
+		if admission == devenv.AdmissionPolicy {
+			Expect(configs).To(And(policies, Not(ContainElement(lockWebhook))))
+		} else {
+			Expect(configs).To(And(ContainElement(lockWebhook), Not(ContainElement(HavePrefix("validatingadmissionpolicy.")))))
+		}
 
 		By("posting an AdmissionReview to the webhook as anyone but the apiserver")
 		// The apiserver presents a client certificate of its own CA; nobody else gets past TLS.
@@ -254,7 +274,11 @@ var _ = Describe("kubelock-dev", func() {
 			Expect(err).NotTo(HaveOccurred(), "port %d is still taken", p)
 			Expect(ln.Close()).To(Succeed())
 		}
-	})
+	},
+		Entry("with the admission webhook", devenv.AdmissionWebhook, "admission webhook"),
+		// The chart's admission.engine=policy: no webhook sees lock writes.
+		Entry("with the policy engine", devenv.AdmissionPolicy, "ValidatingAdmissionPolicy"),
+	)
 
 	It("says in one line which port is taken", func() {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
