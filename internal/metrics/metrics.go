@@ -3,9 +3,12 @@
 // webhook's (subsystem "webhook"). Register adds them to controller-runtime's
 // registry, which the manager serves on its metrics endpoint.
 //
-// Per-lock series are never created for the whole fleet: the hot-lock tracker
-// exports at most HotLocks series per per-lock metric, whatever the number of
-// locks. Modelled on Kueue's pkg/metrics.
+// Every label takes a fixed set of values (rules, reasons, steps, modes) or a
+// namespace's name (created by administrators), except the lock's: per-lock
+// series come only from the hot-lock tracker, which exports at most
+// DefaultHotLocks series per per-lock metric, whatever the number of locks,
+// and only of locks the caller observed or read (never a name a request
+// merely carried). Modelled on Kueue's pkg/metrics.
 package metrics
 
 import (
@@ -104,11 +107,8 @@ var (
 	admissionDecisionsTotal = counterVec(hook, "admission_decisions_total",
 		"Admission decisions on DistributedLock and fenced-object writes, by rule and outcome (allowed or denied); allowed requests count under rule \"none\".",
 		"rule", "outcome")
-	// Fenced objects are few, so one series per guarding lock stays bounded.
-	StaleTokenRejections = counterVec(hook, "stale_token_rejections_total",
-		"Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).", "lock")
-
-	// Hot is the tracker behind the per-lock hot-lock series.
+	// Hot is the tracker behind every per-lock series: the hot locks' and
+	// the webhook's stale tokens (kubelock_webhook_stale_token_rejections_total).
 	Hot = add(newHotLocks(DefaultHotLocks, clock.RealClock{}))
 	// Holdings reports the longest and the most overdue holding at each scrape.
 	Holdings = add(&holdings{})
