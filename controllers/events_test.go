@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/escape"
 	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/test/testmetrics"
 )
@@ -142,5 +144,31 @@ func TestEventPolicy(t *testing.T) {
 		if _, err := ParseEventPolicy(name); err == nil {
 			t.Errorf("ParseEventPolicy(%q) succeeded", name)
 		}
+	}
+}
+
+// TestEventNotesArePrintableAndFit: a note quotes names other users wrote; it
+// reaches the event store escaped and within the apiserver's limit, so the
+// Event is neither a terminal escape for whoever reads it nor refused.
+func TestEventNotesArePrintableAndFit(t *testing.T) {
+	clk := testingclock.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
+	fake := events.NewFakeRecorder(10)
+	r := NewRateLimitedRecorder(fake, EventLimit{}, clk)
+	identity := strings.Repeat("\U0001F512", 253) // the schema's longest identity: 1,012 bytes
+	r.Eventf(lockNamed("ns", "db"), nil, corev1.EventTypeNormal, EventForceReleased, "Observe",
+		"holding of %s with fencing token %d ended: %s by %s", identity, 7, EventForceReleased, "mallory\x1b]0;owned\x07\u202e")
+	r.Eventf(lockNamed("ns", "db"), nil, corev1.EventTypeNormal, EventForceReleased, "Observe",
+		"holding of %s ended by %s", "worker", "mallory\x1b[2J\u202e")
+	got := drain(fake)
+	if len(got) != 2 {
+		t.Fatalf("events = %q", got)
+	}
+	const prefix = "Normal " + EventForceReleased + " "
+	long, short := strings.TrimPrefix(got[0], prefix), strings.TrimPrefix(got[1], prefix)
+	if len(long) > NoteLimit || !strings.HasPrefix(long, "holding of "+identity[:4]) || !strings.HasSuffix(long, escape.Ellipsis) {
+		t.Errorf("a long note is %d bytes (limit %d): %.80q…", len(long), NoteLimit, long)
+	}
+	if want := `holding of worker ended by mallory\x1b[2J\u202e`; short != want {
+		t.Errorf("note = %q, want %q", short, want)
 	}
 }
