@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +171,20 @@ func TestEventNotesArePrintableAndFit(t *testing.T) {
 	}
 	if want := `holding of worker ended by mallory\x1b[2J\u202e`; short != want {
 		t.Errorf("note = %q, want %q", short, want)
+	}
+}
+
+// TestEventReasonsAreKnownToMetrics: the metrics count every reason the
+// controller emits under its own name, not as "other".
+func TestEventReasonsAreKnownToMetrics(t *testing.T) {
+	for _, r := range []string{EventAcquired, EventReleased, EventExpired, EventSessionExpired, EventSessionClosed, EventForceReleased, EventWaiterDropped, EventDeleted} {
+		if !slices.Contains(metrics.EventReasons, r) {
+			t.Errorf("Event reason %s is not in metrics.EventReasons", r)
+		}
+	}
+	for _, r := range []string{EventAcquired, EventReleased, EventExpired, EventSessionExpired, EventSessionClosed, EventForceReleased} {
+		if !slices.Contains(metrics.TransitionKinds, r) {
+			t.Errorf("transition %s is not in metrics.TransitionKinds", r)
+		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/escape"
 	"github.com/kubelock/kubelock/internal/metrics"
 )
 
@@ -111,22 +111,11 @@ func ValidateFencedBy(oldObj, newObj metav1.Object) *field.Error {
 	return nil
 }
 
-// clipLen is how much of a string a user wrote a denial quotes.
+// clipLen is how much of a string a user wrote a denial quotes: it names
+// what it refused without echoing a whole annotation (up to 256 kB).
 const clipLen = 64
 
-// clip is s cut to clipLen bytes (on a rune boundary), marked when cut: a
-// denial names what it refused without echoing a whole annotation, which
-// may be hundreds of kB.
-func clip(s string) string {
-	if len(s) <= clipLen {
-		return s
-	}
-	cut := clipLen
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+func clip(s string) string { return escape.Clip(s, clipLen) }
 
 // fencedToken reads the write's token: the new object's annotation, or for
 // a DELETE the token stored on the object.
