@@ -70,8 +70,8 @@ func ValidateFencedWrite(op admissionv1.Operation, oldObj, newObj metav1.Object,
 	if name == "" {
 		return nil
 	}
-	if err := ValidateFencedBy(oldObj, newObj); err != nil {
-		return field.ErrorList{err}
+	if errs := ValidateFencedBy(oldObj, newObj); len(errs) > 0 {
+		return errs
 	}
 	token, err := fencedToken(op, oldObj, newObj, name)
 	if err != nil {
@@ -91,7 +91,7 @@ func ValidateFencedWrite(op admissionv1.Operation, oldObj, newObj metav1.Object,
 // subdomain, as every object name), so that a string a user wrote reaches no
 // URL path, log line or metric unless it can name a lock; and an object
 // fenced by one lock does not move to another in one write. Pure.
-func ValidateFencedBy(oldObj, newObj metav1.Object) *field.Error {
+func ValidateFencedBy(oldObj, newObj metav1.Object) field.ErrorList {
 	var names [2]string
 	for i, obj := range []metav1.Object{oldObj, newObj} {
 		if obj == nil {
@@ -102,11 +102,11 @@ func ValidateFencedBy(oldObj, newObj metav1.Object) *field.Error {
 			continue
 		}
 		if msgs := validation.IsDNS1123Subdomain(names[i]); len(msgs) > 0 {
-			return deny(fencedByPath, RuleFencedBy, "annotation %s=%q does not name a lock (%d bytes): %s", locksv1alpha1.FencedByAnnotation, clip(names[i]), len(names[i]), strings.Join(msgs, "; "))
+			return field.ErrorList{deny(fencedByPath, RuleFencedBy, "annotation %s=%q does not name a lock (%d bytes): %s", locksv1alpha1.FencedByAnnotation, clip(names[i]), len(names[i]), strings.Join(msgs, "; "))}
 		}
 	}
 	if o, n := names[0], names[1]; o != "" && n != "" && o != n {
-		return deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, locksv1alpha1.FencedByAnnotation, n)
+		return field.ErrorList{deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, locksv1alpha1.FencedByAnnotation, n)}
 	}
 	return nil
 }
@@ -245,8 +245,8 @@ func (h fencedHandler) Handle(ctx context.Context, req admission.Request) admiss
 // against the lock (lock: what was read, nil if nothing was), asking for the
 // force-release verb if only the writer is wrong.
 func (v *Validator) validateFenced(ctx context.Context, req admission.Request, oldObj, newObj metav1.Object, name string) (errs field.ErrorList, lock *FencedLock, err error) {
-	if err := ValidateFencedBy(oldObj, newObj); err != nil {
-		return field.ErrorList{err}, nil, nil
+	if errs := ValidateFencedBy(oldObj, newObj); len(errs) > 0 {
+		return errs, nil, nil
 	}
 	l, err := v.readLock(ctx, req.Namespace, name)
 	if err != nil {

@@ -143,7 +143,11 @@ func (r *locksReader) Get(_ context.Context, key client.ObjectKey, obj client.Ob
 	if !ok {
 		return apierrors.NewNotFound(locksv1alpha1.GroupVersion.WithResource("distributedlocks").GroupResource(), key.Name)
 	}
-	l.DeepCopyInto(obj.(*locksv1alpha1.DistributedLock))
+	into, ok := obj.(*locksv1alpha1.DistributedLock)
+	if !ok {
+		return fmt.Errorf("locksReader reads locks, not %T", obj)
+	}
+	l.DeepCopyInto(into)
 	return nil
 }
 
