@@ -101,7 +101,7 @@ func ValidateFencedBy(oldObj, newObj metav1.Object) field.ErrorList {
 		if names[i] == "" {
 			continue
 		}
-		if msgs := validation.IsDNS1123Subdomain(names[i]); len(msgs) > 0 {
+		if msgs := lockNameErrors(names[i]); len(msgs) > 0 {
 			return field.ErrorList{deny(fencedByPath, RuleFencedBy, "annotation %s=%q does not name a lock (%d bytes): %s", locksv1alpha1.FencedByAnnotation, clip(names[i]), len(names[i]), strings.Join(msgs, "; "))}
 		}
 	}
@@ -109,6 +109,16 @@ func ValidateFencedBy(oldObj, newObj metav1.Object) field.ErrorList {
 		return field.ErrorList{deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, locksv1alpha1.FencedByAnnotation, n)}
 	}
 	return nil
+}
+
+// lockNameErrors is what makes name no object's name; a name too long is
+// refused on its length alone, so that no pattern runs over an annotation of
+// hundreds of kB.
+func lockNameErrors(name string) []string {
+	if len(name) > validation.DNS1123SubdomainMaxLength {
+		return []string{validation.MaxLenError(validation.DNS1123SubdomainMaxLength)}
+	}
+	return validation.IsDNS1123Subdomain(name)
 }
 
 // clipLen is how much of a string a user wrote a denial quotes: it names
