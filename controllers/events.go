@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/lru"
 
+	"github.com/kubelock/kubelock/internal/escape"
 	"github.com/kubelock/kubelock/internal/metrics"
 )
 
@@ -55,13 +56,25 @@ func NewRateLimitedRecorder(next events.EventRecorder, l EventLimit, clk clock.P
 	return &RateLimitedRecorder{next: next, limit: l, clock: clk, buckets: lru.New(l.Locks)}
 }
 
-// Eventf implements events.EventRecorder.
+// NoteLimit is the longest Event note the apiserver stores (events.k8s.io/v1
+// refuses a longer one, and the Event is lost).
+const NoteLimit = 1024
+
+// Eventf implements events.EventRecorder. It formats the note itself, its
+// control and format characters escaped and its length cut to NoteLimit:
+// the identities, users, pod and session names in it come from whoever wrote
+// the lock, and an Event refused for its length would hide what it reports.
 func (r *RateLimitedRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
 	if !r.allow(regarding) {
 		metrics.EventsSuppressed.WithLabelValues(reason).Inc()
 		return
 	}
-	r.next.Eventf(regarding, related, eventtype, reason, action, note, args...)
+	r.next.Eventf(regarding, related, eventtype, reason, action, "%s", eventNote(note, args...))
+}
+
+// eventNote is the note an Event stores: printable, at most NoteLimit bytes.
+func eventNote(format string, args ...any) string {
+	return escape.Clip(escape.Printable(fmt.Sprintf(format, args...)), NoteLimit)
 }
 
 // allow takes a token from the bucket of obj, if there is one; a lock not

@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/escape"
 	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/test/testmetrics"
 )
@@ -141,6 +144,47 @@ func TestEventPolicy(t *testing.T) {
 	for _, name := range []string{"", "All", "none"} {
 		if _, err := ParseEventPolicy(name); err == nil {
 			t.Errorf("ParseEventPolicy(%q) succeeded", name)
+		}
+	}
+}
+
+// TestEventNotesArePrintableAndFit: a note quotes names other users wrote; it
+// reaches the event store escaped and within the apiserver's limit, so the
+// Event is neither a terminal escape for whoever reads it nor refused.
+func TestEventNotesArePrintableAndFit(t *testing.T) {
+	clk := testingclock.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
+	fake := events.NewFakeRecorder(10)
+	r := NewRateLimitedRecorder(fake, EventLimit{}, clk)
+	identity := strings.Repeat("\U0001F512", 253) // the schema's longest identity: 1,012 bytes
+	r.Eventf(lockNamed("ns", "db"), nil, corev1.EventTypeNormal, EventForceReleased, "Observe",
+		"holding of %s with fencing token %d ended: %s by %s", identity, 7, EventForceReleased, "mallory\x1b]0;owned\x07\u202e")
+	r.Eventf(lockNamed("ns", "db"), nil, corev1.EventTypeNormal, EventForceReleased, "Observe",
+		"holding of %s ended by %s", "worker", "mallory\x1b[2J\u202e")
+	got := drain(fake)
+	if len(got) != 2 {
+		t.Fatalf("events = %q", got)
+	}
+	const prefix = "Normal " + EventForceReleased + " "
+	long, short := strings.TrimPrefix(got[0], prefix), strings.TrimPrefix(got[1], prefix)
+	if len(long) > NoteLimit || !strings.HasPrefix(long, "holding of "+identity[:4]) || !strings.HasSuffix(long, escape.Ellipsis) {
+		t.Errorf("a long note is %d bytes (limit %d): %.80q…", len(long), NoteLimit, long)
+	}
+	if want := `holding of worker ended by mallory\x1b[2J\u202e`; short != want {
+		t.Errorf("note = %q, want %q", short, want)
+	}
+}
+
+// TestEventReasonsAreKnownToMetrics: the metrics count every reason the
+// controller emits under its own name, not as "other".
+func TestEventReasonsAreKnownToMetrics(t *testing.T) {
+	for _, r := range []string{EventAcquired, EventReleased, EventExpired, EventSessionExpired, EventSessionClosed, EventForceReleased, EventWaiterDropped, EventDeleted} {
+		if !slices.Contains(metrics.EventReasons, r) {
+			t.Errorf("Event reason %s is not in metrics.EventReasons", r)
+		}
+	}
+	for _, r := range []string{EventAcquired, EventReleased, EventExpired, EventSessionExpired, EventSessionClosed, EventForceReleased} {
+		if !slices.Contains(metrics.TransitionKinds, r) {
+			t.Errorf("transition %s is not in metrics.TransitionKinds", r)
 		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -12,11 +14,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/escape"
 	"github.com/kubelock/kubelock/internal/metrics"
 )
 
@@ -66,11 +70,8 @@ func ValidateFencedWrite(op admissionv1.Operation, oldObj, newObj metav1.Object,
 	if name == "" {
 		return nil
 	}
-	if oldObj != nil && newObj != nil {
-		o, n := oldObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation], newObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
-		if o != "" && n != "" && o != n {
-			return field.ErrorList{deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, locksv1alpha1.FencedByAnnotation, n)}
-		}
+	if errs := ValidateFencedBy(oldObj, newObj); len(errs) > 0 {
+		return errs
 	}
 	token, err := fencedToken(op, oldObj, newObj, name)
 	if err != nil {
@@ -84,6 +85,47 @@ func ValidateFencedWrite(op admissionv1.Operation, oldObj, newObj metav1.Object,
 	}
 	return nil
 }
+
+// ValidateFencedBy checks the fenced-by annotations of a write before
+// anything reads the lock they name: each is a lock's name (a DNS-1123
+// subdomain, as every object name), so that a string a user wrote reaches no
+// URL path, log line or metric unless it can name a lock; and an object
+// fenced by one lock does not move to another in one write. Pure.
+func ValidateFencedBy(oldObj, newObj metav1.Object) field.ErrorList {
+	var names [2]string
+	for i, obj := range []metav1.Object{oldObj, newObj} {
+		if obj == nil {
+			continue
+		}
+		names[i] = obj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
+		if names[i] == "" {
+			continue
+		}
+		if msgs := lockNameErrors(names[i]); len(msgs) > 0 {
+			return field.ErrorList{deny(fencedByPath, RuleFencedBy, "annotation %s=%q does not name a lock (%d bytes): %s", locksv1alpha1.FencedByAnnotation, clip(names[i]), len(names[i]), strings.Join(msgs, "; "))}
+		}
+	}
+	if o, n := names[0], names[1]; o != "" && n != "" && o != n {
+		return field.ErrorList{deny(fencedByPath, RuleFencedBy, "the object is fenced by lock %q and cannot move to lock %q in one write: the holder of %q removes the %s annotation first, then the holder of %q fences it", o, n, o, locksv1alpha1.FencedByAnnotation, n)}
+	}
+	return nil
+}
+
+// lockNameErrors is what makes name no object's name; a name too long is
+// refused on its length alone, so that no pattern runs over an annotation of
+// hundreds of kB.
+func lockNameErrors(name string) []string {
+	if len(name) > validation.DNS1123SubdomainMaxLength {
+		return []string{validation.MaxLenError(validation.DNS1123SubdomainMaxLength)}
+	}
+	return validation.IsDNS1123Subdomain(name)
+}
+
+// clipLen is how much of a string a user wrote a denial quotes: it names
+// what it refused without echoing a whole annotation (up to 256 kB).
+const clipLen = 64
+
+func clip(s string) string { return escape.Clip(s, clipLen) }
 
 // fencedToken reads the write's token: the new object's annotation, or for
 // a DELETE the token stored on the object.
@@ -101,7 +143,7 @@ func fencedToken(op admissionv1.Operation, oldObj, newObj metav1.Object, lock st
 	}
 	token, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || token <= 0 {
-		return 0, deny(fenceTokPath, RuleStaleToken, "annotation %s=%q is not a positive integer", locksv1alpha1.FencingTokenAnnotation, raw)
+		return 0, deny(fenceTokPath, RuleStaleToken, "annotation %s=%q is not a positive integer", locksv1alpha1.FencingTokenAnnotation, clip(raw))
 	}
 	return token, nil
 }
@@ -188,17 +230,9 @@ func (h fencedHandler) Handle(ctx context.Context, req admission.Request) admiss
 	if name == "" {
 		return respond(nil)
 	}
-	lock, err := v.readLock(ctx, req.Namespace, name)
+	errs, lock, err := v.validateFenced(ctx, req, oldObj, newObj, name)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
-	}
-	a := Actor{Username: req.UserInfo.Username, Extra: extra(req.UserInfo.Extra)}
-	errs := ValidateFencedWrite(req.Operation, oldObj, newObj, lock, a)
-	if onlyWriterErrors(errs) {
-		if a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, req.Namespace, name, locksv1alpha1.ForceReleaseVerb); err != nil {
-			return admission.Errored(http.StatusInternalServerError, err)
-		}
-		errs = ValidateFencedWrite(req.Operation, oldObj, newObj, lock, a)
 	}
 	if len(errs) > 0 && req.Operation == admissionv1.Delete {
 		// The namespace controller empties a namespace that is being deleted;
@@ -212,12 +246,44 @@ func (h fencedHandler) Handle(ctx context.Context, req admission.Request) admiss
 			return admission.Allowed("namespace " + req.Namespace + " is being deleted")
 		}
 	}
-	for _, e := range errs {
-		if ruleOf(e) == RuleStaleToken {
-			metrics.StaleTokenRejections.WithLabelValues(req.Namespace + "/" + name).Inc()
-		}
-	}
+	countStaleToken(req.Namespace, name, lock, errs)
 	return respond(errs)
+}
+
+// validateFenced checks a write of an object fenced by the lock name: its
+// annotations first, so that only a lock's name is ever read, then the write
+// against the lock (lock: what was read, nil if nothing was), asking for the
+// force-release verb if only the writer is wrong.
+func (v *Validator) validateFenced(ctx context.Context, req admission.Request, oldObj, newObj metav1.Object, name string) (errs field.ErrorList, lock *FencedLock, err error) {
+	if errs := ValidateFencedBy(oldObj, newObj); len(errs) > 0 {
+		return errs, nil, nil
+	}
+	l, err := v.readLock(ctx, req.Namespace, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	a := Actor{Username: req.UserInfo.Username, Extra: extra(req.UserInfo.Extra)}
+	errs = ValidateFencedWrite(req.Operation, oldObj, newObj, l, a)
+	if onlyWriterErrors(errs) {
+		if a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, req.Namespace, name, locksv1alpha1.ForceReleaseVerb); err != nil {
+			return nil, nil, err
+		}
+		errs = ValidateFencedWrite(req.Operation, oldObj, newObj, l, a)
+	}
+	return errs, &l, nil
+}
+
+// countStaleToken counts a write denied for a stale token in the series of
+// the guarding lock, if it was read and exists: a name no lock has gets no
+// series, and a lock found gone loses its own.
+func countStaleToken(namespace, name string, lock *FencedLock, errs field.ErrorList) {
+	switch {
+	case lock == nil:
+	case !lock.Exists:
+		metrics.Hot.Forget(namespace, name)
+	case slices.ContainsFunc(errs, func(e *field.Error) bool { return ruleOf(e) == RuleStaleToken }):
+		metrics.Hot.StaleToken(namespace, name)
+	}
 }
 
 // decodeIf decodes raw when the operation has that object; nil otherwise

@@ -1,26 +1,39 @@
 package webhook
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/escape"
+	"github.com/kubelock/kubelock/internal/metrics"
 )
 
 func TestValidateFencedWrite(t *testing.T) {
 	obj := func(ann map[string]string) metav1.Object { return &metav1.ObjectMeta{Annotations: ann} }
-	fenced := func(token string) metav1.Object {
-		m := map[string]string{locksv1alpha1.FencedByAnnotation: "db"}
+	fencedBy := func(lock, token string) metav1.Object {
+		m := map[string]string{locksv1alpha1.FencedByAnnotation: lock}
 		if token != "" {
 			m[locksv1alpha1.FencingTokenAnnotation] = token
 		}
 		return obj(m)
 	}
+	fenced := func(token string) metav1.Object { return fencedBy("db", token) }
 	held := FencedLock{Exists: true, Token: 12, HolderUser: "alice"}
 	alice, bob := Actor{Username: "alice"}, Actor{Username: "bob"}
 	breakglass := Actor{Username: "root", CanForceRelease: true}
@@ -65,6 +78,11 @@ func TestValidateFencedWrite(t *testing.T) {
 		{name: "delete of an unstamped object", op: del, old: fenced(""), lock: held, a: alice, rule: RuleStaleToken, want: "stores no token"},
 		{name: "force-release user still needs the current token", op: update, old: fenced("12"), new: fenced("10"), lock: held, a: breakglass, rule: RuleStaleToken, want: "stale fencing token"},
 		{name: "moving to another lock", op: update, old: fenced("12"), new: obj(map[string]string{locksv1alpha1.FencedByAnnotation: "other", locksv1alpha1.FencingTokenAnnotation: "12"}), lock: held, a: alice, rule: RuleFencedBy, want: `cannot move to lock "other"`},
+		{name: "fenced by 100 kB, no lock's name", op: create, new: fencedBy(strings.Repeat("x", 100<<10), "12"), lock: held, a: alice, rule: RuleFencedBy, want: "does not name a lock (102400 bytes): must be no more than 253 characters"},
+		{name: "fenced by a path", op: create, new: fencedBy("../db", "12"), lock: held, a: alice, rule: RuleFencedBy, want: `annotation locks.kubelock.io/fenced-by="../db" does not name a lock`},
+		{name: "fenced by an upper-case name", op: update, old: fenced("12"), new: fencedBy("DB", "12"), lock: held, a: alice, rule: RuleFencedBy, want: `"DB" does not name a lock`},
+		{name: "stored fenced-by that names no lock", op: del, old: fencedBy("db\x1b[2J", "12"), lock: held, a: alice, rule: RuleFencedBy, want: `"db\x1b[2J" does not name a lock`},
+		{name: "malformed 100 kB token", op: update, old: fenced("12"), new: fencedBy("db", strings.Repeat("9", 100<<10)+"x"), lock: held, a: alice, rule: RuleStaleToken, want: "=\"" + strings.Repeat("9", clipLen-len(escape.Ellipsis)) + "…\" is not a positive integer"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,6 +97,9 @@ func TestValidateFencedWrite(t *testing.T) {
 				t.Fatalf("errors = %v, want one containing %q", errs, tc.want)
 			}
 			msg := errs[0].Error()
+			if len(msg) > maxDenial {
+				t.Fatalf("a denial of %d bytes: %.200s…", len(msg), msg)
+			}
 			if !strings.Contains(msg, tc.want) || ruleOf(errs[0]) != tc.rule || !strings.Contains(msg, "[kubelock:"+string(tc.rule)+"]") {
 				t.Fatalf("error = %v, want [kubelock:%s] containing %q", msg, tc.rule, tc.want)
 			}
@@ -97,6 +118,9 @@ func TestValidateFencedWrite(t *testing.T) {
 	}
 }
 
+// maxDenial bounds a denial: it quotes what a user wrote only clipped.
+const maxDenial = 1024
+
 var twelve = regexp.MustCompile(`\b12\b`)
 
 func annotationsOf(o metav1.Object) string {
@@ -104,4 +128,106 @@ func annotationsOf(o metav1.Object) string {
 		return ""
 	}
 	return fmt.Sprint(o.GetAnnotations())
+}
+
+// locksReader is a client.Reader of the locks it holds, recording the names read.
+type locksReader struct {
+	client.Reader
+	locks map[string]*locksv1alpha1.DistributedLock
+	read  []string
+}
+
+func (r *locksReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	r.read = append(r.read, key.Name)
+	l, ok := r.locks[key.Name]
+	if !ok {
+		return apierrors.NewNotFound(locksv1alpha1.GroupVersion.WithResource("distributedlocks").GroupResource(), key.Name)
+	}
+	into, ok := obj.(*locksv1alpha1.DistributedLock)
+	if !ok {
+		return fmt.Errorf("locksReader reads locks, not %T", obj)
+	}
+	l.DeepCopyInto(into)
+	return nil
+}
+
+// The handler reads only what can be a lock's name, and a denied stale token
+// makes a series only for a lock that exists, dropped once it is gone.
+func TestFencedHandlerReadsAndCountsOnlyLocks(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	v, err := NewValidator(scheme, nil, ctrlr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "fenced-handler"
+	db := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db"}}
+	db.Status.FencingToken = 12
+	r := &locksReader{locks: map[string]*locksv1alpha1.DistributedLock{"db": db}}
+	v.reader = r
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.Hot)
+
+	create := func(lock string) string {
+		t.Helper()
+		raw, err := json.Marshal(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cm",
+			Labels:      map[string]string{locksv1alpha1.FencedLabel: "true"},
+			Annotations: map[string]string{locksv1alpha1.FencedByAnnotation: lock, locksv1alpha1.FencingTokenAnnotation: "7"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp := v.Fenced().Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Operation: admissionv1.Create, Namespace: ns, UserInfo: authenticationv1.UserInfo{Username: "mallory"},
+			Object: runtime.RawExtension{Raw: raw},
+		}})
+		if resp.Allowed {
+			t.Fatalf("fenced by %.20q with a stale token: allowed", lock)
+		}
+		return resp.Result.Message
+	}
+	// series are the stale-token series of ns, by lock.
+	series := func() map[string]float64 {
+		t.Helper()
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				l := map[string]string{}
+				for _, p := range m.GetLabel() {
+					l[p.GetName()] = p.GetValue()
+				}
+				if f.GetName() == "kubelock_webhook_stale_token_rejections_total" && l["namespace"] == ns {
+					out[l["lock"]] = m.GetCounter().GetValue()
+				}
+			}
+		}
+		return out
+	}
+
+	for _, lock := range []string{strings.Repeat("x", 100<<10), "../db", "DB"} {
+		if msg := create(lock); !strings.Contains(msg, "[kubelock:fenced-by]") {
+			t.Fatalf("fenced by %.20q: %q, want a fenced-by denial", lock, msg)
+		}
+	}
+	if len(r.read) != 0 {
+		t.Fatalf("read %d names that no lock can have", len(r.read))
+	}
+	for _, lock := range []string{"ghost", "db", "db"} {
+		if msg := create(lock); !strings.Contains(msg, "[kubelock:stale-token]") {
+			t.Fatalf("fenced by %s: %q, want a stale-token denial", lock, msg)
+		}
+	}
+	if diff := cmp.Diff(map[string]float64{"db": 2}, series()); diff != "" {
+		t.Fatalf("stale-token series (-want +got):\n%s", diff)
+	}
+	delete(r.locks, "db")
+	create("db")
+	if got := series(); len(got) != 0 {
+		t.Fatalf("series after the lock is gone: %v", got)
+	}
 }

@@ -397,7 +397,7 @@ func (p *progress) drawLocked() {
 	case p.q.Holdings > 0:
 		holder = fmt.Sprintf("held shared by %d", p.q.Holdings)
 	}
-	line := printable(fmt.Sprintf("waiting for %s: position %d of %d, %s, %s elapsed", p.name, p.q.Position, p.q.Waiters, holder,
+	line := shown(fmt.Sprintf("waiting for %s: position %d of %d, %s, %s elapsed", p.name, p.q.Position, p.q.Waiters, holder,
 		duration.HumanDuration(time.Since(p.start))))
 	if p.tty {
 		_, _ = fmt.Fprintf(p.w, "\r\x1b[K%s", line)

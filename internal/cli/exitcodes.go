@@ -142,4 +142,6 @@ func notFound(err error, ns, key string, canCreate bool) error {
 
 // oneLine is err as a single line for stderr: newlines folded, control
 // characters escaped (errors quote identities and messages from the lock).
-func oneLine(err error) string { return printable(strings.Join(strings.Fields(err.Error()), " ")) }
+func oneLine(err error) string {
+	return shown(strings.Join(strings.Fields(err.Error()), " "))
+}

@@ -50,7 +50,7 @@ func runGuard(args []string, s genericiooptions.IOStreams) int {
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
 	if err != nil {
-		_, _ = fmt.Fprintf(status, "error %s\n", printable(err.Error())) // one line, whatever the path holds
+		_, _ = fmt.Fprintf(status, "error %s\n", shown(err.Error())) // one line, whatever the path holds
 		return ExitCommandNotExecutable
 	}
 	pgid := p.Pid

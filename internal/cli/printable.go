@@ -4,81 +4,33 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/kubelock/kubelock/internal/escape"
 )
 
-// printable makes a name from a lock object (or the server) safe to show on a
-// terminal: control characters (C0, DEL, C1), Unicode format characters (such
-// as U+202E, which reverses the text after it), line and paragraph separators
-// and invalid UTF-8 are written as Go escapes (\x1b, \u202e, \xff). Identities,
-// users, keys and messages come from whoever wrote the lock, so a raw escape
-// sequence could recolour, hide or rewrite what kubelock prints. Tabs and
-// newlines are escaped too: they would break a table's columns and rows.
-// Backslashes stay as they are, so ordinary names print unchanged.
-func printable(s string) string {
-	if isPrintable(s) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case unsafeRune(r) && r < 0x100:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case unsafeRune(r) && r < 0x10000:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		case unsafeRune(r):
-			fmt.Fprintf(&b, `\U%08x`, r)
-		default:
-			b.WriteString(s[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
+// maxShown is the most the CLI shows of one string someone else wrote: more
+// than any string the schema allows (512 characters of up to 4 bytes), so
+// only what no schema bounds (the key annotation, an Event's message, an
+// error from the server) is ever cut.
+const maxShown = 2048
 
-// isPrintable reports whether printable(s) == s, without allocating.
-func isPrintable(s string) bool { return utf8.ValidString(s) && !strings.ContainsFunc(s, unsafeRune) }
+// shown is s as the CLI shows it: cut to maxShown bytes, its control and
+// format characters escaped (escape.Printable). Identities, users, keys and
+// messages come from whoever wrote the lock.
+func shown(s string) string { return escape.Printable(escape.Clip(s, maxShown)) }
 
-// unsafeRune reports the runes printable escapes.
-func unsafeRune(r rune) bool {
-	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
-}
-
-// printf is fmt.Fprintf with every string argument passed through printable.
+// printf is fmt.Fprintf with every string argument passed through shown.
 // Use it for any line that shows a name; format itself is trusted.
 func printf(w io.Writer, format string, args ...any) {
-	_, _ = fmt.Fprintf(w, format, printableArgs(args)...)
-}
-
-// printableArgs returns args with printable applied to strings (and errors and
-// Stringers, whose text is as untrusted as a string's).
-func printableArgs(args []any) []any {
-	out := make([]any, len(args))
-	for i, a := range args {
-		switch v := a.(type) {
-		case string:
-			out[i] = printable(v)
-		case error:
-			out[i] = printable(v.Error())
-		case fmt.Stringer:
-			out[i] = printable(v.String())
-		default:
-			out[i] = a
-		}
-	}
-	return out
+	_, _ = fmt.Fprintf(w, format, escape.Args(args, shown)...)
 }
 
 // printRow writes cells as one tab-separated row (for a tabwriter), each cell
-// through printable, after indent.
+// through shown, after indent.
 func printRow(w io.Writer, indent string, cells ...string) {
 	safe := make([]string, len(cells))
 	for i, c := range cells {
-		safe[i] = printable(c)
+		safe[i] = shown(c)
 	}
 	_, _ = io.WriteString(w, indent+strings.Join(safe, "\t")+"\n")
 }

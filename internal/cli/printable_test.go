@@ -6,70 +6,12 @@ import (
 	"strings"
 	"testing"
 	"unicode"
-	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
-
-func TestPrintable(t *testing.T) {
-	cases := []struct {
-		name, in, want string
-	}{
-		{"plain", "worker-7d9f", "worker-7d9f"},
-		{"empty", "", ""},
-		{"unicode letters stay", "zürich-日本-🔒", "zürich-日本-🔒"},
-		{"backslash stays", `C:\tmp\x1b`, `C:\tmp\x1b`},
-		{"spaces stay", "stuck job, ticket 42", "stuck job, ticket 42"},
-		{"CSI colour", "\x1b[31mred\x1b[0m", `\x1b[31mred\x1b[0m`},
-		{"OSC title", "\x1b]0;pwned\x07", `\x1b]0;pwned\x07`},
-		{"clear screen", "a\x1b[2Jb", `a\x1b[2Jb`},
-		{"newline", "a\nb", `a\x0ab`},
-		{"tab", "a\tb", `a\x09b`},
-		{"carriage return", "ok\rforged", `ok\x0dforged`},
-		{"NUL", "a\x00b", `a\x00b`},
-		{"DEL", "a\x7fb", `a\x7fb`},
-		{"C1 CSI", "a\u009b31mb", `a\x9b31mb`},
-		{"right-to-left override", "alice\u202eecila", `alice\u202eecila`},
-		{"zero width space", "ali\u200bce", `ali\u200bce`},
-		{"byte order mark", "\ufeffalice", `\ufeffalice`},
-		{"line separator", "a\u2028b", `a\u2028b`},
-		{"paragraph separator", "a\u2029b", `a\u2029b`},
-		{"tag character (plane 14)", "a\U000e0041b", `a\U000e0041b`},
-		{"invalid UTF-8", "a\xffb\xc3", `a\xffb\xc3`},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			got := printable(tc.in)
-			if got != tc.want {
-				t.Errorf("printable(%q) = %q, want %q", tc.in, got, tc.want)
-			}
-			if again := printable(got); again != got {
-				t.Errorf("printable is not idempotent: %q then %q", got, again)
-			}
-			if isPrintable(tc.in) != (got == tc.in) {
-				t.Errorf("isPrintable(%q) = %v, but printable changed it: %v", tc.in, isPrintable(tc.in), got != tc.in)
-			}
-		})
-	}
-}
-
-// TestPrintableLeavesNothingUnsafe checks every rune of the BMP and the supplementary planes' format characters.
-func TestPrintableLeavesNothingUnsafe(t *testing.T) {
-	for r := rune(0); r <= unicode.MaxRune; r++ {
-		if r >= 0xd800 && r <= 0xdfff {
-			continue // surrogates are not valid in UTF-8
-		}
-		out := printable(string(r))
-		for _, o := range out {
-			if unicode.IsControl(o) || unicode.In(o, unicode.Cf, unicode.Zl, unicode.Zp) || o == utf8.RuneError && r != utf8.RuneError {
-				t.Fatalf("printable(%U) = %q still holds %U", r, out, o)
-			}
-		}
-	}
-}
 
 func TestPrintfAndRow(t *testing.T) {
 	var b bytes.Buffer
@@ -172,5 +114,28 @@ func TestHostileSharedHoldersAreEscaped(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %s:\n%s", want, out)
 		}
+	}
+}
+
+// TestLongStringsAreCut: a key annotation is bounded by no schema (a lock
+// user may create a lock with a 200 kB one); the table and describe views
+// show its first maxShown bytes only.
+func TestLongStringsAreCut(t *testing.T) {
+	l := fixtures()[0]
+	key := "orders-" + strings.Repeat("\u00e9", 100<<10)
+	l.Annotations = map[string]string{locksv1alpha1.KeyAnnotation: key}
+	var b bytes.Buffer
+	if err := printLockTable(&b, []locksv1alpha1.DistributedLock{l}, now, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := describeLock(&b, &l, lockDetails{}, now); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if want := key[:maxShown-len("…")] + "…"; strings.Count(out, want) != 2 {
+		t.Fatalf("the table and describe views do not show the key cut to %d bytes:\n%.300s", maxShown, out)
+	}
+	if len(out) > 4*maxShown {
+		t.Fatalf("%d bytes of output for one lock", len(out))
 	}
 }

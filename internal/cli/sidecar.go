@@ -180,7 +180,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 	go func() { _ = srv.Serve(ln) }()
 	defer func() { _ = srv.Close() }()
 	logf := func(format string, args ...any) {
-		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s kubelock sidecar: %s\n", time.Now().UTC().Format(time.RFC3339), printable(fmt.Sprintf(format, args...)))
+		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s kubelock sidecar: %s\n", time.Now().UTC().Format(time.RFC3339), shown(fmt.Sprintf(format, args...)))
 	}
 	logf("serving on http://%s (lock %s/%s, token file %s)", ln.Addr(), c.Namespace(), name, tokenFile)
 

@@ -249,7 +249,7 @@ func (c *columns) fit(rows ...[]string) {
 			if i >= len(c.widths) {
 				c.widths = append(c.widths, 0)
 			}
-			c.widths[i] = max(c.widths[i], utf8.RuneCountInString(printable(cell)))
+			c.widths[i] = max(c.widths[i], utf8.RuneCountInString(shown(cell)))
 		}
 	}
 }
@@ -258,7 +258,7 @@ func (c *columns) fit(rows ...[]string) {
 func (c *columns) print(cells []string) {
 	var b strings.Builder
 	for i, cell := range cells {
-		cell = printable(cell)
+		cell = shown(cell)
 		b.WriteString(cell)
 		if i < len(cells)-1 {
 			b.WriteString(strings.Repeat(" ", c.widths[i]-utf8.RuneCountInString(cell)+3))

@@ -106,3 +106,50 @@ kubelock_controller_hot_lock_acquisitions_total{lock="new",namespace="ns"} 4
 		t.Fatal(err)
 	}
 }
+
+// TestHotLocksStaleTokens: stale-token denials are ranked like acquisitions,
+// and a forgotten (deleted) lock loses its series.
+func TestHotLocksStaleTokens(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
+	h := newHotLocks(2, clk)
+	for i, n := range []int{3, 1, 5} {
+		for range n {
+			h.StaleToken("ns", fmt.Sprintf("db-%d", i))
+		}
+	}
+	h.Acquired("ns", "db-1") // its own ranking
+	const help = `
+# HELP kubelock_webhook_stale_token_rejections_total Writes of objects fenced by a lock that were denied for a stale or unissued fencing token, of the existing locks with the most such denials over the last one to two minutes (at most the top N locks), counted since this replica started tracking the lock.
+# TYPE kubelock_webhook_stale_token_rejections_total counter
+`
+	if err := testutil.CollectAndCompare(h, strings.NewReader(help+`kubelock_webhook_stale_token_rejections_total{lock="db-0",namespace="ns"} 3
+kubelock_webhook_stale_token_rejections_total{lock="db-2",namespace="ns"} 5
+`), "kubelock_webhook_stale_token_rejections_total"); err != nil {
+		t.Fatal(err)
+	}
+	h.Forget("ns", "db-2")
+	if err := testutil.CollectAndCompare(h, strings.NewReader(help+`kubelock_webhook_stale_token_rejections_total{lock="db-0",namespace="ns"} 3
+kubelock_webhook_stale_token_rejections_total{lock="db-1",namespace="ns"} 1
+`), "kubelock_webhook_stale_token_rejections_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHotLocksBoundedWithoutScrapes: where nobody scrapes (a replica's
+// webhook), a stream of locks each used once keeps the tracker within twice
+// the locks active in the last two windows (and minPrune).
+func TestHotLocksBoundedWithoutScrapes(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
+	h := newHotLocks(DefaultHotLocks, clk)
+	const perWindow = 3000
+	for w := range 20 {
+		for i := range perWindow {
+			h.StaleToken("ns", fmt.Sprintf("lock-%d-%d", w, i))
+			h.Acquired("ns", fmt.Sprintf("other-%d-%d", w, i))
+		}
+		clk.SetTime(clk.Now().Add(HotWindow))
+	}
+	if n, bound := len(h.locks), 2*(2*2*perWindow); n > bound {
+		t.Fatalf("tracked locks = %d after 20 windows of %d new locks each, want at most %d", n, 2*perWindow, bound)
+	}
+}

@@ -4,9 +4,12 @@
 // (subsystem "manager"). Register adds them to controller-runtime's
 // registry, which the manager serves on its metrics endpoint.
 //
-// Per-lock series are never created for the whole fleet: the hot-lock tracker
-// exports at most HotLocks series per per-lock metric, whatever the number of
-// locks. Modelled on Kueue's pkg/metrics.
+// Every label takes a fixed set of values (rules, reasons, steps, modes) or a
+// namespace's name (created by administrators), except the lock's: per-lock
+// series come only from the hot-lock tracker, which exports at most
+// DefaultHotLocks series per per-lock metric, whatever the number of locks,
+// and only of locks the caller observed or read (never a name a request
+// merely carried). Modelled on Kueue's pkg/metrics.
 package metrics
 
 import (
@@ -18,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
 // Namespace and subsystems of every operator metric.
@@ -60,6 +65,39 @@ func histogram(name, help string, buckets []float64) prometheus.Histogram {
 
 const ctrl, hook = ControllerSubsystem, WebhookSubsystem
 
+// Other is the value of an enumerated label for any value it does not list.
+const Other = "other"
+
+// TransitionKinds are the kind label's values of TransitionsObserved: an
+// acquisition, and the end reasons the schema allows.
+var TransitionKinds = []string{"Acquired", string(locksv1alpha1.EndReasonReleased), string(locksv1alpha1.EndReasonExpired),
+	string(locksv1alpha1.EndReasonForceReleased), string(locksv1alpha1.EndReasonSessionExpired), string(locksv1alpha1.EndReasonSessionClosed)}
+
+// EventReasons are the reasons of the controller's Events: the transitions',
+// a dropped waiter's and an idle lock's deletion.
+var EventReasons = append(slices.Clone(TransitionKinds), "WaiterDropped", "IdleLockDeleted")
+
+// EnumCounterVec is a counter by one label of known values. An end reason
+// comes from a stored lock, where the schema keeps it to those values unless
+// the object was stored without it; any other value counts as Other, so
+// that no string stored in a lock adds a series.
+type EnumCounterVec struct {
+	vec    *prometheus.CounterVec
+	values []string
+}
+
+func enumCounterVec(subsystem, name, help, label string, values []string) EnumCounterVec {
+	return EnumCounterVec{counterVec(subsystem, name, help, label), values}
+}
+
+// WithLabelValues is the counter of value, or of Other for a value not known.
+func (e EnumCounterVec) WithLabelValues(value string) prometheus.Counter {
+	if !slices.Contains(e.values, value) {
+		value = Other
+	}
+	return e.vec.WithLabelValues(value)
+}
+
 // The operator's metrics: the exported ones are counted where they happen,
 // the others through the helpers below. Each Help says what it counts.
 var (
@@ -67,8 +105,8 @@ var (
 	WaitersDropped = counterVec(ctrl, "waiters_dropped_total",
 		"Waiters the controller removed from a queue, by reason (WaitTimeout, HandoffTimeout, SessionExpired, SessionClosed, PodDeleted).", "reason")
 	IdleLocksDeleted    = counter(ctrl, "idle_locks_deleted_total", "Idle auto-created locks the controller deleted.")
-	TransitionsObserved = counterVec(ctrl, "transitions_observed_total",
-		"Holdings, exclusive or shared, the controller observed begin (Acquired) or end, by kind (Acquired, Released, Expired, ForceReleased, SessionExpired, SessionClosed).", "kind")
+	TransitionsObserved = enumCounterVec(ctrl, "transitions_observed_total",
+		"Holdings, exclusive or shared, the controller observed begin (Acquired) or end, by kind (Acquired, Released, Expired, ForceReleased, SessionExpired, SessionClosed; other for a reason the schema does not know).", "kind", TransitionKinds)
 	waitSeconds = histogram("wait_seconds",
 		"Time from the controller first seeing a waiter queued to seeing it acquire the lock.",
 		prometheus.ExponentialBuckets(0.01, 2, 16))
@@ -93,8 +131,8 @@ var (
 	LockDecodeErrors = counterVec(ctrl, "lock_decode_errors_total",
 		"Versions of DistributedLocks the controller could not decode (e.g. a time Go's metav1 types do not parse) and left alone, by namespace; each malformed resourceVersion counts once.", "namespace")
 	WriteConflicts   = counter(ctrl, "write_conflicts_total", "Controller writes that lost a race (409 Conflict) and were retried.")
-	EventsSuppressed = counterVec(ctrl, "events_suppressed_total",
-		"Events not emitted because their lock exceeded its per-lock event rate, by reason.", "reason")
+	EventsSuppressed = enumCounterVec(ctrl, "events_suppressed_total",
+		"Events not emitted because their lock exceeded its per-lock event rate, by reason (other for a reason the controller does not emit).", "reason", EventReasons)
 	SessionsObserved = gauge("sessions", "LockSessions this controller currently observes (0 on a replica that is not the leader).")
 	SessionsExpired  = counter(ctrl, "sessions_expired_total",
 		"LockSessions the controller deleted after observing no renewal for their TTL plus grace (their holdings ended first).")
@@ -105,11 +143,8 @@ var (
 	admissionDecisionsTotal = counterVec(hook, "admission_decisions_total",
 		"Admission decisions on DistributedLock and fenced-object writes, by rule and outcome (allowed or denied); allowed requests count under rule \"none\".",
 		"rule", "outcome")
-	// Fenced objects are few, so one series per guarding lock stays bounded.
-	StaleTokenRejections = counterVec(hook, "stale_token_rejections_total",
-		"Updates of objects fenced by a lock that were denied for a stale or unissued fencing token, by lock (namespace/name).", "lock")
-
-	// Hot is the tracker behind the per-lock hot-lock series.
+	// Hot is the tracker behind every per-lock series: the hot locks' and
+	// the webhook's stale tokens (kubelock_webhook_stale_token_rejections_total).
 	Hot = add(newHotLocks(DefaultHotLocks, clock.RealClock{}))
 	// Holdings reports the longest and the most overdue holding at each scrape.
 	Holdings = add(&holdings{})

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/escape"
 )
 
 // Client acquires locks in one namespace for one identity. It is safe for
@@ -176,7 +177,8 @@ func (c *Client) get(ctx context.Context, key, name string, create bool) (*locks
 		return nil, err
 	}
 	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != key {
-		return nil, fmt.Errorf("lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, k, key)
+		// Whoever created the lock wrote k, up to the apiserver's 256 kB of annotations.
+		return nil, fmt.Errorf("lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, escape.Clip(k, maxKeyLen), key)
 	}
 	c.seen.saw(obj)
 	return obj, nil

@@ -15,6 +15,8 @@ const (
 	maxPlainName = 63
 	prefixLen    = 40
 	hashLen      = 12
+	// maxKeyLen is the longest key a client takes.
+	maxKeyLen = 1024
 )
 
 // NameForKey maps a business key to the lock object's name. A key that already
@@ -25,8 +27,8 @@ func NameForKey(key string) (string, error) {
 	if key == "" {
 		return "", fmt.Errorf("kubelock: lock key must not be empty")
 	}
-	if len(key) > 1024 {
-		return "", fmt.Errorf("kubelock: lock key is %d bytes long; the limit is 1024", len(key))
+	if len(key) > maxKeyLen {
+		return "", fmt.Errorf("kubelock: lock key is %d bytes long; the limit is %d", len(key), maxKeyLen)
 	}
 	if len(key) <= maxPlainName && len(validation.IsDNS1123Subdomain(key)) == 0 {
 		return key, nil

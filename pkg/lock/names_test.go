@@ -1,10 +1,17 @@
 package lock
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
 func TestNameForKey(t *testing.T) {
@@ -55,5 +62,25 @@ func TestNameForKeyKeepsDistinctKeysApart(t *testing.T) {
 	b, _ := NameForKey("orders 42")
 	if a == b {
 		t.Fatalf("distinct keys map to the same name %q", a)
+	}
+}
+
+// TestForeignKeyIsClipped: a lock's key annotation is written by whoever
+// created the lock, up to the apiserver's 256 kB of annotations; the error
+// that names it quotes at most maxKeyLen bytes of it.
+func TestForeignKeyIsClipped(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	squat := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders",
+		Annotations: map[string]string{locksv1alpha1.KeyAnnotation: strings.Repeat("k", 200<<10)}}}
+	c, err := NewFromClient(fake.NewClientBuilder().WithScheme(scheme).WithObjects(squat).Build(), WithIdentity("me"), WithNamespace("default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Get(context.Background(), "orders")
+	if err == nil || !strings.Contains(err.Error(), "belongs to key") || len(err.Error()) > 2*maxKeyLen {
+		t.Fatalf("Get of a lock of another key: %.200v (%d bytes), want a 'belongs to key' error under %d bytes", err, len(fmt.Sprint(err)), 2*maxKeyLen)
 	}
 }

@@ -3,12 +3,10 @@ package integration
 import (
 	"context"
 	"math"
-	"net"
 	"strconv"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,35 +14,16 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	kubelockconfig "github.com/kubelock/kubelock/config"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/webhook"
 )
 
-// installFencedObjectsWebhook registers config/fenced-objects/webhook.yaml as
-// shipped (CREATE, UPDATE, DELETE of labelled ConfigMaps), pointed at the
-// suite's webhook server.
-func installFencedObjectsWebhook(ctx context.Context) {
-	data, err := kubelockconfig.FS.ReadFile("fenced-objects/webhook.yaml")
-	Expect(err).NotTo(HaveOccurred())
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	Expect(yaml.Unmarshal(data, vwc)).To(Succeed())
-	o := &env.WebhookInstallOptions
-	url := "https://" + net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort)) + webhook.FencedPath
-	vwc.Annotations = nil
-	for i := range vwc.Webhooks {
-		vwc.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: o.LocalServingCAData}
-	}
-	Expect(env.Client.Create(ctx, vwc)).To(Succeed())
-}
-
 var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 	BeforeAll(func(ctx SpecContext) {
-		installFencedObjectsWebhook(ctx)
+		Expect(env.FencedObjectsWebhook(ctx)).To(Succeed())
 	})
 
 	// One lock, three holdings: alice, then bob (alice is now a stale holder),

@@ -407,6 +407,8 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		// 30 more locks add no series beyond the hot-lock bound.
 		Expect(total() - before).To(BeNumerically("<=", metrics.DefaultHotLocks))
 	})
+
+	Context("fenced objects that name locks nobody created", fencedObjectsNamingNoLock)
 })
 
 // syncBuffer is a bytes.Buffer safe for a writing process and a reading test.

@@ -122,18 +122,20 @@ func NewClient(ctx context.Context, ns string, opts ...lock.Option) (*lock.Clien
 
 // GrantForceRelease gives user the force-release verb on locks and sessions in ns.
 func GrantForceRelease(ctx context.Context, ns, user string) {
-	role := &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "breakglass-" + user},
-		Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{locksv1alpha1.GroupVersion.Group},
-			Resources: []string{"distributedlocks", locksv1alpha1.LockSessionsResource},
-			Verbs:     []string{locksv1alpha1.ForceReleaseVerb},
-		}},
-	}
+	Grant(ctx, ns, "breakglass-"+user, user, rbacv1.PolicyRule{
+		APIGroups: []string{locksv1alpha1.GroupVersion.Group},
+		Resources: []string{"distributedlocks", locksv1alpha1.LockSessionsResource},
+		Verbs:     []string{locksv1alpha1.ForceReleaseVerb},
+	})
+}
+
+// Grant gives user rule in ns, through a Role and a RoleBinding named name.
+func Grant(ctx context.Context, ns, name, user string, rule rbacv1.PolicyRule) {
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Rules: []rbacv1.PolicyRule{rule}}
 	Expect(Env.Client.Create(ctx, role)).To(Succeed())
 	Expect(Env.Client.Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: role.Name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
 	})).To(Succeed())
 }

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/yaml"
 
-	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	kubelockconfig "github.com/kubelock/kubelock/config"
 	"github.com/kubelock/kubelock/internal/metrics"
 	"github.com/kubelock/kubelock/webhook"
 )
@@ -87,24 +87,23 @@ func (e *Env) RequireWebhookClientCert(c *tls.Config) {
 	c.ClientAuth = tls.RequireAndVerifyClientCert
 }
 
-// FencedObjectsWebhook registers the fenced-object rule for ConfigMaps labelled
-// locks.kubelock.io/fenced=true with the server StartWebhook runs, as
-// config/fenced-objects does in a cluster.
+// FencedObjectsWebhook registers config/fenced-objects/webhook.yaml as
+// shipped (CREATE, UPDATE and DELETE of ConfigMaps labelled
+// locks.kubelock.io/fenced=true), pointed at the server StartWebhook runs.
 func (e *Env) FencedObjectsWebhook(ctx context.Context) error {
+	data, err := kubelockconfig.FS.ReadFile("fenced-objects/webhook.yaml")
+	if err != nil {
+		return err
+	}
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := yaml.Unmarshal(data, cfg); err != nil {
+		return err
+	}
 	o := &e.WebhookInstallOptions
-	url := fmt.Sprintf("https://%s%s", net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort)), webhook.FencedPath)
-	fail, none := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone
-	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubelock-fenced-objects"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "fenced.kubelock.io",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: o.LocalServingCAData},
-			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}}}},
-			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{locksv1alpha1.FencedLabel: "true"}},
-			FailurePolicy:           &fail,
-			SideEffects:             &none,
-			AdmissionReviewVersions: []string{"v1"},
-		}},
+	url := "https://" + net.JoinHostPort(o.LocalServingHost, strconv.Itoa(o.LocalServingPort)) + webhook.FencedPath
+	cfg.Annotations = nil // cert-manager's, here the CA bundle is set directly
+	for i := range cfg.Webhooks {
+		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: o.LocalServingCAData}
 	}
 	return e.Client.Create(ctx, cfg)
 }
