@@ -145,7 +145,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	imp := rest.CopyConfig(env.Config)
 	imp.QPS = -1
 	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
-		kwebhook.ExtraPodName: {"worker-0"}, kwebhook.ExtraPodUID: {"uid-worker-0"},
+		kwebhook.ExtraPodName: {pod0Name}, kwebhook.ExtraPodUID: {pod0UID},
 	}}
 	podUser = &user{name: podSA, c: newClient(imp), cfg: imp}
 
