@@ -304,14 +304,7 @@ const (
 	pod1Name, pod1UID = "worker-1", "6e1d4b0f-2c3e-4d7f-9081-ab2c3d4e5f60"
 )
 
-var otherPodUser = sync.OnceValue(func() *user {
-	imp := rest.CopyConfig(env.Config)
-	imp.QPS = -1
-	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
-		kwebhook.ExtraPodName: {pod1Name}, kwebhook.ExtraPodUID: {pod1UID},
-	}}
-	return &user{name: podSA, c: newClient(imp)}
-})
+var otherPodUser = sync.OnceValue(func() *user { return impersonatedPod(pod1Name, pod1UID) })
 
 // badPod names podSA with impersonated pod extras that are no pod's name
 // and UID (a real token's never are).
@@ -320,24 +313,24 @@ const (
 	badPodName, badPodUID = "../../../../../version", "uid-worker-0"
 )
 
-var badPodUser = sync.OnceValue(func() *user {
-	imp := rest.CopyConfig(env.Config)
-	imp.QPS = -1
-	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
-		kwebhook.ExtraPodName: {badPodName}, kwebhook.ExtraPodUID: {badPodUID},
-	}}
-	return &user{name: podSA, c: newClient(imp)}
-})
+var badPodUser = sync.OnceValue(func() *user { return impersonatedPod(badPodName, badPodUID) })
 
 // unboundPod names podSA with a token bound to no pod (no pod extra).
 const unboundPod = podSA + "@no-pod"
 
-var unboundPodUser = sync.OnceValue(func() *user {
+var unboundPodUser = sync.OnceValue(func() *user { return impersonatedPod("", "") })
+
+// impersonatedPod is podSA with a token bound to the pod name and uid, as
+// the suite impersonates one; with neither, a token bound to no pod.
+func impersonatedPod(name, uid string) *user {
 	imp := rest.CopyConfig(env.Config)
 	imp.QPS = -1
 	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA}
-	return &user{name: podSA, c: newClient(imp)}
-})
+	if name != "" || uid != "" {
+		imp.Impersonate.Extra = map[string][]string{kwebhook.ExtraPodName: {name}, kwebhook.ExtraPodUID: {uid}}
+	}
+	return &user{name: podSA, c: newClient(imp), cfg: imp}
+}
 
 // actor is who of the table's users, and podSA's other tokens.
 func actor(by string) *user {
