@@ -346,6 +346,39 @@ func handoffTimeout(lock *locksv1alpha1.DistributedLock) int32 {
 	return locksv1alpha1.DefaultHandoffTimeoutSeconds
 }
 
+// isAutoCreated reports whether lock is a client's create on first use that
+// nobody declared since (docs/design.md, "Names"): it carries the
+// auto-created label, and its spec is the one it was created with
+// (metadata.generation 1: any change of the spec raises it, so an
+// administrator's apply of another spec, client-side or server-side, does).
+// The label alone is not enough: a lock user may create a lock with it, and an
+// administrator's later apply keeps it. Whether someone wrote the lock
+// without changing its spec the cache cannot tell (it keeps no
+// managedFields); deleteIdle asks writtenSinceCreated of the live lock.
 func isAutoCreated(lock *locksv1alpha1.DistributedLock) bool {
-	return lock.Labels[locksv1alpha1.AutoCreatedLabel] == "true"
+	return lock.Labels[locksv1alpha1.AutoCreatedLabel] == "true" && lock.Generation == 1
+}
+
+// writtenSinceCreated reports whether anyone wrote lock's main resource after
+// creating it, by its managedFields. A lock as created has one entry for the
+// main resource: its creator's, an Update (a create is recorded as one),
+// stamped when it was created. Lock users may create locks but never write
+// them, so another entry (kubectl-client-side-apply's, a server-side Apply,
+// kubectl label's), or the creator's entry stamped later (an administrator's
+// kubectl apply under the manager name its creator used), is an
+// administrator's write: the lock is theirs from then on. The entry is
+// stamped just before creationTimestamp, both to the second; a lock without
+// the entry counts as written.
+func writtenSinceCreated(lock metav1.Object) bool {
+	var main []metav1.ManagedFieldsEntry
+	for _, e := range lock.GetManagedFields() {
+		if e.Subresource == "" {
+			main = append(main, e)
+		}
+	}
+	if len(main) != 1 {
+		return true
+	}
+	e := main[0]
+	return e.Operation != metav1.ManagedFieldsOperationUpdate || e.Time == nil || e.Time.After(lock.GetCreationTimestamp().Time)
 }

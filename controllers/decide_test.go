@@ -248,6 +248,12 @@ func TestDecide(t *testing.T) {
 			want: decision{requeueAfter: 50 * time.Minute},
 		},
 		{
+			name:    "an auto-created lock whose spec an administrator changed is never deleted",
+			history: []observed{{0, newLock(autoCreated, withToken(42), func(l *locksv1alpha1.DistributedLock) { l.Generation = 2 })}},
+			at:      48 * time.Hour,
+			want:    decision{},
+		},
+		{
 			name:    "a lock that was not auto-created is never deleted",
 			history: []observed{{0, newLock(withToken(42))}},
 			at:      48 * time.Hour,
@@ -486,5 +492,37 @@ func TestHeldConditionKeepsConsistentOne(t *testing.T) {
 	desired := desiredStatus(l, decision{}, "", t0)
 	if diff := cmp.Diff(l.Status.Conditions[0].LastTransitionTime, desired.Status.Conditions[0].LastTransitionTime); diff != "" {
 		t.Errorf("a generation bump must not move lastTransitionTime (-want +got):\n%s", diff)
+	}
+}
+
+func TestWrittenSinceCreated(t *testing.T) {
+	created := metav1.NewTime(t0)
+	entry := func(manager string, op metav1.ManagedFieldsOperationType, subresource string, at time.Time) metav1.ManagedFieldsEntry {
+		return metav1.ManagedFieldsEntry{Manager: manager, Operation: op, Subresource: subresource, Time: &metav1.Time{Time: at}}
+	}
+	creator := entry("kubelock", metav1.ManagedFieldsOperationUpdate, "", t0)
+	renewals := entry("kubelock", metav1.ManagedFieldsOperationUpdate, "status", t0.Add(time.Hour))
+	tests := []struct {
+		name    string
+		entries []metav1.ManagedFieldsEntry
+		want    bool
+	}{
+		{"as created, with status writes since", []metav1.ManagedFieldsEntry{creator, renewals}, false},
+		{"created in the second before creationTimestamp", []metav1.ManagedFieldsEntry{entry("kubelock", metav1.ManagedFieldsOperationUpdate, "", t0.Add(-time.Second))}, false},
+		{"a client-side apply by an administrator", []metav1.ManagedFieldsEntry{creator, entry("kubectl-client-side-apply", metav1.ManagedFieldsOperationUpdate, "", t0.Add(time.Hour)), renewals}, true},
+		{"a server-side apply by an administrator", []metav1.ManagedFieldsEntry{creator, entry("kubectl", metav1.ManagedFieldsOperationApply, "", t0.Add(time.Hour))}, true},
+		{"a client-side apply under the creator's manager name", []metav1.ManagedFieldsEntry{entry("kubectl-client-side-apply", metav1.ManagedFieldsOperationUpdate, "", t0.Add(time.Hour))}, true},
+		{"created by a server-side apply", []metav1.ManagedFieldsEntry{entry("kubectl", metav1.ManagedFieldsOperationApply, "", t0)}, true},
+		{"no entry for the main resource", []metav1.ManagedFieldsEntry{renewals}, true},
+		{"an entry without a time", []metav1.ManagedFieldsEntry{{Manager: "kubelock", Operation: metav1.ManagedFieldsOperationUpdate}}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLock(autoCreated)
+			l.CreationTimestamp, l.ManagedFields = created, tt.entries
+			if got := writtenSinceCreated(l); got != tt.want {
+				t.Fatalf("writtenSinceCreated = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

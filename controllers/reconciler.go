@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -370,7 +371,21 @@ func slotNote(slot *int32) string {
 
 // deleteIdle deletes an idle auto-created lock, on condition that it is still
 // the same object at the same resourceVersion: a lock used meanwhile stays.
+// One an administrator wrote after its creator (writtenSinceCreated, from the
+// live metadata: the cache keeps no managedFields) stays too.
 func (r *Reconciler) deleteIdle(ctx context.Context, lock *locksv1alpha1.DistributedLock) (ctrl.Result, error) {
+	live := &metav1.PartialObjectMetadata{}
+	live.SetGroupVersionKind(lockGVK)
+	switch err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(lock), live); {
+	case apierrors.IsNotFound(err):
+		return ctrl.Result{}, nil
+	case err != nil:
+		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
+		return ctrl.Result{}, err
+	case writtenSinceCreated(live):
+		log.FromContext(ctx).V(1).Info("idle lock kept: written since its creation, by an administrator", "lock", client.ObjectKeyFromObject(lock))
+		return ctrl.Result{}, nil
+	}
 	uid, rv := lock.UID, lock.ResourceVersion
 	err := r.client.Delete(ctx, lock, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 	switch {

@@ -28,9 +28,10 @@ const Path = "/validate-locks-kubelock-io-v1alpha1-distributedlock"
 // Two registrations of one handler: status writes, and the main resource's
 // CREATE, UPDATE and DELETE. The matchConditions keep spec edits away from the
 // webhook, so `kubectl apply` of locks never waits for (or on) it: an UPDATE is
-// sent only when it changes finalizers or the force-delete annotation.
+// sent only when it changes finalizers, the force-delete annotation or the
+// auto-created label.
 // +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks/status,verbs=update,versions=v1alpha1,name=vdistributedlock.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5
-// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks,verbs=create;update;delete,versions=v1alpha1,name=vdistributedlock-meta.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"metadata-rules","expression":"request.operation != 'UPDATE' || object.metadata.?finalizers.orValue([]) != oldObject.metadata.?finalizers.orValue([]) || object.metadata.?annotations[?'locks.kubelock.io/force-delete'] != oldObject.metadata.?annotations[?'locks.kubelock.io/force-delete']"}]}`
+// +kubebuilder:webhook:path=/validate-locks-kubelock-io-v1alpha1-distributedlock,mutating=false,failurePolicy=fail,sideEffects=None,groups=locks.kubelock.io,resources=distributedlocks,verbs=create;update;delete,versions=v1alpha1,name=vdistributedlock-meta.kubelock.io,admissionReviewVersions=v1,timeoutSeconds=5,patch=`{"matchConditions":[{"name":"metadata-rules","expression":"request.operation != 'UPDATE' || object.metadata.?finalizers.orValue([]) != oldObject.metadata.?finalizers.orValue([]) || object.metadata.?annotations[?'locks.kubelock.io/force-delete'] != oldObject.metadata.?annotations[?'locks.kubelock.io/force-delete'] || object.metadata.?labels[?'locks.kubelock.io/auto-created'] != oldObject.metadata.?labels[?'locks.kubelock.io/auto-created']"}]}`
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // Setup registers, behind Quiet, the lock validator at Path, the session
@@ -114,7 +115,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request, oldObj,
 	}
 	if req.SubResource == "" {
 		if !MetadataChanged(oldObj, newObj) {
-			return nil, nil // a spec or label edit (the matchConditions normally keep it away)
+			return nil, nil // a spec, label or annotation edit (the matchConditions normally keep it away)
 		}
 		m, err := v.metaActor(ctx, req, a, UpdateChecks(oldObj, newObj))
 		return ValidateMetadataUpdate(oldObj, newObj, m), err

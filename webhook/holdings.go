@@ -180,8 +180,7 @@ func validateAcquisition(oldObj, newObj *locksv1alpha1.DistributedLock, d holdin
 	if oldObj.DeletionTimestamp != nil {
 		errs = append(errs, deny(acq.path, RuleTerminating, msgTerminating))
 	}
-	podName, podUID := a.pod()
-	errs = append(errs, validatePodFields(acq.path, what, h.PodName, h.PodUID, a, podName, podUID)...)
+	errs = append(errs, validatePodFields(acq.path, what, h.PodName, h.PodUID, a)...)
 	if acq.shared != nil {
 		errs = append(errs, validateNotMoved(acq, d)...)
 	}

@@ -14,9 +14,9 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// sharedShape is one write of the hostile suite's shared-mode table, as a
-// predicate on a generated write and the webhook's answer.
-type sharedShape struct {
+// corpusShape is one write of the hostile suite's tables, as a predicate on
+// a generated write and the webhook's answer.
+type corpusShape struct {
 	name  string
 	match func(w generatedWrite) bool
 }
@@ -41,7 +41,7 @@ func (w generatedWrite) is(t locksv1alpha1.LockType) bool { return w.old.LockTyp
 
 // sharedShapes are the shapes the corpus of FuzzValidateSharedUpdate must
 // hold (test/admission's shared-mode cases, denied and allowed).
-var sharedShapes = []sharedShape{
+var sharedShapes = []corpusShape{
 	{"a reader acquiring while a writer holds", func(w generatedWrite) bool {
 		return w.is(locksv1alpha1.RWMutex) && w.old.Status.Holder != nil && w.added() != nil
 	}},
@@ -134,6 +134,16 @@ var sharedShapes = []sharedShape{
 		return !w.denied && w.lastReason() == locksv1alpha1.EndReasonReleased &&
 			slices.ContainsFunc(w.d.ended, func(e ending) bool { return e.slot != nil })
 	}},
+	// Pod fields only from that pod's bound token (webhook/pods.go).
+	{"a permit in a pod's name taken with a token bound to no pod", func(w generatedWrite) bool {
+		a := w.added()
+		name, _ := w.actor.pod()
+		return a != nil && name == "" && a.PodName != ""
+	}},
+	{"a permit whose podName is no pod's name", func(w generatedWrite) bool {
+		a := w.added()
+		return a != nil && a.PodName == badPod
+	}},
 }
 
 func (w generatedWrite) lastReason() locksv1alpha1.EndReason {
@@ -149,39 +159,68 @@ func generate(data []byte) generatedWrite {
 	s := &bytesource{b: data}
 	oldObj := s.sharedLock()
 	newObj := oldObj.DeepCopy()
-	a := s.actor(s.mutateShared(newObj))
+	return judged(oldObj, newObj, s.actor(s.mutateShared(newObj)))
+}
+
+// generateStatus decodes fuzz bytes as FuzzValidateStatusUpdate does.
+func generateStatus(data []byte) generatedWrite {
+	s := &bytesource{b: data}
+	oldObj := s.lock()
+	newObj := oldObj.DeepCopy()
+	return judged(oldObj, newObj, s.actor(s.mutate(newObj)))
+}
+
+func judged(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) generatedWrite {
 	return generatedWrite{old: oldObj, new: newObj, actor: a, d: diffHoldings(&oldObj.Status, &newObj.Status),
 		denied: len(ValidateStatusUpdate(oldObj, newObj, a)) > 0}
 }
 
-const sharedCorpus = "testdata/fuzz/FuzzValidateSharedUpdate"
+// fuzzCorpus is a fuzz test's corpus and the shapes it must hold.
+type fuzzCorpus struct {
+	dir      string
+	generate func([]byte) generatedWrite
+	// engines is the byte in front of a seed that makes FuzzEnginesAgree
+	// decode the rest with the same generator.
+	engines byte
+	shapes  []corpusShape
+}
+
+var (
+	sharedCorpus = fuzzCorpus{dir: "testdata/fuzz/FuzzValidateSharedUpdate", generate: generate, engines: 1, shapes: sharedShapes}
+	statusCorpus = fuzzCorpus{dir: "testdata/fuzz/FuzzValidateStatusUpdate", generate: generateStatus, engines: 0, shapes: statusShapes}
+)
 
 // TestSharedFuzzCorpusShapes holds the corpus of FuzzValidateSharedUpdate to
-// sharedShapes: each shape has a seed. KUBELOCK_WRITE_CORPUS=1 searches
+// sharedShapes, and TestStatusFuzzCorpusShapes FuzzValidateStatusUpdate's to
+// statusShapes: each shape has a seed. KUBELOCK_WRITE_CORPUS=1 searches
 // random inputs for the shapes no seed has and writes one seed per shape,
-// also to FuzzEnginesAgree's corpus (there behind the byte that picks a
-// shared lock).
-func TestSharedFuzzCorpusShapes(t *testing.T) {
+// also to FuzzEnginesAgree's corpus (there behind the byte that picks the
+// same generator).
+func TestSharedFuzzCorpusShapes(t *testing.T) { expectCorpusShapes(t, sharedCorpus) }
+
+func TestStatusFuzzCorpusShapes(t *testing.T) { expectCorpusShapes(t, statusCorpus) }
+
+func expectCorpusShapes(t *testing.T, c fuzzCorpus) {
 	var seeds [][]byte
-	files, _ := filepath.Glob(filepath.Join(sharedCorpus, "*"))
+	files, _ := filepath.Glob(filepath.Join(c.dir, "*"))
 	for _, f := range files {
 		seeds = append(seeds, readSeed(t, f))
 	}
-	var missing []sharedShape
-	for _, sh := range sharedShapes {
-		if !slices.ContainsFunc(seeds, func(b []byte) bool { return sh.match(generate(b)) }) {
+	var missing []corpusShape
+	for _, sh := range c.shapes {
+		if !slices.ContainsFunc(seeds, func(b []byte) bool { return sh.match(c.generate(b)) }) {
 			missing = append(missing, sh)
 		}
 	}
 	if len(missing) > 0 && os.Getenv("KUBELOCK_WRITE_CORPUS") == "1" {
-		missing = writeSeeds(t, missing)
+		missing = writeSeeds(t, c, missing)
 	}
 	for _, sh := range missing {
-		t.Errorf("no seed in %s has the shape %q (KUBELOCK_WRITE_CORPUS=1 writes one)", sharedCorpus, sh.name)
+		t.Errorf("no seed in %s has the shape %q (KUBELOCK_WRITE_CORPUS=1 writes one)", c.dir, sh.name)
 	}
 }
 
-func writeSeeds(t *testing.T, missing []sharedShape) []sharedShape {
+func writeSeeds(t *testing.T, c fuzzCorpus, missing []corpusShape) []corpusShape {
 	r := rand.New(rand.NewPCG(16, 16))
 	for range 2_000_000 {
 		if len(missing) == 0 {
@@ -191,11 +230,11 @@ func writeSeeds(t *testing.T, missing []sharedShape) []sharedShape {
 		for i := range b {
 			b[i] = byte(r.IntN(256))
 		}
-		w := generate(b)
+		w := c.generate(b)
 		for i, sh := range missing {
 			if sh.match(w) {
-				writeSeed(t, sharedCorpus, b)
-				writeSeed(t, "testdata/fuzz/FuzzEnginesAgree", append([]byte{1}, b...))
+				writeSeed(t, c.dir, b)
+				writeSeed(t, "testdata/fuzz/FuzzEnginesAgree", append([]byte{c.engines}, b...))
 				t.Logf("seed for %q", sh.name)
 				missing = slices.Delete(missing, i, i+1)
 				break

@@ -211,7 +211,7 @@ func (s *bytesource) mutateShared(n *locksv1alpha1.DistributedLock) *Actor {
 		case 17:
 			if e := entry(); e != nil {
 				e.LeaseDurationSeconds++
-				e.PodUID = "uid-" + pick(s, fuzzPods...)
+				e.PodUID = uidOf(pick(s, fuzzPods...))
 			}
 		case 18:
 			if len(st.Conditions) > 0 {
@@ -323,6 +323,8 @@ func newHoldingViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor)
 		return "an acquisition by the controller"
 	case fresh[0].User != a.Username:
 		return "an acquisition in another user's name"
+	case podViolation(fresh[0].PodName, fresh[0].PodUID, a) != "":
+		return podViolation(fresh[0].PodName, fresh[0].PodUID, a)
 	case tokens[0] != want || n.FencingToken != want:
 		return "an acquisition with a token other than resourceVersion + 1"
 	case leaseUsed(o, fresh[0].LeaseID):

@@ -140,7 +140,7 @@ func TestSharedRules(t *testing.T) {
 		{name: "the controller takes a permit", old: typed(sem, 2), edit: share(ctrlr, "l1", "r1", 0), actor: ctl, rule: RuleControllerOnly, msg: "the controller may expire holdings but never acquire a lock"},
 		{name: "a pod takes a permit in another pod's name", old: typed(sem, 2), edit: func(l *locksv1alpha1.DistributedLock) {
 			h := holder(bob, "l1", "r1")
-			h.PodName, h.PodUID = "p1", "uid-p1"
+			h.PodName, h.PodUID = "p1", uidOf("p1")
 			l.AcquireShared(h, 0, 101)
 		}, actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `sharedHolder.podName "p1" is not the requesting pod "p0"`},
 		{name: "a writer jumps readers queued before it", old: withWaiters(typed(rw, 0), sharedWaiter(bob, "rb"), sharedWaiter(carol, "rc"), waiter("dave", "rd")),
@@ -160,7 +160,7 @@ func TestSharedRules(t *testing.T) {
 		{name: "another pod renews a pod's permit", old: func() *locksv1alpha1.DistributedLock {
 			l := typed(sem, 2)
 			h := holder(bob, "lease-bob", "rb")
-			h.PodName, h.PodUID = "p0", "uid-p0"
+			h.PodName, h.PodUID = "p0", uidOf("p0")
 			l.AcquireShared(h, 0, 51)
 			return l
 		}(), edit: renewShared("lease-bob"), actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodHolding},

@@ -54,17 +54,30 @@ var (
 	metadataPath    = field.NewPath("metadata")
 	finalizersPath  = metadataPath.Child("finalizers")
 	forceDeletePath = metadataPath.Child("annotations").Key(locksv1alpha1.ForceDeleteAnnotation)
+	autoCreatedPath = metadataPath.Child("labels").Key(locksv1alpha1.AutoCreatedLabel)
 	specPath        = field.NewPath("spec")
 )
 
+// msgAutoCreatedAdded is the denial of an UPDATE that adds the auto-created
+// label; config/policy's metadata policy gives the same words.
+const msgAutoCreatedAdded = "the " + locksv1alpha1.AutoCreatedLabel + " label marks a client's create on first use: no update adds it to a lock"
+
 // MetadataChanged reports whether an UPDATE of the main resource touches what
-// the main-resource rules guard (finalizers, the force-delete annotation).
-// Every other edit (spec, labels, other annotations) is admitted unchecked.
-// The webhook's matchConditions and the policy's say the same in CEL.
+// the main-resource rules guard (finalizers, the force-delete annotation, the
+// auto-created label). Every other edit (spec, other labels and annotations)
+// is admitted unchecked. The webhook's matchConditions and the policy's say
+// the same in CEL.
 func MetadataChanged(oldObj, newObj *locksv1alpha1.DistributedLock) bool {
-	o, had := oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation]
-	n, has := newObj.Annotations[locksv1alpha1.ForceDeleteAnnotation]
-	return !slices.Equal(oldObj.Finalizers, newObj.Finalizers) || had != has || o != n
+	return !slices.Equal(oldObj.Finalizers, newObj.Finalizers) ||
+		!sameEntry(oldObj.Annotations, newObj.Annotations, locksv1alpha1.ForceDeleteAnnotation) ||
+		!sameEntry(oldObj.Labels, newObj.Labels, locksv1alpha1.AutoCreatedLabel)
+}
+
+// sameEntry reports whether key is absent from both maps or has one value in both.
+func sameEntry(o, n map[string]string, key string) bool {
+	ov, had := o[key]
+	nv, has := n[key]
+	return had == has && ov == nv
 }
 
 // CreateChecks says which SubjectAccessReviews ValidateCreate needs for lock.
@@ -88,7 +101,18 @@ func ValidateCreate(lock *locksv1alpha1.DistributedLock, a MetaActor) field.Erro
 		errs = append(errs, deny(specPath, RuleCreate, "user %q may create a lock only with the default spec, no finalizers and no %s annotation (anything else needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s); lock %s sets %s",
 			a.Username, locksv1alpha1.ForceDeleteAnnotation, UpdateVerb, lock.Namespace, lock.Name, strings.Join(bad, ", ")))
 	}
+	// The controller deletes an idle lock that carries the auto-created
+	// label: only a client's create on first use, with the default spec,
+	// carries it, whoever creates the lock.
+	if bad := nonDefaultSpec(lock); labelledAutoCreated(lock) && len(bad) > 0 {
+		errs = append(errs, deny(autoCreatedPath, RuleCreate, "lock %s carries the %s label with %s: the label marks a client's create on first use, with the default spec; declare the lock without it",
+			lock.Name, locksv1alpha1.AutoCreatedLabel, strings.Join(bad, ", ")))
+	}
 	return errs
+}
+
+func labelledAutoCreated(lock *locksv1alpha1.DistributedLock) bool {
+	return lock.Labels[locksv1alpha1.AutoCreatedLabel] == "true"
 }
 
 // ValidateMetadataUpdate checks an UPDATE of the main resource, oldObj → newObj, by a.
@@ -101,6 +125,11 @@ func ValidateMetadataUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Met
 		h := firstHolding(oldObj)
 		errs = append(errs, deny(finalizersPath, RuleHeldDelete, "lock %s is held by %s (lease %s); removing its finalizers %s is a delete: release it first, or annotate it %s=true, or use an account with the %q verb",
 			oldObj.Name, h.User, h.LeaseID, strings.Join(removedFinalizers(oldObj, newObj), ", "), locksv1alpha1.ForceDeleteAnnotation, locksv1alpha1.ForceReleaseVerb))
+	}
+	// An administrator who writes a lock owns it from then on; the
+	// controller keeps it whatever its labels.
+	if labelledAutoCreated(newObj) && !labelledAutoCreated(oldObj) {
+		errs = append(errs, deny(autoCreatedPath, RuleCreate, msgAutoCreatedAdded))
 	}
 	return errs
 }
@@ -141,31 +170,10 @@ func removedFinalizers(oldObj, newObj *locksv1alpha1.DistributedLock) []string {
 }
 
 // nonDefault lists what a lock user may not create: spec fields that differ
-// from their defaults (in specDefaults' order, then unknown fields sorted),
-// finalizers and the force-delete annotation. The spec is compared as JSON, the
-// form the policy sees, so a field this package does not know still counts.
+// from their defaults (nonDefaultSpec), finalizers, the force-delete
+// annotation and bulk metadata.
 func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
-	var out []string
-	spec, err := specJSON(lock.Spec)
-	if err != nil {
-		// Unreadable is not default: only administrators pass.
-		return []string{fmt.Sprintf("spec (unreadable: %v)", err)}
-	}
-	known := map[string]bool{}
-	for _, d := range specDefaults {
-		known[d.field] = true
-		if v, ok := spec[d.field]; ok && string(v) != d.value {
-			out = append(out, fmt.Sprintf("spec.%s=%s (default %s)", d.field, plain(v), plain([]byte(d.value))))
-		}
-	}
-	var unknown []string
-	for k, v := range spec {
-		if !known[k] {
-			unknown = append(unknown, fmt.Sprintf("spec.%s=%s", k, plain(v)))
-		}
-	}
-	sort.Strings(unknown)
-	out = append(out, unknown...)
+	out := nonDefaultSpec(lock)
 	if len(lock.Finalizers) > 0 {
 		out = append(out, "metadata.finalizers")
 	}
@@ -187,6 +195,34 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 		}
 	}
 	return out
+}
+
+// nonDefaultSpec lists the spec fields of lock that differ from their
+// defaults, in specDefaults' order, then unknown fields sorted. The spec is
+// compared as JSON, the form the policy sees, so a field this package does
+// not know still counts.
+func nonDefaultSpec(lock *locksv1alpha1.DistributedLock) []string {
+	spec, err := specJSON(lock.Spec)
+	if err != nil {
+		// Unreadable is not default: only administrators pass.
+		return []string{fmt.Sprintf("spec (unreadable: %v)", err)}
+	}
+	var out []string
+	known := map[string]bool{}
+	for _, d := range specDefaults {
+		known[d.field] = true
+		if v, ok := spec[d.field]; ok && string(v) != d.value {
+			out = append(out, fmt.Sprintf("spec.%s=%s (default %s)", d.field, plain(v), plain([]byte(d.value))))
+		}
+	}
+	var unknown []string
+	for k, v := range spec {
+		if !known[k] {
+			unknown = append(unknown, fmt.Sprintf("spec.%s=%s", k, plain(v)))
+		}
+	}
+	sort.Strings(unknown)
+	return append(out, unknown...)
 }
 
 // maxCreateMeta bounds the metadata entries of a lock created by a lock user:

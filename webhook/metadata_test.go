@@ -51,6 +51,15 @@ func annotate(v string) func(*locksv1alpha1.DistributedLock) {
 	}
 }
 
+func label(v string) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		if l.Labels == nil {
+			l.Labels = map[string]string{}
+		}
+		l.Labels[locksv1alpha1.AutoCreatedLabel] = v
+	}
+}
+
 func finalize(fs ...string) func(*locksv1alpha1.DistributedLock) {
 	return func(l *locksv1alpha1.DistributedLock) { l.Finalizers = fs }
 }
@@ -130,6 +139,16 @@ func TestValidateCreate(t *testing.T) {
 			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleCreate}},
 		{name: "force-delete annotation by an operator with update", lock: with(autoCreated(), annotate("true")),
 			actor: MetaActor{Actor: operator.Actor, CanUpdate: true}, checks: MetaChecks{ForceRelease: true, Update: true}},
+		// Only a client's create on first use carries the auto-created label.
+		{name: "the auto-created label on maxWaiters 0 by an administrator", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr(0) }),
+			actor: admin, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		{name: "the auto-created label on an RWMutex by a lock user", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) { l.Spec.Type = locksv1alpha1.RWMutex }),
+			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate, RuleCreate}},
+		{name: "the auto-created label with a finalizer by an administrator", lock: with(autoCreated(), finalize(finalizer)),
+			actor: admin, checks: MetaChecks{Update: true}},
+		{name: "the auto-created label false on maxWaiters 0 by an administrator", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) {
+			l.Labels[locksv1alpha1.AutoCreatedLabel], l.Spec.MaxWaiters = "false", ptr(0)
+		}), actor: admin, checks: MetaChecks{Update: true}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -228,6 +247,14 @@ func TestValidateMetadataUpdate(t *testing.T) {
 		{name: "remove a finalizer of a free lock", old: with(free(), finalize(finalizer)), edit: finalize(), actor: mallory, changed: true},
 		{name: "add a finalizer to a held lock", old: heldBy(alice), edit: finalize(finalizer), actor: mallory, changed: true},
 		{name: "reorder finalizers of a held lock", old: heldFinalized(), edit: finalize("other/f", finalizer), actor: mallory, changed: true},
+		{name: "add the auto-created label", old: defaulted(free()), edit: label("true"), actor: mallory, changed: true, want: []Rule{RuleCreate}},
+		{name: "add the auto-created label with every verb", old: defaulted(free()), edit: label("true"),
+			actor: MetaActor{Actor: operator.Actor, CanUpdate: true}, changed: true, want: []Rule{RuleCreate}},
+		{name: "turn the auto-created label from false to true", old: with(defaulted(free()), label("false")), edit: label("true"), actor: mallory,
+			changed: true, want: []Rule{RuleCreate}},
+		{name: "remove the auto-created label", old: autoCreated(), edit: func(l *locksv1alpha1.DistributedLock) { delete(l.Labels, locksv1alpha1.AutoCreatedLabel) },
+			actor: mallory, changed: true},
+		{name: "keep the auto-created label, change the spec", old: autoCreated(), edit: func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr(0) }, actor: mallory},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -319,5 +346,37 @@ func TestPolicySpecDefaultsMatch(t *testing.T) {
 	}
 	if got, want := norm(vars["specDefaults"]), "{"+strings.Join(pairs, ", ")+"}"; got != want {
 		t.Errorf("policy specDefaults = %s, want %s", got, want)
+	}
+}
+
+// TestMatchConditionsAgree holds the webhook registration's matchConditions
+// (config/webhook, from handler.go's marker) to the metadata policy's: the
+// same main-resource UPDATEs reach either engine.
+func TestMatchConditionsAgree(t *testing.T) {
+	read := func(path string, into any) {
+		b, err := os.ReadFile(filepath.Join("..", path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(b, into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	read("config/policy/metadata_validating_admission_policy.yaml", vap)
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	read("config/webhook/manifests.yaml", cfg)
+	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	var webhook []admissionregistrationv1.MatchCondition
+	for _, w := range cfg.Webhooks {
+		if w.Name == "vdistributedlock-meta.kubelock.io" {
+			webhook = w.MatchConditions
+		}
+	}
+	if len(webhook) != 1 || len(vap.Spec.MatchConditions) != 1 {
+		t.Fatalf("want one matchCondition each, got webhook %v, policy %v", webhook, vap.Spec.MatchConditions)
+	}
+	if w, p := norm(webhook[0].Expression), norm(vap.Spec.MatchConditions[0].Expression); w != p {
+		t.Fatalf("webhook matchCondition\n%s\npolicy\n%s", w, p)
 	}
 }

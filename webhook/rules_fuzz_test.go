@@ -3,6 +3,7 @@ package webhook
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"testing"
@@ -35,12 +36,30 @@ func (s *bytesource) bool() bool { return s.next()&1 == 1 }
 func pick[T any](s *bytesource, xs ...T) T { return xs[s.intn(len(xs))] }
 
 var (
-	fuzzUsers  = []string{alice, bob, "carol", ctrlr}
-	fuzzPods   = []string{"", "p0", "p1"}
+	fuzzUsers = []string{alice, bob, "carol", ctrlr}
+	// fuzzPods are the pods tokens are bound to ("" for none); badPod's
+	// token (an impersonated extra) names no pod's name and no pod's UID.
+	fuzzPods   = []string{"", "p0", "p1", badPod}
 	fuzzLeases = []string{"lease-0000000001", "lease-0000000002", "lease-0000000003", "lease-0000000004"}
 	fuzzReqs   = []string{"r0", "r1", "r2", "r3", "r4", "r5"}
 	fuzzZones  = []*time.Location{time.UTC, time.FixedZone("", 3600), time.FixedZone("", -5*3600-1800)}
 )
+
+// badPod is a podName the controller's read of the pod would turn into a
+// read of another URL.
+const badPod = "../../../../../version"
+
+// fuzzPodUIDs are the UIDs of the pods p0 and p1.
+var fuzzPodUIDs = map[string]string{"p0": "6a1f0c3e-2b4d-4e5f-8a9b-0c1d2e3f4a5b", "p1": "7b2e1d4f-3c5e-4f60-9bac-1d2e3f4a5b6c"}
+
+// uidOf is the UID of pod's bound token: p0's and p1's are UIDs, any
+// other's (no pod's, "" included) is not.
+func uidOf(pod string) string {
+	if uid, ok := fuzzPodUIDs[pod]; ok {
+		return uid
+	}
+	return "uid-" + pod
+}
 
 // time picks instants near now, at odd sub-microsecond offsets, and at the ends
 // of the years Go can write.
@@ -63,7 +82,7 @@ func (s *bytesource) waiter() locksv1alpha1.Waiter {
 		w.Deadline = s.time()
 	}
 	if pod != "" {
-		w.PodName, w.PodUID = pod, "uid-"+pod
+		w.PodName, w.PodUID = pod, uidOf(pod)
 	}
 	return w
 }
@@ -74,7 +93,7 @@ func (s *bytesource) holder() *locksv1alpha1.LockHolder {
 	h := &locksv1alpha1.LockHolder{Identity: "h", User: pick(s, fuzzUsers...), LeaseID: pick(s, fuzzLeases...),
 		RequestID: pick(s, fuzzReqs...), LeaseDurationSeconds: 30, AcquireTime: t, RenewTime: &t}
 	if pod != "" {
-		h.PodName, h.PodUID = pod, "uid-"+pod
+		h.PodName, h.PodUID = pod, uidOf(pod)
 	}
 	return h
 }
@@ -201,7 +220,7 @@ func (s *bytesource) mutate(n *locksv1alpha1.DistributedLock) *Actor {
 			}
 		case 15:
 			if st.Holder != nil {
-				st.Holder.PodUID = "uid-" + pick(s, fuzzPods...)
+				st.Holder.PodUID = uidOf(pick(s, fuzzPods...))
 			}
 		case 18:
 			st.Transitions += int64(pick(s, 1, -1))
@@ -236,7 +255,7 @@ func (s *bytesource) leave(st *locksv1alpha1.DistributedLockStatus, hint *Actor)
 func actorOf(user, pod string) *Actor {
 	a := &Actor{Username: user, IsController: user == ctrlr}
 	if pod != "" {
-		a.Extra = map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {"uid-" + pod}}
+		a.Extra = map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {uidOf(pod)}}
 	}
 	return a
 }
@@ -249,7 +268,7 @@ func (s *bytesource) actor(hint *Actor) Actor {
 	a := Actor{Username: pick(s, fuzzUsers...), CanForceRelease: s.intn(4) == 0}
 	a.IsController = a.Username == ctrlr && s.intn(4) != 0
 	if pod := pick(s, fuzzPods...); pod != "" {
-		a.Extra = map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {"uid-" + pod}}
+		a.Extra = map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {uidOf(pod)}}
 	}
 	return a
 }
@@ -396,6 +415,9 @@ func queueViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) stri
 			if oldObj.DeletionTimestamp != nil {
 				return "a new waiter on a lock being deleted"
 			}
+			if msg := podViolation(w.PodName, w.PodUID, a); msg != "" {
+				return msg
+			}
 		}
 		if w.User == a.Username {
 			mine++
@@ -406,6 +428,27 @@ func queueViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) stri
 		return "more than one new waiter in one write"
 	case added == 1 && mine > newObj.MaxWaitersPerUser():
 		return "more entries of one user than maxWaitersPerUser"
+	}
+	return ""
+}
+
+var (
+	podNameRE = regexp.MustCompile(locksv1alpha1.PodNamePattern)
+	podUIDRE  = regexp.MustCompile(locksv1alpha1.PodUIDPattern)
+)
+
+// podViolation: a new holding's or waiter's pod fields are the writer's
+// token's (none from a token bound to no pod), a pod's name and UID as the
+// CRD's patterns say.
+func podViolation(name, uid string, a Actor) string {
+	myName, myUID := a.pod()
+	switch {
+	case name != myName || uid != myUID:
+		return "a new entry naming a pod its writer's token is not bound to"
+	case name != "" && (len(name) > 253 || !podNameRE.MatchString(name)):
+		return "a new entry whose podName is no pod's name"
+	case uid != "" && !podUIDRE.MatchString(uid):
+		return "a new entry whose podUID is no pod's UID"
 	}
 	return ""
 }

@@ -63,18 +63,6 @@ var (
 	}
 )
 
-// pod is the writer's pod as its bound token names it; uid is "" when the
-// token is not bound to a pod.
-func (a Actor) pod() (name, uid string) {
-	if v := a.Extra[ExtraPodName]; len(v) > 0 {
-		name = v[0]
-	}
-	if v := a.Extra[ExtraPodUID]; len(v) > 0 {
-		uid = v[0]
-	}
-	return name, uid
-}
-
 // validateBookkeeping keeps every writer's counts true (holderCount, and
 // transitions, by which a client tells whether its lost acquire could still be
 // in recentAcquisitions) and lock users from forging observedGeneration and
@@ -176,7 +164,7 @@ func validateJoin(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.
 	if len(added) > 1 {
 		errs = append(errs, deny(waitersPath, RuleQueue, msgOneWaiterPerWrite))
 	}
-	podName, podUID := a.pod()
+	_, podUID := a.pod()
 	mine, minePod := 0, 0
 	for _, w := range n.Waiters {
 		if w.User == a.Username {
@@ -197,29 +185,9 @@ func validateJoin(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.
 		if d := w.Deadline.Sub(w.EnqueueTime.Time); d <= 0 || d > newObj.MaxWait() {
 			errs = append(errs, deny(p.Child("deadline"), RuleWaitBound, msgWaitBound))
 		}
-		errs = append(errs, validatePodFields(p, "waiter", w.PodName, w.PodUID, a, podName, podUID)...)
+		errs = append(errs, validatePodFields(p, "waiter", w.PodName, w.PodUID, a)...)
 	}
 	return errs
-}
-
-// validatePodFields checks the pod fields of a new holder or waiter against the
-// writer's bound token: a pod-bound writer must write its own pod.
-func validatePodFields(p *field.Path, what, name, uid string, a Actor, podName, podUID string) field.ErrorList {
-	var errs field.ErrorList
-	if len(a.Extra[ExtraPodName]) > 0 && name != podName {
-		errs = append(errs, deny(p.Child("podName"), RulePodBinding, "%s.podName %q is not the requesting pod %q", what, name, podName))
-	}
-	if podUID != "" && uid != podUID {
-		errs = append(errs, deny(p.Child("podUID"), RulePodBinding, "%s.podUID %q is not the requesting pod's UID %q", what, uid, podUID))
-	}
-	return errs
-}
-
-// samePod reports whether a writes from the pod uid names; a holding or entry
-// without a pod is anyone's of its user.
-func samePod(uid string, a Actor) bool {
-	_, mine := a.pod()
-	return uid == "" || uid == mine
 }
 
 var (

@@ -207,19 +207,19 @@ func end(reason locksv1alpha1.EndReason, by string) func(*locksv1alpha1.Distribu
 }
 
 func podActor(user, pod string) Actor {
-	return Actor{Username: user, Extra: map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {"uid-" + pod}}}
+	return Actor{Username: user, Extra: map[string][]string{ExtraPodName: {pod}, ExtraPodUID: {uidOf(pod)}}}
 }
 
 func podWaiter(user, req, pod string) locksv1alpha1.Waiter {
 	w := waiter(user, req)
-	w.PodName, w.PodUID = pod, "uid-"+pod
+	w.PodName, w.PodUID = pod, uidOf(pod)
 	return w
 }
 
 func podHeld(user, pod string) *locksv1alpha1.DistributedLock {
 	l := free()
 	h := holder(user, "lease-a", "req-a")
-	h.PodName, h.PodUID = pod, "uid-"+pod
+	h.PodName, h.PodUID = pod, uidOf(pod)
 	l.Acquire(h, 101)
 	l.ResourceVersion = "200"
 	return l
@@ -329,8 +329,8 @@ func TestHardeningRules(t *testing.T) {
 		{name: "a wait within a lower maxWaitSeconds", old: maxWaitOf(heldBy(alice), 60), edit: appendW(deadlined(waiter(bob, "b1"), later(time.Minute))), actor: Actor{Username: bob}},
 		{name: "a wait beyond a lower maxWaitSeconds", old: maxWaitOf(heldBy(alice), 60), edit: appendW(deadlined(waiter(bob, "b1"), later(2*time.Minute))), actor: Actor{Username: bob}, rule: RuleWaitBound, msg: msgWaitBound},
 		// pod-binding
-		{name: "a pod acquires without its pod fields", old: free(), edit: acquireAs(bob, "l1", "r1"), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `holder.podUID "" is not the requesting pod's UID "uid-p0"`},
-		{name: "a pod enqueues without its pod fields", old: heldBy(alice), edit: appendW(waiter(bob, "b1")), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `waiter.podUID "" is not the requesting pod's UID "uid-p0"`},
+		{name: "a pod acquires without its pod fields", old: free(), edit: acquireAs(bob, "l1", "r1"), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `holder.podUID "" is not the requesting pod's UID "` + uidOf("p0") + `"`},
+		{name: "a pod enqueues without its pod fields", old: heldBy(alice), edit: appendW(waiter(bob, "b1")), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `waiter.podUID "" is not the requesting pod's UID "` + uidOf("p0") + `"`},
 		{name: "a pod enqueues in another pod's name", old: heldBy(alice), edit: appendW(podWaiter(bob, "b1", "p1")), actor: podActor(bob, "p0"), rule: RulePodBinding, msg: `waiter.podName "p1" is not the requesting pod "p0"`},
 		{name: "the holding pod renews", old: podHeld(bob, "p0"), edit: renew, actor: podActor(bob, "p0")},
 		{name: "another pod renews", old: podHeld(bob, "p0"), edit: renew, actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodHolding},
@@ -342,7 +342,7 @@ func TestHardeningRules(t *testing.T) {
 		{name: "the pod removes its entry", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: podActor(bob, "p0")},
 		{name: "another pod acquires with a pod's head entry", old: queued(podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) {
 			h := holder(bob, "l1", "b1")
-			h.PodName, h.PodUID = "p1", "uid-p1"
+			h.PodName, h.PodUID = "p1", uidOf("p1")
 			l.Acquire(h, 101)
 		}, actor: podActor(bob, "p1"), rule: RulePodBinding, msg: msgPodWaiter},
 		{name: "the controller drops a pod's entry", old: heldBy(alice, podWaiter(bob, "b1", "p0")), edit: func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter("b1") }, actor: Actor{Username: ctrlr, IsController: true}},

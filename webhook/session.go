@@ -28,8 +28,6 @@ const (
 	msgSessionLocks        = "status.locks of a session is the controller's count"
 	msgSessionRenewTime    = "status.renewTime of a session is never removed and never moves backwards"
 	msgSessionRenew        = "a holding in a session is renewed through its session"
-	// MsgSessionPodRef is exported for the admission suite: both engines say it.
-	MsgSessionPodRef = "a holding or waiter in a session carries a podUID only when written from that pod's bound token"
 )
 
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
@@ -74,6 +72,7 @@ func ValidateSessionCreate(s *locksv1alpha1.LockSession, a Actor) field.ErrorLis
 	} else if s.Spec.PodName != "" || s.Spec.PodUID != "" || len(s.OwnerReferences) > 0 {
 		errs = append(errs, deny(specPath, RuleSession, msgSessionNoPod))
 	}
+	errs = append(errs, validatePodForm(specPath, "spec", s.Spec.PodName, s.Spec.PodUID)...)
 	if len(s.Finalizers) > 0 {
 		errs = append(errs, deny(finalizersPath, RuleSession, msgSessionFinalizers))
 	}
@@ -224,12 +223,8 @@ func ValidateSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor,
 			errs = append(errs, deny(k.path.Child("renewTime"), RuleSession, msgSessionRenew))
 		}
 	}
-	_, mine := a.pod()
+	// The podUID of each reference is the writer's token's (pod-binding).
 	for _, r := range newSessionRefs(oldObj, newObj) {
-		if r.podUID != "" && mine == "" {
-			// A pod-bound writer's podUID is checked as pod-binding.
-			errs = append(errs, deny(r.path, RuleSession, MsgSessionPodRef))
-		}
 		maxLease := int32(0)
 		if r.holds {
 			maxLease = newObj.MaxLease()

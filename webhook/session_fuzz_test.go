@@ -23,8 +23,8 @@ func (s *bytesource) session() *locksv1alpha1.LockSession {
 		Status:     locksv1alpha1.LockSessionStatus{Locks: int32(s.intn(4))},
 	}
 	if pod := pick(s, fuzzPods...); pod != "" {
-		ls.Spec.PodName, ls.Spec.PodUID = pod, "uid-"+pod
-		ls.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod, UID: types.UID("uid-" + pod)}}
+		ls.Spec.PodName, ls.Spec.PodUID = pod, uidOf(pod)
+		ls.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod, UID: types.UID(uidOf(pod))}}
 	}
 	if s.bool() {
 		t := s.time()
@@ -53,7 +53,7 @@ func (s *bytesource) mutateSession(n *locksv1alpha1.LockSession) {
 			n.OwnerReferences = nil
 		case 6:
 			pod := pick(s, fuzzPods...)
-			n.Spec.PodName, n.Spec.PodUID = pod, "uid-"+pod
+			n.Spec.PodName, n.Spec.PodUID = pod, uidOf(pod)
 		case 7:
 			n.Spec.User = pick(s, fuzzUsers...)
 		case 8:
@@ -96,6 +96,8 @@ func FuzzValidateSessionRules(f *testing.F) {
 				msg = "a session in another user's name"
 			case newObj.Spec.PodUID != uid || newObj.Spec.PodName != name:
 				msg = "pod fields that are not the writer's pod"
+			case podViolation(name, uid, a.Actor) != "":
+				msg = "pod fields that are no pod's name and UID"
 			case uid != "" && !podOwner(newObj.OwnerReferences, name, uid):
 				msg = "a pod's session not owned by exactly that pod"
 			case uid == "" && len(newObj.OwnerReferences) > 0:

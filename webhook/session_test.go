@@ -22,8 +22,8 @@ func session(pod string) *locksv1alpha1.LockSession {
 		Status:     locksv1alpha1.LockSessionStatus{RenewTime: &now, Locks: 2},
 	}
 	if pod != "" {
-		s.Spec.PodName, s.Spec.PodUID = pod, "uid-"+pod
-		s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod, UID: types.UID("uid-" + pod)}}
+		s.Spec.PodName, s.Spec.PodUID = pod, uidOf(pod)
+		s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod, UID: types.UID(uidOf(pod))}}
 	}
 	return s
 }
@@ -65,7 +65,7 @@ func TestValidateSessionCreate(t *testing.T) {
 			s.OwnerReferences = nil
 		}, actor: podActor(alice, "p0")},
 		{name: "owner reference to another pod", s: session("p0"), edit: func(s *locksv1alpha1.LockSession) {
-			s.OwnerReferences[0].UID = "uid-p1"
+			s.OwnerReferences[0].UID = types.UID(uidOf("p1"))
 		}, actor: podActor(alice, "p0")},
 		{name: "owner reference of another kind", s: session("p0"), edit: func(s *locksv1alpha1.LockSession) {
 			s.OwnerReferences[0].Kind = "Deployment"
@@ -80,7 +80,7 @@ func TestValidateSessionCreate(t *testing.T) {
 			s.OwnerReferences[0].Controller = yes()
 		}, actor: podActor(alice, "p0")},
 		{name: "forged owner reference without a pod token", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
-			s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p0", UID: "uid-p0"}}
+			s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "p0", UID: types.UID(uidOf("p0"))}}
 		}, actor: Actor{Username: alice}},
 		{name: "a pod's service account in another namespace", s: session("p0"), edit: func(s *locksv1alpha1.LockSession) {
 			s.Spec.User = "system:serviceaccount:other:worker"
@@ -195,7 +195,7 @@ func TestValidateSessionRefs(t *testing.T) {
 			h := holder(alice, "l1", "r1")
 			h.Session = name
 			if pod != "" {
-				h.PodName, h.PodUID = pod, "uid-"+pod
+				h.PodName, h.PodUID = pod, uidOf(pod)
 			}
 			l.Acquire(h, 101)
 		}

@@ -366,6 +366,23 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		},
 		want: `status.holder.leaseID: Invalid value: "short": holder.leaseID in body should be at least 16 chars long`}),
 
+	// Pod fields reach the controller's read of the pod: a pod's name and UID only.
+	Entry("status: holder podName that is no pod's name", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			token, _ := locksv1.NextFencingToken(l.ResourceVersion)
+			h := holder("bob", 2)
+			h.PodName = "../../../../../version"
+			l.Acquire(h, token)
+		},
+		want: `status.holder.podName: Invalid value: "../../../../../version": holder.podName in body should match '` + locksv1.PodNamePattern + "'"}),
+	Entry("status: waiter podUID that is no pod's UID", invalidCase{setup: held, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			w := waiter("bob", 2)
+			w.PodName, w.PodUID = "worker-7d9f", "0B7E4B6C-6F3A-4D5E-9C1A-2F0E8D7C6B5A"
+			l.Status.AppendWaiter(w)
+		},
+		want: `status.waiters[0].podUID: Invalid value: "0B7E4B6C-6F3A-4D5E-9C1A-2F0E8D7C6B5A": waiters[0].podUID in body should match '` + locksv1.PodUIDPattern + "'"}),
+
 	// status: the queue
 	Entry("status: waiterCount does not match the queue", invalidCase{setup: heldWithWaiters, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.WaiterCount-- },

@@ -74,6 +74,13 @@ const (
 	// IdentityPattern refuses control and format characters (terminal escapes,
 	// bidi overrides) in names people read.
 	IdentityPattern = `^[^\p{Cc}\p{Cf}]+$`
+	// PodNamePattern is a pod's name, a DNS-1123 subdomain, and PodUIDPattern
+	// a pod's UID as the apiserver assigns it, a lower-case UUID: the
+	// controller reads the pod a holding or waiter names, so nothing else is
+	// stored there (a podName such as "../../version" would make that read
+	// another URL). The podName and podUID markers say the same.
+	PodNamePattern = `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	PodUIDPattern  = `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
 )
 
 // EndReason says how a holding ended.
@@ -224,13 +231,13 @@ type LockHolder struct {
 	// podName is the holder's pod, when it runs in one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	PodName string `json:"podName,omitempty"`
 
 	// podUID is the UID of the holder's pod, when it runs in one.
 	// +optional
-	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:MaxLength=36
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
 	PodUID string `json:"podUID,omitempty"`
 
 	// session names the LockSession (in the lock's namespace) whose renewals keep
@@ -314,13 +321,13 @@ type Waiter struct {
 	// podName is the waiter's pod, when it runs in one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	PodName string `json:"podName,omitempty"`
 
 	// podUID is the UID of the waiter's pod, when it runs in one.
 	// +optional
-	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:MaxLength=36
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
 	PodUID string `json:"podUID,omitempty"`
 
 	// mode is how the waiter wants to hold the lock: Exclusive (a Mutex's only

@@ -115,6 +115,10 @@ var _ = Describe("the LockSession CRD", func() {
 			setSessionSpec("identity", "w\x1b[2J")),
 		Entry("a pod name with a newline", "spec.podName in body should match",
 			setSessionSpec("podName", "pod\nroot")),
+		Entry("a pod name that is no pod's name", "spec.podName in body should match '"+locksv1.PodNamePattern+"'",
+			setSessionSpec("podName", "../../../../../version")),
+		Entry("a pod UID that is no pod's UID", "spec.podUID in body should match '"+locksv1.PodUIDPattern+"'",
+			setSessionSpec("podUID", "uid-worker-0")),
 	)
 
 	It("refuses a status Go cannot read or a negative count", func(ctx SpecContext) {

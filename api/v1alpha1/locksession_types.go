@@ -46,13 +46,13 @@ type LockSessionSpec struct {
 	// podName is the client's pod, taken from its bound service-account token.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	PodName string `json:"podName,omitempty"`
 
 	// podUID is the UID of the client's pod, taken from its bound service-account token.
 	// +optional
-	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:MaxLength=36
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
 	PodUID string `json:"podUID,omitempty"`
 }
 

@@ -121,12 +121,11 @@ func (c *Client) User(ctx context.Context) (string, error) {
 		return "", err
 	}
 	c.user = info.Username
-	c.podName, c.podUID = c.cfg.podName, ""
+	if name := info.Extra[extraPodName]; len(name) > 0 {
+		c.podName = name[0]
+	}
 	if uid := info.Extra[extraPodUID]; len(uid) > 0 {
-		c.podUID, c.podName = uid[0], ""
-		if name := info.Extra[extraPodName]; len(name) > 0 {
-			c.podName = name[0]
-		}
+		c.podUID = uid[0]
 	}
 	return c.user, nil
 }
@@ -138,9 +137,8 @@ const (
 )
 
 // pod is the pod this client writes into holdings and queue entries: the one
-// its token is bound to. Without a bound token it is only the configured pod
-// name: a pod UID the token does not carry would lock the holder out of its
-// own renewals. Call after User.
+// its token is bound to, as admission demands; none without a bound token.
+// Call after User.
 func (c *Client) pod() (name, uid string) {
 	c.userMu.Lock()
 	defer c.userMu.Unlock()

@@ -30,8 +30,6 @@ type Option func(*config)
 type config struct {
 	namespace     string
 	identity      string
-	podName       string
-	podUID        string
 	leaseDuration time.Duration
 	maxWait       time.Duration
 	autoCreate    bool
@@ -55,8 +53,6 @@ func defaultConfig() config {
 	return config{
 		namespace: ns,
 		identity:  identity,
-		podName:   os.Getenv("POD_NAME"),
-		podUID:    os.Getenv("POD_UID"),
 		maxWait:   DefaultMaxWait,
 		autoRenew: true,
 		log:       logr.Discard(),
@@ -99,13 +95,13 @@ func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns
 // WithIdentity sets the holder's human-friendly name (default: POD_NAME, else the hostname).
 func WithIdentity(id string) Option { return func(c *config) { c.identity = id } }
 
-// WithPod records the holder's pod name in holdings and queue entries when the
-// client's token is not bound to a pod (default: POD_NAME). With a bound token
-// the client writes the token's pod name and UID, which admission requires; a
-// pod UID is never written without one, so uid is kept only for compatibility.
-func WithPod(name, uid string) Option {
-	return func(c *config) { c.podName, c.podUID = name, uid }
-}
+// WithPod has no effect. A client writes into holdings and queue entries the
+// pod its token is bound to (the token the kubelet mounts in a pod is), and no
+// pod with any other token: admission accepts pod fields only from a token
+// bound to that very pod.
+//
+// Deprecated: the pod comes from the client's token.
+func WithPod(name, uid string) Option { return func(*config) {} }
 
 // WithLeaseDuration sets the lease asked for (whole seconds, 1s..1h). Default: the lock's spec.leaseDurationSeconds.
 func WithLeaseDuration(d time.Duration) Option { return func(c *config) { c.leaseDuration = d } }

@@ -82,8 +82,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.cfg.namespace, GenerateName: prefix + "-"},
 		Spec:       locksv1alpha1.LockSessionSpec{User: user, Identity: c.cfg.identity, TTLSeconds: int32(cfg.ttl / time.Second)},
 	}
-	// A pod name alone (POD_NAME without a bound token) is not written:
-	// admission takes pod fields only from the token.
+	// Pod fields only from a bound token, and then with the pod's ownerReference.
 	if podName, podUID := c.pod(); podUID != "" {
 		obj.Spec.PodName, obj.Spec.PodUID = podName, podUID
 		obj.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: podName, UID: types.UID(podUID)}}

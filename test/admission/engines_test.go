@@ -21,6 +21,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
+	kwebhook "github.com/kubelock/kubelock/webhook"
 )
 
 var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
@@ -135,6 +136,25 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 				Expect(l.Status.RecentAcquisitions).To(HaveLen(2))
 			})
 
+			It("admits a pod queueing with its real bound token once another credential's forgery of it was refused", func(ctx SpecContext) {
+				key := held.build(ctx, ns)
+				pods, sa := podsOf(ctx, ns, 1)
+				p := pods[0]
+				inPod := func(n int) locksv1alpha1.Waiter {
+					w := waiter(p.user.name, n)
+					w.PodName, w.PodUID = p.pod.Name, string(p.pod.UID)
+					return w
+				}
+				unbound := unboundTokenUser(ctx, sa)
+				Expect(write(ctx, unbound, key, enqueue(inPod(1)))).To(MatchError(ContainSubstring(kwebhook.MsgNoPodToken)))
+				Expect(write(ctx, p.user, key, enqueue(inPod(2)))).To(Succeed())
+				Expect(write(ctx, unbound, key, enqueue(waiter(p.user.name, 3)))).To(Succeed(), "without pod fields")
+				ws := get(ctx, key).Status.Waiters
+				Expect(ws).To(HaveLen(2))
+				Expect(ws[0].PodUID).To(BeEquivalentTo(p.pod.UID))
+				Expect(ws[1].PodUID).To(BeEmpty())
+			})
+
 			It("admits a lock user keeping observedGeneration and the Held condition in step", func(ctx SpecContext) {
 				key := free.build(ctx, ns)
 				Expect(write(ctx, alice, key, acquire(holder("alice", 1)))).To(Succeed())
@@ -187,7 +207,7 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 			It("admits a pod's service account acquiring in its own pod's name", func(ctx SpecContext) {
 				key := free.build(ctx, ns)
 				h := holder(podSA, 1)
-				h.PodName, h.PodUID = "worker-0", "uid-worker-0"
+				h.PodName, h.PodUID = pod0Name, pod0UID
 				Expect(write(ctx, podUser, key, acquire(h))).To(Succeed())
 			})
 

@@ -297,30 +297,40 @@ func leaseOf(user string, seconds int32) locksv1alpha1.LockHolder {
 // as podUser, another holder.
 const otherPod = podSA + "@worker-1"
 
-// Pod-bound tokens of podSA as the suite impersonates them.
+// Pod-bound tokens of podSA as the suite impersonates them (the pods'
+// UIDs are the apiserver's form; no pod has them).
 const (
-	pod0Name, pod0UID = "worker-0", "uid-worker-0"
-	pod1Name, pod1UID = "worker-1", "uid-worker-1"
+	pod0Name, pod0UID = "worker-0", "5f0c3a9e-1b2d-4c6e-8f70-9a1b2c3d4e5f"
+	pod1Name, pod1UID = "worker-1", "6e1d4b0f-2c3e-4d7f-9081-ab2c3d4e5f60"
 )
 
-var otherPodUser = sync.OnceValue(func() *user {
-	imp := rest.CopyConfig(env.Config)
-	imp.QPS = -1
-	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
-		kwebhook.ExtraPodName: {pod1Name}, kwebhook.ExtraPodUID: {pod1UID},
-	}}
-	return &user{name: podSA, c: newClient(imp)}
-})
+var otherPodUser = sync.OnceValue(func() *user { return impersonatedPod(pod1Name, pod1UID) })
+
+// badPod names podSA with impersonated pod extras that are no pod's name
+// and UID (a real token's never are).
+const (
+	badPod                = podSA + "@bad-pod"
+	badPodName, badPodUID = "../../../../../version", "uid-worker-0"
+)
+
+var badPodUser = sync.OnceValue(func() *user { return impersonatedPod(badPodName, badPodUID) })
 
 // unboundPod names podSA with a token bound to no pod (no pod extra).
 const unboundPod = podSA + "@no-pod"
 
-var unboundPodUser = sync.OnceValue(func() *user {
+var unboundPodUser = sync.OnceValue(func() *user { return impersonatedPod("", "") })
+
+// impersonatedPod is podSA with a token bound to the pod name and uid, as
+// the suite impersonates one; with neither, a token bound to no pod.
+func impersonatedPod(name, uid string) *user {
 	imp := rest.CopyConfig(env.Config)
 	imp.QPS = -1
 	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA}
-	return &user{name: podSA, c: newClient(imp)}
-})
+	if name != "" || uid != "" {
+		imp.Impersonate.Extra = map[string][]string{kwebhook.ExtraPodName: {name}, kwebhook.ExtraPodUID: {uid}}
+	}
+	return &user{name: podSA, c: newClient(imp), cfg: imp}
+}
 
 // actor is who of the table's users, and podSA's other tokens.
 func actor(by string) *user {
@@ -329,6 +339,8 @@ func actor(by string) *user {
 		return otherPodUser()
 	case unboundPod:
 		return unboundPodUser()
+	case badPod:
+		return badPodUser()
 	}
 	return who(by)
 }
@@ -345,6 +357,17 @@ func podWaiter(n int, name, uid string) locksv1alpha1.Waiter {
 	w := waiter(podSA, n)
 	w.Identity, w.PodName, w.PodUID = name, name, uid
 	return w
+}
+
+// forgeSibling: a token of a real service account bound to no pod (kubectl
+// create token) queues for the lock at key in the name and UID of a real pod
+// of that account, whose own bound token is elsewhere.
+func forgeSibling(ctx context.Context, _ *user, key client.ObjectKey) error {
+	pods, sa := podsOf(ctx, key.Namespace, 2)
+	u, sibling := unboundTokenUser(ctx, sa), pods[1].pod
+	w := waiter(u.name, 1)
+	w.PodName, w.PodUID = sibling.Name, string(sibling.UID)
+	return write(ctx, u, key, enqueue(w))
 }
 
 // podHolds: worker-0 acquires the lock (holding number 1).
@@ -453,6 +476,9 @@ func statusHostileEntries() []TableEntry {
 	queue, waitBound, podBinding := tag(kwebhook.RuleQueue), tag(kwebhook.RuleWaitBound), tag(kwebhook.RulePodBinding)
 	leaseIDTag, terminating := tag(kwebhook.RuleLeaseID), tag(kwebhook.RuleTerminating)
 	identityPattern := "in body should match '" + locksv1alpha1.IdentityPattern + "'"
+	podNamePattern := "in body should match '" + locksv1alpha1.PodNamePattern + "'"
+	podUIDPattern := "in body should match '" + locksv1alpha1.PodUIDPattern + "'"
+	noPodToken := kwebhook.MsgNoPodToken
 	microPattern := "in body should match '" + locksv1alpha1.MicroTimePattern + "'"
 	return []TableEntry{
 		// --- class 2: bookkeeping cannot be forged --------------------------------
@@ -595,6 +621,45 @@ func statusHostileEntries() []TableEntry {
 			do:   update(acquire(podHolder(1, pod1Name, pod1UID))),
 			want: []string{podBinding + msgPodWaiter}}),
 
+		// --- pod fields only from that pod's bound token --------------------------------------
+		// A token of the pods' service account bound to no pod (kubectl create
+		// token, a CI token) put a sibling's name and UID in the queue (the pod
+		// was then refused as having an entry already) or a podName that made
+		// the controller's read of the pod another URL (its reconcile of the
+		// lock failed every time).
+		Entry("a token bound to no pod queueing in a sibling pod's name and UID", hostile{state: held, by: unboundPod,
+			do:   update(enqueue(podWaiter(1, pod1Name, pod1UID))),
+			want: []string{podBinding + `waiter.podName "` + pod1Name + `" ` + noPodToken}}),
+		Entry("a token bound to no pod queueing with a pod's UID only", hostile{state: held, by: unboundPod,
+			do: update(enqueue(func() locksv1alpha1.Waiter {
+				w := waiter(podSA, 1)
+				w.PodUID = pod1UID
+				return w
+			}())),
+			want: []string{podBinding + `waiter.podUID "` + pod1UID + `" ` + noPodToken}}),
+		Entry("a token bound to no pod acquiring in a pod's name and UID", hostile{state: free, by: unboundPod,
+			do:   update(acquire(podHolder(1, pod0Name, pod0UID))),
+			want: []string{podBinding + `holder.podName "` + pod0Name + `" ` + noPodToken}}),
+		Entry("a token bound to no pod taking a permit in a pod's name and UID", hostile{state: state{spec: sem3Spec}, by: unboundPod,
+			do:   update(acquireShared(podHolder(1, pod0Name, pod0UID), 0)),
+			want: []string{podBinding + `sharedHolder.podName "` + pod0Name + `" ` + noPodToken}}),
+		Entry("a certificate user queueing in a pod's name", hostile{state: held, by: "bob",
+			do: update(enqueue(func() locksv1alpha1.Waiter {
+				w := waiter("bob", 1)
+				w.PodName = pod0Name
+				return w
+			}())),
+			want: []string{podBinding + `waiter.podName "` + pod0Name + `" ` + noPodToken}}),
+		Entry("a token of the pods' account bound to no pod queueing in a real sibling pod's name and UID", hostile{state: held, by: "bob",
+			do:   forgeSibling,
+			want: []string{podBinding + `waiter.podName "worker-`, `" ` + noPodToken}}),
+		Entry("a token bound to no pod queueing with podName ../../../../../version", hostile{state: held, by: unboundPod,
+			do:   update(enqueue(podWaiter(1, "../../../../../version", ""))),
+			want: []string{"podName " + podNamePattern}}),
+		Entry("a token whose pod extras are no pod's name and UID queueing in their name", hostile{state: held, by: badPod,
+			do:   update(enqueue(podWaiter(1, badPodName, badPodUID))),
+			want: []string{"podName " + podNamePattern, "podUID " + podUIDPattern}}),
+
 		// --- class 8: lease IDs are fresh -----------------------------------------------------
 		Entry("acquire reusing the leaseID of the holding just released", hostile{state: freeHistory, by: "alice",
 			do:   update(acquire(holder("alice", 0))),
@@ -631,14 +696,14 @@ func statusHostileEntries() []TableEntry {
 				w.PodName = "\x1b[2Jworker-0"
 				return w
 			}())),
-			want: []string{"podName " + identityPattern}}),
+			want: []string{"podName " + podNamePattern}}),
 		Entry("a holder podUID with a right-to-left override (U+202E)", hostile{state: free, by: "bob",
 			do: update(acquire(func() locksv1alpha1.LockHolder {
 				h := holder("bob", 1)
 				h.PodUID = "uid-\u202e0"
 				return h
 			}())),
-			want: []string{"podUID " + identityPattern}}),
+			want: []string{"podUID " + podUIDPattern}}),
 		Entry("a waiter identity with a terminal escape sequence", hostile{state: held, by: "bob",
 			do: update(enqueue(func() locksv1alpha1.Waiter {
 				w := waiter("bob", 1)

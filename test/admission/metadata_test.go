@@ -32,6 +32,8 @@ const keepFinalizer = "example.com/keep"
 // metaHostile is a write to a lock's metadata, or a create, that both engines deny.
 type metaHostile struct {
 	state state
+	// setup, if set, brings the built lock further as the administrator.
+	setup func(ctx context.Context, key client.ObjectKey)
 	// by names the writer.
 	by string
 	// do writes to the lock at key (for creates: creates a lock named key).
@@ -117,6 +119,21 @@ func createDenied(u, sets string) []string {
 	}
 }
 
+// The auto-created label's denials, as both engines word them.
+const (
+	autoCreatedSpecOnly = "the label marks a client's create on first use, with the default spec; declare the lock without it"
+	autoCreatedAdded    = "[kubelock:create] the locks.kubelock.io/auto-created label marks a client's create on first use: no update adds it to a lock"
+)
+
+// labelled: the administrator sets the auto-created label to v.
+func labelled(v string) func(context.Context, client.ObjectKey) {
+	return func(ctx context.Context, key client.ObjectKey) {
+		l := get(ctx, key)
+		l.Labels = map[string]string{locksv1alpha1.AutoCreatedLabel: v}
+		Expect(env.Client.Update(ctx, l)).To(Succeed())
+	}
+}
+
 func heldFinalizerDenied() []string {
 	return []string{
 		tagOf(kwebhook.RuleHeldDelete) + "lock ",
@@ -184,6 +201,20 @@ func metaEntries() []TableEntry {
 		Entry("a lock user creates a lock with a finalizer", metaHostile{by: "alice", create: true,
 			do:   createAs(locksv1alpha1.DistributedLockSpec{}, func(m *metav1.ObjectMeta) { m.Finalizers = []string{keepFinalizer} }),
 			want: createDenied("alice", "metadata.finalizers")}),
+		// --- the auto-created label: the controller deletes such a lock once idle ------------
+		Entry("an administrator creates a lock with the auto-created label and maxWaiters 0", metaHostile{by: "lockadmin", create: true,
+			do:   createAs(locksv1alpha1.DistributedLockSpec{MaxWaiters: int32p(0)}, autoCreateMeta),
+			want: []string{tagOf(kwebhook.RuleCreate) + "lock ", " carries the locks.kubelock.io/auto-created label with spec.maxWaiters=0 (default 128): " + autoCreatedSpecOnly}}),
+		Entry("an administrator adds the auto-created label to a lock (merge patch)", metaHostile{state: free, by: "lockadmin",
+			do:   metaPatch(types.MergePatchType, map[string]any{"metadata": map[string]any{"labels": map[string]any{locksv1alpha1.AutoCreatedLabel: "true"}}}),
+			want: []string{autoCreatedAdded}}),
+		Entry("an administrator server-side applies the auto-created label to a lock", metaHostile{state: free, by: "lockadmin",
+			do:   applyMeta(map[string]any{"labels": map[string]any{locksv1alpha1.AutoCreatedLabel: "true"}}),
+			want: []string{autoCreatedAdded}}),
+		Entry("a lock user with update turns the auto-created label from false to true", metaHostile{
+			state: free, setup: labelled("false"), by: "mallory",
+			do:   metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Labels[locksv1alpha1.AutoCreatedLabel] = "true" }),
+			want: []string{autoCreatedAdded}}),
 		Entry("a pod's service account creates a lock with all of it", metaHostile{by: podSA, create: true,
 			do: createAs(locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600, MaxWaiters: int32p(0), HandoffTimeoutSeconds: 3600},
 				func(m *metav1.ObjectMeta) { m.Finalizers = []string{keepFinalizer} }),
@@ -241,6 +272,9 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 						key = client.ObjectKey{Namespace: ns, Name: "squat-" + randomSuffix()}
 					} else {
 						key = h.state.build(ctx, ns)
+						if h.setup != nil {
+							h.setup(ctx, key)
+						}
 						before, beforeRaw = get(ctx, key), getRaw(ctx, key)
 					}
 

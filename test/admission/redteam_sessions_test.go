@@ -44,10 +44,11 @@ func redteamSessionEntries() []TableEntry {
 			want: []string{session + "session ", ` is bound to no pod; a holding or waiter of pod UID "` + pod0UID + `" must be in a session of that pod`}, policyAdmits: true, lock: true}),
 		// A token of the account bound to no pod forges the pod's UID to hold
 		// in the pod's session: a holding that pod neither knows nor can end
-		// (not its own request), kept alive by its renewals.
+		// (not its own request), kept alive by its renewals. A token bound to
+		// no pod writes no pod fields at all.
 		Entry("a token bound to no pod holds in its account's pod session with the pod's UID", sessionHostile{owner: podSA, by: unboundPod,
 			do:   acquireIn(pod0Name, pod0UID),
-			want: []string{session + kwebhook.MsgSessionPodRef}, lock: true}),
+			want: []string{tag(kwebhook.RulePodBinding) + `holder.podName "` + pod0Name + `" ` + kwebhook.MsgNoPodToken}, lock: true}),
 	}
 }
 

@@ -237,6 +237,9 @@ func sessionEntries() []TableEntry {
 		Entry("a pod names another pod", sessionHostile{by: otherPod,
 			do:   createSessionAs(func(s *locksv1alpha1.LockSession) { podBound(s, pod0Name, pod0UID) }),
 			want: []string{session + withPod}}),
+		Entry("a token whose pod extras are no pod's name and UID names them", sessionHostile{by: badPod,
+			do:   createSessionAs(func(s *locksv1alpha1.LockSession) { podBound(s, badPodName, badPodUID) }),
+			want: []string{"spec.podName in body should match '" + locksv1alpha1.PodNamePattern + "'", "spec.podUID in body should match '" + locksv1alpha1.PodUIDPattern + "'"}}),
 		Entry("a pod names no pod", sessionHostile{by: podSA,
 			do: createSessionAs(func(s *locksv1alpha1.LockSession) {
 				s.Spec.PodName, s.Spec.PodUID, s.OwnerReferences = "", "", nil
@@ -331,7 +334,7 @@ func sessionEntries() []TableEntry {
 			want: []string{session + "session ", " is bound to pod " + pod0Name + " (UID " + pod0UID + `); a holding or waiter in it must carry that podUID, not "` + pod1UID + `"`}, policyAdmits: true, lock: true}),
 		Entry("a permit in a pod's session written with a token bound to no pod", sessionHostile{owner: podSA, by: unboundPod,
 			do:   takePermitIn(pod0Name, pod0UID),
-			want: []string{session + kwebhook.MsgSessionPodRef}, lock: true}),
+			want: []string{tag(kwebhook.RulePodBinding) + `sharedHolder.podName "` + pod0Name + `" ` + kwebhook.MsgNoPodToken}, lock: true}),
 		Entry("name someone else's session in a holding", sessionHostile{owner: "alice", by: "bob", do: acquireIn(),
 			want: []string{session + "session ", ` is not the holder's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
 		Entry("name someone else's session in a waiter", sessionHostile{owner: "alice", by: "bob", do: enqueueIn,
@@ -469,8 +472,6 @@ type boundPod struct {
 	user *user
 }
 
-// podsWithBoundTokens creates a service account in ns bound to the lock-user
-// role and n pods of it, each with a bound token.
 // checkSessionHostile runs hostile case h against engine e in namespace ns:
 // denied with every string of h.want by that engine, nothing changed.
 func checkSessionHostile(ctx context.Context, e engine, ns string, h sessionHostile) {
@@ -516,7 +517,16 @@ func checkSessionHostile(ctx context.Context, e engine, ns string, h sessionHost
 	Expect(string(after)).To(Equal(string(before)))
 }
 
+// podsWithBoundTokens creates a service account in ns bound to the lock-user
+// role and n pods of it, each with a bound token; it returns them and the
+// account's user name.
 func podsWithBoundTokens(ctx context.Context, ns string, n int) ([]boundPod, string) {
+	pods, sa := podsOf(ctx, ns, n)
+	return pods, "system:serviceaccount:" + sa.Namespace + ":" + sa.Name
+}
+
+// podsOf is podsWithBoundTokens with the service account itself.
+func podsOf(ctx context.Context, ns string, n int) ([]boundPod, *corev1.ServiceAccount) {
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "worker"}}
 	Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, sa))).To(Succeed())
 	Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(sa), sa)).To(Succeed())
@@ -537,14 +547,23 @@ func podsWithBoundTokens(ctx context.Context, ns string, n int) ([]boundPod, str
 		Expect(env.Client.Create(ctx, p)).To(Succeed())
 		out[i] = boundPod{pod: p, user: boundTokenUser(ctx, sa, p)}
 	}
-	return out, saUser
+	return out, sa
 }
 
 // boundTokenUser is sa with a token bound to pod, as the kubelet mounts one.
 func boundTokenUser(ctx context.Context, sa *corev1.ServiceAccount, pod *corev1.Pod) *user {
+	return tokenUser(ctx, sa, &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID})
+}
+
+// unboundTokenUser is sa with a token bound to no object, as kubectl create
+// token requests one.
+func unboundTokenUser(ctx context.Context, sa *corev1.ServiceAccount) *user {
+	return tokenUser(ctx, sa, nil)
+}
+
+func tokenUser(ctx context.Context, sa *corev1.ServiceAccount, bound *authenticationv1.BoundObjectReference) *user {
 	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		ExpirationSeconds: ptr.To[int64](3600),
-		BoundObjectRef:    &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID},
+		ExpirationSeconds: ptr.To[int64](3600), BoundObjectRef: bound,
 	}}
 	Expect(env.Client.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
 	cfg := rest.AnonymousClientConfig(env.Config)

@@ -142,12 +142,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	// A pod's service account: its bound token carries the pod's name and UID.
 	bindClusterRole(ctx, testenv.LockUserRole, rbacv1.UserKind, podSA)
-	imp := rest.CopyConfig(env.Config)
-	imp.QPS = -1
-	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA, Extra: map[string][]string{
-		kwebhook.ExtraPodName: {"worker-0"}, kwebhook.ExtraPodUID: {"uid-worker-0"},
-	}}
-	podUser = &user{name: podSA, c: newClient(imp), cfg: imp}
+	podUser = impersonatedPod(pod0Name, pod0UID)
 
 	stopWebhook = startWebhookServer()
 	DeferCleanup(func() { stopWebhook() })

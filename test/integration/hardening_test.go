@@ -3,16 +3,18 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"k8s.io/client-go/rest"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/suite"
-	kwebhook "github.com/kubelock/kubelock/webhook"
 )
 
 // The client within the server's queue bounds (issue 13): it asks for no more
@@ -88,33 +90,51 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(2))
 	})
 
-	It("writes the pod its token is bound to into the holding and the queue entry, not the configured one", func() {
+	It("writes the pod its token is bound to into the holding and the queue entry, and no pod with a token bound to none", func() {
 		suite.NewLock(ctx, ns, "pods", locksv1alpha1.DistributedLockSpec{})
-		_, user := suite.UserConfig(ctx)
-		podConfig := func(pod string) *rest.Config {
-			cfg := rest.CopyConfig(env.Config)
-			cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Extra: map[string][]string{
-				kwebhook.ExtraPodName: {pod}, kwebhook.ExtraPodUID: {"uid-" + pod},
-			}}
-			return cfg
+		sa := lockUserServiceAccount(ctx, ns, "worker")
+		user := "system:serviceaccount:" + ns + ":" + sa.Name
+		pods := make([]*corev1.Pod, 2)
+		for i := range pods {
+			pods[i] = &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("worker-%d", i)},
+				Spec: corev1.PodSpec{ServiceAccountName: sa.Name, AutomountServiceAccountToken: ptr.To(false),
+					Containers: []corev1.Container{{Name: "c", Image: "example.invalid/worker"}}},
+			}
+			Expect(env.Client.Create(ctx, pods[i])).To(Succeed())
 		}
-		p0, err := lock.New(podConfig("worker-0"), lock.WithNamespace(ns), lock.WithIdentity("worker-0"), lock.WithPod("env-name", "env-uid"))
+		// The pod's own name in its environment, as the samples set it, is
+		// not what a client writes: only its token's pod is.
+		GinkgoT().Setenv("POD_NAME", "not-the-token-pod")
+		p0, err := lock.New(podBoundConfig(ctx, sa, pods[0]), lock.WithNamespace(ns), lock.WithIdentity("worker-0"))
 		Expect(err).NotTo(HaveOccurred())
 		l, err := p0.Acquire(ctx, "pods", lock.WaitTimeout(time.Minute))
 		Expect(err).NotTo(HaveOccurred())
 		h := suite.GetLock(ctx, ns, "pods").Status.Holder
-		Expect(h.PodName).To(Equal("worker-0"))
-		Expect(h.PodUID).To(Equal("uid-worker-0"))
+		Expect(h.PodName).To(Equal(pods[0].Name))
+		Expect(h.PodUID).To(BeEquivalentTo(pods[0].UID))
 		Expect(l.Renew(ctx)).To(Succeed())
 
-		p1, err := lock.New(podConfig("worker-1"), lock.WithNamespace(ns), lock.WithIdentity("worker-1"))
+		p1, err := lock.New(podBoundConfig(ctx, sa, pods[1]), lock.WithNamespace(ns), lock.WithIdentity("worker-1"))
 		Expect(err).NotTo(HaveOccurred())
 		cancel, done := waitFor(p1, "pods", lock.WaitTimeout(time.Minute))
 		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "pods").Status.Waiters }).Should(HaveLen(1))
 		w := suite.GetLock(ctx, ns, "pods").Status.Waiters[0]
 		Expect(w.User).To(Equal(user))
-		Expect(w.PodName).To(Equal("worker-1"))
-		Expect(w.PodUID).To(Equal("uid-worker-1"))
+		Expect(w.PodName).To(Equal(pods[1].Name))
+		Expect(w.PodUID).To(BeEquivalentTo(pods[1].UID))
+
+		// A token of the same account bound to no pod (kubectl create token)
+		// queues without pod fields, as admission demands.
+		unbound, err := lock.New(unboundConfig(ctx, sa), lock.WithNamespace(ns), lock.WithIdentity("ci"))
+		Expect(err).NotTo(HaveOccurred())
+		cancelUnbound, doneUnbound := waitFor(unbound, "pods", lock.WaitTimeout(time.Minute))
+		defer stop(cancelUnbound, doneUnbound)
+		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "pods").Status.Waiters }).Should(HaveLen(2))
+		w = suite.GetLock(ctx, ns, "pods").Status.Waiters[1]
+		Expect(w.User).To(Equal(user))
+		Expect(w.PodName).To(BeEmpty())
+		Expect(w.PodUID).To(BeEmpty())
 
 		// The holding passes to the other pod of the same account in FIFO order.
 		Expect(l.Release(ctx)).To(Succeed())

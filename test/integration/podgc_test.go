@@ -158,9 +158,17 @@ func lockUserServiceAccount(ctx context.Context, ns, name string) *corev1.Servic
 // podBoundConfig is a connection as sa with a token bound to pod, as the
 // kubelet mounts one.
 func podBoundConfig(ctx context.Context, sa *corev1.ServiceAccount, pod *corev1.Pod) *rest.Config {
-	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		BoundObjectRef: &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID},
-	}}
+	return tokenConfig(ctx, sa, &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID})
+}
+
+// unboundConfig is a connection as sa with a token bound to no object, as
+// kubectl create token requests one.
+func unboundConfig(ctx context.Context, sa *corev1.ServiceAccount) *rest.Config {
+	return tokenConfig(ctx, sa, nil)
+}
+
+func tokenConfig(ctx context.Context, sa *corev1.ServiceAccount, bound *authenticationv1.BoundObjectReference) *rest.Config {
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound}}
 	Expect(env.Client.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
 	cfg := rest.AnonymousClientConfig(env.Config)
 	cfg.BearerToken = tr.Status.Token
