@@ -1,0 +1,297 @@
+package lockapi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/lockapi"
+	"github.com/kubelock/kubelock/test/testenv"
+)
+
+// One control plane without the lock CRDs, and kubelock-apiserver serving
+// the lock API to it through the APIService.
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "kubelock-lockapi-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	opts, err := lockapi.Aggregation(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if env, err = testenv.Start(append(opts, lockapi.WithoutLockCRDs())...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() { _ = env.Stop() }()
+	srv, err := startServer(ctx, dir)
+	if srv != nil {
+		defer func() { _ = srv.Stop() }()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+func startServer(ctx context.Context, dir string) (*lockapi.Server, error) {
+	bin, err := lockapi.Build(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := lockapi.Start(ctx, env, bin, dir, lockapi.Options{})
+	if err != nil {
+		return srv, err
+	}
+	return srv, srv.Register(ctx, env)
+}
+
+// namespace creates a namespace for one test.
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "lockapi-"}}
+	if err := env.Client.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// userConfig is a lock user's connection whose requests are counted by
+// "VERB path".
+func userConfig(t *testing.T, name string) (*rest.Config, *requestLog) {
+	t.Helper()
+	cfg, err := env.UserConfig(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &requestLog{}
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return log.wrap(rt) })
+	return cfg, log
+}
+
+func TestLockServedByTheLockAPIServer(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	cfg, requests := userConfig(t, "alice")
+	alice, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("alice-0"), lock.WithoutAutoRenew())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An administrator's lock, with the CRD's defaults filled in by the server.
+	created := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orders"}}
+	if err := env.Client.Create(ctx, created); err != nil {
+		t.Fatal(err)
+	}
+	if s := created.Spec; s.Type != locksv1alpha1.Mutex || s.LeaseDurationSeconds != locksv1alpha1.DefaultLeaseDurationSeconds || ptr.Deref(s.MaxWaiters, 0) != locksv1alpha1.DefaultMaxWaiters {
+		t.Fatalf("the created lock's spec lacks the CRD's defaults: %+v", s)
+	}
+
+	l, err := alice.TryAcquire(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := locksv1alpha1.NextFencingToken(created.ResourceVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.FencingToken() != want {
+		t.Errorf("token %d, want the lock's resourceVersion before the acquisition (%s) + 1", l.FencingToken(), created.ResourceVersion)
+	}
+	stored := get(t, ns, "orders")
+	if h := stored.Status.Holder; h == nil || h.LeaseID != l.LeaseID() || h.User != "alice" || stored.Status.FencingToken != want {
+		t.Fatalf("stored status after the acquisition: %+v", stored.Status)
+	}
+
+	renewed := stored.Status.Holder.RenewTime
+	if err := l.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, ns, "orders").Status.Holder; got == nil || got.LeaseID != l.LeaseID() || !renewed.Before(got.RenewTime) {
+		t.Errorf("renewal did not move renewTime past %v: %+v", renewed, got)
+	}
+
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := get(t, ns, "orders").Status
+	if released.Holder != nil || len(released.RecentAcquisitions) != 1 || released.RecentAcquisitions[0].EndReason != locksv1alpha1.EndReasonReleased {
+		t.Fatalf("status after the release: %+v", released)
+	}
+
+	// A lock the client has seen is acquired in one round trip: a PUT of
+	// status conditioned on the resourceVersion it last saw.
+	requests.reset()
+	again, err := alice.TryAcquire(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := requests.lockRequests(); len(got) != 1 || !strings.HasPrefix(got[0], http.MethodPut+" ") || !strings.HasSuffix(got[0], "/status") {
+		t.Errorf("acquiring a seen lock sent %v, want one PUT of status", got)
+	}
+	if err := again.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNonHolderReleaseIsDenied(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	aliceCfg, _ := userConfig(t, "alice")
+	bobCfg, _ := userConfig(t, "bob")
+	alice, err := lock.New(aliceCfg, lock.WithNamespace(ns), lock.WithIdentity("alice-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob, err := lock.New(bobCfg, lock.WithNamespace(ns), lock.WithIdentity("bob-0"), lock.WithoutAutoRenew())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := alice.TryAcquire(ctx, "payments")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := get(t, ns, l.Name())
+	err = bob.ReleaseLease(ctx, "payments", l.LeaseID())
+	t.Logf("bob's release: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "[kubelock:holder-only]") {
+		t.Fatalf("bob releasing alice's lease: %v, want a denial tagged [kubelock:holder-only]", err)
+	}
+	if !apierrors.IsForbidden(errors.Unwrap(err)) && !strings.Contains(err.Error(), "forbidden") {
+		t.Errorf("the denial is not a 403: %v", err)
+	}
+	if after := get(t, ns, l.Name()); after.ResourceVersion != before.ResourceVersion {
+		t.Errorf("the denied release changed the lock (resourceVersion %s → %s)", before.ResourceVersion, after.ResourceVersion)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStaleResourceVersionConflicts(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "stale"}}
+	if err := env.Client.Create(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	stale := l.DeepCopy()
+	l.Labels = map[string]string{"edited": "once"}
+	if err := env.Client.Update(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	stale.Status.ObservedGeneration = 1
+	if err := env.Client.Status().Update(ctx, stale); !apierrors.IsConflict(err) {
+		t.Fatalf("a status write at resourceVersion %s after the lock moved to %s: %v, want 409 Conflict", stale.ResourceVersion, l.ResourceVersion, err)
+	}
+}
+
+func TestEachEndpointWritesItsOwnPart(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "parts"}}
+	if err := env.Client.Create(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	// A status write that also edits spec and labels changes status alone.
+	next := l.DeepCopy()
+	next.Spec.MaxWaitSeconds = 60
+	next.Labels = map[string]string{"via": "status"}
+	next.Status.ObservedGeneration = l.Generation
+	if err := env.Client.Status().Update(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	got := get(t, ns, "parts")
+	if got.Spec.MaxWaitSeconds != locksv1alpha1.DefaultMaxWaitSeconds || got.Labels != nil || got.Status.ObservedGeneration != l.Generation {
+		t.Errorf("after a status write: spec.maxWaitSeconds %d, labels %v, status.observedGeneration %d", got.Spec.MaxWaitSeconds, got.Labels, got.Status.ObservedGeneration)
+	}
+	// A main-resource write that also edits status changes spec alone, and
+	// counts the spec change in the generation.
+	next = got.DeepCopy()
+	next.Spec.MaxWaitSeconds = 60
+	next.Status.ObservedGeneration = 7
+	if err := env.Client.Update(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	got = get(t, ns, "parts")
+	if got.Spec.MaxWaitSeconds != 60 || got.Status.ObservedGeneration != l.Generation || got.Generation != l.Generation+1 {
+		t.Errorf("after a spec write: spec.maxWaitSeconds %d, status.observedGeneration %d, generation %d", got.Spec.MaxWaitSeconds, got.Status.ObservedGeneration, got.Generation)
+	}
+}
+
+func get(t *testing.T, ns, name string) *locksv1alpha1.DistributedLock {
+	t.Helper()
+	l := &locksv1alpha1.DistributedLock{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// requestLog records a client's requests.
+type requestLog struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *requestLog) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		r.mu.Lock()
+		r.seen = append(r.seen, req.Method+" "+req.URL.Path)
+		r.mu.Unlock()
+		return rt.RoundTrip(req)
+	})
+}
+
+func (r *requestLog) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = nil
+}
+
+// lockRequests are the requests to the lock API.
+func (r *requestLog) lockRequests() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, s := range r.seen {
+		if strings.Contains(s, "/apis/"+locksv1alpha1.GroupVersion.Group+"/") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+var _ = strconv.Itoa
+var _ = time.Second
