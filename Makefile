@@ -50,7 +50,9 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD, RBAC and webhook manifests, an
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code, and the lock apiserver's OpenAPI definitions (server-side apply and kubectl explain read them).
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
 	go tool openapi-gen --output-dir internal/lockapiserver/openapi --output-pkg github.com/kubelock/kubelock/internal/lockapiserver/openapi \
-		--output-file zz_generated.openapi.go --go-header-file hack/boilerplate.go.txt --report-filename /dev/null \
+		--output-file zz_generated.openapi.go --output-model-name-file zz_generated.model_name.go \
+		--readonly-pkg k8s.io/apimachinery/pkg/apis/meta/v1 --readonly-pkg k8s.io/apimachinery/pkg/runtime --readonly-pkg k8s.io/apimachinery/pkg/version \
+		--go-header-file hack/boilerplate.go.txt --report-filename /dev/null \
 		github.com/kubelock/kubelock/api/v1alpha1 k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version
 
 .PHONY: fmt

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -30,35 +31,71 @@ import (
 )
 
 // The write-cost experiment (--write-cost N) asks what one status write of a
-// DistributedLock costs the apiserver next to one write of a Lease, and which
-// part of the CRD's schema or of the request pays for the difference. It
-// starts a control plane with no admission and no operator, installs copies
-// of the DistributedLock CRD under other groups (the same schema without its
-// CEL rules; a status the apiserver neither validates nor prunes), fills a
-// lock's status the way pkg/lock does (acquisitions and releases until
-// recentAcquisitions is full, then one held; and a lock held once), and then renews each variant
-// N times, closed loop, one writer, the variants interleaved in blocks: the
-// client's latency, and the apiserver's CPU time per write from /proc.
+// DistributedLock costs the processes that serve it next to one write of a
+// Lease, and which part of the CRD's schema or of the request pays for the
+// difference. It starts a control plane with no admission and no operator,
+// installs copies of the DistributedLock CRD under other groups (the same
+// schema without its CEL rules; a status the apiserver neither validates nor
+// prunes) and the bare CRD (a Lease's fields), fills a lock's status the way
+// pkg/lock does (acquisitions and releases until recentAcquisitions is full,
+// then one held; and a lock held once). Two more control planes serve the
+// lock API from kubelock-apiserver instead, one storing JSON in its etcd and
+// one CBOR (a group version is served by a CRD or by an APIService, never
+// both, so each backend needs its own kube-apiserver). Then it renews each
+// variant N times, closed loop, one writer, the variants interleaved in
+// blocks: the client's latency, and the CPU time per write from /proc of
+// every process on the write's path.
+
+// role is a process's part on a write's path.
+type role int
+
+const (
+	roleKube role = iota
+	roleEtcd
+	roleLockAPI
+	roleLockEtcd
+	nRoles
+)
+
+var roleNames = [nRoles]string{"kube-apiserver", "its etcd", "kubelock-apiserver", "lock etcd"}
+
+// path are the processes that serve a write, by role; a zero pid is not on it.
+type path [nRoles]proc
+
+func (p path) cpu() (c [nRoles]float64) {
+	for r, pr := range p {
+		if pr.pid != 0 {
+			c[r] = pr.cpu()
+		}
+	}
+	return c
+}
 
 type costVariant struct {
 	name  string
+	path  path
 	write func(ctx context.Context) (bytes int, err error)
 }
 
 func writeCost(ctx context.Context, n int) error {
+	fmt.Printf("Load average at the start: %s\n", loadAverage())
 	env, err := testenv.Start()
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-	var apiserver proc
+	var onCluster path
 	for _, p := range childProcs() {
-		if p.name == "kube-apiserver" {
-			apiserver = p
+		switch p.name {
+		case "kube-apiserver":
+			onCluster[roleKube] = p
+		case "etcd":
+			onCluster[roleEtcd] = p
 		}
 	}
-	if apiserver.pid == 0 {
-		return errors.New("kube-apiserver process not found")
+	apiserver := onCluster[roleKube]
+	if apiserver.pid == 0 || onCluster[roleEtcd].pid == 0 {
+		return errors.New("kube-apiserver or etcd process not found")
 	}
 	admin := rest.CopyConfig(env.Config)
 	admin.QPS = -1
@@ -66,12 +103,11 @@ func writeCost(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	const ns = "write-cost"
-	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: costNS}}); err != nil {
 		return err
 	}
 	// A lock's status as pkg/lock leaves it: 8 finished holdings and one held.
-	lc, err := lock.New(admin, lock.WithNamespace(ns), lock.WithIdentity("writer-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
+	lc, err := lock.New(admin, lock.WithNamespace(costNS), lock.WithIdentity("writer-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
 	if err != nil {
 		return err
 	}
@@ -79,27 +115,7 @@ func writeCost(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	lockGVR := schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}
-	filled := func(key string) (*unstructured.Unstructured, error) {
-		rounds := 9
-		if strings.HasPrefix(key, "fresh") {
-			rounds = 0
-		}
-		for range rounds {
-			l, err := lc.TryAcquire(ctx, key)
-			if err != nil {
-				return nil, err
-			}
-			if err := l.Release(ctx); err != nil {
-				return nil, err
-			}
-		}
-		if _, err := lc.TryAcquire(ctx, key); err != nil {
-			return nil, err
-		}
-		return dyn.Resource(lockGVR).Namespace(ns).Get(ctx, key, metav1.GetOptions{})
-	}
-	held, err := filled("cost")
+	held, err := fillLock(ctx, lc, dyn, "cost", fullRounds)
 	if err != nil {
 		return err
 	}
@@ -114,7 +130,7 @@ func writeCost(ctx context.Context, n int) error {
 	open := regroup(crd, "open.kubelock.io")
 	open.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"] = apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptrTo(true)}
 	open.Spec.Versions[0].Schema.OpenAPIV3Schema.XValidations = nil
-	if _, err := envtest.InstallCRDs(admin, envtest.CRDInstallOptions{CRDs: []*apiextensionsv1.CustomResourceDefinition{noCEL, open}}); err != nil {
+	if _, err := envtest.InstallCRDs(admin, envtest.CRDInstallOptions{CRDs: []*apiextensionsv1.CustomResourceDefinition{noCEL, open, bareCRD()}}); err != nil {
 		return err
 	}
 
@@ -124,13 +140,17 @@ func writeCost(ctx context.Context, n int) error {
 		if len(opts) > 0 {
 			uo = opts[0]
 		}
-		ri := dyn.Resource(gvr).Namespace(ns)
+		ri := dyn.Resource(gvr).Namespace(costNS)
 		var cur *unstructured.Unstructured
 		switch {
 		case gvr == lockGVR && objName == held.GetName():
 			cur = held
 		case gvr == lockGVR:
-			if cur, err = filled(objName); err != nil {
+			rounds := fullRounds
+			if strings.HasPrefix(objName, "fresh") {
+				rounds = 0
+			}
+			if cur, err = fillLock(ctx, lc, dyn, objName, rounds); err != nil {
 				return err
 			}
 		default:
@@ -148,35 +168,10 @@ func writeCost(ctx context.Context, n int) error {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 		}
-		variants = append(variants, costVariant{name: name, write: func(ctx context.Context) (int, error) {
-			next := cur.DeepCopy()
-			if strip {
-				next.SetManagedFields(nil)
-			}
-			now := metav1.NowMicro().UTC().Format("2006-01-02T15:04:05.000000Z07:00")
-			if err := unstructured.SetNestedField(next.Object, now, "status", "holder", "renewTime"); err != nil {
-				return 0, err
-			}
-			b, _ := json.Marshal(next.Object)
-			var got *unstructured.Unstructured
-			var err error
-			if patch {
-				// What changed, with the resourceVersion as precondition.
-				b, _ = json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.GetResourceVersion()},
-					"status": map[string]any{"holder": map[string]any{"renewTime": now}}})
-				got, err = ri.Patch(ctx, cur.GetName(), types.MergePatchType, b, metav1.PatchOptions{}, "status")
-			} else {
-				got, err = ri.UpdateStatus(ctx, next, uo)
-			}
-			if err != nil {
-				return 0, err
-			}
-			cur = got
-			return len(b), nil
-		}})
+		variants = append(variants, costVariant{name: name, path: onCluster, write: statusRenewal(ri, cur, strip, patch, uo)})
 		return nil
 	}
-	if err := statusPut("DistributedLock status (CRD as shipped)", lockGVR, "cost", false, false); err != nil {
+	if err := statusPut(crdVariant, lockGVR, "cost", false, false); err != nil {
 		return err
 	}
 	if err := statusPut("DistributedLock status, managedFields not sent", lockGVR, "cost-strip", true, false); err != nil {
@@ -197,19 +192,207 @@ func writeCost(ctx context.Context, n int) error {
 	if err := statusPut("same status, CRD status unvalidated (preserve-unknown-fields)", schema.GroupVersionResource{Group: open.Spec.Group, Version: "v1alpha1", Resource: "distributedlocks"}, "cost", false, false); err != nil {
 		return err
 	}
+	bare, err := bareRenewal(ctx, dyn.Resource(bareGVR).Namespace(costNS))
+	if err != nil {
+		return err
+	}
+	variants = append(variants, costVariant{name: "bare CRD (a Lease's fields; no status subresource, no CEL), its spec", path: onCluster, write: bare})
 	cs, err := kubernetes.NewForConfig(admin)
 	if err != nil {
 		return err
 	}
-	leases := cs.CoordinationV1().Leases(ns)
+	lease, err := leaseRenewal(ctx, cs.CoordinationV1().Leases(costNS))
+	if err != nil {
+		return err
+	}
+	variants = append(variants, costVariant{name: leaseVariant, path: onCluster, write: lease})
+	planes, err := startLockPlanes(ctx)
+	defer planes.stop()
+	if err != nil {
+		return err
+	}
+	for _, p := range planes {
+		vs, err := p.variants(ctx)
+		if err != nil {
+			return err
+		}
+		variants = append(variants, vs...)
+	}
+
+	type acc struct {
+		lat   []time.Duration
+		cpu   [nRoles]float64
+		bytes int
+	}
+	res := make([]acc, len(variants))
+	const block = 25
+	for done := 0; done < n; done += block {
+		for i, v := range variants {
+			c0 := v.path.cpu()
+			for range block {
+				t := time.Now()
+				b, err := v.write(ctx)
+				if err != nil {
+					return fmt.Errorf("%s: %w", v.name, err)
+				}
+				res[i].lat = append(res[i].lat, time.Since(t))
+				res[i].bytes = b
+			}
+			c1 := v.path.cpu()
+			for r := range c1 {
+				res[i].cpu[r] += c1[r] - c0[r]
+			}
+		}
+	}
+	perWrite := func(i int) (by [nRoles]float64, total float64) {
+		for r, c := range res[i].cpu {
+			by[r] = c / float64(len(res[i].lat))
+			total += by[r]
+		}
+		return by, total
+	}
+	base := map[string]float64{}
+	for i, v := range variants {
+		_, base[v.name] = perWrite(i)
+	}
+	fmt.Printf("\nOne writer, closed loop, %d writes per variant in interleaved blocks of %d; no admission webhook or policy, no operator. Body: the JSON the client sends. CPU: ms per write of each process on the path (blank: not on it), from /proc over the blocks; load average at the end %s.\n\n", n, block, loadAverage())
+	fmt.Printf("| write | body bytes | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", strings.Join(roleNames[:], " | "))
+	for i, v := range variants {
+		d := summarize(res[i].lat)
+		by, total := perWrite(i)
+		cells := make([]string, nRoles)
+		for r := range by {
+			if v.path[r].pid != 0 {
+				cells[r] = fmt.Sprintf("%.2f", 1000*by[r])
+			}
+		}
+		fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %s | %s |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), strings.Join(cells, " | "),
+			1000*total, ratio(total, base[leaseVariant]), ratio(total, base[crdVariant]))
+	}
+	printGate(base)
+	if err := pairCost(ctx, n, apiserver, admin, cs, costNS); err != nil {
+		return err
+	}
+	if err := handoffCost(ctx, n, admin, cs, costNS); err != nil {
+		return err
+	}
+	// Where the apiserver's time goes while it takes the shipped lock's writes,
+	// and where kube-apiserver's and kubelock-apiserver's go while the lock
+	// apiserver takes them through the APIService.
+	profiles := []serverProfile{{"kube-apiserver, CRD", variants[0].write, func(ctx context.Context, d time.Duration, path string) error {
+		return (&cluster{adminCS: cs}).apiserverProfile(ctx, d, path)
+	}}}
+	for _, v := range variants {
+		if v.name == proxiedVariant(planes[0].encoding) {
+			profiles = append(profiles, planes[0].profiles(v.write)...)
+		}
+	}
+	for _, p := range profiles {
+		if err := p.take(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The variants the others are compared with, and the gate's.
+const (
+	crdVariant   = "DistributedLock status (CRD as shipped)"
+	leaseVariant = "Lease (coordination.k8s.io/v1, protobuf)"
+	costNS       = "write-cost"
+	// fullRounds of acquire and release fill recentAcquisitions (8) and one more.
+	fullRounds = 9
+)
+
+var lockGVR = schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}
+
+// fillLock leaves key's status as pkg/lock leaves a busy lock: rounds
+// acquisitions and releases, then one held; it returns the lock as read.
+func fillLock(ctx context.Context, lc *lock.Client, dyn dynamic.Interface, key string, rounds int) (*unstructured.Unstructured, error) {
+	for range rounds {
+		l, err := lc.TryAcquire(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if err := l.Release(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := lc.TryAcquire(ctx, key); err != nil {
+		return nil, err
+	}
+	return dyn.Resource(lockGVR).Namespace(lc.Namespace()).Get(ctx, key, metav1.GetOptions{})
+}
+
+// statusRenewal renews the holder of cur through ri, each call on the object
+// the previous one returned: a PUT of the whole object (without its
+// managedFields when strip), or a merge patch of renewTime with the
+// resourceVersion as precondition.
+func statusRenewal(ri dynamic.ResourceInterface, cur *unstructured.Unstructured, strip, patch bool, uo metav1.UpdateOptions) func(context.Context) (int, error) {
+	return func(ctx context.Context) (int, error) {
+		next := cur.DeepCopy()
+		if strip {
+			next.SetManagedFields(nil)
+		}
+		now := microNow()
+		if err := unstructured.SetNestedField(next.Object, now, "status", "holder", "renewTime"); err != nil {
+			return 0, err
+		}
+		b, _ := json.Marshal(next.Object)
+		var got *unstructured.Unstructured
+		var err error
+		if patch {
+			b, _ = json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.GetResourceVersion()},
+				"status": map[string]any{"holder": map[string]any{"renewTime": now}}})
+			got, err = ri.Patch(ctx, cur.GetName(), types.MergePatchType, b, metav1.PatchOptions{}, "status")
+		} else {
+			got, err = ri.UpdateStatus(ctx, next, uo)
+		}
+		if err != nil {
+			return 0, err
+		}
+		cur = got
+		return len(b), nil
+	}
+}
+
+// bareRenewal creates a held bare lock and renews it through ri, as raw CRD
+// CAS does: an update of the object the previous write returned.
+func bareRenewal(ctx context.Context, ri dynamic.ResourceInterface) (func(context.Context) (int, error), error) {
+	now := microNow()
+	cur, err := retryCreate(ctx, ri, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": bareGVR.GroupVersion().String(), "kind": "BareLock",
+		"metadata": map[string]any{"name": "cost"},
+		"spec":     map[string]any{"holderIdentity": "writer-0", "leaseDurationSeconds": int64(30), "acquireTime": now, "renewTime": now, "leaseTransitions": int64(1)},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (int, error) {
+		next := cur.DeepCopy()
+		if err := unstructured.SetNestedField(next.Object, microNow(), "spec", "renewTime"); err != nil {
+			return 0, err
+		}
+		b, _ := json.Marshal(next.Object)
+		got, err := ri.Update(ctx, next, metav1.UpdateOptions{})
+		if err != nil {
+			return 0, err
+		}
+		cur = got
+		return len(b), nil
+	}, nil
+}
+
+// leaseRenewal creates a held Lease and renews it through leases.
+func leaseRenewal(ctx context.Context, leases coordinationv1client.LeaseInterface) (func(context.Context) (int, error), error) {
 	id, dur := "writer-0", int32(30)
 	now := metav1.NowMicro()
 	lease, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "cost"},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &dur, AcquireTime: &now, RenewTime: &now}}, metav1.CreateOptions{})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	variants = append(variants, costVariant{name: "Lease (coordination.k8s.io/v1, protobuf)", write: func(ctx context.Context) (int, error) {
+	return func(ctx context.Context) (int, error) {
 		next := lease.DeepCopy()
 		t := metav1.NowMicro()
 		next.Spec.RenewTime = &t
@@ -220,62 +403,20 @@ func writeCost(ctx context.Context, n int) error {
 		}
 		lease = got
 		return len(b), nil
-	}})
+	}, nil
+}
 
-	type acc struct {
-		lat   []time.Duration
-		cpu   float64
-		bytes int
+// loadAverage is /proc/loadavg's first three fields.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
 	}
-	res := make([]acc, len(variants))
-	const block = 25
-	for done := 0; done < n; done += block {
-		for i, v := range variants {
-			c0 := apiserver.cpu()
-			for range block {
-				t := time.Now()
-				b, err := v.write(ctx)
-				if err != nil {
-					return fmt.Errorf("%s: %w", v.name, err)
-				}
-				res[i].lat = append(res[i].lat, time.Since(t))
-				res[i].bytes = b
-			}
-			res[i].cpu += apiserver.cpu() - c0
-		}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
 	}
-	fmt.Printf("One writer, closed loop, %d writes per variant in interleaved blocks of %d; no admission, no operator. Body: the JSON the client sends.\n\n", n, block)
-	fmt.Printf("| write | body bytes | p50 ms | p99 ms | apiserver CPU ms per write | vs Lease |\n|---|---:|---:|---:|---:|---:|\n")
-	base := res[len(res)-1].cpu / float64(len(res[len(res)-1].lat))
-	for i, v := range variants {
-		d := summarize(res[i].lat)
-		per := res[i].cpu / float64(len(res[i].lat))
-		fmt.Printf("| %s | %d | %s | %s | %.2f | %.2f× |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), 1000*per, per/base)
-	}
-	if err := pairCost(ctx, n, apiserver, admin, cs, ns); err != nil {
-		return err
-	}
-	if err := handoffCost(ctx, n, admin, cs, ns); err != nil {
-		return err
-	}
-	// Where the apiserver's time goes while it takes the shipped lock's writes.
-	path := filepath.Join(os.TempDir(), "kubelock-write-cost-apiserver.pprof")
-	errc := make(chan error, 1)
-	go func() { errc <- (&cluster{adminCS: cs}).apiserverProfile(ctx, 10*time.Second, path) }()
-	for wrote := 0; ; wrote++ {
-		select {
-		case err := <-errc:
-			if err != nil {
-				return err
-			}
-			fmt.Printf("\nkube-apiserver while it took %d writes of the shipped lock (%s):\n\n%s", wrote, path, profileSummary(path))
-			return nil
-		default:
-		}
-		if _, err := variants[0].write(ctx); err != nil {
-			return err
-		}
-	}
+	return strings.Join(f[:3], " ")
 }
 
 // pairCost measures workload 2's operations the same way, interleaved: an

@@ -6,15 +6,15 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -246,6 +246,87 @@ func TestEachEndpointWritesItsOwnPart(t *testing.T) {
 	}
 }
 
+func TestHoldingInASession(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	cfg, _ := userConfig(t, "alice")
+	c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("alice-0"), lock.WithAutoCreate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.TryAcquire(ctx, "jobs", lock.InSession(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := get(t, ns, l.Name()).Status.Holder; h == nil || h.Session != s.Name() {
+		t.Fatalf("the holding does not name session %s: %+v", s.Name(), h)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.Name()}, &locksv1alpha1.LockSession{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("the closed session: %v, want it gone", err)
+	}
+}
+
+func TestServerSideApply(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	apply := func(labels map[string]string) *locksv1alpha1.DistributedLock {
+		t.Helper()
+		l := &locksv1alpha1.DistributedLock{
+			TypeMeta:   metav1.TypeMeta{APIVersion: locksv1alpha1.GroupVersion.String(), Kind: "DistributedLock"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "applied", Labels: labels},
+			Spec:       locksv1alpha1.DistributedLockSpec{MaxWaitSeconds: 120},
+		}
+		if err := env.Client.Patch(ctx, l, client.Apply, client.FieldOwner("kubelock-test"), client.ForceOwnership); err != nil { //nolint:staticcheck // the typed apply configurations are not generated for this API
+			t.Fatal(err)
+		}
+		return l
+	}
+	apply(map[string]string{"team": "shop", "tier": "gold"})
+	// Applying without a label removes it: the apply knows what it owned.
+	got := apply(map[string]string{"team": "shop"})
+	if got.Labels["team"] != "shop" || got.Labels["tier"] != "" || got.Spec.MaxWaitSeconds != 120 {
+		t.Errorf("after the second apply: labels %v, spec.maxWaitSeconds %d", got.Labels, got.Spec.MaxWaitSeconds)
+	}
+}
+
+func TestPrinterColumnsAreTheCRDs(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	if err := env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "printed"}}); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := &metav1.Table{}
+	err = cs.CoreV1().RESTClient().Get().AbsPath("/apis", locksv1alpha1.GroupVersion.Group, locksv1alpha1.GroupVersion.Version, "namespaces", ns, "distributedlocks").
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Into(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range table.ColumnDefinitions {
+		if c.Priority == 0 {
+			names = append(names, c.Name)
+		}
+	}
+	if want := []string{"Name", "Type", "Holders", "Holder", "Token", "Waiters", "Age"}; !slices.Equal(names, want) || len(table.Rows) != 1 {
+		t.Errorf("columns %v and %d rows, want %v and one row", names, len(table.Rows), want)
+	}
+}
+
 func get(t *testing.T, ns, name string) *locksv1alpha1.DistributedLock {
 	t.Helper()
 	l := &locksv1alpha1.DistributedLock{}
@@ -292,6 +373,3 @@ func (r *requestLog) lockRequests() []string {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
-var _ = strconv.Itoa
-var _ = time.Second

@@ -22,6 +22,7 @@ limitations under the License.
 package openapi
 
 import (
+	v1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtime "k8s.io/apimachinery/pkg/runtime"
 	version "k8s.io/apimachinery/pkg/version"
@@ -31,72 +32,72 @@ import (
 
 func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenAPIDefinition {
 	return map[string]common.OpenAPIDefinition{
-		"github.com/kubelock/kubelock/api/v1alpha1.DistributedLock":       schema_kubelock_kubelock_api_v1alpha1_DistributedLock(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.DistributedLockList":   schema_kubelock_kubelock_api_v1alpha1_DistributedLockList(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.DistributedLockSpec":   schema_kubelock_kubelock_api_v1alpha1_DistributedLockSpec(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.DistributedLockStatus": schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.FinishedHolding":       schema_kubelock_kubelock_api_v1alpha1_FinishedHolding(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.LockHolder":            schema_kubelock_kubelock_api_v1alpha1_LockHolder(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.LockSession":           schema_kubelock_kubelock_api_v1alpha1_LockSession(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.LockSessionList":       schema_kubelock_kubelock_api_v1alpha1_LockSessionList(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.LockSessionSpec":       schema_kubelock_kubelock_api_v1alpha1_LockSessionSpec(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.LockSessionStatus":     schema_kubelock_kubelock_api_v1alpha1_LockSessionStatus(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.SharedHolder":          schema_kubelock_kubelock_api_v1alpha1_SharedHolder(ref),
-		"github.com/kubelock/kubelock/api/v1alpha1.Waiter":                schema_kubelock_kubelock_api_v1alpha1_Waiter(ref),
-		v1.APIGroup{}.OpenAPIModelName():                                  schema_pkg_apis_meta_v1_APIGroup(ref),
-		v1.APIGroupList{}.OpenAPIModelName():                              schema_pkg_apis_meta_v1_APIGroupList(ref),
-		v1.APIResource{}.OpenAPIModelName():                               schema_pkg_apis_meta_v1_APIResource(ref),
-		v1.APIResourceList{}.OpenAPIModelName():                           schema_pkg_apis_meta_v1_APIResourceList(ref),
-		v1.APIVersions{}.OpenAPIModelName():                               schema_pkg_apis_meta_v1_APIVersions(ref),
-		v1.ApplyOptions{}.OpenAPIModelName():                              schema_pkg_apis_meta_v1_ApplyOptions(ref),
-		v1.Condition{}.OpenAPIModelName():                                 schema_pkg_apis_meta_v1_Condition(ref),
-		v1.CreateOptions{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_CreateOptions(ref),
-		v1.DeleteOptions{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_DeleteOptions(ref),
-		v1.Duration{}.OpenAPIModelName():                                  schema_pkg_apis_meta_v1_Duration(ref),
-		v1.FieldSelectorRequirement{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_FieldSelectorRequirement(ref),
-		v1.FieldsV1{}.OpenAPIModelName():                                  schema_pkg_apis_meta_v1_FieldsV1(ref),
-		v1.GetOptions{}.OpenAPIModelName():                                schema_pkg_apis_meta_v1_GetOptions(ref),
-		v1.GroupKind{}.OpenAPIModelName():                                 schema_pkg_apis_meta_v1_GroupKind(ref),
-		v1.GroupResource{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_GroupResource(ref),
-		v1.GroupVersion{}.OpenAPIModelName():                              schema_pkg_apis_meta_v1_GroupVersion(ref),
-		v1.GroupVersionForDiscovery{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_GroupVersionForDiscovery(ref),
-		v1.GroupVersionKind{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_GroupVersionKind(ref),
-		v1.GroupVersionResource{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_GroupVersionResource(ref),
-		v1.InternalEvent{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_InternalEvent(ref),
-		v1.LabelSelector{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_LabelSelector(ref),
-		v1.LabelSelectorRequirement{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_LabelSelectorRequirement(ref),
-		v1.List{}.OpenAPIModelName():                                      schema_pkg_apis_meta_v1_List(ref),
-		v1.ListMeta{}.OpenAPIModelName():                                  schema_pkg_apis_meta_v1_ListMeta(ref),
-		v1.ListOptions{}.OpenAPIModelName():                               schema_pkg_apis_meta_v1_ListOptions(ref),
-		v1.ManagedFieldsEntry{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_ManagedFieldsEntry(ref),
-		v1.MicroTime{}.OpenAPIModelName():                                 schema_pkg_apis_meta_v1_MicroTime(ref),
-		v1.ObjectMeta{}.OpenAPIModelName():                                schema_pkg_apis_meta_v1_ObjectMeta(ref),
-		v1.OwnerReference{}.OpenAPIModelName():                            schema_pkg_apis_meta_v1_OwnerReference(ref),
-		v1.PartialObjectMetadata{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_PartialObjectMetadata(ref),
-		v1.PartialObjectMetadataList{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_PartialObjectMetadataList(ref),
-		v1.Patch{}.OpenAPIModelName():                                     schema_pkg_apis_meta_v1_Patch(ref),
-		v1.PatchOptions{}.OpenAPIModelName():                              schema_pkg_apis_meta_v1_PatchOptions(ref),
-		v1.Preconditions{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_Preconditions(ref),
-		v1.RootPaths{}.OpenAPIModelName():                                 schema_pkg_apis_meta_v1_RootPaths(ref),
-		v1.ServerAddressByClientCIDR{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_ServerAddressByClientCIDR(ref),
-		v1.ShardInfo{}.OpenAPIModelName():                                 schema_pkg_apis_meta_v1_ShardInfo(ref),
-		v1.Status{}.OpenAPIModelName():                                    schema_pkg_apis_meta_v1_Status(ref),
-		v1.StatusCause{}.OpenAPIModelName():                               schema_pkg_apis_meta_v1_StatusCause(ref),
-		v1.StatusDetails{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_StatusDetails(ref),
-		v1.Table{}.OpenAPIModelName():                                     schema_pkg_apis_meta_v1_Table(ref),
-		v1.TableColumnDefinition{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_TableColumnDefinition(ref),
-		v1.TableOptions{}.OpenAPIModelName():                              schema_pkg_apis_meta_v1_TableOptions(ref),
-		v1.TableRow{}.OpenAPIModelName():                                  schema_pkg_apis_meta_v1_TableRow(ref),
-		v1.TableRowCondition{}.OpenAPIModelName():                         schema_pkg_apis_meta_v1_TableRowCondition(ref),
-		v1.Time{}.OpenAPIModelName():                                      schema_pkg_apis_meta_v1_Time(ref),
-		v1.Timestamp{}.OpenAPIModelName():                                 schema_pkg_apis_meta_v1_Timestamp(ref),
-		v1.TypeMeta{}.OpenAPIModelName():                                  schema_pkg_apis_meta_v1_TypeMeta(ref),
-		v1.UpdateOptions{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_UpdateOptions(ref),
-		v1.WatchEvent{}.OpenAPIModelName():                                schema_pkg_apis_meta_v1_WatchEvent(ref),
-		runtime.RawExtension{}.OpenAPIModelName():                         schema_k8sio_apimachinery_pkg_runtime_RawExtension(ref),
-		runtime.TypeMeta{}.OpenAPIModelName():                             schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
-		runtime.Unknown{}.OpenAPIModelName():                              schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
-		version.Info{}.OpenAPIModelName():                                 schema_k8sio_apimachinery_pkg_version_Info(ref),
+		v1alpha1.DistributedLock{}.OpenAPIModelName():       schema_kubelock_kubelock_api_v1alpha1_DistributedLock(ref),
+		v1alpha1.DistributedLockList{}.OpenAPIModelName():   schema_kubelock_kubelock_api_v1alpha1_DistributedLockList(ref),
+		v1alpha1.DistributedLockSpec{}.OpenAPIModelName():   schema_kubelock_kubelock_api_v1alpha1_DistributedLockSpec(ref),
+		v1alpha1.DistributedLockStatus{}.OpenAPIModelName(): schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref),
+		v1alpha1.FinishedHolding{}.OpenAPIModelName():       schema_kubelock_kubelock_api_v1alpha1_FinishedHolding(ref),
+		v1alpha1.LockHolder{}.OpenAPIModelName():            schema_kubelock_kubelock_api_v1alpha1_LockHolder(ref),
+		v1alpha1.LockSession{}.OpenAPIModelName():           schema_kubelock_kubelock_api_v1alpha1_LockSession(ref),
+		v1alpha1.LockSessionList{}.OpenAPIModelName():       schema_kubelock_kubelock_api_v1alpha1_LockSessionList(ref),
+		v1alpha1.LockSessionSpec{}.OpenAPIModelName():       schema_kubelock_kubelock_api_v1alpha1_LockSessionSpec(ref),
+		v1alpha1.LockSessionStatus{}.OpenAPIModelName():     schema_kubelock_kubelock_api_v1alpha1_LockSessionStatus(ref),
+		v1alpha1.SharedHolder{}.OpenAPIModelName():          schema_kubelock_kubelock_api_v1alpha1_SharedHolder(ref),
+		v1alpha1.Waiter{}.OpenAPIModelName():                schema_kubelock_kubelock_api_v1alpha1_Waiter(ref),
+		v1.APIGroup{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_APIGroup(ref),
+		v1.APIGroupList{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_APIGroupList(ref),
+		v1.APIResource{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_APIResource(ref),
+		v1.APIResourceList{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_APIResourceList(ref),
+		v1.APIVersions{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_APIVersions(ref),
+		v1.ApplyOptions{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_ApplyOptions(ref),
+		v1.Condition{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_Condition(ref),
+		v1.CreateOptions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_CreateOptions(ref),
+		v1.DeleteOptions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_DeleteOptions(ref),
+		v1.Duration{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_Duration(ref),
+		v1.FieldSelectorRequirement{}.OpenAPIModelName():    schema_pkg_apis_meta_v1_FieldSelectorRequirement(ref),
+		v1.FieldsV1{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_FieldsV1(ref),
+		v1.GetOptions{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_GetOptions(ref),
+		v1.GroupKind{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_GroupKind(ref),
+		v1.GroupResource{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_GroupResource(ref),
+		v1.GroupVersion{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_GroupVersion(ref),
+		v1.GroupVersionForDiscovery{}.OpenAPIModelName():    schema_pkg_apis_meta_v1_GroupVersionForDiscovery(ref),
+		v1.GroupVersionKind{}.OpenAPIModelName():            schema_pkg_apis_meta_v1_GroupVersionKind(ref),
+		v1.GroupVersionResource{}.OpenAPIModelName():        schema_pkg_apis_meta_v1_GroupVersionResource(ref),
+		v1.InternalEvent{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_InternalEvent(ref),
+		v1.LabelSelector{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_LabelSelector(ref),
+		v1.LabelSelectorRequirement{}.OpenAPIModelName():    schema_pkg_apis_meta_v1_LabelSelectorRequirement(ref),
+		v1.List{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_List(ref),
+		v1.ListMeta{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_ListMeta(ref),
+		v1.ListOptions{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_ListOptions(ref),
+		v1.ManagedFieldsEntry{}.OpenAPIModelName():          schema_pkg_apis_meta_v1_ManagedFieldsEntry(ref),
+		v1.MicroTime{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_MicroTime(ref),
+		v1.ObjectMeta{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_ObjectMeta(ref),
+		v1.OwnerReference{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_OwnerReference(ref),
+		v1.PartialObjectMetadata{}.OpenAPIModelName():       schema_pkg_apis_meta_v1_PartialObjectMetadata(ref),
+		v1.PartialObjectMetadataList{}.OpenAPIModelName():   schema_pkg_apis_meta_v1_PartialObjectMetadataList(ref),
+		v1.Patch{}.OpenAPIModelName():                       schema_pkg_apis_meta_v1_Patch(ref),
+		v1.PatchOptions{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_PatchOptions(ref),
+		v1.Preconditions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_Preconditions(ref),
+		v1.RootPaths{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_RootPaths(ref),
+		v1.ServerAddressByClientCIDR{}.OpenAPIModelName():   schema_pkg_apis_meta_v1_ServerAddressByClientCIDR(ref),
+		v1.ShardInfo{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_ShardInfo(ref),
+		v1.Status{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_Status(ref),
+		v1.StatusCause{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_StatusCause(ref),
+		v1.StatusDetails{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_StatusDetails(ref),
+		v1.Table{}.OpenAPIModelName():                       schema_pkg_apis_meta_v1_Table(ref),
+		v1.TableColumnDefinition{}.OpenAPIModelName():       schema_pkg_apis_meta_v1_TableColumnDefinition(ref),
+		v1.TableOptions{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_TableOptions(ref),
+		v1.TableRow{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_TableRow(ref),
+		v1.TableRowCondition{}.OpenAPIModelName():           schema_pkg_apis_meta_v1_TableRowCondition(ref),
+		v1.Time{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_Time(ref),
+		v1.Timestamp{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_Timestamp(ref),
+		v1.TypeMeta{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_TypeMeta(ref),
+		v1.UpdateOptions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_UpdateOptions(ref),
+		v1.WatchEvent{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_WatchEvent(ref),
+		runtime.RawExtension{}.OpenAPIModelName():           schema_k8sio_apimachinery_pkg_runtime_RawExtension(ref),
+		runtime.TypeMeta{}.OpenAPIModelName():               schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
+		runtime.Unknown{}.OpenAPIModelName():                schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
+		version.Info{}.OpenAPIModelName():                   schema_k8sio_apimachinery_pkg_version_Info(ref),
 	}
 }
 
@@ -132,21 +133,21 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLock(ref common.ReferenceC
 						SchemaProps: spec.SchemaProps{
 							Description: "spec declares the lock's limits.",
 							Default:     map[string]interface{}{},
-							Ref:         ref("github.com/kubelock/kubelock/api/v1alpha1.DistributedLockSpec"),
+							Ref:         ref(v1alpha1.DistributedLockSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Description: "status is the lock's state. Its default makes even a never-written status exist, so the token's rule also checks a lock's first status write.",
 							Default:     map[string]interface{}{},
-							Ref:         ref("github.com/kubelock/kubelock/api/v1alpha1.DistributedLockStatus"),
+							Ref:         ref(v1alpha1.DistributedLockStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
 			},
 		},
 		Dependencies: []string{
-			"github.com/kubelock/kubelock/api/v1alpha1.DistributedLockSpec", "github.com/kubelock/kubelock/api/v1alpha1.DistributedLockStatus", v1.ObjectMeta{}.OpenAPIModelName()},
+			v1alpha1.DistributedLockSpec{}.OpenAPIModelName(), v1alpha1.DistributedLockStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -185,7 +186,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockList(ref common.Refere
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/kubelock/kubelock/api/v1alpha1.DistributedLock"),
+										Ref: ref(v1alpha1.DistributedLock{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -196,7 +197,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockList(ref common.Refere
 			},
 		},
 		Dependencies: []string{
-			"github.com/kubelock/kubelock/api/v1alpha1.DistributedLock", v1.ListMeta{}.OpenAPIModelName()},
+			v1alpha1.DistributedLock{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -279,7 +280,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 					"holder": {
 						SchemaProps: spec.SchemaProps{
 							Description: "holder is the current holding; absent while the lock is free.",
-							Ref:         ref("github.com/kubelock/kubelock/api/v1alpha1.LockHolder"),
+							Ref:         ref(v1alpha1.LockHolder{}.OpenAPIModelName()),
 						},
 					},
 					"sharedHolders": {
@@ -297,7 +298,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/kubelock/kubelock/api/v1alpha1.SharedHolder"),
+										Ref: ref(v1alpha1.SharedHolder{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -342,7 +343,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/kubelock/kubelock/api/v1alpha1.Waiter"),
+										Ref: ref(v1alpha1.Waiter{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -368,7 +369,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/kubelock/kubelock/api/v1alpha1.FinishedHolding"),
+										Ref: ref(v1alpha1.FinishedHolding{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -406,7 +407,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 			},
 		},
 		Dependencies: []string{
-			"github.com/kubelock/kubelock/api/v1alpha1.FinishedHolding", "github.com/kubelock/kubelock/api/v1alpha1.LockHolder", "github.com/kubelock/kubelock/api/v1alpha1.SharedHolder", "github.com/kubelock/kubelock/api/v1alpha1.Waiter", v1.Condition{}.OpenAPIModelName()},
+			v1alpha1.FinishedHolding{}.OpenAPIModelName(), v1alpha1.LockHolder{}.OpenAPIModelName(), v1alpha1.SharedHolder{}.OpenAPIModelName(), v1alpha1.Waiter{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName()},
 	}
 }
 
@@ -615,14 +616,14 @@ func schema_kubelock_kubelock_api_v1alpha1_LockSession(ref common.ReferenceCallb
 						SchemaProps: spec.SchemaProps{
 							Description: "spec declares the session's owner and TTL; it is immutable.",
 							Default:     map[string]interface{}{},
-							Ref:         ref("github.com/kubelock/kubelock/api/v1alpha1.LockSessionSpec"),
+							Ref:         ref(v1alpha1.LockSessionSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Description: "status is the session's liveness.",
 							Default:     map[string]interface{}{},
-							Ref:         ref("github.com/kubelock/kubelock/api/v1alpha1.LockSessionStatus"),
+							Ref:         ref(v1alpha1.LockSessionStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
@@ -630,7 +631,7 @@ func schema_kubelock_kubelock_api_v1alpha1_LockSession(ref common.ReferenceCallb
 			},
 		},
 		Dependencies: []string{
-			"github.com/kubelock/kubelock/api/v1alpha1.LockSessionSpec", "github.com/kubelock/kubelock/api/v1alpha1.LockSessionStatus", v1.ObjectMeta{}.OpenAPIModelName()},
+			v1alpha1.LockSessionSpec{}.OpenAPIModelName(), v1alpha1.LockSessionStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -669,7 +670,7 @@ func schema_kubelock_kubelock_api_v1alpha1_LockSessionList(ref common.ReferenceC
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/kubelock/kubelock/api/v1alpha1.LockSession"),
+										Ref: ref(v1alpha1.LockSession{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -680,7 +681,7 @@ func schema_kubelock_kubelock_api_v1alpha1_LockSessionList(ref common.ReferenceC
 			},
 		},
 		Dependencies: []string{
-			"github.com/kubelock/kubelock/api/v1alpha1.LockSession", v1.ListMeta{}.OpenAPIModelName()},
+			v1alpha1.LockSession{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
 	}
 }
 
