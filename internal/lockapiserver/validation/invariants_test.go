@@ -194,8 +194,12 @@ var lockCases = []lockCase{
 	onMutex("endedBy empty", func(l *locksv1alpha1.DistributedLock) { l.Status.RecentAcquisitions[0].EndedBy = "" }),
 	onMutex("a finished token of 0", func(l *locksv1alpha1.DistributedLock) { l.Status.RecentAcquisitions[0].FencingToken = 0 }),
 	onMutex("a finished slot of 1024", func(l *locksv1alpha1.DistributedLock) { l.Status.RecentAcquisitions[0].Slot = ptr.To[int32](1024) }),
-	onMutex("a message of 256 characters", func(l *locksv1alpha1.DistributedLock) { l.Status.RecentAcquisitions[0].Message = strings.Repeat("m", 256) }),
-	onMutex("a message of 257 characters", func(l *locksv1alpha1.DistributedLock) { l.Status.RecentAcquisitions[0].Message = strings.Repeat("m", 257) }),
+	onMutex("a message of 256 characters", func(l *locksv1alpha1.DistributedLock) {
+		l.Status.RecentAcquisitions[0].Message = strings.Repeat("m", 256)
+	}),
+	onMutex("a message of 257 characters", func(l *locksv1alpha1.DistributedLock) {
+		l.Status.RecentAcquisitions[0].Message = strings.Repeat("m", 257)
+	}),
 	onMutex("a finished requestID with a slash (no pattern)", func(l *locksv1alpha1.DistributedLock) { l.Status.RecentAcquisitions[0].RequestID = "a/b" }),
 	// conditions
 	onMutex("nine conditions", func(l *locksv1alpha1.DistributedLock) {
