@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -26,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/testenv"
 )
@@ -78,7 +80,7 @@ type costVariant struct {
 }
 
 func writeCost(ctx context.Context, n int) error {
-	fmt.Printf("Load average at the start: %s\n", loadAverage())
+	fmt.Printf("Load average at the start: %s\n", loadAvg())
 	env, err := testenv.Start()
 	if err != nil {
 		return err
@@ -174,6 +176,15 @@ func writeCost(ctx context.Context, n int) error {
 	if err := statusPut(crdVariant, lockGVR, "cost", false, false); err != nil {
 		return err
 	}
+	if err := bindPolicy(ctx, cl); err != nil {
+		return err
+	}
+	if err := cl.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, Name: "cost-policy", Labels: map[string]string{policyLabel: "true"}}}); err != nil {
+		return err
+	}
+	if err := statusPut(policyVariant, lockGVR, "cost-policy", false, false); err != nil {
+		return err
+	}
 	if err := statusPut("DistributedLock status, managedFields not sent", lockGVR, "cost-strip", true, false); err != nil {
 		return err
 	}
@@ -219,57 +230,12 @@ func writeCost(ctx context.Context, n int) error {
 		variants = append(variants, vs...)
 	}
 
-	type acc struct {
-		lat   []time.Duration
-		cpu   [nRoles]float64
-		bytes int
+	res, err := measureCost(ctx, variants, n)
+	if err != nil {
+		return err
 	}
-	res := make([]acc, len(variants))
-	const block = 25
-	for done := 0; done < n; done += block {
-		for i, v := range variants {
-			c0 := v.path.cpu()
-			for range block {
-				t := time.Now()
-				b, err := v.write(ctx)
-				if err != nil {
-					return fmt.Errorf("%s: %w", v.name, err)
-				}
-				res[i].lat = append(res[i].lat, time.Since(t))
-				res[i].bytes = b
-			}
-			c1 := v.path.cpu()
-			for r := range c1 {
-				res[i].cpu[r] += c1[r] - c0[r]
-			}
-		}
-	}
-	perWrite := func(i int) (by [nRoles]float64, total float64) {
-		for r, c := range res[i].cpu {
-			by[r] = c / float64(len(res[i].lat))
-			total += by[r]
-		}
-		return by, total
-	}
-	base := map[string]float64{}
-	for i, v := range variants {
-		_, base[v.name] = perWrite(i)
-	}
-	fmt.Printf("\nOne writer, closed loop, %d writes per variant in interleaved blocks of %d; no admission webhook or policy, no operator. Body: the JSON the client sends. CPU: ms per write of each process on the path (blank: not on it), from /proc over the blocks; load average at the end %s.\n\n", n, block, loadAverage())
-	fmt.Printf("| write | body bytes | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", strings.Join(roleNames[:], " | "))
-	for i, v := range variants {
-		d := summarize(res[i].lat)
-		by, total := perWrite(i)
-		cells := make([]string, nRoles)
-		for r := range by {
-			if v.path[r].pid != 0 {
-				cells[r] = fmt.Sprintf("%.2f", 1000*by[r])
-			}
-		}
-		fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %s | %s |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), strings.Join(cells, " | "),
-			1000*total, ratio(total, base[leaseVariant]), ratio(total, base[crdVariant]))
-	}
-	printGate(base)
+	printCost(variants, res, n)
+	printGate(variants, res)
 	if err := pairCost(ctx, n, apiserver, admin, cs, costNS); err != nil {
 		return err
 	}
@@ -295,14 +261,179 @@ func writeCost(ctx context.Context, n int) error {
 	return nil
 }
 
+// costResult is what one variant's windows measured.
+type costResult struct {
+	lat   []time.Duration
+	bytes int
+	// cpu is the CPU seconds of each process on the path, beyond its idle
+	// rate, over every window; writes the writes they took.
+	cpu    [nRoles]float64
+	writes int
+	// rounds are the per-write totals of each round's window, in order.
+	rounds []float64
+}
+
+func (r *costResult) perWrite() (by [nRoles]float64, total float64) {
+	for i, c := range r.cpu {
+		by[i] = c / float64(r.writes)
+		total += by[i]
+	}
+	return by, total
+}
+
+// Each round gives every variant a window of writes, then lets its servers
+// settle (their watch caches, garbage collection and other work a write
+// leaves behind run after it returns) before their CPU is read again, so a
+// window is charged for its own writes' work and none of another's.
+const (
+	costWindow = 2 * time.Second
+	costSettle = 300 * time.Millisecond
+)
+
+// measureCost runs windows of each variant in turn until every variant
+// took at least n writes, and charges each window the CPU its path's
+// processes used beyond their idle rates.
+func measureCost(ctx context.Context, variants []costVariant, n int) ([]costResult, error) {
+	idle, err := idleRates(ctx, variants, 3*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	res := make([]costResult, len(variants))
+	for slices.ContainsFunc(res, func(r costResult) bool { return r.writes < n }) {
+		for i, v := range variants {
+			c0, t0 := v.path.cpu(), time.Now()
+			writes := 0
+			for ; time.Since(t0) < costWindow; writes++ {
+				t := time.Now()
+				b, err := v.write(ctx)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", v.name, err)
+				}
+				res[i].lat = append(res[i].lat, time.Since(t))
+				res[i].bytes = b
+			}
+			if err := sleepCtx(ctx, costSettle); err != nil {
+				return nil, err
+			}
+			c1, elapsed := v.path.cpu(), time.Since(t0).Seconds()
+			round := 0.0
+			for r := range c1 {
+				used := c1[r] - c0[r] - idle[v.path[r].pid]*elapsed
+				res[i].cpu[r] += used
+				round += used
+			}
+			res[i].writes += writes
+			res[i].rounds = append(res[i].rounds, round/float64(writes))
+		}
+	}
+	return res, nil
+}
+
+// idleRates are the CPU seconds per second each process on a path uses while
+// nothing is written.
+func idleRates(ctx context.Context, variants []costVariant, d time.Duration) (map[int]float64, error) {
+	procs := map[int]proc{}
+	for _, v := range variants {
+		for _, p := range v.path {
+			if p.pid != 0 {
+				procs[p.pid] = p
+			}
+		}
+	}
+	before := map[int]float64{}
+	for pid, p := range procs {
+		before[pid] = p.cpu()
+	}
+	t0 := time.Now()
+	if err := sleepCtx(ctx, d); err != nil {
+		return nil, err
+	}
+	elapsed := time.Since(t0).Seconds()
+	rates := map[int]float64{}
+	for pid, p := range procs {
+		rates[pid] = (p.cpu() - before[pid]) / elapsed
+	}
+	return rates, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// printCost prints the table and returns each variant's CPU per write.
+func printCost(variants []costVariant, res []costResult, n int) map[string]float64 {
+	fmt.Printf("\nOne writer, closed loop, at least %d writes per variant in interleaved windows of %s (each followed by %s for its servers to settle); no admission webhook or policy, no operator. Body: the JSON the client sends. CPU: ms per write of each process on the path (blank: not on it), from /proc over the windows, beyond each process's idle rate; load average at the end %s.\n\n",
+		n, costWindow, costSettle, loadAvg())
+	fmt.Printf("| write | body bytes | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", strings.Join(roleNames[:], " | "))
+	base := map[string]float64{}
+	for i, v := range variants {
+		_, base[v.name] = res[i].perWrite()
+	}
+	for i, v := range variants {
+		d := summarize(res[i].lat)
+		by, total := res[i].perWrite()
+		cells := make([]string, nRoles)
+		for r := range by {
+			if v.path[r].pid != 0 {
+				cells[r] = fmt.Sprintf("%.2f", 1000*by[r])
+			}
+		}
+		fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %s | %s |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), strings.Join(cells, " | "),
+			1000*total, ratio(total, base[leaseVariant]), ratio(total, base[crdVariant]))
+	}
+	return base
+}
+
 // The variants the others are compared with, and the gate's.
 const (
-	crdVariant   = "DistributedLock status (CRD as shipped)"
+	crdVariant    = "DistributedLock status (CRD as shipped)"
+	policyVariant = "DistributedLock status, CRD as shipped and kubelock's ValidatingAdmissionPolicy"
 	leaseVariant = "Lease (coordination.k8s.io/v1, protobuf)"
 	costNS       = "write-cost"
 	// fullRounds of acquire and release fill recentAcquisitions (8) and one more.
 	fullRounds = 9
 )
+
+// policyLabel marks the locks the run binds kubelock's status policy to.
+const policyLabel = "bench.kubelock.io/admission"
+
+// bindPolicy installs config/policy's status policy, bound to the locks
+// labelled policyLabel only, and waits until it denies a write in someone
+// else's name: the CRD path with kubelock's rules in kube-apiserver, as the
+// lock apiserver runs them in-process.
+func bindPolicy(ctx context.Context, cl client.Client) error {
+	vap, binding, err := readPolicy("validating_admission_policy.yaml", true)
+	if err != nil {
+		return err
+	}
+	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{policyLabel: "true"}}}
+	if err := cl.Create(ctx, vap); err != nil {
+		return err
+	}
+	if err := cl.Create(ctx, binding); err != nil {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, GenerateName: "policy-probe-", Labels: map[string]string{policyLabel: "true"}}}
+		if err := cl.Create(ctx, l); err != nil {
+			return false, err
+		}
+		tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		if err != nil {
+			return false, err
+		}
+		now := metav1.NowMicro()
+		l.Acquire(locksv1alpha1.LockHolder{Identity: "probe", User: "somebody-else", LeaseID: "probe-lease-000000000000",
+			RequestID: "probe-request", LeaseDurationSeconds: 30, AcquireTime: now, RenewTime: &now}, tok)
+		err = cl.Status().Update(ctx, l)
+		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"), nil
+	})
+}
 
 var lockGVR = schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}
 
@@ -324,36 +455,47 @@ func fillLock(ctx context.Context, lc *lock.Client, dyn dynamic.Interface, key s
 	return dyn.Resource(lockGVR).Namespace(lc.Namespace()).Get(ctx, key, metav1.GetOptions{})
 }
 
-// statusRenewal renews the holder of cur through ri, each call on the object
-// the previous one returned: a PUT of the whole object (without its
-// managedFields when strip), or a merge patch of renewTime with the
-// resourceVersion as precondition.
-func statusRenewal(ri dynamic.ResourceInterface, cur *unstructured.Unstructured, strip, patch bool, uo metav1.UpdateOptions) func(context.Context) (int, error) {
+// renewal writes change(cur) through update, each call on the object the
+// previous one returned; the size is that of the JSON the client sends.
+func renewal[T any](cur T, change func(T) (T, error), update func(context.Context, T) (T, error)) func(context.Context) (int, error) {
 	return func(ctx context.Context) (int, error) {
+		next, err := change(cur)
+		if err != nil {
+			return 0, err
+		}
+		b, _ := json.Marshal(next)
+		if cur, err = update(ctx, next); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
+}
+
+// statusRenewal renews the holder of cur through ri: a PUT of the whole
+// object (without its managedFields when strip), or a merge patch of
+// renewTime with the resourceVersion as precondition.
+func statusRenewal(ri dynamic.ResourceInterface, cur *unstructured.Unstructured, strip, patch bool, uo metav1.UpdateOptions) func(context.Context) (int, error) {
+	if patch {
+		return func(ctx context.Context) (int, error) {
+			b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.GetResourceVersion()},
+				"status": map[string]any{"holder": map[string]any{"renewTime": microNow()}}})
+			got, err := ri.Patch(ctx, cur.GetName(), types.MergePatchType, b, metav1.PatchOptions{}, "status")
+			if err != nil {
+				return 0, err
+			}
+			cur = got
+			return len(b), nil
+		}
+	}
+	return renewal(cur, func(cur *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 		next := cur.DeepCopy()
 		if strip {
 			next.SetManagedFields(nil)
 		}
-		now := microNow()
-		if err := unstructured.SetNestedField(next.Object, now, "status", "holder", "renewTime"); err != nil {
-			return 0, err
-		}
-		b, _ := json.Marshal(next.Object)
-		var got *unstructured.Unstructured
-		var err error
-		if patch {
-			b, _ = json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.GetResourceVersion()},
-				"status": map[string]any{"holder": map[string]any{"renewTime": now}}})
-			got, err = ri.Patch(ctx, cur.GetName(), types.MergePatchType, b, metav1.PatchOptions{}, "status")
-		} else {
-			got, err = ri.UpdateStatus(ctx, next, uo)
-		}
-		if err != nil {
-			return 0, err
-		}
-		cur = got
-		return len(b), nil
-	}
+		return next, unstructured.SetNestedField(next.Object, microNow(), "status", "holder", "renewTime")
+	}, func(ctx context.Context, next *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return ri.UpdateStatus(ctx, next, uo)
+	})
 }
 
 // bareRenewal creates a held bare lock and renews it through ri, as raw CRD
@@ -368,19 +510,12 @@ func bareRenewal(ctx context.Context, ri dynamic.ResourceInterface) (func(contex
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context) (int, error) {
+	return renewal(cur, func(cur *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 		next := cur.DeepCopy()
-		if err := unstructured.SetNestedField(next.Object, microNow(), "spec", "renewTime"); err != nil {
-			return 0, err
-		}
-		b, _ := json.Marshal(next.Object)
-		got, err := ri.Update(ctx, next, metav1.UpdateOptions{})
-		if err != nil {
-			return 0, err
-		}
-		cur = got
-		return len(b), nil
-	}, nil
+		return next, unstructured.SetNestedField(next.Object, microNow(), "spec", "renewTime")
+	}, func(ctx context.Context, next *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return ri.Update(ctx, next, metav1.UpdateOptions{})
+	}), nil
 }
 
 // leaseRenewal creates a held Lease and renews it through leases.
@@ -392,31 +527,14 @@ func leaseRenewal(ctx context.Context, leases coordinationv1client.LeaseInterfac
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context) (int, error) {
-		next := lease.DeepCopy()
+	return renewal(lease, func(cur *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+		next := cur.DeepCopy()
 		t := metav1.NowMicro()
 		next.Spec.RenewTime = &t
-		b, _ := json.Marshal(next)
-		got, err := leases.Update(ctx, next, metav1.UpdateOptions{})
-		if err != nil {
-			return 0, err
-		}
-		lease = got
-		return len(b), nil
-	}, nil
-}
-
-// loadAverage is /proc/loadavg's first three fields.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
+		return next, nil
+	}, func(ctx context.Context, next *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+		return leases.Update(ctx, next, metav1.UpdateOptions{})
+	}), nil
 }
 
 // pairCost measures workload 2's operations the same way, interleaved: an

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -97,14 +98,22 @@ func userConfig(t *testing.T, name string) (*rest.Config, *requestLog) {
 	return cfg, log
 }
 
-func TestLockServedByTheLockAPIServer(t *testing.T) {
-	ctx := t.Context()
-	ns := namespace(t)
-	cfg, requests := userConfig(t, "alice")
-	alice, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("alice-0"), lock.WithoutAutoRenew())
+// lockClient is user's pkg/lock client in ns (identity user-0, renewing
+// only when asked, creating locks on first use), with its connection.
+func lockClient(t *testing.T, user, ns string) (*lock.Client, *rest.Config, *requestLog) {
+	t.Helper()
+	cfg, log := userConfig(t, user)
+	c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity(user+"-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, cfg, log
+}
+
+func TestLockServedByTheLockAPIServer(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	alice, _, requests := lockClient(t, "alice", ns)
 	// An administrator's lock, with the CRD's defaults filled in by the server.
 	created := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orders"}}
 	if err := env.Client.Create(ctx, created); err != nil {
@@ -164,16 +173,8 @@ func TestLockServedByTheLockAPIServer(t *testing.T) {
 func TestNonHolderReleaseIsDenied(t *testing.T) {
 	ctx := t.Context()
 	ns := namespace(t)
-	aliceCfg, _ := userConfig(t, "alice")
-	bobCfg, _ := userConfig(t, "bob")
-	alice, err := lock.New(aliceCfg, lock.WithNamespace(ns), lock.WithIdentity("alice-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
-	if err != nil {
-		t.Fatal(err)
-	}
-	bob, err := lock.New(bobCfg, lock.WithNamespace(ns), lock.WithIdentity("bob-0"), lock.WithoutAutoRenew())
-	if err != nil {
-		t.Fatal(err)
-	}
+	alice, _, _ := lockClient(t, "alice", ns)
+	bob, _, _ := lockClient(t, "bob", ns)
 	l, err := alice.TryAcquire(ctx, "payments")
 	if err != nil {
 		t.Fatal(err)
@@ -193,6 +194,105 @@ func TestNonHolderReleaseIsDenied(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestWaiterTakesTheLockWhenItIsReleased(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	alice, _, _ := lockClient(t, "alice", ns)
+	bob, _, _ := lockClient(t, "bob", ns)
+	held, err := alice.TryAcquire(ctx, "queue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := make(chan struct{})
+	var once sync.Once
+	type result struct {
+		l   *lock.Lock
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := bob.Acquire(ctx, "queue", lock.OnQueue(func(lock.QueueStatus) { once.Do(func() { close(queued) }) }))
+		got <- result{l, err}
+	}()
+	select {
+	case <-queued:
+	case r := <-got:
+		t.Fatalf("bob did not queue: %v", r.err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Bob learns of the release from its watch, through kube-apiserver's proxy.
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.l.FencingToken() <= held.FencingToken() {
+		t.Errorf("bob's token %d is not above alice's %d", r.l.FencingToken(), held.FencingToken())
+	}
+	if err := r.l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVerbsAreAskedOfTheAuthorizer: the rules' verb checks are answered by
+// kube-apiserver's RBAC, through the lock apiserver's delegated authorizer.
+func TestVerbsAreAskedOfTheAuthorizer(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	alice, aliceCfg, _ := lockClient(t, "alice", ns)
+	bob, _, _ := lockClient(t, "bob", ns)
+	carol, carolCfg, _ := lockClient(t, "carol", ns)
+	grant(t, "carol", "update", "force-release")
+	custom := func(name string) *locksv1alpha1.DistributedLock {
+		return &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: locksv1alpha1.DistributedLockSpec{MaxWaiters: ptr.To[int32](5)}}
+	}
+	err := userClient(t, aliceCfg).Create(ctx, custom("by-alice"))
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "[kubelock:create]") {
+		t.Errorf("a lock user creating a lock with a spec of its own: %v, want a 403 tagged [kubelock:create]", err)
+	}
+	if err := userClient(t, carolCfg).Create(ctx, custom("by-carol")); err != nil {
+		t.Errorf("a user with the update verb creating a lock with a spec of its own: %v", err)
+	}
+	if _, err := alice.TryAcquire(ctx, "by-carol"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.ForceRelease(ctx, "by-carol", "stuck"); err == nil || !strings.Contains(err.Error(), "[kubelock:force-release]") {
+		t.Errorf("a lock user force-releasing: %v, want a denial tagged [kubelock:force-release]", err)
+	}
+	ended, err := carol.ForceRelease(ctx, "by-carol", "stuck")
+	if err != nil || len(ended) != 1 || ended[0].EndedBy != "carol" {
+		t.Errorf("a user with the force-release verb force-releasing: %v, ended %+v", err, ended)
+	}
+}
+
+// grant gives user the verbs on distributedlocks in every namespace.
+func grant(t *testing.T, user string, verbs ...string) {
+	t.Helper()
+	name := "lockapi-test-" + user
+	for _, o := range []client.Object{
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks"}, Verbs: verbs}}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}}},
+	} {
+		if err := env.Client.Create(t.Context(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func userClient(t *testing.T, cfg *rest.Config) client.Client {
+	t.Helper()
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func TestStaleResourceVersionConflicts(t *testing.T) {
@@ -249,11 +349,7 @@ func TestEachEndpointWritesItsOwnPart(t *testing.T) {
 func TestHoldingInASession(t *testing.T) {
 	ctx := t.Context()
 	ns := namespace(t)
-	cfg, _ := userConfig(t, "alice")
-	c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("alice-0"), lock.WithAutoCreate())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _, _ := lockClient(t, "alice", ns)
 	s, err := c.NewSession(ctx)
 	if err != nil {
 		t.Fatal(err)
