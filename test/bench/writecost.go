@@ -393,8 +393,8 @@ func printCost(variants []costVariant, res []costResult, n int) map[string]float
 const (
 	crdVariant    = "DistributedLock status (CRD as shipped)"
 	policyVariant = "DistributedLock status, CRD as shipped and kubelock's ValidatingAdmissionPolicy"
-	leaseVariant = "Lease (coordination.k8s.io/v1, protobuf)"
-	costNS       = "write-cost"
+	leaseVariant  = "Lease (coordination.k8s.io/v1, protobuf)"
+	costNS        = "write-cost"
 	// fullRounds of acquire and release fill recentAcquisitions (8) and one more.
 	fullRounds = 9
 )
