@@ -132,7 +132,10 @@ func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
 		return nil, err
 	}
 	group.VersionedResourcesStorageMap[locksv1alpha1.GroupVersion.Version] = storage
-	return s, s.InstallAPIGroup(&group)
+	if err := s.InstallAPIGroup(&group); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // NewCommand is the kubelock-apiserver command.

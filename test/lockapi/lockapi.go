@@ -394,12 +394,18 @@ func freePort(host string) (int, error) {
 // freePorts are n ports nothing listens on now on host.
 func freePorts(host string, n int) ([]int, error) {
 	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
 	for range n {
 		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = ln.Close() }()
+		lns = append(lns, ln)
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port) //nolint:errcheck // a TCP listener's address
 	}
 	return ports, nil

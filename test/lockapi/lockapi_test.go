@@ -72,7 +72,8 @@ func startServer(ctx context.Context, dir string) (*lockapi.Server, error) {
 	if err != nil {
 		return srv, err
 	}
-	return srv, srv.Register(ctx, env)
+	err = srv.Register(ctx, env)
+	return srv, err
 }
 
 // namespace creates a namespace for one test.

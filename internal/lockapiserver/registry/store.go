@@ -13,20 +13,19 @@ import (
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
-// Strategy is a resource's create, update and delete behaviour on its main
-// endpoint; StatusStrategy its update behaviour on /status.
-type (
-	Strategy interface {
-		rest.RESTCreateStrategy
-		rest.RESTUpdateStrategy
-		rest.RESTDeleteStrategy
-		rest.ResetFieldsStrategy
-	}
-	StatusStrategy interface {
-		rest.RESTUpdateStrategy
-		rest.ResetFieldsStrategy
-	}
-)
+// Strategy is a resource's create, update and delete behaviour on its main endpoint.
+type Strategy interface {
+	rest.RESTCreateStrategy
+	rest.RESTUpdateStrategy
+	rest.RESTDeleteStrategy
+	rest.ResetFieldsStrategy
+}
+
+// StatusStrategy is a resource's update behaviour on /status.
+type StatusStrategy interface {
+	rest.RESTUpdateStrategy
+	rest.ResetFieldsStrategy
+}
 
 // Resource describes one kind of the lock API and its rules.
 type Resource[T runtime.Object] struct {
