@@ -1,7 +1,3 @@
-// Package v1alpha1 contains the DistributedLock and LockSession API of the locks.kubelock.io group.
-//
-// +kubebuilder:object:generate=true
-// +groupName=locks.kubelock.io
 package v1alpha1
 
 import (

@@ -123,6 +123,7 @@ func (l *DistributedLock) FreeSlot() (int32, bool) {
 // token; Slot is nil for the exclusive holder. It points into the status it
 // was listed from.
 // +kubebuilder:object:generate=false
+// +k8s:openapi-gen=false
 type Holding struct {
 	*LockHolder
 	Token int64

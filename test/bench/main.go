@@ -225,7 +225,7 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
 	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
-	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with this many status writes per variant (DistributedLock as shipped, without CEL, unvalidated; a Lease) and exit.")
+	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with at least this many status writes per variant and exit: the CPU per write of every process on its path for the DistributedLock CRD (as shipped, with kubelock's policy, without CEL, unvalidated), the bare CRD, a Lease, and kubelock-apiserver (JSON and CBOR storage, through kube-apiserver and straight), with the lock apiserver's gate.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

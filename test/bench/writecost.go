@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -21,44 +22,82 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // The write-cost experiment (--write-cost N) asks what one status write of a
-// DistributedLock costs the apiserver next to one write of a Lease, and which
-// part of the CRD's schema or of the request pays for the difference. It
-// starts a control plane with no admission and no operator, installs copies
-// of the DistributedLock CRD under other groups (the same schema without its
-// CEL rules; a status the apiserver neither validates nor prunes), fills a
-// lock's status the way pkg/lock does (acquisitions and releases until
-// recentAcquisitions is full, then one held; and a lock held once), and then renews each variant
-// N times, closed loop, one writer, the variants interleaved in blocks: the
-// client's latency, and the apiserver's CPU time per write from /proc.
+// DistributedLock costs the processes that serve it next to one write of a
+// Lease, and which part of the CRD's schema or of the request pays for the
+// difference. It starts a control plane with no admission and no operator,
+// installs copies of the DistributedLock CRD under other groups (the same
+// schema without its CEL rules; a status the apiserver neither validates nor
+// prunes) and the bare CRD (a Lease's fields), fills a lock's status the way
+// pkg/lock does (acquisitions and releases until recentAcquisitions is full,
+// then one held; and a lock held once). Two more control planes serve the
+// lock API from kubelock-apiserver instead, one storing JSON in its etcd and
+// one CBOR (a group version is served by a CRD or by an APIService, never
+// both, so each backend needs its own kube-apiserver). Then it renews each
+// variant N times, closed loop, one writer, the variants interleaved in
+// blocks: the client's latency, and the CPU time per write from /proc of
+// every process on the write's path.
+
+// role is a process's part on a write's path.
+type role int
+
+const (
+	roleKube role = iota
+	roleEtcd
+	roleLockAPI
+	roleLockEtcd
+	nRoles
+)
+
+var roleNames = [nRoles]string{"kube-apiserver", "its etcd", "kubelock-apiserver", "lock etcd"}
+
+// path are the processes that serve a write, by role; a zero pid is not on it.
+type path [nRoles]proc
+
+func (p path) cpu() (c [nRoles]float64) {
+	for r, pr := range p {
+		if pr.pid != 0 {
+			c[r] = pr.cpu()
+		}
+	}
+	return c
+}
 
 type costVariant struct {
 	name  string
+	path  path
 	write func(ctx context.Context) (bytes int, err error)
 }
 
 func writeCost(ctx context.Context, n int) error {
+	fmt.Printf("Load average at the start: %s\n", loadAvg())
 	env, err := testenv.Start()
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-	var apiserver proc
+	var onCluster path
 	for _, p := range childProcs() {
-		if p.name == "kube-apiserver" {
-			apiserver = p
+		switch p.name {
+		case "kube-apiserver":
+			onCluster[roleKube] = p
+		case "etcd":
+			onCluster[roleEtcd] = p
 		}
 	}
-	if apiserver.pid == 0 {
-		return errors.New("kube-apiserver process not found")
+	apiserver := onCluster[roleKube]
+	if apiserver.pid == 0 || onCluster[roleEtcd].pid == 0 {
+		return errors.New("kube-apiserver or etcd process not found")
 	}
 	admin := rest.CopyConfig(env.Config)
 	admin.QPS = -1
@@ -66,12 +105,11 @@ func writeCost(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	const ns = "write-cost"
-	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: costNS}}); err != nil {
 		return err
 	}
 	// A lock's status as pkg/lock leaves it: 8 finished holdings and one held.
-	lc, err := lock.New(admin, lock.WithNamespace(ns), lock.WithIdentity("writer-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
+	lc, err := lock.New(admin, lock.WithNamespace(costNS), lock.WithIdentity("writer-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
 	if err != nil {
 		return err
 	}
@@ -79,27 +117,7 @@ func writeCost(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	lockGVR := schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}
-	filled := func(key string) (*unstructured.Unstructured, error) {
-		rounds := 9
-		if strings.HasPrefix(key, "fresh") {
-			rounds = 0
-		}
-		for range rounds {
-			l, err := lc.TryAcquire(ctx, key)
-			if err != nil {
-				return nil, err
-			}
-			if err := l.Release(ctx); err != nil {
-				return nil, err
-			}
-		}
-		if _, err := lc.TryAcquire(ctx, key); err != nil {
-			return nil, err
-		}
-		return dyn.Resource(lockGVR).Namespace(ns).Get(ctx, key, metav1.GetOptions{})
-	}
-	held, err := filled("cost")
+	held, err := fillLock(ctx, lc, dyn, "cost", fullRounds)
 	if err != nil {
 		return err
 	}
@@ -114,7 +132,7 @@ func writeCost(ctx context.Context, n int) error {
 	open := regroup(crd, "open.kubelock.io")
 	open.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"] = apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptrTo(true)}
 	open.Spec.Versions[0].Schema.OpenAPIV3Schema.XValidations = nil
-	if _, err := envtest.InstallCRDs(admin, envtest.CRDInstallOptions{CRDs: []*apiextensionsv1.CustomResourceDefinition{noCEL, open}}); err != nil {
+	if _, err := envtest.InstallCRDs(admin, envtest.CRDInstallOptions{CRDs: []*apiextensionsv1.CustomResourceDefinition{noCEL, open, bareCRD()}}); err != nil {
 		return err
 	}
 
@@ -124,13 +142,17 @@ func writeCost(ctx context.Context, n int) error {
 		if len(opts) > 0 {
 			uo = opts[0]
 		}
-		ri := dyn.Resource(gvr).Namespace(ns)
+		ri := dyn.Resource(gvr).Namespace(costNS)
 		var cur *unstructured.Unstructured
 		switch {
 		case gvr == lockGVR && objName == held.GetName():
 			cur = held
 		case gvr == lockGVR:
-			if cur, err = filled(objName); err != nil {
+			rounds := fullRounds
+			if strings.HasPrefix(objName, "fresh") {
+				rounds = 0
+			}
+			if cur, err = fillLock(ctx, lc, dyn, objName, rounds); err != nil {
 				return err
 			}
 		default:
@@ -148,35 +170,19 @@ func writeCost(ctx context.Context, n int) error {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 		}
-		variants = append(variants, costVariant{name: name, write: func(ctx context.Context) (int, error) {
-			next := cur.DeepCopy()
-			if strip {
-				next.SetManagedFields(nil)
-			}
-			now := metav1.NowMicro().UTC().Format("2006-01-02T15:04:05.000000Z07:00")
-			if err := unstructured.SetNestedField(next.Object, now, "status", "holder", "renewTime"); err != nil {
-				return 0, err
-			}
-			b, _ := json.Marshal(next.Object)
-			var got *unstructured.Unstructured
-			var err error
-			if patch {
-				// What changed, with the resourceVersion as precondition.
-				b, _ = json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.GetResourceVersion()},
-					"status": map[string]any{"holder": map[string]any{"renewTime": now}}})
-				got, err = ri.Patch(ctx, cur.GetName(), types.MergePatchType, b, metav1.PatchOptions{}, "status")
-			} else {
-				got, err = ri.UpdateStatus(ctx, next, uo)
-			}
-			if err != nil {
-				return 0, err
-			}
-			cur = got
-			return len(b), nil
-		}})
+		variants = append(variants, costVariant{name: name, path: onCluster, write: statusRenewal(ri, cur, strip, patch, uo)})
 		return nil
 	}
-	if err := statusPut("DistributedLock status (CRD as shipped)", lockGVR, "cost", false, false); err != nil {
+	if err := statusPut(crdVariant, lockGVR, "cost", false, false); err != nil {
+		return err
+	}
+	if err := bindPolicy(ctx, cl); err != nil {
+		return err
+	}
+	if err := cl.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, Name: "cost-policy", Labels: map[string]string{policyLabel: "true"}}}); err != nil {
+		return err
+	}
+	if err := statusPut(policyVariant, lockGVR, "cost-policy", false, false); err != nil {
 		return err
 	}
 	if err := statusPut("DistributedLock status, managedFields not sent", lockGVR, "cost-strip", true, false); err != nil {
@@ -197,85 +203,338 @@ func writeCost(ctx context.Context, n int) error {
 	if err := statusPut("same status, CRD status unvalidated (preserve-unknown-fields)", schema.GroupVersionResource{Group: open.Spec.Group, Version: "v1alpha1", Resource: "distributedlocks"}, "cost", false, false); err != nil {
 		return err
 	}
+	bare, err := bareRenewal(ctx, dyn.Resource(bareGVR).Namespace(costNS))
+	if err != nil {
+		return err
+	}
+	variants = append(variants, costVariant{name: "bare CRD (a Lease's fields; no status subresource, no CEL), its spec", path: onCluster, write: bare})
 	cs, err := kubernetes.NewForConfig(admin)
 	if err != nil {
 		return err
 	}
-	leases := cs.CoordinationV1().Leases(ns)
+	lease, err := leaseRenewal(ctx, cs.CoordinationV1().Leases(costNS))
+	if err != nil {
+		return err
+	}
+	variants = append(variants, costVariant{name: leaseVariant, path: onCluster, write: lease})
+	planes, err := startLockPlanes(ctx)
+	defer planes.stop()
+	if err != nil {
+		return err
+	}
+	for _, p := range planes {
+		vs, err := p.variants(ctx)
+		if err != nil {
+			return err
+		}
+		variants = append(variants, vs...)
+	}
+
+	res, err := measureCost(ctx, variants, n)
+	if err != nil {
+		return err
+	}
+	printCost(variants, res, n)
+	printGate(variants, res)
+	if err := pairCost(ctx, n, apiserver, admin, cs, costNS); err != nil {
+		return err
+	}
+	if err := handoffCost(ctx, n, admin, cs, costNS); err != nil {
+		return err
+	}
+	// Where the apiserver's time goes while it takes the shipped lock's writes,
+	// and where kube-apiserver's and kubelock-apiserver's go while the lock
+	// apiserver takes them through the APIService.
+	profiles := []serverProfile{{"kube-apiserver, CRD", variants[0].write, func(ctx context.Context, d time.Duration, path string) error {
+		return (&cluster{adminCS: cs}).apiserverProfile(ctx, d, path)
+	}}}
+	for _, v := range variants {
+		if v.name == proxiedVariant(planes[0].encoding) {
+			profiles = append(profiles, planes[0].profiles(v.write)...)
+		}
+	}
+	for _, p := range profiles {
+		if err := p.take(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// costResult is what one variant's windows measured.
+type costResult struct {
+	lat   []time.Duration
+	bytes int
+	// cpu is the CPU seconds of each process on the path, beyond its idle
+	// rate, over every window; writes the writes they took.
+	cpu    [nRoles]float64
+	writes int
+	// rounds are the per-write totals of each round's window, in order.
+	rounds []float64
+}
+
+func (r *costResult) perWrite() (by [nRoles]float64, total float64) {
+	for i, c := range r.cpu {
+		by[i] = c / float64(r.writes)
+		total += by[i]
+	}
+	return by, total
+}
+
+// Each round gives every variant a window of writes, then lets its servers
+// settle (their watch caches, garbage collection and other work a write
+// leaves behind run after it returns) before their CPU is read again, so a
+// window is charged for its own writes' work and none of another's.
+const (
+	costWindow = 2 * time.Second
+	costSettle = 300 * time.Millisecond
+)
+
+// measureCost runs windows of each variant in turn until every variant
+// took at least n writes, and charges each window the CPU its path's
+// processes used beyond their idle rates.
+func measureCost(ctx context.Context, variants []costVariant, n int) ([]costResult, error) {
+	idle, err := idleRates(ctx, variants, 3*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	res := make([]costResult, len(variants))
+	for slices.ContainsFunc(res, func(r costResult) bool { return r.writes < n }) {
+		for i, v := range variants {
+			c0, t0 := v.path.cpu(), time.Now()
+			writes := 0
+			for ; time.Since(t0) < costWindow; writes++ {
+				t := time.Now()
+				b, err := v.write(ctx)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", v.name, err)
+				}
+				res[i].lat = append(res[i].lat, time.Since(t))
+				res[i].bytes = b
+			}
+			if err := sleepCtx(ctx, costSettle); err != nil {
+				return nil, err
+			}
+			c1, elapsed := v.path.cpu(), time.Since(t0).Seconds()
+			round := 0.0
+			for r := range c1 {
+				used := c1[r] - c0[r] - idle[v.path[r].pid]*elapsed
+				res[i].cpu[r] += used
+				round += used
+			}
+			res[i].writes += writes
+			res[i].rounds = append(res[i].rounds, round/float64(writes))
+		}
+	}
+	return res, nil
+}
+
+// idleRates are the CPU seconds per second each process on a path uses while
+// nothing is written.
+func idleRates(ctx context.Context, variants []costVariant, d time.Duration) (map[int]float64, error) {
+	procs := map[int]proc{}
+	for _, v := range variants {
+		for _, p := range v.path {
+			if p.pid != 0 {
+				procs[p.pid] = p
+			}
+		}
+	}
+	before := map[int]float64{}
+	for pid, p := range procs {
+		before[pid] = p.cpu()
+	}
+	t0 := time.Now()
+	if err := sleepCtx(ctx, d); err != nil {
+		return nil, err
+	}
+	elapsed := time.Since(t0).Seconds()
+	rates := map[int]float64{}
+	for pid, p := range procs {
+		rates[pid] = (p.cpu() - before[pid]) / elapsed
+	}
+	return rates, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// printCost prints the table and returns each variant's CPU per write.
+func printCost(variants []costVariant, res []costResult, n int) map[string]float64 {
+	fmt.Printf("\nOne writer, closed loop, at least %d writes per variant in interleaved windows of %s (each followed by %s for its servers to settle); no admission webhook or policy, no operator. Body: the JSON the client sends. CPU: ms per write of each process on the path (blank: not on it), from /proc over the windows, beyond each process's idle rate; load average at the end %s.\n\n",
+		n, costWindow, costSettle, loadAvg())
+	fmt.Printf("| write | body bytes | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", strings.Join(roleNames[:], " | "))
+	base := map[string]float64{}
+	for i, v := range variants {
+		_, base[v.name] = res[i].perWrite()
+	}
+	for i, v := range variants {
+		d := summarize(res[i].lat)
+		by, total := res[i].perWrite()
+		cells := make([]string, nRoles)
+		for r := range by {
+			if v.path[r].pid != 0 {
+				cells[r] = fmt.Sprintf("%.2f", 1000*by[r])
+			}
+		}
+		fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %s | %s |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), strings.Join(cells, " | "),
+			1000*total, ratio(total, base[leaseVariant]), ratio(total, base[crdVariant]))
+	}
+	return base
+}
+
+// The variants the others are compared with, and the gate's.
+const (
+	crdVariant    = "DistributedLock status (CRD as shipped)"
+	policyVariant = "DistributedLock status, CRD as shipped and kubelock's ValidatingAdmissionPolicy"
+	leaseVariant  = "Lease (coordination.k8s.io/v1, protobuf)"
+	costNS        = "write-cost"
+	// fullRounds of acquire and release fill recentAcquisitions (8) and one more.
+	fullRounds = 9
+)
+
+// policyLabel marks the locks the run binds kubelock's status policy to.
+const policyLabel = "bench.kubelock.io/admission"
+
+// bindPolicy installs config/policy's status policy, bound to the locks
+// labelled policyLabel only, and waits until it denies a write in someone
+// else's name: the CRD path with kubelock's rules in kube-apiserver, as the
+// lock apiserver runs them in-process.
+func bindPolicy(ctx context.Context, cl client.Client) error {
+	vap, binding, err := readPolicy("validating_admission_policy.yaml", true)
+	if err != nil {
+		return err
+	}
+	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{policyLabel: "true"}}}
+	if err := cl.Create(ctx, vap); err != nil {
+		return err
+	}
+	if err := cl.Create(ctx, binding); err != nil {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, GenerateName: "policy-probe-", Labels: map[string]string{policyLabel: "true"}}}
+		if err := cl.Create(ctx, l); err != nil {
+			return false, err
+		}
+		tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+		if err != nil {
+			return false, err
+		}
+		now := metav1.NowMicro()
+		l.Acquire(locksv1alpha1.LockHolder{Identity: "probe", User: "somebody-else", LeaseID: "probe-lease-000000000000",
+			RequestID: "probe-request", LeaseDurationSeconds: 30, AcquireTime: now, RenewTime: &now}, tok)
+		err = cl.Status().Update(ctx, l)
+		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"), nil
+	})
+}
+
+var lockGVR = schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}
+
+// fillLock leaves key's status as pkg/lock leaves a busy lock: rounds
+// acquisitions and releases, then one held; it returns the lock as read.
+func fillLock(ctx context.Context, lc *lock.Client, dyn dynamic.Interface, key string, rounds int) (*unstructured.Unstructured, error) {
+	for range rounds {
+		l, err := lc.TryAcquire(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if err := l.Release(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := lc.TryAcquire(ctx, key); err != nil {
+		return nil, err
+	}
+	return dyn.Resource(lockGVR).Namespace(lc.Namespace()).Get(ctx, key, metav1.GetOptions{})
+}
+
+// renewal writes change(cur) through update, each call on the object the
+// previous one returned; the size is that of the JSON the client sends.
+func renewal[T any](cur T, change func(T) (T, error), update func(context.Context, T) (T, error)) func(context.Context) (int, error) {
+	return func(ctx context.Context) (int, error) {
+		next, err := change(cur)
+		if err != nil {
+			return 0, err
+		}
+		b, _ := json.Marshal(next)
+		if cur, err = update(ctx, next); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
+}
+
+// statusRenewal renews the holder of cur through ri: a PUT of the whole
+// object (without its managedFields when strip), or a merge patch of
+// renewTime with the resourceVersion as precondition.
+func statusRenewal(ri dynamic.ResourceInterface, cur *unstructured.Unstructured, strip, patch bool, uo metav1.UpdateOptions) func(context.Context) (int, error) {
+	if patch {
+		return func(ctx context.Context) (int, error) {
+			b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": cur.GetResourceVersion()},
+				"status": map[string]any{"holder": map[string]any{"renewTime": microNow()}}})
+			got, err := ri.Patch(ctx, cur.GetName(), types.MergePatchType, b, metav1.PatchOptions{}, "status")
+			if err != nil {
+				return 0, err
+			}
+			cur = got
+			return len(b), nil
+		}
+	}
+	return renewal(cur, func(cur *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		next := cur.DeepCopy()
+		if strip {
+			next.SetManagedFields(nil)
+		}
+		return next, unstructured.SetNestedField(next.Object, microNow(), "status", "holder", "renewTime")
+	}, func(ctx context.Context, next *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return ri.UpdateStatus(ctx, next, uo)
+	})
+}
+
+// bareRenewal creates a held bare lock and renews it through ri, as raw CRD
+// CAS does: an update of the object the previous write returned.
+func bareRenewal(ctx context.Context, ri dynamic.ResourceInterface) (func(context.Context) (int, error), error) {
+	now := microNow()
+	cur, err := retryCreate(ctx, ri, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": bareGVR.GroupVersion().String(), "kind": "BareLock",
+		"metadata": map[string]any{"name": "cost"},
+		"spec":     map[string]any{"holderIdentity": "writer-0", "leaseDurationSeconds": int64(30), "acquireTime": now, "renewTime": now, "leaseTransitions": int64(1)},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	return renewal(cur, func(cur *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		next := cur.DeepCopy()
+		return next, unstructured.SetNestedField(next.Object, microNow(), "spec", "renewTime")
+	}, func(ctx context.Context, next *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+		return ri.Update(ctx, next, metav1.UpdateOptions{})
+	}), nil
+}
+
+// leaseRenewal creates a held Lease and renews it through leases.
+func leaseRenewal(ctx context.Context, leases coordinationv1client.LeaseInterface) (func(context.Context) (int, error), error) {
 	id, dur := "writer-0", int32(30)
 	now := metav1.NowMicro()
 	lease, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "cost"},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &dur, AcquireTime: &now, RenewTime: &now}}, metav1.CreateOptions{})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	variants = append(variants, costVariant{name: "Lease (coordination.k8s.io/v1, protobuf)", write: func(ctx context.Context) (int, error) {
-		next := lease.DeepCopy()
+	return renewal(lease, func(cur *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+		next := cur.DeepCopy()
 		t := metav1.NowMicro()
 		next.Spec.RenewTime = &t
-		b, _ := json.Marshal(next)
-		got, err := leases.Update(ctx, next, metav1.UpdateOptions{})
-		if err != nil {
-			return 0, err
-		}
-		lease = got
-		return len(b), nil
-	}})
-
-	type acc struct {
-		lat   []time.Duration
-		cpu   float64
-		bytes int
-	}
-	res := make([]acc, len(variants))
-	const block = 25
-	for done := 0; done < n; done += block {
-		for i, v := range variants {
-			c0 := apiserver.cpu()
-			for range block {
-				t := time.Now()
-				b, err := v.write(ctx)
-				if err != nil {
-					return fmt.Errorf("%s: %w", v.name, err)
-				}
-				res[i].lat = append(res[i].lat, time.Since(t))
-				res[i].bytes = b
-			}
-			res[i].cpu += apiserver.cpu() - c0
-		}
-	}
-	fmt.Printf("One writer, closed loop, %d writes per variant in interleaved blocks of %d; no admission, no operator. Body: the JSON the client sends.\n\n", n, block)
-	fmt.Printf("| write | body bytes | p50 ms | p99 ms | apiserver CPU ms per write | vs Lease |\n|---|---:|---:|---:|---:|---:|\n")
-	base := res[len(res)-1].cpu / float64(len(res[len(res)-1].lat))
-	for i, v := range variants {
-		d := summarize(res[i].lat)
-		per := res[i].cpu / float64(len(res[i].lat))
-		fmt.Printf("| %s | %d | %s | %s | %.2f | %.2f× |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), 1000*per, per/base)
-	}
-	if err := pairCost(ctx, n, apiserver, admin, cs, ns); err != nil {
-		return err
-	}
-	if err := handoffCost(ctx, n, admin, cs, ns); err != nil {
-		return err
-	}
-	// Where the apiserver's time goes while it takes the shipped lock's writes.
-	path := filepath.Join(os.TempDir(), "kubelock-write-cost-apiserver.pprof")
-	errc := make(chan error, 1)
-	go func() { errc <- (&cluster{adminCS: cs}).apiserverProfile(ctx, 10*time.Second, path) }()
-	for wrote := 0; ; wrote++ {
-		select {
-		case err := <-errc:
-			if err != nil {
-				return err
-			}
-			fmt.Printf("\nkube-apiserver while it took %d writes of the shipped lock (%s):\n\n%s", wrote, path, profileSummary(path))
-			return nil
-		default:
-		}
-		if _, err := variants[0].write(ctx); err != nil {
-			return err
-		}
-	}
+		return next, nil
+	}, func(ctx context.Context, next *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+		return leases.Update(ctx, next, metav1.UpdateOptions{})
+	}), nil
 }
 
 // pairCost measures workload 2's operations the same way, interleaved: an

@@ -1,0 +1,157 @@
+// Package lockapiserver is kubelock-apiserver: the lock API
+// (locks.kubelock.io/v1alpha1, DistributedLock and LockSession with their
+// status subresources) served by an aggregated API server from an etcd of its
+// own, behind an APIService. It is built on k8s.io/apiserver's generic
+// registry stores: typed objects decoded once, the CRDs' checks and defaults
+// in Go (package validation), and kubelock's admission rules in-process
+// (package lockrules), with authentication and authorization delegated to
+// kube-apiserver.
+package lockapiserver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	endpointsopenapi "k8s.io/apiserver/pkg/endpoints/openapi"
+	"k8s.io/apiserver/pkg/registry/rest"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	genericoptions "k8s.io/apiserver/pkg/server/options"
+	serverstorage "k8s.io/apiserver/pkg/server/storage"
+	"k8s.io/apiserver/pkg/util/compatibility"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/lockapiserver/lockrules"
+	"github.com/kubelock/kubelock/internal/lockapiserver/openapi"
+	"github.com/kubelock/kubelock/internal/lockapiserver/registry/distributedlock"
+	"github.com/kubelock/kubelock/internal/lockapiserver/registry/locksession"
+)
+
+// etcdPrefix is where the lock store keeps its keys in its etcd.
+const etcdPrefix = "/registry/locks.kubelock.io"
+
+// Storage encodings of the objects in etcd.
+var storageMediaTypes = map[string]string{"json": runtime.ContentTypeJSON, "cbor": runtime.ContentTypeCBOR}
+
+// Options are kubelock-apiserver's flags.
+type Options struct {
+	Recommended *genericoptions.RecommendedOptions
+	// ControllerUsers are the user names of kubelock's controller, which the
+	// rules let expire holdings and drop waiters.
+	ControllerUsers []string
+	// StorageEncoding is json or cbor.
+	StorageEncoding string
+}
+
+// NewOptions are the defaults: delegated authentication and authorization,
+// no admission plugins (the rules run in the registry) and no priority and
+// fairness of its own (kube-apiserver's applies to every proxied request).
+func NewOptions() *Options {
+	r := genericoptions.NewRecommendedOptions(etcdPrefix, nil)
+	r.Admission = nil
+	r.CoreAPI = nil
+	r.Features.EnablePriorityAndFairness = false
+	r.Etcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(locksv1alpha1.GroupVersion,
+		schema.GroupKind{Group: locksv1alpha1.GroupVersion.Group})
+	return &Options{Recommended: r, StorageEncoding: "json"}
+}
+
+// AddFlags adds every flag to fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.Recommended.AddFlags(fs)
+	utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
+	fs.StringSliceVar(&o.ControllerUsers, "controller-users", o.ControllerUsers,
+		"User names of kubelock's controller (its service account's), which the rules let expire holdings and drop waiters.")
+	fs.StringVar(&o.StorageEncoding, "storage-encoding", o.StorageEncoding, "How objects are encoded in etcd: json or cbor.")
+}
+
+// Validate reports every flag error.
+func (o *Options) Validate() []error {
+	errs := o.Recommended.Validate()
+	if len(o.ControllerUsers) == 0 {
+		errs = append(errs, fmt.Errorf("--controller-users is required"))
+	}
+	if _, ok := storageMediaTypes[o.StorageEncoding]; !ok {
+		errs = append(errs, fmt.Errorf("--storage-encoding must be json or cbor, not %q", o.StorageEncoding))
+	}
+	return errs
+}
+
+// Run serves until ctx ends.
+func (o *Options) Run(ctx context.Context) error {
+	s, err := o.server()
+	if err != nil {
+		return err
+	}
+	return s.PrepareRun().RunWithContext(ctx)
+}
+
+// server builds the generic API server with the lock API installed.
+func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
+	codec, _, err := serverstorage.NewStorageCodec(serverstorage.StorageCodecConfig{
+		StorageMediaType:  storageMediaTypes[o.StorageEncoding],
+		StorageSerializer: storageCodecs,
+		StorageVersion:    locksv1alpha1.GroupVersion,
+		MemoryVersion:     schema.GroupVersion{Group: locksv1alpha1.GroupVersion.Group, Version: runtime.APIVersionInternal},
+	})
+	if err != nil {
+		return nil, err
+	}
+	o.Recommended.Etcd.StorageConfig.Codec = codec
+	cfg := genericapiserver.NewRecommendedConfig(Codecs)
+	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
+	namer := endpointsopenapi.NewDefinitionNamer(Scheme)
+	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openapi.GetOpenAPIDefinitions, namer)
+	cfg.OpenAPIConfig.Info.Title = "kubelock"
+	cfg.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openapi.GetOpenAPIDefinitions, namer)
+	cfg.OpenAPIV3Config.Info.Title = "kubelock"
+	if err := o.Recommended.ApplyTo(cfg); err != nil {
+		return nil, err
+	}
+	s, err := cfg.Complete().New("kubelock-apiserver", genericapiserver.NewEmptyDelegate())
+	if err != nil {
+		return nil, err
+	}
+	rules, err := lockrules.New(cfg.Authorization.Authorizer, o.ControllerUsers)
+	if err != nil {
+		return nil, err
+	}
+	group := genericapiserver.NewDefaultAPIGroupInfo(locksv1alpha1.GroupVersion.Group, Scheme, metav1.ParameterCodec, Codecs)
+	storage := map[string]rest.Storage{}
+	// Sessions first: the lock rules read them from their store.
+	if storage["locksessions"], storage["locksessions/status"], err = locksession.NewStorage(Scheme, cfg.RESTOptionsGetter, rules); err != nil {
+		return nil, err
+	}
+	if storage["distributedlocks"], storage["distributedlocks/status"], err = distributedlock.NewStorage(Scheme, cfg.RESTOptionsGetter, rules); err != nil {
+		return nil, err
+	}
+	group.VersionedResourcesStorageMap[locksv1alpha1.GroupVersion.Version] = storage
+	if err := s.InstallAPIGroup(&group); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// NewCommand is the kubelock-apiserver command.
+func NewCommand(ctx context.Context) *cobra.Command {
+	o := NewOptions()
+	cmd := &cobra.Command{
+		Use:   "kubelock-apiserver",
+		Short: "Serve the kubelock API (locks.kubelock.io) from an etcd of its own, behind an APIService",
+		RunE: func(c *cobra.Command, _ []string) error {
+			if errs := o.Validate(); len(errs) > 0 {
+				return utilerrors.NewAggregate(errs)
+			}
+			return o.Run(c.Context())
+		},
+	}
+	cmd.SetContext(ctx)
+	o.AddFlags(cmd.Flags())
+	return cmd
+}

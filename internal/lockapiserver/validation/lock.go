@@ -1,0 +1,210 @@
+package validation
+
+import (
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+)
+
+var (
+	specPath    = field.NewPath("spec")
+	statusPath  = field.NewPath("status")
+	holderPath  = statusPath.Child("holder")
+	sharedPath  = statusPath.Child("sharedHolders")
+	waitersPath = statusPath.Child("waiters")
+)
+
+// ValidateLock checks l against the DistributedLock CRD's schema and its
+// rules that do not compare with the stored object.
+func ValidateLock(l *locksv1alpha1.DistributedLock) field.ErrorList {
+	e := &errs{}
+	e.spec(&l.Spec)
+	e.status(&l.Status)
+	e.lockRules(l)
+	return e.list
+}
+
+// ValidateLockUpdate is ValidateLock of newObj and the CRD's transition
+// rules (those that compare with oldSelf).
+func ValidateLockUpdate(newObj, oldObj *locksv1alpha1.DistributedLock) field.ErrorList {
+	e := &errs{list: ValidateLock(newObj)}
+	n, o := &newObj.Spec, &oldObj.Spec
+	e.rule(specPath.Child("type"), n.Type == o.Type, n.Type, "spec.type is immutable; create a new lock instead")
+	if n.Permits != nil && o.Permits != nil {
+		e.rule(specPath.Child("permits"), *n.Permits >= *o.Permits, *n.Permits, "spec.permits may grow but never shrink")
+	}
+	t := newObj.Status.FencingToken
+	e.rule(statusPath.Child("fencingToken"), t >= oldObj.Status.FencingToken, t, "fencingToken must not decrease")
+	return e.list
+}
+
+func (e *errs) spec(s *locksv1alpha1.DistributedLockSpec) {
+	p := specPath
+	e.oneOf(p.Child("type"), string(s.Type), string(locksv1alpha1.Mutex), string(locksv1alpha1.RWMutex), string(locksv1alpha1.Semaphore))
+	if s.Permits != nil {
+		e.between(p.Child("permits"), int64(*s.Permits), 1, locksv1alpha1.MaxSharedHolders)
+	}
+	e.between(p.Child("leaseDurationSeconds"), int64(s.LeaseDurationSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
+	e.between(p.Child("maxLeaseDurationSeconds"), int64(s.MaxLeaseDurationSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
+	if s.MaxWaiters != nil {
+		e.between(p.Child("maxWaiters"), int64(*s.MaxWaiters), 0, locksv1alpha1.MaxWaitersLimit)
+	}
+	e.between(p.Child("handoffTimeoutSeconds"), int64(s.HandoffTimeoutSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
+	if s.MaxWaitersPerUser != nil {
+		e.between(p.Child("maxWaitersPerUser"), int64(*s.MaxWaitersPerUser), 0, locksv1alpha1.MaxWaitersLimit)
+	}
+	e.between(p.Child("maxWaitSeconds"), int64(s.MaxWaitSeconds), 1, locksv1alpha1.MaxWaitSecondsLimit)
+	e.rule(p.Child("leaseDurationSeconds"), s.LeaseDurationSeconds <= s.MaxLeaseDurationSeconds, s.LeaseDurationSeconds,
+		"spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
+	e.rule(p.Child("permits"), (s.Type == locksv1alpha1.Semaphore) == (s.Permits != nil), s.Permits,
+		"spec.permits is required for a Semaphore and allowed only for it")
+}
+
+func (e *errs) status(s *locksv1alpha1.DistributedLockStatus) {
+	if s.Holder != nil {
+		e.holder(holderPath, s.Holder)
+	}
+	e.maxItems(sharedPath, len(s.SharedHolders), locksv1alpha1.MaxSharedHolders)
+	slots := map[int32]bool{}
+	for i := range s.SharedHolders {
+		h, p := &s.SharedHolders[i], sharedPath.Index(i)
+		e.holder(p, &h.LockHolder)
+		e.atLeast(p.Child("fencingToken"), h.FencingToken, 1)
+		e.between(p.Child("slot"), int64(h.Slot), 0, locksv1alpha1.MaxSharedHolders-1)
+		unique(e, p, slots, h.Slot)
+	}
+	e.between(statusPath.Child("holderCount"), int64(s.HolderCount), 0, locksv1alpha1.MaxSharedHolders)
+	e.atLeast(statusPath.Child("fencingToken"), s.FencingToken, 0)
+	e.atLeast(statusPath.Child("transitions"), s.Transitions, 0)
+	e.maxItems(waitersPath, len(s.Waiters), locksv1alpha1.MaxWaitersLimit)
+	requests := map[string]bool{}
+	for i := range s.Waiters {
+		e.waiter(waitersPath.Index(i), &s.Waiters[i])
+		unique(e, waitersPath.Index(i), requests, s.Waiters[i].RequestID)
+	}
+	e.between(statusPath.Child("waiterCount"), int64(s.WaiterCount), 0, locksv1alpha1.MaxWaitersLimit)
+	recent := statusPath.Child("recentAcquisitions")
+	e.maxItems(recent, len(s.RecentAcquisitions), locksv1alpha1.MaxRecentAcquisitions)
+	for i := range s.RecentAcquisitions {
+		e.finished(recent.Index(i), &s.RecentAcquisitions[i])
+	}
+	e.atLeast(statusPath.Child("observedGeneration"), s.ObservedGeneration, 0)
+	e.conditions(statusPath.Child("conditions"), s.Conditions)
+	e.rule(statusPath, len(s.Waiters) == int(s.WaiterCount), s.WaiterCount, "waiterCount must equal the number of waiters")
+	holdings := len(s.SharedHolders)
+	if s.Holder != nil {
+		holdings++
+	}
+	e.rule(statusPath, holdings == int(s.HolderCount), s.HolderCount, "holderCount must equal the number of holdings, exclusive and shared")
+}
+
+// unique: a list-map key seen before is a duplicate entry.
+func unique[K comparable](e *errs, p *field.Path, seen map[K]bool, key K) {
+	if seen[key] {
+		e.list = append(e.list, field.Duplicate(p, key))
+	}
+	seen[key] = true
+}
+
+func (e *errs) holder(p *field.Path, h *locksv1alpha1.LockHolder) {
+	e.text(p.Child("identity"), h.Identity, 1, 253, identityRE)
+	e.text(p.Child("user"), h.User, 1, 512, nil)
+	e.text(p.Child("leaseID"), h.LeaseID, 16, 64, leaseIDRE)
+	e.text(p.Child("requestID"), h.RequestID, 1, 64, requestIDRE)
+	e.between(p.Child("leaseDurationSeconds"), int64(h.LeaseDurationSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
+	e.text(p.Child("podName"), h.PodName, 0, 253, identityRE)
+	e.text(p.Child("podUID"), h.PodUID, 0, 64, identityRE)
+	e.text(p.Child("session"), h.Session, 0, 253, sessionRE)
+	e.microTime(p.Child("acquireTime"), h.AcquireTime, true)
+	if h.RenewTime != nil {
+		e.microTime(p.Child("renewTime"), *h.RenewTime, false)
+	}
+}
+
+func (e *errs) waiter(p *field.Path, w *locksv1alpha1.Waiter) {
+	e.text(p.Child("identity"), w.Identity, 1, 253, identityRE)
+	e.text(p.Child("user"), w.User, 1, 512, nil)
+	e.text(p.Child("requestID"), w.RequestID, 1, 64, requestIDRE)
+	e.microTime(p.Child("enqueueTime"), w.EnqueueTime, true)
+	e.microTime(p.Child("deadline"), w.Deadline, true)
+	e.text(p.Child("podName"), w.PodName, 0, 253, identityRE)
+	e.text(p.Child("podUID"), w.PodUID, 0, 64, identityRE)
+	e.oneOf(p.Child("mode"), string(w.Mode), string(locksv1alpha1.Exclusive), string(locksv1alpha1.Shared))
+	e.text(p.Child("session"), w.Session, 0, 253, sessionRE)
+}
+
+func (e *errs) finished(p *field.Path, f *locksv1alpha1.FinishedHolding) {
+	e.text(p.Child("requestID"), f.RequestID, 1, 64, nil)
+	e.text(p.Child("leaseID"), f.LeaseID, 1, 64, nil)
+	e.atLeast(p.Child("fencingToken"), f.FencingToken, 1)
+	e.text(p.Child("identity"), f.Identity, 1, 253, identityRE)
+	e.microTime(p.Child("endTime"), f.EndTime, true)
+	e.oneOf(p.Child("endReason"), string(f.EndReason), string(locksv1alpha1.EndReasonReleased), string(locksv1alpha1.EndReasonExpired),
+		string(locksv1alpha1.EndReasonForceReleased), string(locksv1alpha1.EndReasonSessionExpired), string(locksv1alpha1.EndReasonSessionClosed))
+	e.text(p.Child("endedBy"), f.EndedBy, 1, 512, nil)
+	if f.Slot != nil {
+		e.between(p.Child("slot"), int64(*f.Slot), 0, locksv1alpha1.MaxSharedHolders-1)
+	}
+	e.text(p.Child("message"), f.Message, 0, locksv1alpha1.MaxConditionMessage, nil)
+}
+
+// conditions: metav1.Condition's schema as controller-gen writes it, a list
+// map keyed by type.
+func (e *errs) conditions(p *field.Path, cs []metav1.Condition) {
+	e.maxItems(p, len(cs), locksv1alpha1.MaxConditions)
+	types := map[string]bool{}
+	for i := range cs {
+		c, q := &cs[i], p.Index(i)
+		unique(e, q, types, c.Type)
+		e.text(q.Child("type"), c.Type, 1, 316, condTypeRE)
+		e.oneOf(q.Child("status"), string(c.Status), string(metav1.ConditionTrue), string(metav1.ConditionFalse), string(metav1.ConditionUnknown))
+		e.atLeast(q.Child("observedGeneration"), c.ObservedGeneration, 0)
+		if c.LastTransitionTime.IsZero() {
+			e.list = append(e.list, field.Required(q.Child("lastTransitionTime"), ""))
+		}
+		e.text(q.Child("reason"), c.Reason, 1, 1024, condReasonRE)
+		e.text(q.Child("message"), c.Message, 0, 32768, nil)
+	}
+}
+
+// lockRules are the object-level rules, which relate status to spec.
+func (e *errs) lockRules(l *locksv1alpha1.DistributedLock) {
+	s, spec := &l.Status, &l.Spec
+	maxLease := spec.MaxLeaseDurationSeconds
+	if s.Holder != nil {
+		e.rule(holderPath.Child("leaseDurationSeconds"), s.Holder.LeaseDurationSeconds <= maxLease, s.Holder.LeaseDurationSeconds,
+			"holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
+	}
+	if len(s.Waiters) > 0 && spec.MaxWaiters != nil {
+		e.rule(waitersPath, len(s.Waiters) <= int(*spec.MaxWaiters), len(s.Waiters), "the wait queue must not be longer than spec.maxWaiters")
+	}
+	longest, highest := int32(0), int32(-1)
+	for _, h := range s.SharedHolders {
+		longest, highest = max(longest, h.LeaseDurationSeconds), max(highest, h.Slot)
+	}
+	e.rule(sharedPath, longest <= maxLease, longest, "a shared holding's leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
+	shared := len(s.SharedHolders) > 0
+	switch spec.Type {
+	case locksv1alpha1.Mutex:
+		e.rule(sharedPath, !shared, len(s.SharedHolders), "a Mutex has no shared holders")
+	case locksv1alpha1.RWMutex:
+		e.rule(holderPath, s.Holder == nil || !shared, len(s.SharedHolders), "an RWMutex has a writer or readers, never both")
+	case locksv1alpha1.Semaphore:
+		e.rule(holderPath, s.Holder == nil, s.Holder != nil, "a Semaphore has no exclusive holder; its permits are shared holdings")
+		if shared && spec.Permits != nil {
+			e.rule(sharedPath, len(s.SharedHolders) <= int(*spec.Permits) && highest < *spec.Permits, len(s.SharedHolders),
+				"a Semaphore has at most spec.permits holders, on slots in [0, permits)")
+		}
+	}
+	if spec.Type != locksv1alpha1.RWMutex {
+		wrong := locksv1alpha1.Exclusive
+		if spec.Type == locksv1alpha1.Mutex {
+			wrong = locksv1alpha1.Shared
+		}
+		e.rule(waitersPath, !slices.ContainsFunc(s.Waiters, func(w locksv1alpha1.Waiter) bool { return w.Mode == wrong }), wrong,
+			"a Mutex's waiters are Exclusive and a Semaphore's are Shared")
+	}
+}
