@@ -25,6 +25,8 @@ import (
 // api/v1alpha1 does not export are spelled here as in the markers.
 var (
 	identityRE   = regexp.MustCompile(locksv1alpha1.IdentityPattern)
+	podNameRE    = regexp.MustCompile(locksv1alpha1.PodNamePattern)
+	podUIDRE     = regexp.MustCompile(locksv1alpha1.PodUIDPattern)
 	microTimeRE  = regexp.MustCompile(locksv1alpha1.MicroTimePattern)
 	leaseIDRE    = regexp.MustCompile(`^[0-9a-zA-Z-]+$`)
 	requestIDRE  = regexp.MustCompile(`^[0-9a-zA-Z._-]+$`)

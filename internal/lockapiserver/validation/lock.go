@@ -115,8 +115,8 @@ func (e *errs) holder(p *field.Path, h *locksv1alpha1.LockHolder) {
 	e.text(p.Child("leaseID"), h.LeaseID, 16, 64, leaseIDRE)
 	e.text(p.Child("requestID"), h.RequestID, 1, 64, requestIDRE)
 	e.between(p.Child("leaseDurationSeconds"), int64(h.LeaseDurationSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
-	e.text(p.Child("podName"), h.PodName, 0, 253, identityRE)
-	e.text(p.Child("podUID"), h.PodUID, 0, 64, identityRE)
+	e.text(p.Child("podName"), h.PodName, 0, 253, podNameRE)
+	e.text(p.Child("podUID"), h.PodUID, 0, 36, podUIDRE)
 	e.text(p.Child("session"), h.Session, 0, 253, sessionRE)
 	e.microTime(p.Child("acquireTime"), h.AcquireTime, true)
 	if h.RenewTime != nil {
@@ -130,8 +130,8 @@ func (e *errs) waiter(p *field.Path, w *locksv1alpha1.Waiter) {
 	e.text(p.Child("requestID"), w.RequestID, 1, 64, requestIDRE)
 	e.microTime(p.Child("enqueueTime"), w.EnqueueTime, true)
 	e.microTime(p.Child("deadline"), w.Deadline, true)
-	e.text(p.Child("podName"), w.PodName, 0, 253, identityRE)
-	e.text(p.Child("podUID"), w.PodUID, 0, 64, identityRE)
+	e.text(p.Child("podName"), w.PodName, 0, 253, podNameRE)
+	e.text(p.Child("podUID"), w.PodUID, 0, 36, podUIDRE)
 	e.oneOf(p.Child("mode"), string(w.Mode), string(locksv1alpha1.Exclusive), string(locksv1alpha1.Shared))
 	e.text(p.Child("session"), w.Session, 0, 253, sessionRE)
 }

@@ -14,8 +14,8 @@ func ValidateSession(s *locksv1alpha1.LockSession) field.ErrorList {
 	e.text(p.Child("user"), s.Spec.User, 1, 512, nil)
 	e.text(p.Child("identity"), s.Spec.Identity, 1, 253, identityRE)
 	e.between(p.Child("ttlSeconds"), int64(s.Spec.TTLSeconds), locksv1alpha1.MinSessionTTLSeconds, locksv1alpha1.MaxSessionTTLSeconds)
-	e.text(p.Child("podName"), s.Spec.PodName, 0, 253, identityRE)
-	e.text(p.Child("podUID"), s.Spec.PodUID, 0, 64, identityRE)
+	e.text(p.Child("podName"), s.Spec.PodName, 0, 253, podNameRE)
+	e.text(p.Child("podUID"), s.Spec.PodUID, 0, 36, podUIDRE)
 	if s.Status.RenewTime != nil {
 		e.microTime(statusPath.Child("renewTime"), *s.Status.RenewTime, false)
 	}
