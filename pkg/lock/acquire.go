@@ -16,8 +16,8 @@ import (
 )
 
 // Acquire takes the lock for key, waiting in its FIFO queue until it is this
-// caller's turn, ctx ends or the WaitTimeout passes (ErrTimeout). It takes
-// the lock exclusively unless asked Shared, or the lock is a Semaphore. A
+// caller's turn, ctx ends or the wait timeout passes (ErrTimeout). It takes
+// the lock exclusively unless asked WithShared, or the lock is a Semaphore. A
 // holding that waited keeps watching the lock while it lasts and ctx has not
 // ended, so that its renewals and release rarely meet a conflict.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
@@ -103,7 +103,7 @@ func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []Acqu
 		// TryAcquire never waits for the lock, but it does retry a write whose
 		// outcome is unknown; bound that when the caller gave no deadline.
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTryTimeout)
+		ctx, cancel = context.WithTimeout(ctx, tryTimeout)
 		defer cancel()
 	}
 	if c.cfg.reentrant {
@@ -334,7 +334,7 @@ func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (
 	return nil, false, nil
 }
 
-// report tells the OnQueue callback about a changed place in the queue.
+// report tells the WithQueueCallback callback about a changed place in the queue.
 func (a *attempt) report(pos int, st *locksv1alpha1.DistributedLockStatus) {
 	if a.cfg.onQueue == nil {
 		return
@@ -354,7 +354,7 @@ func sameHolding(x, y *locksv1alpha1.LockHolder) bool {
 	return x.LeaseID == y.LeaseID && x.RequestID == y.RequestID && x.User == y.User
 }
 
-// mode is how this request holds obj: Shared when asked, or for a Semaphore;
+// mode is how this request holds obj: shared when asked, or for a Semaphore;
 // ErrMode when the lock's type does not support it.
 func (a *attempt) mode(obj *locksv1alpha1.DistributedLock) (locksv1alpha1.Mode, error) {
 	mode := obj.DefaultMode()
