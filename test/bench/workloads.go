@@ -739,7 +739,7 @@ func kubelockElectionExpiryTrial(c *cluster, prefix string) func(ctx context.Con
 			if h == nil {
 				return time.Time{}, errors.New("the doomed leader has no holding")
 			}
-			return h.ExpiresAt().Add(max(leLeaseDuration/10, 100*time.Millisecond)), nil
+			return h.ExpiresAt().Add(lock.SafetyMargin(leLeaseDuration)), nil
 		})
 	}
 }
