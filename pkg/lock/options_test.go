@@ -94,7 +94,7 @@ func TestDefaultOptionsOnClientAndCall(t *testing.T) {
 				t.Fatal(err)
 			}
 			if a.lease != tc.wantLease || a.waitTimeout != tc.wantWait || a.session != tc.wantSess {
-				t.Errorf("lease %s, wait %s, session %v; want %s, %s, %v", a.lease, a.waitTimeout, a.session, tc.wantLease, tc.wantWait, tc.wantSess)
+				t.Errorf("lease %s, wait %s, session %t; want %s, %s, %t", a.lease, a.waitTimeout, a.session != nil, tc.wantLease, tc.wantWait, tc.wantSess != nil)
 			}
 		})
 	}
