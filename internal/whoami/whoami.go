@@ -1,4 +1,9 @@
-package lock
+// Package whoami learns the user a client authenticates as, the way
+// `kubectl auth whoami` does: the lock client writes it into holdings and
+// queue entries, where admission accepts no other name, and the controller
+// as the endedBy of the holdings it ends. It imports nothing of kubelock: the
+// client and the operator both use it.
+package whoami
 
 import (
 	"context"
@@ -20,8 +25,8 @@ type Self struct {
 	info *authenticationv1.UserInfo
 }
 
-// NewSelf returns the not yet learned user of c.
-func NewSelf(c client.Client) *Self { return &Self{c: c} }
+// New returns the not yet learned user of c.
+func New(c client.Client) *Self { return &Self{c: c} }
 
 // UserInfo is the authenticated user: name, groups and extra (the pod a
 // bound service-account token carries).
