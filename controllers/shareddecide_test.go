@@ -194,9 +194,9 @@ func TestDecideShared(t *testing.T) {
 		},
 		{
 			name:    "a reader whose pod is gone ends; a reader of another pod stays",
-			history: []observed{{0, readers(sharedOfPod("r1", "worker-0", "pod-uid-1"), sharedOfPod("r2", "worker-1", "pod-uid-2"))}},
+			history: []observed{{0, readers(sharedOfPod("r1", "worker-0", podUID1), sharedOfPod("r2", "worker-1", podUID2))}},
 			at:      time.Second,
-			live:    liveness{podsGone: map[string]bool{"pod-uid-1": true, "pod-uid-2": false}},
+			live:    liveness{podsGone: map[podRef]bool{podIn("worker-0", podUID1): true, podIn("worker-1", podUID2): false}},
 			want:    decision{ends: []ending{endOf("r1", 50, ptr.To[int32](0), ending{reason: locksv1alpha1.EndReasonExpired, why: "holder pod worker-0 deleted"})}},
 		},
 
