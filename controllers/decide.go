@@ -116,9 +116,17 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	// with its pod, or when no renewal of it was observed for its lease plus
 	// grace. A write records every holding it ends, so at most
 	// MaxRecentAcquisitions end per write; the reconciler writes again for the rest.
-	for _, h := range lock.Status.Holdings() {
+	hs := lock.Status.Holdings()
+	for _, h := range hs {
 		if len(d.ends) == locksv1alpha1.MaxRecentAcquisitions {
 			break
+		}
+		if sharesLeaseID(hs, h.LeaseID) {
+			// Observations and writes know a holding by its leaseID, so
+			// these cannot be told apart: ending one could end another
+			// before its time. Admission never lets two in; a force-release
+			// ends them.
+			continue
 		}
 		if e := holdingEnd(h, lock, obs, live, &next, now, t); e.reason != "" {
 			d.ends = append(d.ends, e)
@@ -165,6 +173,17 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	}
 	d.requeueAfter = next.after()
 	return d
+}
+
+// sharesLeaseID reports whether more than one of hs has leaseID.
+func sharesLeaseID(hs []locksv1alpha1.Holding, leaseID string) bool {
+	n := 0
+	for _, h := range hs {
+		if h.LeaseID == leaseID {
+			n++
+		}
+	}
+	return n > 1
 }
 
 // holdingEnd says whether, and why, holding h of lock ends at now: with its

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
+	"k8s.io/apimachinery/pkg/api/validation/path"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -103,13 +104,7 @@ func TestDecideWithWhatCannotBeRead(t *testing.T) {
 	podDrop := func(requestID string) droppedWaiter {
 		return droppedWaiter{requestID: requestID, identity: "w-" + requestID, reason: dropPodDeleted}
 	}
-	tests := []struct {
-		name    string
-		history []observed
-		at      time.Duration
-		live    liveness
-		want    decision
-	}{
+	tests := []decideCase{
 		{
 			name: "a reader whose session is unknown stays; the other reader's lease still expires",
 			history: []observed{{0, newLock(rwMutex, sharing("r1", 0, 50, 10, clientTime), sharedIn("r1", "worker-s1"),
@@ -213,6 +208,13 @@ func TestDecideWithWhatCannotBeRead(t *testing.T) {
 			},
 		},
 		{
+			name: "two readers with one leaseID, written past admission, are kept: ending one by its leaseID could end the other",
+			history: []observed{{0, newLock(rwMutex, sharing("r1", 0, 50, 10, clientTime), sharedIn("r1", pathName),
+				sharing("r1", 1, 51, 10, clientTime), sharing("r2", 2, 52, 10, clientTime))}},
+			at:   12 * time.Second,
+			want: decision{ends: []ending{expiredShared("r2", 2, 52, 10)}},
+		},
+		{
 			name: "a pod gone under one name ends only the holding bound to that name, not another with the same UID",
 			history: []observed{{0, newLock(rwMutex,
 				sharing("r1", 0, 50, 300, clientTime), sharedOf("r1", bindPod(owner, "worker-0", podUID1)),
@@ -222,14 +224,7 @@ func TestDecideWithWhatCannotBeRead(t *testing.T) {
 			want: decision{ends: []ending{endOf("r1", 50, ptr.To[int32](0), ending{reason: locksv1alpha1.EndReasonExpired, why: "holder pod worker-0 deleted"})}},
 		},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := decideAfter(tt.history, tt.at, tt.live)
-			if diff := cmp.Diff(tt.want, got, cmpDecision); diff != "" {
-				t.Errorf("decide() mismatch (-want +got):\n%s", diff)
-			}
-		})
-	}
+	runDecideCases(t, tests)
 }
 
 // world is the sessions and pods a fake reader serves, as both the
@@ -274,7 +269,8 @@ func (*world) List(context.Context, client.ObjectList, ...client.ListOption) err
 func (w *world) invalidReads() []types.NamespacedName {
 	var bad []types.NamespacedName
 	for _, k := range w.reads {
-		if len(apimachineryvalidation.ValidateNamespaceName(k.Namespace, false)) > 0 || len(apimachineryvalidation.NameIsDNSSubdomain(k.Name, false)) > 0 {
+		if len(apimachineryvalidation.ValidateNamespaceName(k.Namespace, false)) > 0 || len(apimachineryvalidation.NameIsDNSSubdomain(k.Name, false)) > 0 ||
+			len(path.IsValidPathSegmentName(k.Name)) > 0 {
 			bad = append(bad, k)
 		}
 	}
