@@ -82,7 +82,9 @@ var _ = Describe("entries written past admission", func() {
 			Expect(unstructured.SetNestedField(status, pathLike, "holder", "session")).To(Succeed())
 			waiters, _, _ := unstructured.NestedSlice(status, "waiters")
 			Expect(waiters).To(HaveLen(1))
-			Expect(unstructured.SetNestedField(waiters[0].(map[string]any), pathLike, "session")).To(Succeed())
+			w, ok := waiters[0].(map[string]any)
+			Expect(ok).To(BeTrue())
+			Expect(unstructured.SetNestedField(w, pathLike, "session")).To(Succeed())
 			Expect(unstructured.SetNestedSlice(status, waiters, "waiters")).To(Succeed())
 		})
 

@@ -11,8 +11,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
-	"k8s.io/apimachinery/pkg/api/validation/path"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -270,7 +270,7 @@ func (w *world) invalidReads() []types.NamespacedName {
 	var bad []types.NamespacedName
 	for _, k := range w.reads {
 		if len(apimachineryvalidation.ValidateNamespaceName(k.Namespace, false)) > 0 || len(apimachineryvalidation.NameIsDNSSubdomain(k.Name, false)) > 0 ||
-			len(path.IsValidPathSegmentName(k.Name)) > 0 {
+			len(content.IsPathSegmentName(k.Name)) > 0 {
 			bad = append(bad, k)
 		}
 	}
