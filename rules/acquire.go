@@ -115,6 +115,14 @@ func validateAcquisition(oldObj, newObj *locksv1alpha1.DistributedLock, d holdin
 	return errs
 }
 
+// what names the acquisition's entry in messages.
+func (a acquisition) what() string {
+	if a.shared == nil {
+		return "holder"
+	}
+	return "sharedHolder"
+}
+
 // validateNotMoved refuses a shared holding that leaves its slot for
 // another in one write (it would look like an end and a new acquisition).
 func validateNotMoved(acq acquisition, d holdings) field.ErrorList {

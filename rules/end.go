@@ -82,6 +82,16 @@ func recordOf(records []locksv1alpha1.FinishedHolding, e ending) int {
 	return -1
 }
 
+// key matches an ending with its record: the slot, -1 for the exclusive holder.
+func (e ending) key() int32 { return slotKey(e.slot) }
+
+func slotKey(s *int32) int32 {
+	if s == nil {
+		return -1
+	}
+	return *s
+}
+
 func appendExactly(ended []ending) string {
 	if len(ended) == 1 {
 		return fmt.Sprintf("ending the holding of lease %s must append exactly its record to recentAcquisitions (oldest dropped beyond %d)", ended[0].h.LeaseID, locksv1alpha1.MaxRecentAcquisitions)

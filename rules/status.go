@@ -41,29 +41,11 @@ type acquisition struct {
 	path   *field.Path
 }
 
-// what names the acquisition's entry in messages.
-func (a acquisition) what() string {
-	if a.shared == nil {
-		return "holder"
-	}
-	return "sharedHolder"
-}
-
 type ending struct {
 	h     locksv1alpha1.LockHolder
 	token int64
 	// slot is the shared entry's; nil for the exclusive holder.
 	slot *int32
-}
-
-// key matches an ending with its record: the slot, -1 for the exclusive holder.
-func (e ending) key() int32 { return slotKey(e.slot) }
-
-func slotKey(s *int32) int32 {
-	if s == nil {
-		return -1
-	}
-	return *s
 }
 
 type keptShared struct {
