@@ -46,14 +46,7 @@ func (r *locksReader) Get(_ context.Context, key client.ObjectKey, obj client.Ob
 // The handler reads only what can be a lock's name, and a denied stale token
 // makes a series only for a lock that exists, dropped once it is gone.
 func TestFencedHandlerReadsAndCountsOnlyLocks(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	v, err := NewValidator(scheme, nil, ctrlr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := testValidator(t, nil, corev1.AddToScheme)
 	const ns = "fenced-handler"
 	db := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db"}}
 	db.Status.FencingToken = 12

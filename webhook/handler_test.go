@@ -36,17 +36,27 @@ func heldByAlice() *locksv1alpha1.DistributedLock {
 	return l
 }
 
-// A time Go cannot parse gets the rule's denial from the handler, not a
-// decode error (which would tell the user nothing about what is accepted).
-func TestHandleStatusRefusesUnparseableTimesByRule(t *testing.T) {
+// testValidator is a Validator for the controller user ctrlr that decodes
+// the types add registers and creates SubjectAccessReviews with c.
+func testValidator(t *testing.T, c client.Client, add ...func(*runtime.Scheme) error) *Validator {
+	t.Helper()
 	scheme := runtime.NewScheme()
-	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
+	for _, f := range add {
+		if err := f(scheme); err != nil {
+			t.Fatal(err)
+		}
 	}
-	v, err := NewValidator(scheme, nil, ctrlr)
+	v, err := NewValidator(scheme, c, ctrlr)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return v
+}
+
+// A time Go cannot parse gets the rule's denial from the handler, not a
+// decode error (which would tell the user nothing about what is accepted).
+func TestHandleStatusRefusesUnparseableTimesByRule(t *testing.T) {
+	v := testValidator(t, nil, locksv1alpha1.AddToScheme)
 	old := heldByAlice()
 	oldRaw, err := json.Marshal(old)
 	if err != nil {
@@ -86,14 +96,7 @@ func (failingSAR) Create(context.Context, client.Object, ...client.CreateOption)
 // A verb the rules need but the apiserver cannot answer errs the write (the
 // client retries) rather than denying it.
 func TestHandleErrsWhenAVerbCannotBeAsked(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	v, err := NewValidator(scheme, failingSAR{}, ctrlr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := testValidator(t, failingSAR{}, locksv1alpha1.AddToScheme)
 	raw, err := json.Marshal(heldByAlice())
 	if err != nil {
 		t.Fatal(err)
