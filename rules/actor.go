@@ -17,6 +17,9 @@ import (
 // there), whether it is the kubelock controller or Kubernetes' garbage
 // collector, and an Authorizer for the verbs the rules ask about.
 type Actor struct {
+	// Username, Groups and Extra are the request's user. The rules read the
+	// name and, in Extra, the pod binding (pod); the groups are for callers
+	// and their Authorizer.
 	Username string
 	Groups   []string
 	Extra    map[string][]string
