@@ -131,7 +131,7 @@ func (c *Client) User(ctx context.Context) (string, error) {
 	return c.user, nil
 }
 
-// Extra keys of a token bound to a pod (as webhook.ExtraPodName/ExtraPodUID).
+// Extra keys of a token bound to a pod (as rules.ExtraPodName/ExtraPodUID).
 const (
 	extraPodName = "authentication.kubernetes.io/pod-name"
 	extraPodUID  = "authentication.kubernetes.io/pod-uid"

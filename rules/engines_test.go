@@ -1,4 +1,4 @@
-package webhook
+package rules
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func expectPolicyAgrees(t *testing.T, oldObj, newObj *locksv1alpha1.DistributedL
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, _, err := p.Judge(context.Background(), oldObj, newObj, policytest.Writer{Name: a.Username, Extra: a.Extra, ForceRelease: a.CanForceRelease})
+	msg, _, err := p.Judge(context.Background(), oldObj, newObj, policytest.Writer{Name: a.Username, Extra: a.Extra, ForceRelease: mayForce(a)})
 	switch {
 	case err != nil && byCRD && strings.Contains(err.Error(), policytest.EvalErrorPrefix):
 		// Only a stored object the CRD allows reaches the policy.
@@ -91,7 +91,7 @@ func FuzzEnginesAgree(f *testing.F) {
 			return
 		}
 		errs := ValidateStatusUpdate(oldObj, newObj, a)
-		msg, _, err := p.Judge(context.Background(), oldObj, newObj, policytest.Writer{Name: a.Username, Extra: a.Extra, ForceRelease: a.CanForceRelease})
+		msg, _, err := p.Judge(context.Background(), oldObj, newObj, policytest.Writer{Name: a.Username, Extra: a.Extra, ForceRelease: mayForce(a)})
 		policyDenies := msg != "" || (err != nil && strings.Contains(err.Error(), policytest.EvalErrorPrefix))
 		if err != nil && !policyDenies {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package webhook
+package rules
 
 import (
 	"crypto/sha256"
@@ -81,11 +81,11 @@ var sharedShapes = []corpusShape{
 	{"a writer jumping readers queued before it", func(w generatedWrite) bool {
 		ws := w.old.Status.Waiters
 		return w.is(locksv1alpha1.RWMutex) && w.old.Status.Holder == nil && w.new.Status.Holder != nil && len(ws) > 0 &&
-			waiterMode(ws[0]) == locksv1alpha1.Shared && ws[0].RequestID != w.new.Status.Holder.RequestID
+			ws[0].ModeOrDefault() == locksv1alpha1.Shared && ws[0].RequestID != w.new.Status.Holder.RequestID
 	}},
 	{"a reader jumping a writer queued before it", func(w generatedWrite) bool {
 		ws, a := w.old.Status.Waiters, w.added()
-		return a != nil && len(ws) > 0 && waiterMode(ws[0]) == locksv1alpha1.Exclusive && ws[0].RequestID != a.RequestID
+		return a != nil && len(ws) > 0 && ws[0].ModeOrDefault() == locksv1alpha1.Exclusive && ws[0].RequestID != a.RequestID
 	}},
 	{"two entries added in one write", func(w generatedWrite) bool { return len(w.d.acquired) > 1 }},
 	{"an unrecorded removal", func(w generatedWrite) bool {
@@ -116,7 +116,7 @@ var sharedShapes = []corpusShape{
 		a := w.added()
 		return a != nil && leaseUsed(&w.old.Status, a.LeaseID)
 	}},
-	// The red team's (after issue 16).
+	// Found after the shared modes were built.
 	{"the head acquiring and staying at the head", func(w generatedWrite) bool {
 		return len(w.d.acquired) == 1 && len(w.old.Status.Waiters) > 0 && w.old.Status.Waiters[0].RequestID == w.d.acquired[0].h.RequestID &&
 			w.new.Status.WaiterIndex(w.d.acquired[0].h.RequestID) >= 0
@@ -134,7 +134,7 @@ var sharedShapes = []corpusShape{
 		return !w.denied && w.lastReason() == locksv1alpha1.EndReasonReleased &&
 			slices.ContainsFunc(w.d.ended, func(e ending) bool { return e.slot != nil })
 	}},
-	// Pod fields only from that pod's bound token (webhook/pods.go).
+	// Pod fields only from that pod's bound token (actor.go).
 	{"a permit in a pod's name taken with a token bound to no pod", func(w generatedWrite) bool {
 		a := w.added()
 		name, _ := w.actor.pod()
@@ -144,6 +144,64 @@ var sharedShapes = []corpusShape{
 		a := w.added()
 		return a != nil && a.PodName == badPod
 	}},
+}
+
+// statusShapes are the shapes the corpus of FuzzValidateStatusUpdate must
+// hold: test/admission's pod-field cases, denied and admitted.
+var statusShapes = []corpusShape{
+	{"a token bound to no pod queueing with a pod's name and UID", func(w generatedWrite) bool {
+		return unbound(w.actor) && slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool {
+			return x.PodName != "" && x.PodUID != ""
+		})
+	}},
+	{"a token bound to no pod acquiring in a pod's name", func(w generatedWrite) bool {
+		h := w.acquired()
+		return unbound(w.actor) && h != nil && h.PodName != ""
+	}},
+	{"a pod's token queueing in its sibling pod's name and UID", func(w generatedWrite) bool {
+		name, _ := w.actor.pod()
+		return name == "p0" && slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool {
+			return x.PodName == "p1" && x.PodUID == uidOf("p1")
+		})
+	}},
+	{"a waiter whose podName is no pod's name", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool { return x.PodName == badPod })
+	}},
+	{"a holding whose podUID is no pod's UID", func(w generatedWrite) bool {
+		h := w.acquired()
+		return h != nil && h.PodUID != "" && !podUIDRE.MatchString(h.PodUID)
+	}},
+	{"admitted: a pod queueing in its own name", func(w generatedWrite) bool {
+		name, _ := w.actor.pod()
+		return !w.denied && name != "" && slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool { return x.PodName == name })
+	}},
+	{"admitted: a pod acquiring in its own name", func(w generatedWrite) bool {
+		name, _ := w.actor.pod()
+		h := w.acquired()
+		return !w.denied && name != "" && h != nil && h.PodName == name
+	}},
+}
+
+func unbound(a Actor) bool {
+	name, uid := a.pod()
+	return name == "" && uid == ""
+}
+
+// addedWaiters are the queue entries the write adds.
+func (w generatedWrite) addedWaiters() []locksv1alpha1.Waiter {
+	var out []locksv1alpha1.Waiter
+	for _, i := range addedWaiters(&w.old.Status, &w.new.Status) {
+		out = append(out, w.new.Status.Waiters[i])
+	}
+	return out
+}
+
+// acquired is the one holding the write adds, exclusive or shared; nil if none.
+func (w generatedWrite) acquired() *locksv1alpha1.LockHolder {
+	if len(w.d.acquired) != 1 {
+		return nil
+	}
+	return w.d.acquired[0].h
 }
 
 func (w generatedWrite) lastReason() locksv1alpha1.EndReason {

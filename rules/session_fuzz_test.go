@@ -1,4 +1,4 @@
-package webhook
+package rules
 
 import (
 	"fmt"
@@ -65,9 +65,10 @@ func (s *bytesource) mutateSession(n *locksv1alpha1.LockSession) {
 	}
 }
 
-func (s *bytesource) sessionActor() SessionActor {
+func (s *bytesource) sessionActor() Actor {
 	a := s.actor(nil)
-	return SessionActor{Actor: a, IsGarbageCollector: s.intn(6) == 0}
+	a.IsGarbageCollector = s.intn(6) == 0
+	return a
 }
 
 // FuzzValidateSessionRules feeds random sessions, edits and writers to the
@@ -87,7 +88,7 @@ func FuzzValidateSessionRules(f *testing.F) {
 		var msg string
 		switch op {
 		case 0:
-			if len(ValidateSessionCreate(newObj, a.Actor)) > 0 {
+			if len(ValidateSessionCreate(newObj, a)) > 0 {
 				return
 			}
 			name, _ := a.pod()
@@ -96,7 +97,7 @@ func FuzzValidateSessionRules(f *testing.F) {
 				msg = "a session in another user's name"
 			case newObj.Spec.PodUID != uid || newObj.Spec.PodName != name:
 				msg = "pod fields that are not the writer's pod"
-			case podViolation(name, uid, a.Actor) != "":
+			case podViolation(name, uid, a) != "":
 				msg = "pod fields that are no pod's name and UID"
 			case uid != "" && !podOwner(newObj.OwnerReferences, name, uid):
 				msg = "a pod's session not owned by exactly that pod"
@@ -108,7 +109,7 @@ func FuzzValidateSessionRules(f *testing.F) {
 				msg = "a pod's session outside its pod's namespace"
 			}
 		case 1:
-			if len(ValidateSessionStatus(oldObj, newObj, a.Actor)) > 0 {
+			if len(ValidateSessionStatus(oldObj, newObj, a)) > 0 {
 				return
 			}
 			o, n := oldObj.Status, newObj.Status
@@ -135,7 +136,7 @@ func FuzzValidateSessionRules(f *testing.F) {
 				msg = "more labels than the bound"
 			}
 		case 3:
-			if len(ValidateSessionDelete(oldObj, a)) == 0 && !(user && pod) && !a.IsController && !a.IsGarbageCollector && !a.CanForceRelease {
+			if len(ValidateSessionDelete(oldObj, a)) == 0 && !(user && pod) && !a.IsController && !a.IsGarbageCollector && !mayForce(a) {
 				msg = "a close by someone else"
 			}
 		}

@@ -1,4 +1,4 @@
-package webhook
+package rules
 
 import (
 	"slices"
@@ -33,22 +33,7 @@ const (
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
 const maxSessionMeta = 16
 
-// DefaultGarbageCollectors are the user names Kubernetes' garbage collector
-// deletes dependents as (its service account with
-// --use-service-account-credentials, else kube-controller-manager's own).
-var DefaultGarbageCollectors = []string{
-	"system:serviceaccount:kube-system:generic-garbage-collector",
-	"system:kube-controller-manager",
-}
-
 var ownerRefsPath = metadataPath.Child("ownerReferences")
-
-// SessionActor is who writes a LockSession.
-type SessionActor struct {
-	Actor
-	// IsGarbageCollector: the writer is one of the garbage collector's user names.
-	IsGarbageCollector bool
-}
 
 // owns reports whether a is s's owner: its user and, for a pod-bound session, its pod.
 func (a Actor) owns(s *locksv1alpha1.LockSession) (user, pod bool) {
@@ -111,12 +96,12 @@ func validateSessionMeta(s *locksv1alpha1.LockSession) field.ErrorList {
 // ValidateSessionUpdate checks an UPDATE of a session's main resource (its
 // spec is immutable in the CRD): only its owner, or the garbage collector,
 // which alone may change ownerReferences and finalizers.
-func ValidateSessionUpdate(oldObj, newObj *locksv1alpha1.LockSession, a SessionActor) field.ErrorList {
+func ValidateSessionUpdate(oldObj, newObj *locksv1alpha1.LockSession, a Actor) field.ErrorList {
 	if a.IsGarbageCollector {
 		return nil
 	}
 	var errs field.ErrorList
-	errs = append(errs, validateSessionOwner(oldObj, a.Actor)...)
+	errs = append(errs, validateSessionOwner(oldObj, a)...)
 	if !equality.Semantic.DeepEqual(oldObj.OwnerReferences, newObj.OwnerReferences) || !slices.Equal(oldObj.Finalizers, newObj.Finalizers) {
 		errs = append(errs, deny(ownerRefsPath, RuleSession, msgSessionMetaFixed))
 	}
@@ -159,9 +144,14 @@ func ValidateSessionStatus(oldObj, newObj *locksv1alpha1.LockSession, a Actor) f
 // pod-bound holding's release), the controller (a lapsed session), the
 // garbage collector (its pod is gone) or a user with force-release on
 // locksessions.
-func ValidateSessionDelete(s *locksv1alpha1.LockSession, a SessionActor) field.ErrorList {
-	user, pod := a.owns(s)
-	if (user && pod) || a.IsController || a.IsGarbageCollector || a.CanForceRelease {
+func ValidateSessionDelete(s *locksv1alpha1.LockSession, a Actor) field.ErrorList {
+	if user, pod := a.owns(s); (user && pod) || a.IsController || a.IsGarbageCollector {
+		return nil
+	}
+	switch canForce, err := a.may(forceRelease(locksv1alpha1.LockSessionsResource, s.Namespace, s.Name), specPath.Child("user")); {
+	case err != nil:
+		return field.ErrorList{err}
+	case canForce:
 		return nil
 	}
 	return field.ErrorList{deny(specPath.Child("user"), RuleSession,

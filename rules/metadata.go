@@ -1,4 +1,4 @@
-package webhook
+package rules
 
 import (
 	"encoding/json"
@@ -11,24 +11,6 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
-
-// UpdateVerb is the RBAC verb on distributedlocks that makes a user an
-// administrator of locks: it may create them with any spec.
-const UpdateVerb = "update"
-
-// MetaActor is an Actor with the answers of the SubjectAccessReviews the
-// main-resource rules need. Callers compute each only when MetaChecks says so.
-type MetaActor struct {
-	Actor
-	// CanUpdate: the update verb on distributedlocks.
-	CanUpdate bool
-}
-
-// MetaChecks says which SubjectAccessReviews a main-resource write needs.
-type MetaChecks struct {
-	ForceRelease bool
-	Update       bool
-}
 
 // specDefault is a spec field's default in the CRD (api/v1alpha1 markers), as JSON.
 type specDefault struct {
@@ -51,11 +33,8 @@ var specDefaults = []specDefault{
 }
 
 var (
-	metadataPath    = field.NewPath("metadata")
-	finalizersPath  = metadataPath.Child("finalizers")
 	forceDeletePath = metadataPath.Child("annotations").Key(locksv1alpha1.ForceDeleteAnnotation)
 	autoCreatedPath = metadataPath.Child("labels").Key(locksv1alpha1.AutoCreatedLabel)
-	specPath        = field.NewPath("spec")
 )
 
 // msgAutoCreatedAdded is the denial of an UPDATE that adds the auto-created
@@ -80,33 +59,35 @@ func sameEntry(o, n map[string]string, key string) bool {
 	return had == has && ov == nv
 }
 
-// CreateChecks says which SubjectAccessReviews ValidateCreate needs for lock.
-func CreateChecks(lock *locksv1alpha1.DistributedLock) MetaChecks {
-	_, annotated := lock.Annotations[locksv1alpha1.ForceDeleteAnnotation]
-	return MetaChecks{ForceRelease: annotated, Update: len(nonDefault(lock)) > 0}
-}
-
-// UpdateChecks says which SubjectAccessReviews ValidateMetadataUpdate needs.
-func UpdateChecks(oldObj, newObj *locksv1alpha1.DistributedLock) MetaChecks {
-	return MetaChecks{ForceRelease: forceDeleteSet(oldObj, newObj) || heldFinalizerRemoval(oldObj, newObj)}
-}
-
-// ValidateCreate checks creating lock by a.
-func ValidateCreate(lock *locksv1alpha1.DistributedLock, a MetaActor) field.ErrorList {
-	var errs field.ErrorList
-	if v, ok := lock.Annotations[locksv1alpha1.ForceDeleteAnnotation]; ok && !a.CanForceRelease {
-		errs = append(errs, forceDeleteDenial(lock.Namespace, v, a))
+// ValidateCreate checks creating lock by a. A lock user creates a lock with
+// the default spec and little metadata (what pkg/lock creates on first use);
+// anything else needs the update verb, the force-delete annotation the
+// force-release verb. a's Authorizer is asked only about what the lock sets.
+func ValidateCreate(lock *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+	force, annotated := lock.Annotations[locksv1alpha1.ForceDeleteAnnotation]
+	canForce, err := a.mayIf(annotated, forceRelease(LocksResource, lock.Namespace, lock.Name), forceDeletePath)
+	if err != nil {
+		return field.ErrorList{err}
 	}
-	if bad := nonDefault(lock); len(bad) > 0 && !a.CanUpdate {
+	bad := nonDefault(lock)
+	canUpdate, err := a.mayIf(len(bad) > 0, Check{Verb: UpdateVerb, Resource: LocksResource, Namespace: lock.Namespace, Name: lock.Name}, specPath)
+	if err != nil {
+		return field.ErrorList{err}
+	}
+	var errs field.ErrorList
+	if annotated && !canForce {
+		errs = append(errs, forceDeleteDenial(lock.Namespace, force, a))
+	}
+	if len(bad) > 0 && !canUpdate {
 		errs = append(errs, deny(specPath, RuleCreate, "user %q may create a lock only with the default spec, no finalizers and no %s annotation (anything else needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s); lock %s sets %s",
 			a.Username, locksv1alpha1.ForceDeleteAnnotation, UpdateVerb, lock.Namespace, lock.Name, strings.Join(bad, ", ")))
 	}
 	// The controller deletes an idle lock that carries the auto-created
 	// label: only a client's create on first use, with the default spec,
 	// carries it, whoever creates the lock.
-	if bad := nonDefaultSpec(lock); labelledAutoCreated(lock) && len(bad) > 0 {
+	if spec := nonDefaultSpec(lock); labelledAutoCreated(lock) && len(spec) > 0 {
 		errs = append(errs, deny(autoCreatedPath, RuleCreate, "lock %s carries the %s label with %s: the label marks a client's create on first use, with the default spec; declare the lock without it",
-			lock.Name, locksv1alpha1.AutoCreatedLabel, strings.Join(bad, ", ")))
+			lock.Name, locksv1alpha1.AutoCreatedLabel, strings.Join(spec, ", ")))
 	}
 	return errs
 }
@@ -115,13 +96,21 @@ func labelledAutoCreated(lock *locksv1alpha1.DistributedLock) bool {
 	return lock.Labels[locksv1alpha1.AutoCreatedLabel] == "true"
 }
 
-// ValidateMetadataUpdate checks an UPDATE of the main resource, oldObj → newObj, by a.
-func ValidateMetadataUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a MetaActor) field.ErrorList {
+// ValidateMetadataUpdate checks an UPDATE of the main resource, oldObj →
+// newObj, by a: setting the force-delete annotation, or removing a finalizer
+// of a held lock (a delete), needs the force-release verb; no update adds the
+// auto-created label.
+func ValidateMetadataUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+	forcing, finalizing := forceDeleteSet(oldObj, newObj), heldFinalizerRemoval(oldObj, newObj)
+	canForce, err := a.mayIf(forcing || finalizing, forceRelease(LocksResource, oldObj.Namespace, oldObj.Name), metadataPath)
+	if err != nil {
+		return field.ErrorList{err}
+	}
 	var errs field.ErrorList
-	if forceDeleteSet(oldObj, newObj) && !a.CanForceRelease {
+	if forcing && !canForce {
 		errs = append(errs, forceDeleteDenial(newObj.Namespace, newObj.Annotations[locksv1alpha1.ForceDeleteAnnotation], a))
 	}
-	if heldFinalizerRemoval(oldObj, newObj) && !a.CanForceRelease {
+	if finalizing && !canForce {
 		h := firstHolding(oldObj)
 		errs = append(errs, deny(finalizersPath, RuleHeldDelete, "lock %s is held by %s (lease %s); removing its finalizers %s is a delete: release it first, or annotate it %s=true, or use an account with the %q verb",
 			oldObj.Name, h.User, h.LeaseID, strings.Join(removedFinalizers(oldObj, newObj), ", "), locksv1alpha1.ForceDeleteAnnotation, locksv1alpha1.ForceReleaseVerb))
@@ -134,7 +123,36 @@ func ValidateMetadataUpdate(oldObj, newObj *locksv1alpha1.DistributedLock, a Met
 	return errs
 }
 
-func forceDeleteDenial(namespace, value string, a MetaActor) *field.Error {
+// ValidateDelete checks deleting lock: a held lock goes only with the
+// force-delete annotation or the force-release verb, so no holder's state is
+// silently lost.
+func ValidateDelete(lock *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
+	h := firstHolding(lock)
+	if h == nil || lock.Annotations[locksv1alpha1.ForceDeleteAnnotation] == "true" {
+		return nil
+	}
+	switch canForce, err := a.may(forceRelease(LocksResource, lock.Namespace, lock.Name), holderPath); {
+	case err != nil:
+		return field.ErrorList{err}
+	case canForce:
+		return nil
+	}
+	return field.ErrorList{deny(holderPath, RuleHeldDelete, "lock %s is held by %s (lease %s); release it first, or annotate it %s=true, or use an account with the %q verb", lock.Name, h.User, h.LeaseID, locksv1alpha1.ForceDeleteAnnotation, locksv1alpha1.ForceReleaseVerb)}
+}
+
+// firstHolding is the holding delete denials name: the exclusive holder, else
+// the first shared holder; nil when the lock is free.
+func firstHolding(lock *locksv1alpha1.DistributedLock) *locksv1alpha1.LockHolder {
+	switch s := &lock.Status; {
+	case s.Holder != nil:
+		return s.Holder
+	case len(s.SharedHolders) > 0:
+		return &s.SharedHolders[0].LockHolder
+	}
+	return nil
+}
+
+func forceDeleteDenial(namespace, value string, a Actor) *field.Error {
 	return deny(forceDeletePath, RuleForceDelete, "user %q may not set the %s annotation (to \"%s\"): it needs the %q verb on distributedlocks.locks.kubelock.io in namespace %s",
 		a.Username, locksv1alpha1.ForceDeleteAnnotation, value, locksv1alpha1.ForceReleaseVerb, namespace)
 }
@@ -182,7 +200,7 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 	}
 	// Bulk metadata: a lock a lock user creates must stay small, or it could
 	// be created just below etcd's request limit so that no later write,
-	// not even its first acquisition, fits (red team).
+	// not even its first acquisition, fits.
 	if len(lock.OwnerReferences) > 0 {
 		out = append(out, "metadata.ownerReferences")
 	}

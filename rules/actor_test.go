@@ -1,8 +1,7 @@
-package webhook
+package rules
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -10,64 +9,6 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/test/policytest"
 )
-
-// statusShapes are the shapes the corpus of FuzzValidateStatusUpdate must
-// hold: test/admission's pod-field cases, denied and admitted.
-var statusShapes = []corpusShape{
-	{"a token bound to no pod queueing with a pod's name and UID", func(w generatedWrite) bool {
-		return unbound(w.actor) && slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool {
-			return x.PodName != "" && x.PodUID != ""
-		})
-	}},
-	{"a token bound to no pod acquiring in a pod's name", func(w generatedWrite) bool {
-		h := w.acquired()
-		return unbound(w.actor) && h != nil && h.PodName != ""
-	}},
-	{"a pod's token queueing in its sibling pod's name and UID", func(w generatedWrite) bool {
-		name, _ := w.actor.pod()
-		return name == "p0" && slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool {
-			return x.PodName == "p1" && x.PodUID == uidOf("p1")
-		})
-	}},
-	{"a waiter whose podName is no pod's name", func(w generatedWrite) bool {
-		return slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool { return x.PodName == badPod })
-	}},
-	{"a holding whose podUID is no pod's UID", func(w generatedWrite) bool {
-		h := w.acquired()
-		return h != nil && h.PodUID != "" && !podUIDRE.MatchString(h.PodUID)
-	}},
-	{"admitted: a pod queueing in its own name", func(w generatedWrite) bool {
-		name, _ := w.actor.pod()
-		return !w.denied && name != "" && slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool { return x.PodName == name })
-	}},
-	{"admitted: a pod acquiring in its own name", func(w generatedWrite) bool {
-		name, _ := w.actor.pod()
-		h := w.acquired()
-		return !w.denied && name != "" && h != nil && h.PodName == name
-	}},
-}
-
-func unbound(a Actor) bool {
-	name, uid := a.pod()
-	return name == "" && uid == ""
-}
-
-// addedWaiters are the queue entries the write adds.
-func (w generatedWrite) addedWaiters() []locksv1alpha1.Waiter {
-	var out []locksv1alpha1.Waiter
-	for _, i := range addedWaiters(&w.old.Status, &w.new.Status) {
-		out = append(out, w.new.Status.Waiters[i])
-	}
-	return out
-}
-
-// acquired is the one holding the write adds, exclusive or shared; nil if none.
-func (w generatedWrite) acquired() *locksv1alpha1.LockHolder {
-	if len(w.d.acquired) != 1 {
-		return nil
-	}
-	return w.d.acquired[0].h
-}
 
 func TestPodFieldRules(t *testing.T) {
 	byTokenOf := func(name, uid string) Actor {

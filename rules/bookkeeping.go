@@ -1,4 +1,4 @@
-package webhook
+package rules
 
 import (
 	"encoding/json"
@@ -14,22 +14,16 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// Messages of the hardening rules (issue 13). They are fixed texts so that the
+// Fixed messages of the bookkeeping and time-format rules, so that the
 // ValidatingAdmissionPolicy can give the very same ones (see config/policy).
 const (
+	msgHolderCount        = "status.holderCount must equal the number of holdings, exclusive and shared"
+	msgTransitions        = "status.transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
 	msgObservedGeneration = "a lock user may leave status.observedGeneration unchanged or set it to metadata.generation, nothing else"
 	msgConditions         = "a lock user may leave status.conditions unchanged or set them to exactly one Held condition: status True if the lock has any holding (holder or shared holders) and False if not, observedGeneration equal to metadata.generation, reason Acquired, Released, Expired, ForceReleased or NeverHeld, a printable message of at most 256 characters"
 	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True while any holding remains, False when none does)"
 	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
 	msgMicroTime          = "every MicroTime in status must be an RFC 3339 time with exactly 6 fractional digits, such as 2026-01-02T15:04:05.000000Z"
-	msgOneWaiterPerWrite  = "one write may add at most one waiter to the queue"
-	msgWaitersPerUser     = "a user may have at most min(spec.maxWaitersPerUser, spec.maxWaiters) entries in the wait queue"
-	msgWaitersPerPod      = "a pod may have at most one entry in the wait queue"
-	msgWaitBound          = "a new waiter's deadline must be after its enqueueTime and at most spec.maxWaitSeconds after it"
-	msgPodHolding         = "a holding bound to a pod is renewed or released only by its user from that same pod (holder.podUID)"
-	msgPodWaiter          = "a queue entry bound to a pod leaves the queue only from that same pod (waiters[].podUID) or by the controller"
-	msgLeaseID            = "an acquisition needs a fresh leaseID: it must differ from the current holder's, from every shared holder's and from every leaseID in status.recentAcquisitions"
-	msgTerminating        = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
 	msgManagedFields      = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
 )
 
@@ -38,10 +32,9 @@ const (
 // apiserver keeps at most 10 entries of update operations (merging older
 // ones), but one per apply field manager without bound; each costs up to the
 // size of the status, so a lock user could grow a lock until no acquisition
-// or new waiter fits in etcd any more (releases and expiries shrink it; red
-// team). Update entries are not
-// counted: a lock user who filled the bound must not keep a new client (a
-// new field manager) from its first update.
+// or new waiter fits in etcd any more (releases and expiries shrink it).
+// Update entries are not counted: a lock user who filled the bound must not
+// keep a new client (a new field manager) from its first update.
 const MaxManagedFields = 16
 
 // applyEntries counts l's managedFields entries of server-side applies.
@@ -55,34 +48,40 @@ func applyEntries(l *locksv1alpha1.DistributedLock) int {
 	return n
 }
 
-var (
-	conditionsPath = statusPath.Child("conditions")
-	heldReasons    = map[string]bool{
-		locksv1alpha1.ReasonAcquired: true, locksv1alpha1.ReasonReleased: true, locksv1alpha1.ReasonExpired: true,
-		locksv1alpha1.ReasonForceReleased: true, locksv1alpha1.ReasonNeverHeld: true,
-	}
-)
+var heldReasons = map[string]bool{
+	locksv1alpha1.ReasonAcquired: true, locksv1alpha1.ReasonReleased: true, locksv1alpha1.ReasonExpired: true,
+	locksv1alpha1.ReasonForceReleased: true, locksv1alpha1.ReasonNeverHeld: true,
+}
 
 // validateBookkeeping keeps every writer's counts true (holderCount, and
-// transitions, by which a client tells whether its lost acquire could still be
-// in recentAcquisitions) and lock users from forging observedGeneration and
-// conditions: foreign conditions could fill the list so that nobody's next
-// write fits (issue 13, class 2). Nor may they pile up server-side apply
-// entries in managedFields (MaxManagedFields).
+// transitions, by which a client tells whether its lost acquire could still
+// be in recentAcquisitions) and every time in status one Go reads back; and
+// lock users from forging observedGeneration and conditions (foreign
+// conditions could fill the list so that nobody's next write fits) or piling
+// up server-side apply entries in managedFields (MaxManagedFields).
 func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, d holdings, a Actor) field.ErrorList {
-	var errs field.ErrorList
 	o, n := &oldObj.Status, &newObj.Status
+	var errs field.ErrorList
 	if n.HolderCount != holderCount(n) {
 		errs = append(errs, deny(statusPath.Child("holderCount"), RuleBookkeeping, msgHolderCount))
 	}
 	if n.Transitions != o.Transitions+int64(len(d.acquired)) {
 		errs = append(errs, deny(statusPath.Child("transitions"), RuleBookkeeping, msgTransitions))
 	}
-	if a.IsController {
-		return errs
+	if !a.IsController {
+		errs = append(errs, validateUserBookkeeping(oldObj, newObj, d)...)
 	}
+	return append(errs, validateTimes(n)...)
+}
+
+// validateUserBookkeeping checks what a lock user, unlike the controller,
+// may not write: managedFields beyond the bound, an observedGeneration other
+// than the lock's, conditions other than the one Held condition in step.
+func validateUserBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, d holdings) field.ErrorList {
+	var errs field.ErrorList
+	o, n := &oldObj.Status, &newObj.Status
 	if m := applyEntries(newObj); m > applyEntries(oldObj) && m > MaxManagedFields {
-		errs = append(errs, deny(field.NewPath("metadata", "managedFields"), RuleBookkeeping, msgManagedFields))
+		errs = append(errs, deny(metadataPath.Child("managedFields"), RuleBookkeeping, msgManagedFields))
 	}
 	if n.ObservedGeneration != o.ObservedGeneration && n.ObservedGeneration != newObj.Generation {
 		errs = append(errs, deny(statusPath.Child("observedGeneration"), RuleBookkeeping, msgObservedGeneration))
@@ -97,6 +96,15 @@ func validateBookkeeping(oldObj, newObj *locksv1alpha1.DistributedLock, d holdin
 		errs = append(errs, deny(conditionsPath, RuleBookkeeping, msgConditionsInStep))
 	}
 	return errs
+}
+
+// holderCount is the number of holdings in s, exclusive and shared.
+func holderCount(s *locksv1alpha1.DistributedLockStatus) int32 {
+	n := int32(len(s.SharedHolders))
+	if s.Holder != nil {
+		n++
+	}
+	return n
 }
 
 // heldInStep reports whether conditions are exactly the one Held condition a
@@ -124,70 +132,13 @@ func printable(s string) bool {
 // validateTimes checks every decoded time in status as Go will write it back
 // (in UTC): it must match the CRD's pattern, or every later write of the lock
 // by a Go client fails. A year-0 time with a positive offset parses but
-// marshals as year -1 (issue 13, class 1).
+// marshals as year -1.
 func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
 	b, err := json.Marshal(map[string]any{"status": s})
 	if err != nil {
 		return field.ErrorList{field.InternalError(statusPath, err)}
 	}
 	return ValidateRawStatusTimes(b)
-}
-
-// addedWaiters are the entries of n that o does not have, by requestID.
-func addedWaiters(o, n *locksv1alpha1.DistributedLockStatus) []int {
-	old := make(map[string]bool, len(o.Waiters))
-	for _, w := range o.Waiters {
-		old[w.RequestID] = true
-	}
-	var added []int
-	for i, w := range n.Waiters {
-		if !old[w.RequestID] {
-			added = append(added, i)
-		}
-	}
-	return added
-}
-
-// validateJoin bounds what one write may add to the queue: one entry, within
-// the user's and the pod's share, with a bounded wait, carrying the writer's
-// pod, never on a lock being deleted (issue 13, classes 3 and 7).
-func validateJoin(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.ErrorList {
-	o, n := &oldObj.Status, &newObj.Status
-	added := addedWaiters(o, n)
-	if len(added) == 0 {
-		return nil
-	}
-	var errs field.ErrorList
-	if oldObj.DeletionTimestamp != nil {
-		errs = append(errs, deny(waitersPath, RuleTerminating, msgTerminating))
-	}
-	if len(added) > 1 {
-		errs = append(errs, deny(waitersPath, RuleQueue, msgOneWaiterPerWrite))
-	}
-	_, podUID := a.pod()
-	mine, minePod := 0, 0
-	for _, w := range n.Waiters {
-		if w.User == a.Username {
-			mine++
-			if podUID != "" && w.PodUID == podUID {
-				minePod++
-			}
-		}
-	}
-	if mine > newObj.MaxWaitersPerUser() {
-		errs = append(errs, deny(waitersPath, RuleQueue, msgWaitersPerUser))
-	}
-	if minePod > 1 {
-		errs = append(errs, deny(waitersPath, RuleQueue, msgWaitersPerPod))
-	}
-	for _, i := range added {
-		w, p := n.Waiters[i], waitersPath.Index(i)
-		if d := w.Deadline.Sub(w.EnqueueTime.Time); d <= 0 || d > newObj.MaxWait() {
-			errs = append(errs, deny(p.Child("deadline"), RuleWaitBound, msgWaitBound))
-		}
-		errs = append(errs, validatePodFields(p, "waiter", w.PodName, w.PodUID, a)...)
-	}
-	return errs
 }
 
 var (

@@ -1,9 +1,10 @@
-package webhook
+package rules
 
 import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -69,7 +70,7 @@ func expectRules(t *testing.T, errs field.ErrorList, want ...Rule) {
 	t.Helper()
 	var got []Rule
 	for _, e := range errs {
-		got = append(got, ruleOf(e))
+		got = append(got, RuleOf(e))
 	}
 	if len(want) == 0 {
 		want = nil
@@ -88,15 +89,16 @@ func rulesStrings(rs []Rule) []string {
 }
 
 func TestValidateCreate(t *testing.T) {
-	user := MetaActor{Actor: Actor{Username: alice}}
-	admin := MetaActor{Actor: Actor{Username: "admin"}, CanUpdate: true}
-	operator := MetaActor{Actor: Actor{Username: "op", CanForceRelease: true}}
+	user := Actor{Username: alice}
+	admin := Actor{Username: "admin", Authorizer: allow(UpdateVerb)}
+	operator := Actor{Username: "op", Authorizer: allow(locksv1alpha1.ForceReleaseVerb)}
 	cases := []struct {
-		name   string
-		lock   *locksv1alpha1.DistributedLock
-		actor  MetaActor
-		checks MetaChecks
-		want   []Rule
+		name  string
+		lock  *locksv1alpha1.DistributedLock
+		actor Actor
+		// asks are the verbs the rules ask about, in order: only what the lock sets.
+		asks []string
+		want []Rule
 	}{
 		{name: "auto-created lock by a lock user", lock: autoCreated(), actor: user},
 		{name: "spec left out by a lock user", lock: free(), actor: user},
@@ -106,56 +108,57 @@ func TestValidateCreate(t *testing.T) {
 		}), actor: user},
 		{name: "lease 3600 by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
 			l.Spec.LeaseDurationSeconds, l.Spec.MaxLeaseDurationSeconds = 3600, 3600
-		}), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		}), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
 		{name: "maxWaiters 0 by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr(0) }),
-			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+			actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
 		{name: "hand-off 3600 by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) { l.Spec.HandoffTimeoutSeconds = 3600 }),
-			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
-		{name: "finalizer by a lock user", lock: with(autoCreated(), finalize(finalizer)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+			actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
+		{name: "finalizer by a lock user", lock: with(autoCreated(), finalize(finalizer)), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
 		{name: "an RWMutex by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) { l.Spec.Type = locksv1alpha1.RWMutex }),
-			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+			actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
 		{name: "a Semaphore by a lock user", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
 			l.Spec.Type, l.Spec.Permits = locksv1alpha1.Semaphore, ptr(3)
-		}), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+		}), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
 		{name: "a Semaphore by an administrator", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
 			l.Spec.Type, l.Spec.Permits = locksv1alpha1.Semaphore, ptr(3)
-		}), actor: admin, checks: MetaChecks{Update: true}},
+		}), actor: admin, asks: []string{UpdateVerb}},
 		{name: "force-delete annotation by a lock user", lock: with(autoCreated(), annotate("true")), actor: user,
-			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleForceDelete, RuleCreate}},
+			asks: []string{locksv1alpha1.ForceReleaseVerb, UpdateVerb}, want: []Rule{RuleForceDelete, RuleCreate}},
 		{name: "16 labels and 16 annotations by a lock user", lock: with(autoCreated(), bulk(16, 16, 0)), actor: user},
-		{name: "17 labels by a lock user (red team)", lock: with(autoCreated(), bulk(17, 0, 0)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
-		{name: "17 annotations by a lock user (red team)", lock: with(autoCreated(), bulk(0, 17, 0)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
-		{name: "two managedFields entries by a lock user (red team)", lock: with(autoCreated(), bulk(0, 0, 2)), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
-		{name: "an ownerReference by a lock user (red team)", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) {
+		{name: "17 labels by a lock user", lock: with(autoCreated(), bulk(17, 0, 0)), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
+		{name: "17 annotations by a lock user", lock: with(autoCreated(), bulk(0, 17, 0)), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
+		{name: "two managedFields entries by a lock user", lock: with(autoCreated(), bulk(0, 0, 2)), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
+		{name: "an ownerReference by a lock user", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) {
 			l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "u1"}}
-		}), actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
-		{name: "bulk metadata by an administrator", lock: with(autoCreated(), bulk(100, 100, 3)), actor: admin, checks: MetaChecks{Update: true}},
+		}), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
+		{name: "bulk metadata by an administrator", lock: with(autoCreated(), bulk(100, 100, 3)), actor: admin, asks: []string{UpdateVerb}},
 		{name: "any spec and a finalizer by an administrator", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
 			l.Spec.LeaseDurationSeconds, l.Spec.MaxWaiters, l.Finalizers = 3600, ptr(0), []string{finalizer}
-		}), actor: admin, checks: MetaChecks{Update: true}},
+		}), actor: admin, asks: []string{UpdateVerb}},
 		{name: "force-delete annotation by an administrator without force-release", lock: with(autoCreated(), annotate("true")), actor: admin,
-			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleForceDelete}},
+			asks: []string{locksv1alpha1.ForceReleaseVerb, UpdateVerb}, want: []Rule{RuleForceDelete}},
 		{name: "force-delete annotation by an operator without update", lock: with(autoCreated(), annotate("true")), actor: operator,
-			checks: MetaChecks{ForceRelease: true, Update: true}, want: []Rule{RuleCreate}},
+			asks: []string{locksv1alpha1.ForceReleaseVerb, UpdateVerb}, want: []Rule{RuleCreate}},
 		{name: "force-delete annotation by an operator with update", lock: with(autoCreated(), annotate("true")),
-			actor: MetaActor{Actor: operator.Actor, CanUpdate: true}, checks: MetaChecks{ForceRelease: true, Update: true}},
+			actor: Actor{Username: "op", Authorizer: allow(locksv1alpha1.ForceReleaseVerb, UpdateVerb)}, asks: []string{locksv1alpha1.ForceReleaseVerb, UpdateVerb}},
 		// Only a client's create on first use carries the auto-created label.
 		{name: "the auto-created label on maxWaiters 0 by an administrator", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr(0) }),
-			actor: admin, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate}},
+			actor: admin, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
 		{name: "the auto-created label on an RWMutex by a lock user", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) { l.Spec.Type = locksv1alpha1.RWMutex }),
-			actor: user, checks: MetaChecks{Update: true}, want: []Rule{RuleCreate, RuleCreate}},
+			actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate, RuleCreate}},
 		{name: "the auto-created label with a finalizer by an administrator", lock: with(autoCreated(), finalize(finalizer)),
-			actor: admin, checks: MetaChecks{Update: true}},
+			actor: admin, asks: []string{UpdateVerb}},
 		{name: "the auto-created label false on maxWaiters 0 by an administrator", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) {
 			l.Labels[locksv1alpha1.AutoCreatedLabel], l.Spec.MaxWaiters = "false", ptr(0)
-		}), actor: admin, checks: MetaChecks{Update: true}},
+		}), actor: admin, asks: []string{UpdateVerb}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := CreateChecks(tc.lock); got != tc.checks {
-				t.Fatalf("CreateChecks = %+v, want %+v", got, tc.checks)
+			a, r := recording(tc.actor)
+			expectRules(t, ValidateCreate(tc.lock, a), tc.want...)
+			if !slices.Equal(r.asked, tc.asks) {
+				t.Fatalf("asked about %v, want %v", r.asked, tc.asks)
 			}
-			expectRules(t, ValidateCreate(tc.lock, tc.actor), tc.want...)
 		})
 	}
 }
@@ -179,7 +182,7 @@ func bulk(labels, annotations, managers int) func(*locksv1alpha1.DistributedLock
 func TestCreateMessageNamesBulkMetadata(t *testing.T) {
 	l := with(autoCreated(), bulk(17, 18, 2))
 	l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "u1"}}
-	errs := ValidateCreate(l, MetaActor{Actor: Actor{Username: alice}})
+	errs := ValidateCreate(l, Actor{Username: alice})
 	want := `; lock l sets metadata.ownerReferences, metadata.labels (17, at most 16), metadata.annotations (18, at most 16), metadata.managedFields (2, at most 1)`
 	if len(errs) != 1 || !strings.HasSuffix(errs[0].Detail, want) {
 		t.Fatalf("got %v\nwant suffix %s", errs.ToAggregate(), want)
@@ -192,7 +195,7 @@ func TestCreateMessageNamesWhatIsNotDefault(t *testing.T) {
 		l.Finalizers = []string{finalizer}
 		annotate("true")(l)
 	})
-	errs := ValidateCreate(l, MetaActor{Actor: Actor{Username: alice}})
+	errs := ValidateCreate(l, Actor{Username: alice})
 	want := `[kubelock:create] user "alice" may create a lock only with the default spec, no finalizers and no locks.kubelock.io/force-delete annotation ` +
 		`(anything else needs the "update" verb on distributedlocks.locks.kubelock.io in namespace ns); lock l sets ` +
 		`spec.leaseDurationSeconds=3600 (default 30), spec.maxWaiters=0 (default 128), spec.handoffTimeoutSeconds=3600 (default 10), ` +
@@ -208,40 +211,41 @@ func TestCreateMessageNamesWhatIsNotDefault(t *testing.T) {
 }
 
 func TestValidateMetadataUpdate(t *testing.T) {
-	mallory := MetaActor{Actor: Actor{Username: "mallory"}}
-	operator := MetaActor{Actor: Actor{Username: "op", CanForceRelease: true}}
+	mallory := Actor{Username: "mallory"}
+	operator := Actor{Username: "op", Authorizer: allow(locksv1alpha1.ForceReleaseVerb)}
 	heldFinalized := func() *locksv1alpha1.DistributedLock { return with(heldBy(alice), finalize(finalizer, "other/f")) }
 	cases := []struct {
 		name    string
 		old     *locksv1alpha1.DistributedLock
 		edit    func(*locksv1alpha1.DistributedLock)
-		actor   MetaActor
+		actor   Actor
 		changed bool
-		checks  MetaChecks
-		want    []Rule
+		// asks are the verbs the rules ask about: only what the write changes.
+		asks []string
+		want []Rule
 	}{
 		{name: "spec edit", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Spec.LeaseDurationSeconds = 60 }, actor: mallory},
 		{name: "other annotation", old: heldBy(alice), edit: func(l *locksv1alpha1.DistributedLock) { l.Annotations = map[string]string{"x": "y"} }, actor: mallory},
 		{name: "add force-delete to a held lock", old: heldBy(alice), edit: annotate("true"), actor: mallory,
-			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete}},
+			changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}, want: []Rule{RuleForceDelete}},
 		{name: "add force-delete to a free lock", old: free(), edit: annotate("true"), actor: mallory,
-			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete}},
+			changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}, want: []Rule{RuleForceDelete}},
 		{name: "change force-delete", old: with(heldBy(alice), annotate("false")), edit: annotate("true"), actor: mallory,
-			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete}},
+			changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}, want: []Rule{RuleForceDelete}},
 		{name: "add force-delete with the verb", old: heldBy(alice), edit: annotate("true"), actor: operator,
-			changed: true, checks: MetaChecks{ForceRelease: true}},
+			changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}},
 		{name: "remove force-delete", old: with(heldBy(alice), annotate("true")), edit: func(l *locksv1alpha1.DistributedLock) { delete(l.Annotations, forceKey) },
 			actor: mallory, changed: true},
 		{name: "remove a finalizer of a held lock", old: heldFinalized(), edit: finalize("other/f"), actor: mallory,
-			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleHeldDelete}},
+			changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}, want: []Rule{RuleHeldDelete}},
 		{name: "remove all finalizers of a held lock", old: heldFinalized(), edit: finalize(), actor: mallory,
-			changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleHeldDelete}},
+			changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}, want: []Rule{RuleHeldDelete}},
 		{name: "remove a finalizer of a held lock and add force-delete", old: heldFinalized(), edit: func(l *locksv1alpha1.DistributedLock) {
 			finalize()(l)
 			annotate("true")(l)
-		}, actor: mallory, changed: true, checks: MetaChecks{ForceRelease: true}, want: []Rule{RuleForceDelete, RuleHeldDelete}},
+		}, actor: mallory, changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}, want: []Rule{RuleForceDelete, RuleHeldDelete}},
 		{name: "remove a finalizer of a held lock with the verb", old: heldFinalized(), edit: finalize(), actor: operator,
-			changed: true, checks: MetaChecks{ForceRelease: true}},
+			changed: true, asks: []string{locksv1alpha1.ForceReleaseVerb}},
 		{name: "remove a finalizer of a held lock marked for forced deletion", old: with(heldFinalized(), annotate("true")), edit: finalize(),
 			actor: mallory, changed: true},
 		{name: "remove a finalizer of a free lock", old: with(free(), finalize(finalizer)), edit: finalize(), actor: mallory, changed: true},
@@ -249,7 +253,7 @@ func TestValidateMetadataUpdate(t *testing.T) {
 		{name: "reorder finalizers of a held lock", old: heldFinalized(), edit: finalize("other/f", finalizer), actor: mallory, changed: true},
 		{name: "add the auto-created label", old: defaulted(free()), edit: label("true"), actor: mallory, changed: true, want: []Rule{RuleCreate}},
 		{name: "add the auto-created label with every verb", old: defaulted(free()), edit: label("true"),
-			actor: MetaActor{Actor: operator.Actor, CanUpdate: true}, changed: true, want: []Rule{RuleCreate}},
+			actor: Actor{Username: "op", Authorizer: allow(locksv1alpha1.ForceReleaseVerb, UpdateVerb)}, changed: true, want: []Rule{RuleCreate}},
 		{name: "turn the auto-created label from false to true", old: with(defaulted(free()), label("false")), edit: label("true"), actor: mallory,
 			changed: true, want: []Rule{RuleCreate}},
 		{name: "remove the auto-created label", old: autoCreated(), edit: func(l *locksv1alpha1.DistributedLock) { delete(l.Labels, locksv1alpha1.AutoCreatedLabel) },
@@ -263,17 +267,18 @@ func TestValidateMetadataUpdate(t *testing.T) {
 			if got := MetadataChanged(tc.old, next); got != tc.changed {
 				t.Fatalf("MetadataChanged = %v, want %v", got, tc.changed)
 			}
-			if got := UpdateChecks(tc.old, next); got != tc.checks {
-				t.Fatalf("UpdateChecks = %+v, want %+v", got, tc.checks)
+			a, r := recording(tc.actor)
+			expectRules(t, ValidateMetadataUpdate(tc.old, next, a), tc.want...)
+			if !slices.Equal(r.asked, tc.asks) {
+				t.Fatalf("asked about %v, want %v", r.asked, tc.asks)
 			}
-			expectRules(t, ValidateMetadataUpdate(tc.old, next, tc.actor), tc.want...)
 		})
 	}
 }
 
 func TestHeldFinalizerMessage(t *testing.T) {
 	old := with(heldBy(alice), finalize(finalizer))
-	errs := ValidateMetadataUpdate(old, with(old.DeepCopy(), finalize()), MetaActor{Actor: Actor{Username: "mallory"}})
+	errs := ValidateMetadataUpdate(old, with(old.DeepCopy(), finalize()), Actor{Username: "mallory"})
 	want := `[kubelock:held-delete] lock l is held by alice (lease lease-a); removing its finalizers example.com/keep is a delete: ` +
 		`release it first, or annotate it locks.kubelock.io/force-delete=true, or use an account with the "force-release" verb`
 	if len(errs) != 1 || errs[0].Detail != want {
@@ -308,7 +313,7 @@ func TestSpecDefaultsMatchCRD(t *testing.T) {
 			case !ok && p.Default == nil:
 				// No default: set means not default, in both engines.
 			case !ok:
-				t.Errorf("%s: spec.%s is not in specDefaults (webhook/metadata.go) nor in the policy's specDefaults", v.Name, name)
+				t.Errorf("%s: spec.%s is not in specDefaults (rules/metadata.go) nor in the policy's specDefaults", v.Name, name)
 			case p.Default == nil || string(p.Default.Raw) != want:
 				t.Errorf("%s: spec.%s defaults to %v in the CRD, %s in specDefaults", v.Name, name, p.Default, want)
 			}
@@ -378,5 +383,43 @@ func TestMatchConditionsAgree(t *testing.T) {
 	}
 	if w, p := norm(webhook[0].Expression), norm(vap.Spec.MatchConditions[0].Expression); w != p {
 		t.Fatalf("webhook matchCondition\n%s\npolicy\n%s", w, p)
+	}
+}
+
+func TestValidateDelete(t *testing.T) {
+	forced := heldBy(alice)
+	forced.Annotations = map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}
+	cases := []struct {
+		name  string
+		lock  *locksv1alpha1.DistributedLock
+		actor Actor
+		deny  bool
+	}{
+		{name: "free lock", lock: free(), actor: Actor{Username: bob}},
+		{name: "held lock", lock: heldBy(alice), actor: Actor{Username: alice}, deny: true},
+		{name: "held lock with the annotation", lock: forced, actor: Actor{Username: bob}},
+		{name: "held lock with the force-release verb", lock: heldBy(alice), actor: Actor{Username: bob, Authorizer: allow(locksv1alpha1.ForceReleaseVerb)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := ValidateDelete(tc.lock, tc.actor)
+			if got := len(errs) > 0; got != tc.deny {
+				t.Fatalf("denied = %v (%v), want %v", got, errs.ToAggregate(), tc.deny)
+			}
+			if tc.deny && !strings.Contains(errs.ToAggregate().Error(), "[kubelock:held-delete]") {
+				t.Fatalf("message %v lacks the rule", errs.ToAggregate())
+			}
+		})
+	}
+}
+
+func TestValidateDeleteOfSharedLock(t *testing.T) {
+	l := reading(typed(locksv1alpha1.Semaphore, 3), alice, bob)
+	errs := ValidateDelete(l, Actor{Username: carol})
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "[kubelock:held-delete] lock l is held by alice (lease lease-alice)") {
+		t.Fatalf("got %v", errs.ToAggregate())
+	}
+	if errs := ValidateDelete(l, Actor{Username: carol, Authorizer: allow(locksv1alpha1.ForceReleaseVerb)}); len(errs) > 0 {
+		t.Fatalf("force-release denied: %v", errs.ToAggregate())
 	}
 }
