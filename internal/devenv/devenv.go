@@ -207,9 +207,9 @@ func (e *env) clusterOptions() localcluster.Options {
 		APIServerPorts: []int{o.APIServerPort},
 		APIServerArgs:  []string{"--profiling=false"},
 		// A pod's deletion deletes what it owned and a ResourceQuota counts sessions.
-		ControllerManager: true,
-		StartTimeout:      o.StartTimeout,
-		Progress:          e.progress,
+		StartControllerManager: true,
+		StartTimeout:           o.StartTimeout,
+		Progress:               e.progress,
 	}
 	if e.node != nil {
 		co.NodeIP = e.node.IP

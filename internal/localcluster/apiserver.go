@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"github.com/kubelock/kubelock/internal/pki"
 	"github.com/kubelock/kubelock/internal/proc"
 )
 
@@ -29,10 +30,9 @@ type APIServer struct {
 	URL  string
 }
 
-// newAPIServer lays out apiserver i of o (named kube-apiserver when alone,
-// else kube-apiserver0, kube-apiserver1...) with its serving certificate.
-func (c *Cluster) newAPIServer(i int) (*APIServer, error) {
-	o := &c.o
+// newAPIServer lays out apiserver i of o: named kube-apiserver when alone,
+// else kube-apiserver0, kube-apiserver1..., on its port of o or a free one.
+func newAPIServer(o *Options, i int) (*APIServer, error) {
 	name := "kube-apiserver"
 	if o.APIServers > 1 {
 		name = fmt.Sprintf("kube-apiserver%d", i)
@@ -46,41 +46,27 @@ func (c *Cluster) newAPIServer(i int) (*APIServer, error) {
 			return nil, err
 		}
 	}
-	a := &APIServer{
+	return &APIServer{
 		Component: &Component{Name: name, Path: filepath.Join(o.AssetsDir, "kube-apiserver"), LogPath: filepath.Join(o.LogDir, name+".log"),
 			Readiness: "ready", StartTimeout: o.StartTimeout},
 		Port: port,
 		URL:  fmt.Sprintf("https://127.0.0.1:%d", port),
-	}
-	a.Ready = c.readyz(a.URL)
-	return a, nil
+	}, nil
 }
 
-// apiserverFlags are every apiserver's flags but its own port and certificate.
-func (c *Cluster) apiserverFlags() ([]string, error) {
-	o := &c.o
-	saKey, err := serviceAccountKey(c.pkiDir)
-	if err != nil {
-		return nil, err
-	}
-	webhookClient := filepath.Join(c.pkiDir, "webhook-client")
-	wca, err := loadOrCreateCA(webhookClient, o.Name+"-webhook-client-ca", o.Persist)
-	if err != nil {
-		return nil, err
-	}
-	admission, err := wca.WebhookClientConfig(webhookClient)
-	if err != nil {
-		return nil, err
-	}
-	c.WebhookClientCA, c.WebhookClientCAFile = wca.PEM, filepath.Join(webhookClient, "ca.crt")
+// apiserverFlags are the flags every apiserver of the cluster shares: its
+// etcd, the CA, the service accounts' key and issuer, the admission
+// configuration that presents webhookClient's certificate to webhooks, and
+// the options' aggregation layer and node.
+func apiserverFlags(o *Options, auth *authority, etcd *Etcd, saKey, issuer, admission string) ([]string, error) {
 	authz := "RBAC"
 	if o.NodeIP != "" {
 		authz = "Node,RBAC"
 	}
 	f := []string{
-		"--etcd-servers=" + strings.Join(c.Etcd.Endpoints(), ","),
-		"--client-ca-file=" + c.CAFile(),
-		"--service-account-issuer=" + c.URL(),
+		"--etcd-servers=" + strings.Join(etcd.Endpoints(), ","),
+		"--client-ca-file=" + auth.caFile(),
+		"--service-account-issuer=" + issuer,
 		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=" + ServiceCIDR,
 		"--authorization-mode=" + authz,
@@ -92,14 +78,14 @@ func (c *Cluster) apiserverFlags() ([]string, error) {
 		f = append(f, "--endpoint-reconciler-type=none")
 	}
 	if o.Aggregation {
-		agg, err := frontProxyFlags(filepath.Join(c.pkiDir, "front-proxy"), o.Name+"-front-proxy-ca")
+		agg, err := frontProxyFlags(filepath.Join(auth.dir, "front-proxy"), o.Name+"-front-proxy-ca")
 		if err != nil {
 			return nil, err
 		}
 		f = append(f, agg...)
 	}
 	if o.NodeIP != "" {
-		kubelet, err := c.kubeletClientFlags()
+		kubelet, err := kubeletClientFlags(auth, o.NodeIP)
 		if err != nil {
 			return nil, err
 		}
@@ -108,33 +94,46 @@ func (c *Cluster) apiserverFlags() ([]string, error) {
 	return f, nil
 }
 
+// webhookClientAuth is the CA of the client certificate the apiservers
+// present to admission webhooks, kept in dir, and the
+// --admission-control-config-file that presents it.
+func webhookClientAuth(dir, name string, reuse bool) (*pki.CA, string, error) {
+	ca, err := loadOrCreateCA(dir, name, reuse)
+	if err != nil {
+		return nil, "", err
+	}
+	admission, err := ca.WebhookClientConfig(dir)
+	return ca, admission, err
+}
+
 // kubeletClientFlags let the apiserver reach the node's kubelet (logs, exec)
 // as system:masters, by a client certificate the kubelet authenticates.
-func (c *Cluster) kubeletClientFlags() ([]string, error) {
-	crt, key, err := c.CA.Client("kube-apiserver-kubelet-client", "system:masters")
+func kubeletClientFlags(auth *authority, nodeIP string) ([]string, error) {
+	crt, key, err := auth.ca.Client("kube-apiserver-kubelet-client", "system:masters")
 	if err != nil {
 		return nil, err
 	}
-	crtPath, keyPath, err := writePair(c.pkiDir, "apiserver-kubelet-client.crt", "apiserver-kubelet-client.key", crt, key)
+	crtPath, keyPath, err := writePair(auth.dir, "apiserver-kubelet-client.crt", "apiserver-kubelet-client.key", crt, key)
 	if err != nil {
 		return nil, err
 	}
-	return []string{"--advertise-address=" + c.o.NodeIP,
+	return []string{"--advertise-address=" + nodeIP,
 		"--kubelet-client-certificate=" + crtPath, "--kubelet-client-key=" + keyPath,
 		"--kubelet-preferred-address-types=InternalIP"}, nil
 }
 
 // configure writes the apiserver's serving certificate and sets its command
-// line: common are the cluster's flags.
-func (a *APIServer) configure(c *Cluster, common []string) error {
+// line (common are the cluster's flags) and its readiness check, made as
+// admin.
+func (a *APIServer) configure(o *Options, auth *authority, common []string, admin *rest.Config) error {
 	// With a node, pods reach the apiserver through the kubernetes Service
 	// (ServiceIP, forwarded to the node IP), so it listens there too.
 	bind, hosts := "127.0.0.1", []string(nil)
-	if ip := c.o.NodeIP; ip != "" {
-		bind, hosts = "0.0.0.0", []string{ServiceIP, ip, "kubernetes.default.svc"}
+	if o.NodeIP != "" {
+		bind, hosts = "0.0.0.0", []string{ServiceIP, o.NodeIP, "kubernetes.default.svc"}
 	}
-	certDir := filepath.Join(c.pkiDir, a.Name)
-	crt, key, err := c.WriteServingCert(certDir, "kube-apiserver", hosts...)
+	certDir := filepath.Join(auth.dir, a.Name)
+	crt, key, err := auth.servingCert(certDir, "kube-apiserver", hosts...)
 	if err != nil {
 		return err
 	}
@@ -144,15 +143,16 @@ func (a *APIServer) configure(c *Cluster, common []string) error {
 		"--tls-cert-file=" + crt, "--tls-private-key-file=" + key,
 		"--cert-dir=" + certDir,
 	}
-	a.Args = withFlags(append(own, common...), c.o.APIServerArgs)
+	a.Args = withFlags(append(own, common...), o.APIServerArgs)
+	a.Ready = readyz(a.URL, admin)
 	return nil
 }
 
-// readyz is an apiserver's readiness check at url: /readyz as the
-// administrator (etcd and the post-start hooks included).
-func (c *Cluster) readyz(url string) func(context.Context) error {
+// readyz is an apiserver's readiness check at url: /readyz as admin (etcd
+// and the post-start hooks included).
+func readyz(url string, admin *rest.Config) func(context.Context) error {
 	return func(ctx context.Context) error {
-		tlsCfg, err := rest.TLSConfigFor(c.admin)
+		tlsCfg, err := rest.TLSConfigFor(admin)
 		if err != nil {
 			return err
 		}

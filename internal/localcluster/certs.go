@@ -102,6 +102,46 @@ func frontProxyFlags(dir, name string) ([]string, error) {
 	}, nil
 }
 
+// authority is the cluster's pki folder and its CA, which signs every
+// serving certificate and every user's client certificate.
+type authority struct {
+	dir string
+	ca  *pki.CA
+}
+
+// caFile holds the CA's certificate.
+func (a *authority) caFile() string { return filepath.Join(a.dir, "ca.crt") }
+
+// userConfig is a connection to host as user in groups.
+func (a *authority) userConfig(host, user string, groups ...string) (*rest.Config, error) {
+	crt, key, err := a.ca.Client(user, groups...)
+	if err != nil {
+		return nil, err
+	}
+	return &rest.Config{Host: host, TLSClientConfig: rest.TLSClientConfig{CAData: a.ca.PEM, CertData: crt, KeyData: key}}, nil
+}
+
+// kubeconfig writes a kubeconfig of user in groups for host as file in the
+// pki folder and returns its path.
+func (a *authority) kubeconfig(host, file, user string, groups ...string) (string, error) {
+	cfg, err := a.userConfig(host, user, groups...)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(a.dir, file)
+	return path, writeKubeconfig(path, cfg)
+}
+
+// servingCert writes a serving certificate for 127.0.0.1, localhost and
+// hosts as dir/tls.crt and dir/tls.key and returns their paths.
+func (a *authority) servingCert(dir, name string, hosts ...string) (crtPath, keyPath string, err error) {
+	crt, key, err := a.ca.Serving(name, hosts...)
+	if err != nil {
+		return "", "", err
+	}
+	return writePair(dir, "tls.crt", "tls.key", crt, key)
+}
+
 // writeKubeconfig writes cfg (a client certificate's connection) as a
 // kubeconfig file.
 func writeKubeconfig(path string, cfg *rest.Config) error {

@@ -30,7 +30,7 @@ func TestCluster(t *testing.T) {
 	c, err := localcluster.Start(ctx, localcluster.Options{
 		Name: "localcluster-test", Dir: dir, AssetsDir: localcluster.AssetsDir(filepath.Join("..", "..")),
 		EtcdMembers: 3, EtcdArgs: []string{"--max-request-bytes=131072"},
-		APIServers: 2, Aggregation: true, ControllerManager: true,
+		APIServers: 2, Aggregation: true, StartControllerManager: true,
 		StartTimeout: 2 * time.Minute,
 	})
 	if err != nil {

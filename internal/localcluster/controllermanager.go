@@ -25,13 +25,12 @@ type ControllerManager struct {
 	*Component
 }
 
-// newControllerManager lays it out: connected as
+// newControllerManager lays it out: connected to host as
 // system:kube-controller-manager in system:masters (the garbage collector
-// deletes anything), ready once /healthz, on a free port of 127.0.0.1,
-// lists each of Controllers as ok.
-func (c *Cluster) newControllerManager(saKey string) (*ControllerManager, error) {
-	o := &c.o
-	kubeconfig, err := c.Kubeconfig("kube-controller-manager.kubeconfig", "system:kube-controller-manager", "system:masters")
+// deletes anything), signing with the service accounts' key, ready once
+// /healthz, on a free port of 127.0.0.1, lists each of Controllers as ok.
+func newControllerManager(o *Options, auth *authority, host, saKey string) (*ControllerManager, error) {
+	kubeconfig, err := auth.kubeconfig(host, "kube-controller-manager.kubeconfig", "system:kube-controller-manager", "system:masters")
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +48,7 @@ func (c *Cluster) newControllerManager(saKey string) (*ControllerManager, error)
 	if o.NodeIP != "" {
 		// Deployments, ReplicaSets, Jobs, EndpointSlices, node lifecycle...; pods
 		// get the CA in their service-account volume.
-		f = append(f, "--controllers=*", "--root-ca-file="+c.CAFile())
+		f = append(f, "--controllers=*", "--root-ca-file="+auth.caFile())
 	}
 	url := fmt.Sprintf("https://127.0.0.1:%d/healthz?verbose", port)
 	return &ControllerManager{&Component{

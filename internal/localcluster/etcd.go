@@ -26,11 +26,6 @@ type Member struct {
 	PeerURL   string
 }
 
-// EtcdPorts are a member's client and peer ports.
-type EtcdPorts struct {
-	Client, Peer int
-}
-
 // newEtcd lays out the members of o: named etcd (alone) or etcd0, etcd1...,
 // each with its data in o.Dir/<name>, ports from o.EtcdPorts or free ones.
 func newEtcd(o *Options) (*Etcd, error) {

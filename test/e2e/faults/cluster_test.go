@@ -47,7 +47,7 @@ func startControlPlane(ctx context.Context, dir string) (*controlPlane, error) {
 		EtcdMembers:   3,
 		APIServerArgs: []string{"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"},
 		// Scenarios wait for a restarted member or apiserver under load.
-		ControllerManager: true, StartTimeout: 3 * time.Minute,
+		StartControllerManager: true, StartTimeout: 3 * time.Minute,
 	})
 	if err != nil {
 		return nil, err
