@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -59,7 +60,10 @@ func reservePort(dir string, port int) (bool, error) {
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		_ = f.Close()
-		return false, nil
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return false, nil // held
+		}
+		return false, err
 	}
 	reserved.Lock()
 	reserved.files = append(reserved.files, f)

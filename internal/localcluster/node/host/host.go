@@ -110,17 +110,12 @@ func Claim(node Node, progress func(format string, args ...any)) (*Host, error) 
 
 // cleanUpEarlier restores the host an earlier node recorded and left.
 func (h *Host) cleanUpEarlier() error {
-	data, err := os.ReadFile(StateFile)
-	if err != nil {
-		return nil
-	}
 	var old state
-	if json.Unmarshal(data, &old) != nil {
-		return nil
-	}
-	h.progress("cleaning up the host state an earlier --node run left")
-	if err := old.cleanup(); err != nil {
-		return fmt.Errorf("cleaning up after an earlier --node run: %w", err)
+	if data, err := os.ReadFile(StateFile); err == nil && json.Unmarshal(data, &old) == nil {
+		h.progress("cleaning up the host state an earlier --node run left")
+		if err := old.cleanup(); err != nil {
+			return fmt.Errorf("cleaning up after an earlier --node run: %w", err)
+		}
 	}
 	return nil
 }
