@@ -128,7 +128,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("an exit nobody asked for is a failure", func(t *testing.T) {
 		kcm := c.ControllerManager
-		if err := kcm.Signal(syscall.SIGKILL); err != nil {
+		if err := kcm.Running().Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		select {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"sync"
 	"syscall"
@@ -132,15 +131,6 @@ func (c *Component) Kill() {
 	_ = run.Signal(syscall.SIGKILL)
 	<-run.Done()
 	c.forget(run)
-}
-
-// Signal sends sig to the running process.
-func (c *Component) Signal(sig os.Signal) error {
-	run := c.Running()
-	if run == nil {
-		return fmt.Errorf("%s is not running", c.Name)
-	}
-	return run.Signal(sig)
 }
 
 // Running is the current run, nil when the component is stopped.
