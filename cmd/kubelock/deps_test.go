@@ -9,13 +9,14 @@ import (
 )
 
 // operatorCode are the packages (and everything under them) that kubelock,
-// which ships in sidecar images, must not link: the operator and the local
-// environment (cmd/kubelock-dev) that runs it.
+// which ships in sidecar images, must not link: the operator, the local
+// environment (cmd/kubelock-dev) that runs it and the cluster it starts.
 var operatorCode = []string{
 	"github.com/kubelock/kubelock/controllers",
 	"github.com/kubelock/kubelock/webhook",
 	"github.com/kubelock/kubelock/internal/manager",
 	"github.com/kubelock/kubelock/internal/devenv",
+	"github.com/kubelock/kubelock/internal/localcluster",
 	"github.com/kubelock/kubelock/config", // the embedded manifests
 	"github.com/open-policy-agent/cert-controller",
 	"sigs.k8s.io/controller-runtime/pkg/manager",

@@ -273,7 +273,7 @@ func (e *env) installWebhookConfig(ctx context.Context, c client.Client, file, n
 			p = *cc.Service.Path
 		}
 		url := host + p
-		cc.Service, cc.URL, cc.CABundle = nil, &url, e.ca.PEM
+		cc.Service, cc.URL, cc.CABundle = nil, &url, e.cluster.CA.PEM
 	}
 	u, err := toUnstructured(&vwc)
 	if err != nil {

@@ -1,4 +1,10 @@
-package devenv
+// Package host is what a local node changes on its machine beyond its data
+// folder, claimed before the node starts and restored after it stopped.
+// kubelet, containerd and the CNI plugins use fixed host paths, mounts,
+// cgroups, a bridge, iptables rules and sysctls; the record of what was there
+// before is kept in StateFile while the node runs, so a node that died
+// without cleaning up is cleaned up by the next claim.
+package host
 
 import (
 	"bufio"
@@ -15,15 +21,11 @@ import (
 	"time"
 )
 
-// The host state --node changes beyond its data folder, and how it is put
-// back. kubelet, containerd and the CNI plugins use fixed host paths, mounts,
-// cgroups, a bridge, iptables rules and sysctls; the record of what was there
-// before is kept in hostStateFile while the node runs, so a run that died
-// without cleaning up is cleaned up by the next one.
+// The machine's one node lock and the record of the host as it was.
 const (
-	hostRunDir    = "/run/kubelock-dev"
-	hostLockFile  = hostRunDir + "/node.lock"
-	hostStateFile = hostRunDir + "/node.json"
+	RunDir    = "/run/kubelock-dev"
+	LockFile  = RunDir + "/node.lock"
+	StateFile = RunDir + "/node.json"
 )
 
 // fixedHostPaths are the host paths the node's components write whatever
@@ -41,62 +43,86 @@ var hostSysctls = []string{
 	"net/netfilter/nf_conntrack_tcp_timeout_established", "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
 }
 
-type hostState struct {
+// Node is what the node's own configuration puts on the host.
+type Node struct {
+	// Dir is the node's data folder, removed at the end.
+	Dir string `json:"nodeDir"`
+	// MountRoots: every mount under them is the node's (the kubelet's root,
+	// containerd's folders, netns).
+	MountRoots []string `json:"mountRoots"`
+	// Shim is the shim binary whose processes are the node's (the real path:
+	// a shim's /proc/<pid>/exe is one).
+	Shim string `json:"shim"`
+	// KubeProxy cleans up its rules (kube-proxy --cleanup).
+	KubeProxy string `json:"kubeProxy"`
+	// Bridge is the CNI bridge, deleted at the end.
+	Bridge string `json:"bridge"`
+}
+
+// state is the host as the claim found it, with the node that changes it.
+type state struct {
+	Node
 	// Created are the fixedHostPaths this node created.
 	Created []string `json:"created"`
 	// Sysctls are the values before, by /proc/sys path.
 	Sysctls map[string]string `json:"sysctls"`
-	// MountRoots: every mount under them is the node's (the kubelet's root, containerd's folders, netns).
-	MountRoots []string `json:"mountRoots"`
-	// NodeDir is the data folder's node part, removed at the end; Shim the
-	// shim binary whose processes are the node's; KubeProxy cleans up its rules.
-	NodeDir   string `json:"nodeDir"`
-	Shim      string `json:"shim"`
-	KubeProxy string `json:"kubeProxy"`
 	// Chains are the KUBE-* and CNI-* iptables chains there before, by
 	// command and table: the others, and the rules jumping to them, are the node's.
 	Chains map[string][]string `json:"chains"`
 }
 
-// claimHost takes the machine's one node lock, cleans up after an earlier
-// run that died, and records the host state as it is now.
-func (e *env) claimHost() error {
-	if err := os.MkdirAll(hostRunDir, 0o700); err != nil {
-		return err
+// Host is the machine claimed for one node: Restore puts it back.
+type Host struct {
+	lock     *os.File
+	state    *state
+	progress func(format string, args ...any)
+}
+
+// Claim takes the machine's one node lock, cleans up after an earlier node
+// that died, and records the host as it is now for node. progress, when
+// set, hears what it cleans up.
+func Claim(node Node, progress func(format string, args ...any)) (*Host, error) {
+	if progress == nil {
+		progress = func(string, ...any) {}
 	}
-	f, err := os.OpenFile(hostLockFile, os.O_CREATE|os.O_RDWR, 0o600)
+	if err := os.MkdirAll(RunDir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(LockFile, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		_ = f.Close()
-		return fmt.Errorf("another kubelock-dev --node runs on this machine (it holds %s): one node per machine", hostLockFile)
+		return nil, fmt.Errorf("another kubelock-dev --node runs on this machine (it holds %s): one node per machine", LockFile)
 	}
-	e.hostLock = f
-	if data, err := os.ReadFile(hostStateFile); err == nil {
-		var old hostState
-		if err := json.Unmarshal(data, &old); err == nil {
-			e.progress("cleaning up the host state an earlier --node run left")
-			if err := old.cleanup(); err != nil {
-				return fmt.Errorf("cleaning up after an earlier --node run: %w", err)
-			}
+	h := &Host{lock: f, progress: progress}
+	if err := h.cleanUpEarlier(); err != nil {
+		_ = h.unlock()
+		return nil, err
+	}
+	if h.state, err = record(node); err != nil {
+		_ = h.unlock()
+		return nil, err
+	}
+	return h, nil
+}
+
+// cleanUpEarlier restores the host an earlier node recorded and left.
+func (h *Host) cleanUpEarlier() error {
+	var old state
+	if data, err := os.ReadFile(StateFile); err == nil && json.Unmarshal(data, &old) == nil {
+		h.progress("cleaning up the host state an earlier --node run left")
+		if err := old.cleanup(); err != nil {
+			return fmt.Errorf("cleaning up after an earlier --node run: %w", err)
 		}
 	}
-	// The shims' /proc/<pid>/exe is the real path.
-	abs := func(p string) string {
-		a, _ := filepath.Abs(p)
-		if r, err := filepath.EvalSymlinks(a); err == nil {
-			return r
-		}
-		return a
-	}
-	s := &hostState{
-		Sysctls:    map[string]string{},
-		MountRoots: []string{e.nodeDir(), "/var/lib/kubelet", "/run/containerd", "/run/netns"},
-		NodeDir:    e.nodeDir(),
-		Shim:       abs(filepath.Join(e.o.NodeDir, "containerd-shim-runc-v2")),
-		KubeProxy:  abs(filepath.Join(e.o.AssetsDir, "kube-proxy")),
-	}
+	return nil
+}
+
+// record writes down, in StateFile, the host as it is before node runs.
+func record(node Node) (*state, error) {
+	s := &state{Node: node, Sysctls: map[string]string{}, Chains: map[string][]string{}}
 	for _, p := range fixedHostPaths {
 		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
 			s.Created = append(s.Created, p)
@@ -107,7 +133,6 @@ func (e *env) claimHost() error {
 			s.Sysctls[k] = strings.TrimSpace(string(v))
 		}
 	}
-	s.Chains = map[string][]string{}
 	for _, cmd := range iptablesCmds {
 		for _, table := range iptablesTables {
 			if out, err := exec.Command(cmd+"-save", "-t", table).Output(); err == nil {
@@ -118,44 +143,49 @@ func (e *env) claimHost() error {
 	}
 	data, err := json.Marshal(s)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	e.host = s
-	return writeFile(hostStateFile, data)
+	return s, os.WriteFile(StateFile, data, 0o600)
 }
 
-// releaseHost puts the host back as claimHost found it (the node's processes
-// have stopped) and frees the node lock.
-func (e *env) releaseHost() error {
-	if e.hostLock == nil {
+// Restore puts the host back as Claim found it (the node's processes have
+// stopped) and frees the node lock.
+func (h *Host) Restore() error {
+	if h.lock == nil {
 		return nil
 	}
-	var err error
-	if e.host != nil {
-		if err = e.host.cleanup(); err == nil {
-			err = os.Remove(hostStateFile)
-		}
-	}
-	_ = os.Remove(hostLockFile)
-	_ = e.hostLock.Close()    // and with it the lock
-	_ = os.Remove(hostRunDir) // when empty
-	e.hostLock = nil
+	err := h.state.cleanup()
 	if err == nil {
-		e.progress("host state cleaned up")
+		err = os.Remove(StateFile)
 	}
+	err = errors.Join(err, h.unlock())
+	if err == nil {
+		h.progress("host state cleaned up")
+	}
+	return err
+}
+
+// unlock frees the node lock and the run folder when empty.
+func (h *Host) unlock() error {
+	_ = os.Remove(LockFile)
+	err := h.lock.Close() // and with it the lock
+	_ = os.Remove(RunDir)
+	h.lock = nil
 	return err
 }
 
 // cleanup kills the node's containers and shims, unmounts, removes the pods'
 // cgroups, the bridge, kube-proxy's iptables rules and the paths the node
 // created, and restores the sysctls.
-func (s *hostState) cleanup() error {
+func (s *state) cleanup() error {
 	var errs []error
-	s.killContainers()
+	KillContainers(s.Shim)
 	errs = append(errs, s.unmount())
 	errs = append(errs, removeCgroups("kubepods"))
-	if out, err := exec.Command("ip", "link", "del", bridgeName).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find") {
-		errs = append(errs, fmt.Errorf("deleting bridge %s: %w: %s", bridgeName, err, out))
+	if s.Bridge != "" {
+		if out, err := exec.Command("ip", "link", "del", s.Bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find") {
+			errs = append(errs, fmt.Errorf("deleting bridge %s: %w: %s", s.Bridge, err, out))
+		}
 	}
 	if s.KubeProxy != "" {
 		if out, err := exec.Command(s.KubeProxy, "--cleanup").CombinedOutput(); err != nil {
@@ -170,7 +200,7 @@ func (s *hostState) cleanup() error {
 			}
 		}
 	}
-	for _, p := range append(append([]string(nil), s.Created...), s.NodeDir) {
+	for _, p := range append(append([]string(nil), s.Created...), s.Dir) {
 		if p != "" {
 			errs = append(errs, os.RemoveAll(p))
 		}
@@ -181,16 +211,19 @@ func (s *hostState) cleanup() error {
 	return errors.Join(errs...)
 }
 
-// killContainers kills the containers (they hold mounts and cgroups), then their shims.
-func (s *hostState) killContainers() {
-	for i := 0; i < 50 && s.killAll() > 0; i++ {
+// KillContainers kills the node's containers (they hold mounts and cgroups),
+// then its shims, the processes of shim: after the node's own processes
+// stopped, and before the control plane, whose apiserver would wait for
+// their watches.
+func KillContainers(shim string) {
+	for i := 0; i < 50 && killAll(shim) > 0; i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
 // killAll SIGKILLs the processes in the pods' cgroups and the node's shims
 // and returns how many it found.
-func (s *hostState) killAll() int {
+func killAll(shim string) int {
 	pids := map[int]bool{}
 	for _, dir := range cgroupDirs("kubepods") {
 		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
@@ -205,11 +238,11 @@ func (s *hostState) killAll() int {
 			return nil
 		})
 	}
-	if len(pids) == 0 && s.Shim != "" {
+	if len(pids) == 0 && shim != "" {
 		procs, _ := os.ReadDir("/proc")
 		for _, p := range procs {
 			if pid, err := strconv.Atoi(p.Name()); err == nil {
-				if exe, err := os.Readlink(filepath.Join("/proc", p.Name(), "exe")); err == nil && exe == s.Shim {
+				if exe, err := os.Readlink(filepath.Join("/proc", p.Name(), "exe")); err == nil && exe == shim {
 					pids[pid] = true
 				}
 			}
@@ -222,7 +255,7 @@ func (s *hostState) killAll() int {
 }
 
 // unmount detaches every mount under the node's mount roots, deepest first.
-func (s *hostState) unmount() error {
+func (s *state) unmount() error {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return err
@@ -303,7 +336,7 @@ var (
 // removeChains removes the KUBE-* and CNI-* chains that were not there
 // before (the kubelet's firewall and canaries, what kube-proxy --cleanup
 // leaves) with the rules that jump to them.
-func (s *hostState) removeChains() error {
+func (s *state) removeChains() error {
 	var errs []error
 	for _, cmd := range iptablesCmds {
 		for _, table := range iptablesTables {
