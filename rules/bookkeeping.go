@@ -24,18 +24,20 @@ const (
 	msgConditionsInStep   = "a write that acquires or ends a holding must set status.conditions to exactly one Held condition in step with it (True while any holding remains, False when none does)"
 	msgTime               = "every status.conditions[].lastTransitionTime must be an RFC 3339 time that Go parses, such as 2026-01-02T15:04:05Z"
 	msgMicroTime          = "every MicroTime in status must be an RFC 3339 time with exactly 6 fractional digits, such as 2026-01-02T15:04:05.000000Z"
-	msgManagedFields      = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
+	msgManagedFields      = "a lock user's write may not leave more than 2 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, as large as the status it owns, and they could grow the lock until no acquisition fits in etcd any more"
 )
 
 // MaxManagedFields bounds the server-side apply entries of
 // metadata.managedFields a lock user's write may leave when it adds one. The
 // apiserver keeps at most 10 entries of update operations (merging older
 // ones), but one per apply field manager without bound; each costs up to the
-// size of the status, so a lock user could grow a lock until no acquisition
-// or new waiter fits in etcd any more (releases and expiries shrink it).
-// Update entries are not counted: a lock user who filled the bound must not
-// keep a new client (a new field manager) from its first update.
-const MaxManagedFields = 16
+// size of the status (49 kB at the schema's caps, docs/design.md "Size
+// budget"), so a lock user could grow a lock until no acquisition or new
+// waiter fits in etcd any more (releases and expiries shrink it). kubelock's
+// clients never apply; two entries leave room for a tool that does. Update
+// entries are not counted: a lock user who filled the bound must not keep a
+// new client (a new field manager) from its first update.
+const MaxManagedFields = 2
 
 // applyEntries counts l's managedFields entries of server-side applies.
 func applyEntries(l *locksv1alpha1.DistributedLock) int {

@@ -83,14 +83,14 @@ func TestBookkeepingRules(t *testing.T) {
 		}, actor: Actor{Username: alice}, rule: RuleTimeFormat, msg: msgMicroTime, crd: true},
 
 		// managedFields
-		{name: "a 17th managedFields apply entry", old: managers(heldBy(alice), MaxManagedFields), edit: addManager, actor: Actor{Username: bob}, rule: RuleBookkeeping, msg: msgManagedFields},
-		{name: "a new update entry next to 16 apply entries", old: managers(heldBy(alice), MaxManagedFields), edit: func(l *locksv1alpha1.DistributedLock) {
+		{name: "an apply entry beyond the bound", old: managers(heldBy(alice), MaxManagedFields), edit: addManager, actor: Actor{Username: bob}, rule: RuleBookkeeping, msg: msgManagedFields},
+		{name: "a new update entry next to apply entries at the bound", old: managers(heldBy(alice), MaxManagedFields), edit: func(l *locksv1alpha1.DistributedLock) {
 			renew(l)
 			l.ManagedFields = append(l.ManagedFields, metav1.ManagedFieldsEntry{Manager: "new-program", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status"})
 		}, actor: Actor{Username: alice}},
-		{name: "a 16th managedFields entry", old: managers(heldBy(alice), MaxManagedFields-1), edit: addManager, actor: Actor{Username: bob}},
+		{name: "the last apply entry within the bound", old: managers(heldBy(alice), MaxManagedFields-1), edit: addManager, actor: Actor{Username: bob}},
 		{name: "a write that keeps 20 managedFields entries", old: managers(heldBy(alice), 20), edit: renew, actor: Actor{Username: alice}},
-		{name: "the controller adds a 17th managedFields entry", old: managers(heldBy(alice), MaxManagedFields), edit: addManager, actor: Actor{Username: ctrlr, IsController: true}},
+		{name: "the controller adds an apply entry beyond the bound", old: managers(heldBy(alice), MaxManagedFields), edit: addManager, actor: Actor{Username: ctrlr, IsController: true}},
 	})
 }
 

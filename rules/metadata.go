@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -212,7 +213,25 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 			out = append(out, fmt.Sprintf("metadata.%s (%d, at most %d)", m.what, m.n, limit))
 		}
 	}
+	if n := longestValue(lock.Annotations); n > MaxCreateAnnotationValue {
+		out = append(out, fmt.Sprintf("metadata.annotations (a value of %d characters, at most %d)", n, MaxCreateAnnotationValue))
+	}
 	return out
+}
+
+// MaxCreateAnnotationValue bounds each annotation value of a lock a lock user
+// creates, in characters: pkg/lock writes one, the business key (at most 1,024
+// bytes). Kubernetes bounds only their total, 256 KiB, which stored as JSON
+// (up to 6 bytes a character) could alone fill etcd's request limit.
+const MaxCreateAnnotationValue = 1024
+
+// longestValue is the length in characters of the longest value in m, 0 when empty.
+func longestValue(m map[string]string) int {
+	n := 0
+	for _, v := range m {
+		n = max(n, utf8.RuneCountInString(v))
+	}
+	return n
 }
 
 // nonDefaultSpec lists the spec fields of lock that differ from their

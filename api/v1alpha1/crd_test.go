@@ -305,12 +305,12 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](-1) },
 		want:   "spec.maxWaiters in body should be greater than or equal to 0"}),
 	Entry("spec: maxWaiters above the hard cap", invalidCase{write: create,
-		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](1025) },
-		want:   "spec.maxWaiters in body should be less than or equal to 1024"}),
+		mutate: func(l *locksv1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](locksv1.MaxWaitersLimit + 1) },
+		want:   "spec.maxWaiters in body should be less than or equal to 128"}),
 	Entry("spec: handoff timeout 0", invalidCase{write: create, raw: setSpec("handoffTimeoutSeconds", 0),
 		want: "spec.handoffTimeoutSeconds in body should be greater than or equal to 1"}),
-	Entry("spec: maxWaitersPerUser above the hard cap", invalidCase{write: create, raw: setSpec("maxWaitersPerUser", 1025),
-		want: "spec.maxWaitersPerUser in body should be less than or equal to 1024"}),
+	Entry("spec: maxWaitersPerUser above the hard cap", invalidCase{write: create, raw: setSpec("maxWaitersPerUser", locksv1.MaxWaitersLimit+1),
+		want: "spec.maxWaitersPerUser in body should be less than or equal to 128"}),
 	Entry("spec: negative maxWaitersPerUser", invalidCase{write: create, raw: setSpec("maxWaitersPerUser", -1),
 		want: "spec.maxWaitersPerUser in body should be greater than or equal to 0"}),
 	Entry("spec: maxWaitSeconds 0", invalidCase{write: create, raw: setSpec("maxWaitSeconds", 0),
@@ -393,12 +393,15 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 			l.Status.AppendWaiter(waiter("carol", 6))
 		},
 		want: "status.waiters: Invalid value: the wait queue must not be longer than spec.maxWaiters"}),
-	Entry("status: queue over the hard cap of 1024", invalidCase{setup: free, write: status,
+	Entry("status: a queue grown past its cap of 128", invalidCase{setup: free, write: status,
+		prepare: func(l *locksv1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](locksv1.MaxWaitersLimit) },
+		mutate:  queueOf(locksv1.MaxWaitersLimit + 1),
+		want:    "status.waiters must not grow beyond 128 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB",
+		also:    []string{"status.waiters: Invalid value: the wait queue must not be longer than spec.maxWaiters"}}),
+	Entry("status: a queue over the schema's bound of 1024", invalidCase{setup: free, write: status,
 		mutate: func(l *locksv1.DistributedLock) {
-			for i := range locksv1.MaxWaitersLimit + 1 {
-				l.Status.Waiters = append(l.Status.Waiters, waiter("carol", 10+i))
-			}
-			l.Status.WaiterCount = locksv1.MaxWaitersLimit
+			queueOf(locksv1.StoredListLimit + 1)(l)
+			l.Status.WaiterCount = locksv1.StoredListLimit
 		},
 		want: "status.waiters: Too many: 1025: must have at most 1024 items"}),
 	Entry("status: a requestID queued twice", invalidCase{setup: heldWithWaiters, write: status,
@@ -413,6 +416,11 @@ var _ = DescribeTable("the apiserver rejects an invalid write with its own messa
 			}
 		},
 		want: "status.recentAcquisitions: Too many: 9: must have at most 8 items"}),
+	Entry("status: a condition's message of 257 characters", invalidCase{setup: released, write: status,
+		mutate: func(l *locksv1.DistributedLock) {
+			l.Status.Conditions[0].Message = strings.Repeat("m", locksv1.MaxConditionMessage+1)
+		},
+		want: "a condition's message is at most 256 characters"}),
 	Entry("status: unknown endReason", invalidCase{setup: released, write: status,
 		mutate: func(l *locksv1.DistributedLock) { l.Status.RecentAcquisitions[0].EndReason = "Vanished" },
 		want:   `status.recentAcquisitions[0].endReason: Unsupported value: "Vanished": supported values: "Released", "Expired", "ForceReleased"`}),

@@ -28,14 +28,22 @@ const (
 
 // Bounds shared by the schema, the client and admission. The kubebuilder markers
 // below cannot name constants; TestSchemaMatchesConstants keeps the two in step.
+//
+// A lock is one etcd value, and etcd refuses a request over 1.5 MiB
+// (--max-request-bytes). MaxSharedHolders and MaxWaitersLimit keep the
+// largest lock the schema admits below it, every string at its longest and
+// every character at its costliest once stored (6 bytes, JSON's \u escape),
+// managedFields included: docs/design.md, "Size budget", and the test that
+// builds that lock (test/sizebudget).
 const (
-	// MaxWaitersLimit is the hard cap on status.waiters whatever spec.maxWaiters says.
-	MaxWaitersLimit = 1024
+	// MaxWaitersLimit is the largest spec.maxWaiters, and the length past
+	// which no write may grow status.waiters.
+	MaxWaitersLimit = 128
 	// MaxRecentAcquisitions is how many finished holdings status keeps.
 	MaxRecentAcquisitions = 8
 	// MaxConditions is the CRD bound on status.conditions.
 	MaxConditions = 8
-	// MaxConditionMessage is the longest Held message a lock user may write.
+	// MaxConditionMessage is the longest message of a condition in status.
 	MaxConditionMessage = 256
 	// MaxLeaseDurationSeconds is the longest lease any lock may grant.
 	MaxLeaseDurationSeconds = 3600
@@ -43,7 +51,12 @@ const (
 	MaxWaitSecondsLimit = 86400
 	// MaxSharedHolders bounds status.sharedHolders: an RWMutex's readers, and
 	// the largest spec.permits of a Semaphore.
-	MaxSharedHolders = 1024
+	MaxSharedHolders = 64
+	// StoredListLimit is what earlier releases allowed of status.sharedHolders
+	// and status.waiters (and of slots, and the counts): the schema keeps it,
+	// so that a lock they stored with more than the caps above stays valid,
+	// and refuses only a write that grows a list past its cap.
+	StoredListLimit = 1024
 	// ConditionHeld is the condition type that is True while the lock has a holder.
 	ConditionHeld = "Held"
 )
@@ -139,10 +152,11 @@ type DistributedLockSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.type is immutable; create a new lock instead"
 	Type LockType `json:"type,omitempty"`
 
-	// permits is how many may hold a Semaphore at once. It may grow, never shrink.
+	// permits is how many may hold a Semaphore at once, at most 64. It may
+	// grow, never shrink.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=1024
+	// +kubebuilder:validation:Maximum=64
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="spec.permits may grow but never shrink"
 	Permits *int32 `json:"permits,omitempty"`
 
@@ -160,11 +174,11 @@ type DistributedLockSpec struct {
 	// +kubebuilder:validation:Maximum=3600
 	MaxLeaseDurationSeconds int32 `json:"maxLeaseDurationSeconds,omitempty"`
 
-	// maxWaiters bounds status.waiters; 0 means nobody may wait.
+	// maxWaiters bounds status.waiters, at most 128; 0 means nobody may wait.
 	// +optional
 	// +kubebuilder:default=128
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=1024
+	// +kubebuilder:validation:Maximum=128
 	MaxWaiters *int32 `json:"maxWaiters,omitempty"`
 
 	// handoffTimeoutSeconds is how long the head waiter may take to claim a free lock
@@ -180,7 +194,7 @@ type DistributedLockSpec struct {
 	// +optional
 	// +kubebuilder:default=16
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=1024
+	// +kubebuilder:validation:Maximum=128
 	MaxWaitersPerUser *int32 `json:"maxWaitersPerUser,omitempty"`
 
 	// maxWaitSeconds bounds a waiter's wait: deadline - enqueueTime.
@@ -276,7 +290,8 @@ type SharedHolder struct {
 
 	// slot is the permit this holding occupies, distinct among the shared
 	// holders: in [0, spec.permits) for a Semaphore, so a resource can fence
-	// per permit; in [0, 1024) for an RWMutex's readers.
+	// per permit; in [0, 64) for an RWMutex's readers (earlier releases gave
+	// readers slots up to 1023).
 	// +required
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1023
@@ -415,11 +430,14 @@ type DistributedLockStatus struct {
 	Holder *LockHolder `json:"holder,omitempty"`
 
 	// sharedHolders are an RWMutex's readers or a Semaphore's permits, each with
-	// its own token and slot. Keyed by slot, so slots are distinct.
+	// its own token and slot. Keyed by slot, so slots are distinct. At most
+	// 64; a lock stored with more by an earlier release (which allowed 1024)
+	// may only shrink until it has 64.
 	// +optional
 	// +listType=map
 	// +listMapKey=slot
 	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:XValidation:rule="size(self) <= 64 || (oldSelf.hasValue() && size(self) <= size(oldSelf.value()))",optionalOldSelf=true,message="status.sharedHolders must not grow beyond 64 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB"
 	SharedHolders []SharedHolder `json:"sharedHolders,omitempty"`
 
 	// holderCount is the number of holdings (holder and sharedHolders), kept for
@@ -445,11 +463,14 @@ type DistributedLockStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	Transitions int64 `json:"transitions"`
 
-	// waiters is the FIFO wait queue; index 0 is the head.
+	// waiters is the FIFO wait queue; index 0 is the head. At most 128; a
+	// lock stored with more by an earlier release (which allowed 1024) may
+	// only shrink until it has 128.
 	// +optional
 	// +listType=map
 	// +listMapKey=requestID
 	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:XValidation:rule="size(self) <= 128 || (oldSelf.hasValue() && size(self) <= size(oldSelf.value()))",optionalOldSelf=true,message="status.waiters must not grow beyond 128 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB"
 	Waiters []Waiter `json:"waiters,omitempty"`
 
 	// waiterCount is len(waiters), kept for printer columns.
@@ -471,10 +492,13 @@ type DistributedLockStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// conditions describe the lock; type Held is True while it has a holder.
+	// A message is at most 256 characters (metav1.Condition's own bound,
+	// 32768, would let eight conditions outgrow etcd's request limit).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:XValidation:rule="self.all(c, size(c.message) <= 256)",message="a condition's message is at most 256 characters"
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 

@@ -67,6 +67,26 @@ func waiter(user string, n int) locksv1.Waiter {
 	}
 }
 
+// queueOf is a mutate that queues n waiters of carol.
+func queueOf(n int) func(*locksv1.DistributedLock) {
+	return func(l *locksv1.DistributedLock) {
+		for i := range n {
+			l.Status.AppendWaiter(waiter("carol", 10+i))
+		}
+	}
+}
+
+// readers is a mutate that adds n readers of carol on slots 0..n-1.
+func readers(n int) func(*locksv1.DistributedLock) {
+	return func(l *locksv1.DistributedLock) {
+		token, err := locksv1.NextFencingToken(l.ResourceVersion)
+		Expect(err).NotTo(HaveOccurred())
+		for i := range n {
+			l.AcquireShared(holder("carol", 10+i), int32(i), token)
+		}
+	}
+}
+
 // acquire makes h the holder of l with the token the design prescribes
 // (resourceVersion + 1) and writes it through c.
 func acquire(ctx context.Context, c client.Client, l *locksv1.DistributedLock, h locksv1.LockHolder) {

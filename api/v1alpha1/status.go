@@ -53,14 +53,16 @@ func (l *DistributedLock) LockType() LockType {
 }
 
 // SharedLimit is how many shared holdings the lock admits at once: a
-// Semaphore's permits, MaxSharedHolders readers of an RWMutex, none for a Mutex.
+// Semaphore's permits, MaxSharedHolders readers of an RWMutex, none for a
+// Mutex. A Semaphore stored by an earlier release with more permits than
+// MaxSharedHolders admits MaxSharedHolders.
 func (l *DistributedLock) SharedLimit() int {
 	switch l.LockType() {
 	case Semaphore:
 		if l.Spec.Permits == nil {
 			return 0
 		}
-		return int(*l.Spec.Permits)
+		return min(int(*l.Spec.Permits), MaxSharedHolders)
 	case RWMutex:
 		return MaxSharedHolders
 	}
@@ -155,12 +157,13 @@ func (s *DistributedLockStatus) SharedIndex(leaseID string) int {
 	return -1
 }
 
-// MaxWaiters is spec.maxWaiters with its default applied.
+// MaxWaiters is spec.maxWaiters with its default applied, at most
+// MaxWaitersLimit (a lock stored by an earlier release may say more).
 func (l *DistributedLock) MaxWaiters() int {
 	if l.Spec.MaxWaiters == nil {
 		return DefaultMaxWaiters
 	}
-	return int(*l.Spec.MaxWaiters)
+	return min(int(*l.Spec.MaxWaiters), MaxWaitersLimit)
 }
 
 // MaxLease is spec.maxLeaseDurationSeconds with its default applied: the

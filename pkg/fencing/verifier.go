@@ -60,11 +60,13 @@ func ParseLockRef(s string) (LockRef, error) {
 	return ref, nil
 }
 
-// ParseSlot reads a slot number: a decimal integer in [0, 1024).
+// ParseSlot reads a slot number: a decimal integer in [0, 1024), the
+// schema's range (a reader of a lock stored by an earlier release may hold
+// a slot above this release's 64).
 func ParseSlot(s string) (int32, error) {
 	n, err := strconv.ParseInt(s, 10, 32)
-	if err != nil || n < 0 || n >= locksv1alpha1.MaxSharedHolders || strconv.FormatInt(n, 10) != s {
-		return 0, fmt.Errorf("slot %q is not an integer in [0, %d)", s, locksv1alpha1.MaxSharedHolders)
+	if err != nil || n < 0 || n >= locksv1alpha1.StoredListLimit || strconv.FormatInt(n, 10) != s {
+		return 0, fmt.Errorf("slot %q is not an integer in [0, %d)", s, locksv1alpha1.StoredListLimit)
 	}
 	return int32(n), nil
 }

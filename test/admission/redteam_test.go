@@ -20,7 +20,7 @@ import (
 // The red team's holes (after issue 13): each one a hostile write that both
 // engines deny with its rule's message, leaving the lock byte for byte as it was.
 
-const msgManagedFields = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
+const msgManagedFields = "a lock user's write may not leave more than 2 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, as large as the status it owns, and they could grow the lock until no acquisition fits in etcd any more"
 
 // labels sets n labels of 127 bytes each.
 func labels(n int) func(*metav1.ObjectMeta) {
@@ -101,7 +101,7 @@ var _ = Describe("red team", Ordered, ContinueOnFailure, func() {
 				}, "metadata.ownerReferences"),
 			)
 
-			It("denies a 17th server-side apply entry in managedFields by a lock user (no-op applies under ever new field managers)", func(ctx SpecContext) {
+			It("denies a server-side apply entry in managedFields beyond the bound by a lock user (no-op applies under ever new field managers)", func(ctx SpecContext) {
 				key := heldQueue.build(ctx, ns)
 				managersUpTo(ctx, bob, key, rules.MaxManagedFields)
 				before, beforeRaw := get(ctx, key), getRaw(ctx, key)

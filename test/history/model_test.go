@@ -65,12 +65,12 @@ func TestModelSpecification(t *testing.T) {
 }
 
 // The same specification for shared holdings: an RWMutex's readers (Limit
-// 1024) and writer, a Semaphore's permits (Limit = permits), each on a slot.
+// 64) and writer, a Semaphore's permits (Limit = permits), each on a slot.
 func TestSharedModelSpecification(t *testing.T) {
 	op := func(client int, in Input, out Output, call, ret int64) porcupine.Operation {
 		return porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret}
 	}
-	const rw = 1024
+	const rw = 64 // v1alpha1.MaxSharedHolders
 	read := func(c int, limit int, req, lease string, slot int32, token, call, ret int64) porcupine.Operation {
 		return op(c, Input{Kind: KindAcquire, Req: req, Try: true, Shared: true, Limit: limit}, Output{Outcome: OK, Lease: lease, Slot: slot, Token: token}, call, ret)
 	}

@@ -26,8 +26,8 @@ func holding(user string, n int) locksv1alpha1.LockHolder {
 func atBound(readers, waiters int) *locksv1alpha1.DistributedLock {
 	l := &locksv1alpha1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "l", ResourceVersion: "4000", Generation: 1},
-		Spec: locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.RWMutex, MaxWaiters: ptr(int32(locksv1alpha1.MaxWaitersLimit)),
-			MaxWaitersPerUser: ptr(int32(locksv1alpha1.MaxWaitersLimit))},
+		Spec: locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.RWMutex, MaxWaiters: ptr(int32(locksv1alpha1.StoredListLimit)),
+			MaxWaitersPerUser: ptr(int32(locksv1alpha1.StoredListLimit))},
 	}
 	for i := range readers {
 		l.AcquireShared(holding("admin", i), int32(i), int64(1000+i))
@@ -54,8 +54,10 @@ func renewed(h *locksv1alpha1.SharedHolder) {
 }
 
 // TestCostAtTheBound measures what the status policy's validations cost for
-// the writes of a lock at the schema's bounds: 1,024 shared holders (1,023
-// and a new one), 1,024 waiters, 8 records. Each must fit the apiserver's
+// the writes of a lock at the schema's bounds: 1,024 shared holders, 1,024
+// waiters, 8 records (as a lock stored by an earlier release may have them;
+// no write grows a list past 64 shared holders or 128 waiters, so the
+// largest acquisition is the 64th reader's, next to 1,024 waiters). Each must fit the apiserver's
 // budget (celconfig.RuntimeCELCostBudget for the whole policy, PerCallLimit
 // for each expression and variable, or the evaluation fails); a hostile
 // write must be denied by its rule, not by the budget. The figures go to
@@ -72,8 +74,8 @@ func TestCostAtTheBound(t *testing.T) {
 		writer string
 		deny   string // "" = admitted, else the start of the denial
 	}{
-		{"the 1,024th reader (the queue's head, 1,024 waiters)", atBound(1023, 1024), func(l *locksv1alpha1.DistributedLock) {
-			l.AcquireShared(holding("w0", 1), 1023, 5001)
+		{"the 64th reader (the queue's head, 1,024 waiters)", atBound(locksv1alpha1.MaxSharedHolders-1, 1024), func(l *locksv1alpha1.DistributedLock) {
+			l.AcquireShared(holding("w0", 1), locksv1alpha1.MaxSharedHolders-1, 5001)
 			l.Status.Holder = nil
 		}, "w0", ""},
 		{"a reader renewing its entry", atBound(1024, 1024), func(l *locksv1alpha1.DistributedLock) { renewed(&l.Status.SharedHolders[700]) }, "admin", ""},
@@ -108,6 +110,10 @@ func TestCostAtTheBound(t *testing.T) {
 				l.Status.SharedHolders[i].Slot = int32(1023 - i)
 			}
 		}, "admin", "[kubelock:holder-only] a shared holding cannot pass to another leaseID"},
+		{"a reader beyond the cap", atBound(locksv1alpha1.MaxSharedHolders, 1024), func(l *locksv1alpha1.DistributedLock) {
+			l.AcquireShared(holding("w0", 1), locksv1alpha1.MaxSharedHolders, 5001)
+			l.Status.Holder = nil
+		}, "w0", "[kubelock:slot] slot 64 is out of range"},
 		{"a 1,024th waiter joining", atBound(1024, 1023), func(l *locksv1alpha1.DistributedLock) {
 			l.Status.AppendWaiter(locksv1alpha1.Waiter{Identity: "x", User: "x", RequestID: "req-x", Mode: locksv1alpha1.Shared,
 				EnqueueTime: now, Deadline: metav1.NewMicroTime(now.Add(time.Minute))})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -21,23 +22,16 @@ const etcdPrefix = "/registry"
 // stored as JSON); the write is conditioned on the revision read, and the
 // apiserver's watch delivers the new object to every client.
 func (e *Env) RewriteStored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName, change func(obj map[string]any)) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Cluster.Etcd.Endpoints(), DialTimeout: 10 * time.Second})
+	cli, err := e.etcdClient()
 	if err != nil {
 		return err
 	}
 	defer func() { _ = cli.Close() }()
-	path := fmt.Sprintf("%s/%s/%s/%s/%s", etcdPrefix, gr.Group, gr.Resource, key.Namespace, key.Name)
-	if gr.Group == "" {
-		path = fmt.Sprintf("%s/%s/%s/%s", etcdPrefix, gr.Resource, key.Namespace, key.Name)
-	}
-	got, err := cli.Get(ctx, path)
+	path := storagePath(gr, key)
+	kv, err := getStored(ctx, cli, path)
 	if err != nil {
 		return err
 	}
-	if len(got.Kvs) != 1 {
-		return fmt.Errorf("testenv: %s is not stored in etcd", path)
-	}
-	kv := got.Kvs[0]
 	var obj map[string]any
 	if err := json.Unmarshal(kv.Value, &obj); err != nil {
 		return fmt.Errorf("testenv: %s is not stored as JSON: %w", path, err)
@@ -58,4 +52,42 @@ func (e *Env) RewriteStored(ctx context.Context, gr schema.GroupResource, key ty
 		return fmt.Errorf("testenv: %s changed meanwhile", path)
 	}
 	return nil
+}
+
+// Stored is an object's value as etcd holds it: the bytes the apiserver's
+// write request carried (custom resources are stored as JSON).
+func (e *Env) Stored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName) ([]byte, error) {
+	cli, err := e.etcdClient()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = cli.Close() }()
+	kv, err := getStored(ctx, cli, storagePath(gr, key))
+	if err != nil {
+		return nil, err
+	}
+	return kv.Value, nil
+}
+
+func (e *Env) etcdClient() (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: e.Cluster.Etcd.Endpoints(), DialTimeout: 10 * time.Second})
+}
+
+// storagePath is the etcd key the apiserver stores the object under.
+func storagePath(gr schema.GroupResource, key types.NamespacedName) string {
+	if gr.Group == "" {
+		return fmt.Sprintf("%s/%s/%s/%s", etcdPrefix, gr.Resource, key.Namespace, key.Name)
+	}
+	return fmt.Sprintf("%s/%s/%s/%s/%s", etcdPrefix, gr.Group, gr.Resource, key.Namespace, key.Name)
+}
+
+func getStored(ctx context.Context, cli *clientv3.Client, path string) (*mvccpb.KeyValue, error) {
+	got, err := cli.Get(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	if len(got.Kvs) != 1 {
+		return nil, fmt.Errorf("testenv: %s is not stored in etcd", path)
+	}
+	return got.Kvs[0], nil
 }

@@ -217,7 +217,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockSpec(ref common.Refere
 					},
 					"permits": {
 						SchemaProps: spec.SchemaProps{
-							Description: "permits is how many may hold a Semaphore at once. It may grow, never shrink.",
+							Description: "permits is how many may hold a Semaphore at once, at most 64. It may grow, never shrink.",
 							Type:        []string{"integer"},
 							Format:      "int32",
 						},
@@ -238,7 +238,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockSpec(ref common.Refere
 					},
 					"maxWaiters": {
 						SchemaProps: spec.SchemaProps{
-							Description: "maxWaiters bounds status.waiters; 0 means nobody may wait.",
+							Description: "maxWaiters bounds status.waiters, at most 128; 0 means nobody may wait.",
 							Type:        []string{"integer"},
 							Format:      "int32",
 						},
@@ -293,7 +293,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "sharedHolders are an RWMutex's readers or a Semaphore's permits, each with its own token and slot. Keyed by slot, so slots are distinct.",
+							Description: "sharedHolders are an RWMutex's readers or a Semaphore's permits, each with its own token and slot. Keyed by slot, so slots are distinct. At most 64; a lock stored with more by an earlier release (which allowed 1024) may only shrink until it has 64.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -338,7 +338,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "waiters is the FIFO wait queue; index 0 is the head.",
+							Description: "waiters is the FIFO wait queue; index 0 is the head. At most 128; a lock stored with more by an earlier release (which allowed 1024) may only shrink until it has 128.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -392,7 +392,7 @@ func schema_kubelock_kubelock_api_v1alpha1_DistributedLockStatus(ref common.Refe
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "conditions describe the lock; type Held is True while it has a holder.",
+							Description: "conditions describe the lock; type Held is True while it has a holder. A message is at most 256 characters (metav1.Condition's own bound, 32768, would let eight conditions outgrow etcd's request limit).",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -854,7 +854,7 @@ func schema_kubelock_kubelock_api_v1alpha1_SharedHolder(ref common.ReferenceCall
 					},
 					"slot": {
 						SchemaProps: spec.SchemaProps{
-							Description: "slot is the permit this holding occupies, distinct among the shared holders: in [0, spec.permits) for a Semaphore, so a resource can fence per permit; in [0, 1024) for an RWMutex's readers.",
+							Description: "slot is the permit this holding occupies, distinct among the shared holders: in [0, spec.permits) for a Semaphore, so a resource can fence per permit; in [0, 64) for an RWMutex's readers (earlier releases gave readers slots up to 1023).",
 							Default:     0,
 							Type:        []string{"integer"},
 							Format:      "int32",

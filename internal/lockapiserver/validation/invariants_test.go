@@ -102,15 +102,17 @@ var lockCases = []lockCase{
 	onMutex("type unknown", func(l *locksv1alpha1.DistributedLock) { l.Spec.Type = "Barrier" }),
 	onMutex("permits on a Mutex", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = ptr.To[int32](2) }),
 	on(locksv1alpha1.Semaphore, "no permits", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = nil }),
-	on(locksv1alpha1.Semaphore, "1024 permits", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = ptr.To[int32](1024) }),
-	on(locksv1alpha1.Semaphore, "1025 permits", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = ptr.To[int32](1025) }),
+	on(locksv1alpha1.Semaphore, "64 permits", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = ptr.To[int32](64) }),
+	on(locksv1alpha1.Semaphore, "65 permits", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = ptr.To[int32](65) }),
 	on(locksv1alpha1.Semaphore, "0 permits", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = ptr.To[int32](0) }),
 	onMutex("lease above the maximum lease", func(l *locksv1alpha1.DistributedLock) { l.Spec.LeaseDurationSeconds = 301 }),
 	onMutex("lease 0", func(l *locksv1alpha1.DistributedLock) { l.Spec.LeaseDurationSeconds = 0 }),
 	onMutex("maximum lease 3600", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxLeaseDurationSeconds = 3600 }),
 	onMutex("maximum lease 3601", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxLeaseDurationSeconds = 3601 }),
 	onMutex("maxWaiters 0 with waiters", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](0) }),
-	onMutex("maxWaiters 1025", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](1025) }),
+	onMutex("maxWaiters 128", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](128) }),
+	onMutex("maxWaiters 129", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](129) }),
+	onMutex("maxWaitersPerUser 129", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaitersPerUser = ptr.To[int32](129) }),
 	onMutex("maxWaiters -1", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](-1) }),
 	onMutex("maxWaitersPerUser -1", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaitersPerUser = ptr.To[int32](-1) }),
 	onMutex("handoffTimeout 3601", func(l *locksv1alpha1.DistributedLock) { l.Spec.HandoffTimeoutSeconds = 3601 }),
@@ -175,6 +177,9 @@ var lockCases = []lockCase{
 	on(locksv1alpha1.RWMutex, "a shared lease above the maximum", func(l *locksv1alpha1.DistributedLock) {
 		l.Status.SharedHolders[0].LeaseDurationSeconds = 301
 	}),
+	on(locksv1alpha1.RWMutex, "64 readers", readers(64)),
+	on(locksv1alpha1.RWMutex, "65 readers", readers(65)),
+	on(locksv1alpha1.RWMutex, "1025 readers", readers(1025)),
 	on(locksv1alpha1.RWMutex, "a reader with a bad identity", func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[0].Identity = "" }),
 	// waiters
 	onMutex("a Shared waiter on a Mutex", func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Mode = locksv1alpha1.Shared }),
@@ -182,6 +187,8 @@ var lockCases = []lockCase{
 	on(locksv1alpha1.RWMutex, "waiters of both modes", func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Mode = locksv1alpha1.Exclusive }),
 	onMutex("a waiter's mode unknown", func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Mode = "Both" }),
 	onMutex("two waiters with one requestID", func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[1].RequestID = "wait-1" }),
+	onMutex("128 waiters", queue(128)),
+	onMutex("129 waiters", queue(129)),
 	onMutex("more waiters than maxWaiters", func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = ptr.To[int32](1) }),
 	onMutex("a waiter without a deadline", func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Deadline = metav1.MicroTime{} }),
 	onMutex("a waiter's user empty", func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].User = "" }),
@@ -219,6 +226,12 @@ var lockCases = []lockCase{
 	onMutex("a condition reason with a dash", func(l *locksv1alpha1.DistributedLock) { l.Status.Conditions[0].Reason = "Not-Held" }),
 	onMutex("a condition without a time", func(l *locksv1alpha1.DistributedLock) { l.Status.Conditions[0].LastTransitionTime = metav1.Time{} }),
 	onMutex("a condition observedGeneration -1", func(l *locksv1alpha1.DistributedLock) { l.Status.Conditions[0].ObservedGeneration = -1 }),
+	onMutex("a condition message of 256 characters", func(l *locksv1alpha1.DistributedLock) {
+		l.Status.Conditions[0].Message = strings.Repeat("m", 256)
+	}),
+	onMutex("a condition message of 257 characters", func(l *locksv1alpha1.DistributedLock) {
+		l.Status.Conditions[0].Message = strings.Repeat("m", 257)
+	}),
 	onMutex("a condition message of 32769 characters", func(l *locksv1alpha1.DistributedLock) {
 		l.Status.Conditions[0].Message = strings.Repeat("m", 32769)
 	}),
@@ -253,11 +266,56 @@ func TestTransitionRulesAgreeWithTheCRD(t *testing.T) {
 		on(locksv1alpha1.Semaphore, "permits shrank", func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = ptr.To[int32](2) }),
 		onMutex("token grew", func(l *locksv1alpha1.DistributedLock) { l.Status.FencingToken++ }),
 		onMutex("token fell", func(l *locksv1alpha1.DistributedLock) { l.Status.FencingToken-- }),
+		// A lock stored with more than the caps (by an earlier release) may
+		// shrink, not grow.
+		on(locksv1alpha1.RWMutex, "70 readers kept", readers(70)),
+		{"RWMutex: 70 readers, one released", over(readers(70)), func(l *locksv1alpha1.DistributedLock) { dropReader(l) }},
+		{"RWMutex: 70 readers, one more", over(readers(70)), readers(71)},
 	} {
 		oldObj := tc.base()
 		newObj := oldObj.DeepCopy()
 		tc.mutate(newObj)
 		agree(t, tc.name, ValidateLockUpdate(newObj, oldObj), c.validate(asJSON(t, newObj), asJSON(t, oldObj)))
+	}
+}
+
+// readers is a mutate that gives an RWMutex n readers on slots 0..n-1.
+func readers(n int) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		l.Status.SharedHolders = nil
+		for i := range n {
+			l.Status.SharedHolders = append(l.Status.SharedHolders, locksv1alpha1.SharedHolder{LockHolder: holder(10 + i), FencingToken: int64(30 + i), Slot: int32(i)})
+		}
+		l.Status.HolderCount = int32(n)
+	}
+}
+
+// dropReader is a mutate that releases an RWMutex's last reader.
+func dropReader(l *locksv1alpha1.DistributedLock) {
+	l.Status.SharedHolders = l.Status.SharedHolders[:len(l.Status.SharedHolders)-1]
+	l.Status.HolderCount--
+}
+
+// queue is a mutate that gives a lock n waiters. (A queue stored above its
+// cap by an earlier release has a spec.maxWaiters above the schema's
+// maximum, which only the apiserver's ratcheting lets stand: this harness
+// has none, so only readers test the cap's ratchet here.)
+func queue(n int) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		l.Status.Waiters = nil
+		for i := range n {
+			l.Status.AppendWaiter(waiter(i, l.DefaultMode()))
+		}
+	}
+}
+
+// over is an RWMutex that mutate took beyond the caps, as an earlier
+// release stored it.
+func over(mutate func(*locksv1alpha1.DistributedLock)) func() *locksv1alpha1.DistributedLock {
+	return func() *locksv1alpha1.DistributedLock {
+		l := sharedLock(locksv1alpha1.RWMutex)
+		mutate(l)
+		return l
 	}
 }
 
@@ -309,6 +367,7 @@ var stringFields = []func(l *locksv1alpha1.DistributedLock, s string){
 	func(l *locksv1alpha1.DistributedLock, s string) { l.Status.RecentAcquisitions[0].Message = s },
 	func(l *locksv1alpha1.DistributedLock, s string) { l.Status.Conditions[0].Type = s },
 	func(l *locksv1alpha1.DistributedLock, s string) { l.Status.Conditions[0].Reason = s },
+	func(l *locksv1alpha1.DistributedLock, s string) { l.Status.Conditions[0].Message = s },
 }
 
 // FuzzStringFieldsAgreeWithTheCRD writes any string into one field: the

@@ -2,6 +2,7 @@ package validation
 
 import (
 	"slices"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -20,17 +21,13 @@ var (
 // ValidateLock checks l against the DistributedLock CRD's schema and its
 // rules that do not compare with the stored object.
 func ValidateLock(l *locksv1alpha1.DistributedLock) field.ErrorList {
-	e := &errs{}
-	e.spec(&l.Spec)
-	e.status(&l.Status)
-	e.lockRules(l)
-	return e.list
+	return lockErrs(l, nil).list
 }
 
 // ValidateLockUpdate is ValidateLock of newObj and the CRD's transition
 // rules (those that compare with oldSelf).
 func ValidateLockUpdate(newObj, oldObj *locksv1alpha1.DistributedLock) field.ErrorList {
-	e := &errs{list: ValidateLock(newObj)}
+	e := lockErrs(newObj, &oldObj.Status)
 	n, o := &newObj.Spec, &oldObj.Spec
 	e.rule(specPath.Child("type"), n.Type == o.Type, n.Type, "spec.type is immutable; create a new lock instead")
 	if n.Permits != nil && o.Permits != nil {
@@ -39,6 +36,17 @@ func ValidateLockUpdate(newObj, oldObj *locksv1alpha1.DistributedLock) field.Err
 	t := newObj.Status.FencingToken
 	e.rule(statusPath.Child("fencingToken"), t >= oldObj.Status.FencingToken, t, "fencingToken must not decrease")
 	return e.list
+}
+
+// lockErrs checks l against the schema and the object's rules; oldStatus
+// is the stored status of an update, nil for a create.
+func lockErrs(l *locksv1alpha1.DistributedLock, oldStatus *locksv1alpha1.DistributedLockStatus) *errs {
+	e := &errs{}
+	e.spec(&l.Spec)
+	e.status(&l.Status)
+	e.lockRules(l)
+	e.caps(&l.Status, oldStatus)
+	return e
 }
 
 func (e *errs) spec(s *locksv1alpha1.DistributedLockSpec) {
@@ -67,25 +75,25 @@ func (e *errs) status(s *locksv1alpha1.DistributedLockStatus) {
 	if s.Holder != nil {
 		e.holder(holderPath, s.Holder)
 	}
-	e.maxItems(sharedPath, len(s.SharedHolders), locksv1alpha1.MaxSharedHolders)
+	e.maxItems(sharedPath, len(s.SharedHolders), locksv1alpha1.StoredListLimit)
 	slots := map[int32]bool{}
 	for i := range s.SharedHolders {
 		h, p := &s.SharedHolders[i], sharedPath.Index(i)
 		e.holder(p, &h.LockHolder)
 		e.atLeast(p.Child("fencingToken"), h.FencingToken, 1)
-		e.between(p.Child("slot"), int64(h.Slot), 0, locksv1alpha1.MaxSharedHolders-1)
+		e.between(p.Child("slot"), int64(h.Slot), 0, locksv1alpha1.StoredListLimit-1)
 		unique(e, p, slots, h.Slot)
 	}
-	e.between(statusPath.Child("holderCount"), int64(s.HolderCount), 0, locksv1alpha1.MaxSharedHolders)
+	e.between(statusPath.Child("holderCount"), int64(s.HolderCount), 0, locksv1alpha1.StoredListLimit)
 	e.atLeast(statusPath.Child("fencingToken"), s.FencingToken, 0)
 	e.atLeast(statusPath.Child("transitions"), s.Transitions, 0)
-	e.maxItems(waitersPath, len(s.Waiters), locksv1alpha1.MaxWaitersLimit)
+	e.maxItems(waitersPath, len(s.Waiters), locksv1alpha1.StoredListLimit)
 	requests := map[string]bool{}
 	for i := range s.Waiters {
 		e.waiter(waitersPath.Index(i), &s.Waiters[i])
 		unique(e, waitersPath.Index(i), requests, s.Waiters[i].RequestID)
 	}
-	e.between(statusPath.Child("waiterCount"), int64(s.WaiterCount), 0, locksv1alpha1.MaxWaitersLimit)
+	e.between(statusPath.Child("waiterCount"), int64(s.WaiterCount), 0, locksv1alpha1.StoredListLimit)
 	recent := statusPath.Child("recentAcquisitions")
 	e.maxItems(recent, len(s.RecentAcquisitions), locksv1alpha1.MaxRecentAcquisitions)
 	for i := range s.RecentAcquisitions {
@@ -146,15 +154,18 @@ func (e *errs) finished(p *field.Path, f *locksv1alpha1.FinishedHolding) {
 		string(locksv1alpha1.EndReasonForceReleased), string(locksv1alpha1.EndReasonSessionExpired), string(locksv1alpha1.EndReasonSessionClosed))
 	e.text(p.Child("endedBy"), f.EndedBy, 1, 512, nil)
 	if f.Slot != nil {
-		e.between(p.Child("slot"), int64(*f.Slot), 0, locksv1alpha1.MaxSharedHolders-1)
+		e.between(p.Child("slot"), int64(*f.Slot), 0, locksv1alpha1.StoredListLimit-1)
 	}
 	e.text(p.Child("message"), f.Message, 0, locksv1alpha1.MaxConditionMessage, nil)
 }
 
 // conditions: metav1.Condition's schema as controller-gen writes it, a list
-// map keyed by type.
+// map keyed by type, and the list's rule on messages.
 func (e *errs) conditions(p *field.Path, cs []metav1.Condition) {
 	e.maxItems(p, len(cs), locksv1alpha1.MaxConditions)
+	e.rule(p, !slices.ContainsFunc(cs, func(c metav1.Condition) bool {
+		return utf8.RuneCountInString(c.Message) > locksv1alpha1.MaxConditionMessage
+	}), len(cs), "a condition's message is at most 256 characters")
 	types := map[string]bool{}
 	for i := range cs {
 		c, q := &cs[i], p.Index(i)
@@ -168,6 +179,22 @@ func (e *errs) conditions(p *field.Path, cs []metav1.Condition) {
 		e.text(q.Child("reason"), c.Reason, 1, 1024, condReasonRE)
 		e.text(q.Child("message"), c.Message, 0, 32768, nil)
 	}
+}
+
+// caps are the lists' rules: no write grows status.sharedHolders or
+// status.waiters past its cap, though a lock stored with more (by an
+// earlier release) keeps them; oldStatus is nil for a create.
+func (e *errs) caps(s, oldStatus *locksv1alpha1.DistributedLockStatus) {
+	var oldShared, oldWaiters int
+	if oldStatus != nil {
+		oldShared, oldWaiters = len(oldStatus.SharedHolders), len(oldStatus.Waiters)
+	}
+	n := len(s.SharedHolders)
+	e.rule(sharedPath, n <= locksv1alpha1.MaxSharedHolders || n <= oldShared, n,
+		"status.sharedHolders must not grow beyond 64 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB")
+	n = len(s.Waiters)
+	e.rule(waitersPath, n <= locksv1alpha1.MaxWaitersLimit || n <= oldWaiters, n,
+		"status.waiters must not grow beyond 128 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB")
 }
 
 // lockRules are the object-level rules, which relate status to spec.

@@ -80,7 +80,7 @@ var _ = Describe("kubelock create", func() {
 		Entry("unknown type", []string{"--type", "Barrier"}, `--type must be Mutex, RWMutex or Semaphore, got "Barrier"`),
 		Entry("Semaphore without permits", []string{"--type", "Semaphore"}, "--type Semaphore needs --permits N"),
 		Entry("permits on a Mutex", []string{"--permits", "2"}, "--permits goes with --type Semaphore"),
-		Entry("permits out of range", []string{"--type", "Semaphore", "--permits", "0"}, "--permits must be within 1..1024"),
+		Entry("permits out of range", []string{"--type", "Semaphore", "--permits", "0"}, "--permits must be within 1..64"),
 		Entry("lease above the maximum", []string{"--lease", "10m"}, "raise --max-lease"),
 		Entry("lease not whole seconds", []string{"--lease", "1500ms"}, "--lease must be whole seconds"),
 	)
