@@ -27,7 +27,7 @@ const (
 	dropSessionExpired = dropReason(locksv1alpha1.EndReasonSessionExpired)
 	dropSessionClosed  = dropReason(locksv1alpha1.EndReasonSessionClosed)
 	// dropPodDeleted: the waiter was bound to a pod (without a session) that
-	// no longer exists.
+	// no longer exists, or by a reference no pod can have.
 	dropPodDeleted dropReason = "PodDeleted"
 )
 
@@ -65,13 +65,34 @@ type decision struct {
 func (d decision) acts() bool { return len(d.ends) > 0 || len(d.drop) > 0 || d.delete }
 
 // liveness is what the reconciler read, besides the lock, about what its
-// holdings and waiters depend on.
+// holdings and waiters depend on. What it lacks is unknown: a read that
+// failed (Reconciler.liveness) leaves it out, and decide then keeps the
+// entries that depend on it as they are and decides the rest.
 type liveness struct {
-	// sessions holds every session the lock names, by name.
+	// sessions holds the sessions the lock names that were read, by name.
 	sessions map[string]sessionState
-	// podsGone holds the UIDs of the pods of holdings and waiters without a
-	// session, true for those a live read confirmed gone.
-	podsGone map[string]bool
+	// podsGone holds the pods of holdings and waiters without a session that
+	// were read, true for those a live read confirmed gone.
+	podsGone map[podRef]bool
+}
+
+// session is what live knows of the session name: known is false while its
+// read failed. A name no LockSession can have is known not to exist.
+func (live liveness) session(name string) (st sessionState, known bool) {
+	if !validSessionName(name) {
+		return sessionState{name: name}, true
+	}
+	st, known = live.sessions[name]
+	return st, known
+}
+
+// podGone reports whether the pod an entry of user with podName and podUID
+// is bound to is known to be gone: a live read confirmed it. A reference no
+// pod can have says nothing about the client: decide drops a waiter bound
+// to one, and lets a holding's lease decide.
+func (live liveness) podGone(user, podName, podUID string) bool {
+	ref, b := podOf(user, podName, podUID)
+	return b == podBound && live.podsGone[ref]
 }
 
 // sessionState is one session a lock names, as the reconciler found it.
@@ -95,9 +116,17 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	// with its pod, or when no renewal of it was observed for its lease plus
 	// grace. A write records every holding it ends, so at most
 	// MaxRecentAcquisitions end per write; the reconciler writes again for the rest.
-	for _, h := range lock.Status.Holdings() {
+	hs := lock.Status.Holdings()
+	for _, h := range hs {
 		if len(d.ends) == locksv1alpha1.MaxRecentAcquisitions {
 			break
+		}
+		if sharesLeaseID(hs, h.LeaseID) {
+			// Observations and writes know a holding by its leaseID, so
+			// these cannot be told apart: ending one could end another
+			// before its time. Admission never lets two in; a force-release
+			// ends them.
+			continue
 		}
 		if e := holdingEnd(h, lock, obs, live, &next, now, t); e.reason != "" {
 			d.ends = append(d.ends, e)
@@ -109,17 +138,10 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	// saw them: first seen + (deadline - enqueueTime).
 	dropped := map[string]bool{}
 	for _, w := range s.Waiters {
-		if w.Session == "" && w.PodUID != "" && live.podsGone[w.PodUID] {
-			d.drop = append(d.drop, droppedWaiter{requestID: w.RequestID, identity: w.Identity, reason: dropPodDeleted})
+		if reason := waiterEnd(w, lock.Namespace, live, now, t.grace); reason != "" {
+			d.drop = append(d.drop, droppedWaiter{requestID: w.RequestID, identity: w.Identity, reason: reason})
 			dropped[w.RequestID] = true
 			continue
-		}
-		if w.Session != "" {
-			if e := sessionEnd(live.sessions[w.Session], lock.Namespace, w.User, w.PodUID, 0, now, t.grace); e.reason != "" {
-				d.drop = append(d.drop, droppedWaiter{requestID: w.RequestID, identity: w.Identity, reason: dropReason(e.reason)})
-				dropped[w.RequestID] = true
-				continue
-			}
 		}
 		seen, ok := obs.waiters[w.RequestID]
 		if !ok {
@@ -153,17 +175,33 @@ func decide(lock *locksv1alpha1.DistributedLock, obs observation, live liveness,
 	return d
 }
 
+// sharesLeaseID reports whether more than one of hs has leaseID.
+func sharesLeaseID(hs []locksv1alpha1.Holding, leaseID string) bool {
+	n := 0
+	for _, h := range hs {
+		if h.LeaseID == leaseID {
+			n++
+		}
+	}
+	return n > 1
+}
+
 // holdingEnd says whether, and why, holding h of lock ends at now: with its
 // session (a session holding has no lease of its own), with its pod (a
 // pod-bound holding without a session), or when no renewal of it was
 // observed for its lease plus grace; a future expiry becomes a requeue
-// candidate in next. A zero ending means it lives on.
+// candidate in next. A zero ending means it lives on. Nothing unknown ends
+// it: a pod whose read failed leaves it to its lease, a session whose read
+// failed keeps it.
 func holdingEnd(h locksv1alpha1.Holding, lock *locksv1alpha1.DistributedLock, obs observation, live liveness, next *deadlines, now time.Time, t timing) ending {
 	var e ending
 	switch seen, observed := obs.holdings[h.LeaseID]; {
 	case h.Session != "":
-		e = sessionEnd(live.sessions[h.Session], lock.Namespace, h.User, h.PodUID, lock.MaxLease(), now, t.grace)
-	case h.PodUID != "" && live.podsGone[h.PodUID]:
+		// While its session is unknown it stays: it has no lease of its own.
+		if st, known := live.session(h.Session); known {
+			e = sessionEnd(st, lock.Namespace, h.User, h.PodUID, lock.MaxLease(), now, t.grace)
+		}
+	case live.podGone(h.User, h.PodName, h.PodUID):
 		e = ending{reason: locksv1alpha1.EndReasonExpired, why: fmt.Sprintf("holder pod %s deleted", h.PodName)}
 	case observed:
 		if deadline := seen.renewSeen.Add(seconds(h.LeaseDurationSeconds) + t.grace); next.due(deadline) {
@@ -183,6 +221,10 @@ func holdingEnd(h locksv1alpha1.Holding, lock *locksv1alpha1.DistributedLock, ob
 // check; SessionExpired when this controller observed no renewal of it for its
 // TTL plus grace. A zero ending means it lives on.
 func sessionEnd(st sessionState, ns, user, podUID string, maxLease int32, now time.Time, grace time.Duration) ending {
+	if !validSessionName(st.name) {
+		// Not echoed: it is whatever was stored.
+		return ending{reason: locksv1alpha1.EndReasonSessionClosed, why: "its session field names no LockSession (not a valid object name)"}
+	}
 	s := st.session
 	if why := locksv1alpha1.SessionRefusal(ns, st.name, s, user, podUID, maxLease); why != "" {
 		return ending{reason: locksv1alpha1.EndReasonSessionClosed, why: why}
@@ -192,6 +234,25 @@ func sessionEnd(st sessionState, ns, user, podUID string, maxLease int32, now ti
 			why: fmt.Sprintf("no renewal of session %s observed for its TTL %ds + %s grace", st.name, s.TTL(), grace)}
 	}
 	return ending{}
+}
+
+// waiterEnd says whether, and why, waiter w of a lock in namespace ns
+// leaves with what it depends on at now: its session (lapsed, gone or not
+// its own), or, without one, its pod (gone, or named by a reference no pod
+// can have). Empty while it stays, and while what it depends on is unknown;
+// its deadline and the hand-off still apply (decide).
+func waiterEnd(w locksv1alpha1.Waiter, ns string, live liveness, now time.Time, grace time.Duration) dropReason {
+	if w.Session != "" {
+		st, known := live.session(w.Session)
+		if !known {
+			return ""
+		}
+		return dropReason(sessionEnd(st, ns, w.User, w.PodUID, 0, now, grace).reason)
+	}
+	if _, b := podOf(w.User, w.PodName, w.PodUID); b == boundToNoPod || live.podGone(w.User, w.PodName, w.PodUID) {
+		return dropPodDeleted
+	}
+	return ""
 }
 
 // sessionDeadline is when session s lapses: its TTL plus grace after this

@@ -10,6 +10,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -62,6 +64,41 @@ func atDeadline(d time.Duration) ctrl.Result {
 // watch event of the winning write usually triggers it sooner.
 const conflictRetry = 200 * time.Millisecond
 
+// A lock some of whose entries' sessions or pods could not be read is
+// reconciled again after a backoff per lock, from readRetryBase doubling up
+// to readRetryMax, or at its next deadline if that comes first; a reconcile
+// that reads them all resets it.
+const (
+	readRetryBase = 200 * time.Millisecond
+	readRetryMax  = time.Minute
+)
+
+// readBackoff is the per-lock backoff of failed reads; its zero value is ready.
+type readBackoff struct {
+	once    sync.Once
+	limiter workqueue.TypedRateLimiter[types.NamespacedName]
+}
+
+func (b *readBackoff) get() workqueue.TypedRateLimiter[types.NamespacedName] {
+	b.once.Do(func() {
+		b.limiter = workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](readRetryBase, readRetryMax)
+	})
+	return b.limiter
+}
+
+// retry returns res requeued no later than the next backoff of key when
+// failed, and resets key's backoff when not.
+func (b *readBackoff) retry(key types.NamespacedName, res ctrl.Result, failed bool) ctrl.Result {
+	if !failed {
+		b.get().Forget(key)
+		return res
+	}
+	if after := b.get().When(key); res.RequeueAfter <= 0 || after < res.RequeueAfter {
+		return atDeadline(after)
+	}
+	return res
+}
+
 // Event reasons.
 const (
 	EventAcquired = "Acquired"
@@ -86,6 +123,8 @@ type Reconciler struct {
 
 	obs      observations
 	sessions sessionObservations
+	// reads backs off the retries of locks whose entries' reads failed.
+	reads readBackoff
 	// reader reads locks (decoded object by object: cache.go), sessions and
 	// pod metadata from the controller's cache.
 	reader client.Reader
@@ -237,6 +276,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	case apierrors.IsNotFound(err):
 		r.obs.forget(req.NamespacedName)
 		r.malformed.forget(req.NamespacedName)
+		r.reads.get().Forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	case err != nil:
 		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
@@ -262,17 +302,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	r.obs.put(req.NamespacedName, obs)
 	r.report(ctx, lock, transitions)
 
-	// 3. Decide, from observations, the sessions and pod the lock depends on,
-	// and this controller's clock only.
-	live, err := r.liveness(ctx, lock, now)
-	if err != nil {
-		metrics.ReconcileErrors.WithLabelValues(metrics.StepGet).Inc()
-		return ctrl.Result{}, err
-	}
+	// 3. Decide, from observations, the sessions and pods the lock depends on,
+	// and this controller's clock only. A session or pod that could not be
+	// read holds back only the entries that depend on it.
+	live, failed := r.liveness(ctx, lock, now)
 	d := decide(lock, obs, live, now, r.timing)
 
-	// 4. Act on it, and 5. come back at the nearest deadline; no periodic scan.
-	return r.act(ctx, req.NamespacedName, lock, obs, live, d, now)
+	// 4. Act on it, and 5. come back at the nearest deadline, or sooner to
+	// read again what could not be read; no periodic scan.
+	res, err := r.act(ctx, req.NamespacedName, lock, obs, live, d, now)
+	if err != nil {
+		return res, err
+	}
+	return r.reads.retry(req.NamespacedName, res, failed), nil
 }
 
 // act carries out decision d about lock: it deletes an idle auto-created

@@ -6,12 +6,24 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
 const owner = "system:serviceaccount:shop:worker"
+
+// Pod UIDs of the tables, canonical UUIDs as the apiserver gives them.
+const (
+	podUID1 = "6f3c9a1e-2b4d-4e8f-9a0b-1c2d3e4f5a6b"
+	podUID2 = "0d9e8f7a-6b5c-4d3e-8f1a-2b3c4d5e6f7a"
+)
+
+// podIn is the pod name of UID uid in namespace shop, owner's.
+func podIn(name, uid string) podRef {
+	return podRef{key: types.NamespacedName{Namespace: "shop", Name: name}, uid: uid}
+}
 
 func newSession(opts ...func(*locksv1alpha1.LockSession)) *locksv1alpha1.LockSession {
 	s := &locksv1alpha1.LockSession{
@@ -181,10 +193,10 @@ func TestDecideWithSessions(t *testing.T) {
 			name: "a pod-bound holder without a session whose pod is gone: Expired",
 			lock: func() *locksv1alpha1.DistributedLock {
 				l := newLock(held("a", 30, clientTime))
-				l.Status.Holder.PodName, l.Status.Holder.PodUID = "worker-0", "pod-uid-1"
+				l.Status.Holder.PodName, l.Status.Holder.PodUID = "worker-0", podUID1
 				return l
 			}(),
-			live: liveness{podsGone: map[string]bool{"pod-uid-1": true}},
+			live: liveness{podsGone: map[podRef]bool{podIn("worker-0", podUID1): true}},
 			want: decision{ends: []ending{endOf("a", 42, nil, ending{reason: locksv1alpha1.EndReasonExpired, why: "holder pod worker-0 deleted"})}},
 		},
 		{
@@ -203,11 +215,11 @@ func TestDecideWithSessions(t *testing.T) {
 			name: "a pod-bound waiter without a session whose pod is gone is dropped; one whose pod lives stays",
 			lock: func() *locksv1alpha1.DistributedLock {
 				l := newLock(held("a", 30, clientTime), sessionWaiter("w1", owner, ""), sessionWaiter("w2", owner, ""))
-				l.Status.Waiters[0].PodName, l.Status.Waiters[0].PodUID = "worker-0", "pod-uid-1"
-				l.Status.Waiters[1].PodName, l.Status.Waiters[1].PodUID = "worker-1", "pod-uid-2"
+				l.Status.Waiters[0].PodName, l.Status.Waiters[0].PodUID = "worker-0", podUID1
+				l.Status.Waiters[1].PodName, l.Status.Waiters[1].PodUID = "worker-1", podUID2
 				return l
 			}(),
-			live: liveness{podsGone: map[string]bool{"pod-uid-1": true, "pod-uid-2": false}},
+			live: liveness{podsGone: map[podRef]bool{podIn("worker-0", podUID1): true, podIn("worker-1", podUID2): false}},
 			want: decision{drop: []droppedWaiter{{requestID: "w1", identity: "w-w1", reason: dropPodDeleted}}},
 		},
 		{

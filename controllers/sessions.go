@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
@@ -114,7 +111,8 @@ func (r *sessionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 // indexLocks adds the lock cache's field indexes. A lock that does not
 // decode names no session or pod.
 func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
-	distinct := func(values func(*locksv1alpha1.DistributedLock) []string) client.IndexerFunc {
+	// Only values that can name an object: no event ever looks up another.
+	distinct := func(values func(*locksv1alpha1.DistributedLock) []string, valid func(string) bool) client.IndexerFunc {
 		return func(o client.Object) []string {
 			l, _ := o.(*cachedLock)
 			if l == nil {
@@ -122,7 +120,7 @@ func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
 			}
 			var out []string
 			for _, v := range values(&l.DistributedLock) {
-				if v != "" && !slices.Contains(out, v) {
+				if valid(v) && !slices.Contains(out, v) {
 					out = append(out, v)
 				}
 			}
@@ -132,9 +130,9 @@ func indexLocks(ctx context.Context, idx client.FieldIndexer) error {
 	for field, fn := range map[string]client.IndexerFunc{
 		indexHoldingSession: distinct(func(l *locksv1alpha1.DistributedLock) []string {
 			return holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.Session })
-		}),
-		indexPodUID:        distinct(podUIDs),
-		indexWaiterSession: distinct(waiterSessions),
+		}, validSessionName),
+		indexPodUID:        distinct(podUIDs, validUID),
+		indexWaiterSession: distinct(waiterSessions, validSessionName),
 	} {
 		if err := idx.IndexField(ctx, &cachedLock{}, field, fn); err != nil {
 			return err
@@ -181,7 +179,8 @@ type sessionRef struct {
 	waits    bool
 }
 
-// sessionRefs lists the sessions a lock names; none for one that did not decode.
+// sessionRefs lists the sessions a lock names; none for one that did not
+// decode, and no name a LockSession cannot have (so none is enqueued).
 func sessionRefs(o client.Object) map[string]sessionRef {
 	refs := map[string]sessionRef{}
 	c, _ := o.(*cachedLock)
@@ -190,14 +189,14 @@ func sessionRefs(o client.Object) map[string]sessionRef {
 	}
 	l := &c.DistributedLock
 	for _, s := range holdingFields(l, func(h *locksv1alpha1.LockHolder) string { return h.Session }) {
-		if s != "" {
+		if validSessionName(s) {
 			r := refs[s]
 			r.holdings++
 			refs[s] = r
 		}
 	}
 	for _, s := range waiterSessions(l) {
-		if s != "" {
+		if validSessionName(s) {
 			r := refs[s]
 			r.waits = true
 			refs[s] = r
@@ -305,62 +304,80 @@ func enqueueSessions(q workqueue.TypedRateLimitingInterface[reconcile.Request], 
 	}
 }
 
-// liveness reads the sessions lock's holdings and waiters name and, for each
-// holding bound to a pod without a session, whether that pod is gone.
-func (r *Reconciler) liveness(ctx context.Context, lock *locksv1alpha1.DistributedLock, now time.Time) (liveness, error) {
-	var live liveness
-	hs := lock.Status.Holdings()
-	var names []string
-	for _, h := range hs {
-		if h.Session != "" && !slices.Contains(names, h.Session) {
-			names = append(names, h.Session)
-		}
-	}
-	for _, w := range lock.Status.Waiters {
-		if w.Session != "" && !slices.Contains(names, w.Session) {
-			names = append(names, w.Session)
-		}
-	}
-	for _, name := range names {
-		st, err := r.session(ctx, types.NamespacedName{Namespace: lock.Namespace, Name: name}, now)
+// liveness reads what lock's holdings and waiters depend on: the sessions
+// they name and, for those bound to a pod without a session, whether that pod
+// is gone. A reference that cannot name an object is not read (refs.go). A
+// read that fails is logged and counted, and leaves that session or pod
+// unknown: decide keeps the entries that depend on it as they are and
+// decides the rest of the lock. failed reports whether any read failed, for
+// the reconcile to retry.
+func (r *Reconciler) liveness(ctx context.Context, lock *locksv1alpha1.DistributedLock, now time.Time) (live liveness, failed bool) {
+	logger := log.FromContext(ctx).WithValues("lock", client.ObjectKeyFromObject(lock))
+	for _, name := range sessionsNamed(lock) {
+		key := types.NamespacedName{Namespace: lock.Namespace, Name: name}
+		st, err := r.session(ctx, key, now)
 		if err != nil {
-			return live, err
+			failed = true
+			metrics.EntryErrors.WithLabelValues(metrics.EntrySession).Inc()
+			logger.Error(err, "cannot read a session the lock's entries name; they stay as they are until a retry reads it", "session", key)
+			continue
 		}
 		if live.sessions == nil {
-			live.sessions = make(map[string]sessionState, len(names))
+			live.sessions = map[string]sessionState{}
 		}
 		live.sessions[name] = st
 	}
-	// The pods of holdings and waiters bound to a pod without a session.
-	type podRef struct{ user, name, uid string }
-	var pods []podRef
-	for _, h := range hs {
+	for _, p := range podsBound(lock) {
+		if _, checked := live.podsGone[p]; checked {
+			continue
+		}
+		gone, err := r.podGone(ctx, p)
+		if err != nil {
+			failed = true
+			metrics.EntryErrors.WithLabelValues(metrics.EntryPod).Inc()
+			logger.Error(err, "cannot read the pod of the lock's entries; they stay as they are until a retry reads it", "pod", p.key, "podUID", p.uid)
+			continue
+		}
+		if live.podsGone == nil {
+			live.podsGone = map[podRef]bool{}
+		}
+		live.podsGone[p] = gone
+	}
+	return live, failed
+}
+
+// sessionsNamed lists the sessions lock's holdings and waiters name, each
+// once, leaving out names no LockSession can have.
+func sessionsNamed(lock *locksv1alpha1.DistributedLock) []string {
+	var names []string
+	for _, name := range append(holdingFields(lock, func(h *locksv1alpha1.LockHolder) string { return h.Session }), waiterSessions(lock)...) {
+		if validSessionName(name) && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// podsBound lists the pods lock's holdings and waiters without a session
+// are bound to, each once.
+func podsBound(lock *locksv1alpha1.DistributedLock) []podRef {
+	var refs []podRef
+	add := func(user, podName, podUID string) {
+		if p, b := podOf(user, podName, podUID); b == podBound && !slices.Contains(refs, p) {
+			refs = append(refs, p)
+		}
+	}
+	for _, h := range lock.Status.Holdings() {
 		if h.Session == "" {
-			pods = append(pods, podRef{h.User, h.PodName, h.PodUID})
+			add(h.User, h.PodName, h.PodUID)
 		}
 	}
 	for _, w := range lock.Status.Waiters {
 		if w.Session == "" {
-			pods = append(pods, podRef{w.User, w.PodName, w.PodUID})
+			add(w.User, w.PodName, w.PodUID)
 		}
 	}
-	for _, p := range pods {
-		if p.uid == "" || p.name == "" {
-			continue
-		}
-		if _, checked := live.podsGone[p.uid]; checked {
-			continue
-		}
-		gone, err := r.podGone(ctx, p.user, p.name, p.uid)
-		if err != nil {
-			return live, err
-		}
-		if live.podsGone == nil {
-			live.podsGone = map[string]bool{}
-		}
-		live.podsGone[p.uid] = gone
-	}
-	return live, nil
+	return refs
 }
 
 // session reads a session from the cache and folds it into the observations.
@@ -383,29 +400,21 @@ func (r *Reconciler) session(ctx context.Context, key types.NamespacedName, now 
 	return st, nil
 }
 
-// podGone reports whether the pod podName with podUID no longer exists. A
-// pod's namespace is its service account's, which user (the holder's or the
-// waiter's) carries. What the cache says is confirmed with a live read before
+// podGone reports whether pod p no longer exists (none of its name, or one
+// of another UID). What the cache says is confirmed with a live read before
 // a holding or a waiter is ended on it.
-func (r *Reconciler) podGone(ctx context.Context, user, podName, podUID string) (bool, error) {
-	sa, isSA := strings.CutPrefix(user, "system:serviceaccount:")
-	ns, _, ok := strings.Cut(sa, ":")
-	if !isSA || !ok {
-		return false, nil
-	}
-	key := types.NamespacedName{Namespace: ns, Name: podName}
-	pod := &metav1.PartialObjectMetadata{}
-	pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
-	err := r.reader.Get(ctx, key, pod)
-	if err == nil && string(pod.UID) == podUID {
+func (r *Reconciler) podGone(ctx context.Context, p podRef) (bool, error) {
+	pod := podMetadata()
+	err := r.reader.Get(ctx, p.key, pod)
+	if err == nil && string(pod.UID) == p.uid {
 		return false, nil
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return false, err
 	}
-	err = r.apiReader.Get(ctx, key, pod)
+	err = r.apiReader.Get(ctx, p.key, pod)
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
-	return err == nil && string(pod.UID) != podUID, err
+	return err == nil && string(pod.UID) != p.uid, err
 }

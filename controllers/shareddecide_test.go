@@ -97,13 +97,7 @@ func TestDecideShared(t *testing.T) {
 	for i := range int32(10) {
 		fullSemaphore = append(fullSemaphore, sharing(fmt.Sprintf("s%d", i), i, 60+int64(i), 5, clientTime))
 	}
-	tests := []struct {
-		name    string
-		history []observed
-		at      time.Duration
-		live    liveness
-		want    decision
-	}{
+	tests := []decideCase{
 		{
 			name:    "readers within their leases: requeued at the earliest expiry",
 			history: []observed{{0, newLock(rwMutex, sharing("r1", 0, 50, 10, clientTime), sharing("r2", 1, 51, 30, clientTime))}},
@@ -194,9 +188,9 @@ func TestDecideShared(t *testing.T) {
 		},
 		{
 			name:    "a reader whose pod is gone ends; a reader of another pod stays",
-			history: []observed{{0, readers(sharedOfPod("r1", "worker-0", "pod-uid-1"), sharedOfPod("r2", "worker-1", "pod-uid-2"))}},
+			history: []observed{{0, readers(sharedOfPod("r1", "worker-0", podUID1), sharedOfPod("r2", "worker-1", podUID2))}},
 			at:      time.Second,
-			live:    liveness{podsGone: map[string]bool{"pod-uid-1": true, "pod-uid-2": false}},
+			live:    liveness{podsGone: map[podRef]bool{podIn("worker-0", podUID1): true, podIn("worker-1", podUID2): false}},
 			want:    decision{ends: []ending{endOf("r1", 50, ptr.To[int32](0), ending{reason: locksv1alpha1.EndReasonExpired, why: "holder pod worker-0 deleted"})}},
 		},
 
@@ -258,6 +252,20 @@ func TestDecideShared(t *testing.T) {
 			want:    decision{drop: []droppedWaiter{handoffDrop("q1")}},
 		},
 	}
+	runDecideCases(t, tests)
+}
+
+// decideCase is decide after history, at an offset from t0, with live.
+type decideCase struct {
+	name    string
+	history []observed
+	at      time.Duration
+	live    liveness
+	want    decision
+}
+
+func runDecideCases(t *testing.T, tests []decideCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := decideAfter(tt.history, tt.at, tt.live)

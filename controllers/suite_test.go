@@ -12,6 +12,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -70,8 +71,13 @@ type controllerProcess struct {
 // startController starts a manager with the controller, the real clock, no
 // configured user name (so it learns its own) and opts, and registers its stop.
 func startController(opts ...controllers.Option) *controllerProcess {
+	return startControllerOn(env.Config, opts...)
+}
+
+// startControllerOn is startController connected by cfg.
+func startControllerOn(cfg *rest.Config, opts ...controllers.Option) *controllerProcess {
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

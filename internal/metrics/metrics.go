@@ -39,6 +39,12 @@ const (
 	StepDelete = "delete"
 )
 
+// Kinds of what an entry of a lock depends on, the kind label of EntryErrors.
+const (
+	EntrySession = "session"
+	EntryPod     = "pod"
+)
+
 // collectors are every operator collector, in the order they are declared.
 var collectors []prometheus.Collector
 
@@ -127,6 +133,8 @@ var (
 	waiters         = gauge("waiters", "Waiters queued over all locks, as this controller last observed them.")
 	ReconcileErrors = counterVec(ctrl, "reconcile_errors_total",
 		"Reconciles that returned an error, by step (get, write_status, delete).", "step")
+	EntryErrors = counterVec(ctrl, "entry_errors_total",
+		"Reads of what an entry of a lock depends on that failed, by kind (session, pod): its entries were kept as they were, the rest of the lock decided, and the read retried with a backoff.", "kind")
 	// One series per namespace that ever held a malformed lock: bounded by namespaces.
 	LockDecodeErrors = counterVec(ctrl, "lock_decode_errors_total",
 		"Versions of DistributedLocks the controller could not decode (e.g. a time Go's metav1 types do not parse) and left alone, by namespace; each malformed resourceVersion counts once.", "namespace")
