@@ -23,7 +23,6 @@ const (
 	msgHolderCount     = "status.holderCount must equal the number of holdings, exclusive and shared"
 	msgTransitions     = "status.transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
 	msgAcquirerQueued  = "an acquisition takes its own entry out of the wait queue in the same write: its requestID may not stay in status.waiters (or join it)"
-	msgRequestID       = "an acquisition needs a requestID no current holding has: it must differ from the holder's and from every shared holder's"
 )
 
 var sharedPath = statusPath.Child("sharedHolders")
@@ -185,7 +184,7 @@ func validateAcquisition(oldObj, newObj *locksv1alpha1.DistributedLock, d holdin
 		errs = append(errs, validateNotMoved(acq, d)...)
 	}
 	errs = append(errs, validateFreshLease(o, acq)...)
-	errs = append(errs, validateFreshRequest(o, acq)...)
+	errs = append(errs, validateFreshRequest(o, acq.path, acq.h.RequestID)...)
 	// The head is its requestID and its user: requestIDs are visible in
 	// status, so another user could otherwise copy the head's and jump the
 	// queue. Modes do not matter: a reader arriving while a writer waits
@@ -231,19 +230,6 @@ func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, acq acquisition)
 	}
 	if used {
 		return field.ErrorList{deny(acq.path.Child("leaseID"), RuleLeaseID, msgLeaseID)}
-	}
-	return nil
-}
-
-// validateFreshRequest refuses an acquisition whose requestID a current
-// holding has: a client retrying an acquire finds its holding by requestID
-// (I6), so another user's entry with the same one would answer its retry
-// (red team). Ended holdings' requestIDs are the client's own to recognise
-// (it looks at recentAcquisitions before it writes).
-func validateFreshRequest(o *locksv1alpha1.DistributedLockStatus, acq acquisition) field.ErrorList {
-	id := acq.h.RequestID
-	if holds(o, func(h *locksv1alpha1.LockHolder) bool { return h.RequestID == id }) {
-		return field.ErrorList{deny(acq.path.Child("requestID"), RuleLeaseID, msgRequestID)}
 	}
 	return nil
 }

@@ -56,9 +56,10 @@ func leaseUsed(st *locksv1alpha1.DistributedLockStatus, id string) bool {
 	return st.SharedIndex(id) >= 0
 }
 
-// requestUsed reports whether a current holding of st has the requestID id.
+// requestUsed reports whether a retried acquire of id would find it in st:
+// a current holding or a record of recentAcquisitions has it.
 func requestUsed(st *locksv1alpha1.DistributedLockStatus, id string) bool {
-	if st.Holder != nil && st.Holder.RequestID == id {
+	if st.Holder != nil && st.Holder.RequestID == id || st.FindFinished(id) != nil {
 		return true
 	}
 	return slices.ContainsFunc(st.SharedHolders, func(h locksv1alpha1.SharedHolder) bool { return h.RequestID == id })
@@ -330,7 +331,7 @@ func newHoldingViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor)
 	case leaseUsed(o, fresh[0].LeaseID):
 		return "an acquisition reusing a lease ID"
 	case requestUsed(o, fresh[0].RequestID):
-		return "an acquisition reusing a current holding's requestID"
+		return "an acquisition reusing a requestID status knows"
 	case n.WaiterIndex(fresh[0].RequestID) >= 0:
 		return "an acquisition whose requestID stays in the queue"
 	case len(o.Waiters) > 0 && (o.Waiters[0].RequestID != fresh[0].RequestID || o.Waiters[0].User != a.Username):

@@ -36,6 +36,14 @@ var statusShapes = []corpusShape{
 		h := w.acquired()
 		return h != nil && h.PodUID != "" && !podUIDRE.MatchString(h.PodUID)
 	}},
+	// The third red team's: another user's retried acquire would find it.
+	{"a waiter with a requestID a holding or record has", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool { return requestUsed(&w.old.Status, x.RequestID) })
+	}},
+	{"an acquisition with a requestID a record has", func(w generatedWrite) bool {
+		h := w.acquired()
+		return h != nil && w.old.Status.FindFinished(h.RequestID) != nil
+	}},
 	{"admitted: a pod queueing in its own name", func(w generatedWrite) bool {
 		name, _ := w.actor.pod()
 		return !w.denied && name != "" && slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool { return x.PodName == name })

@@ -418,6 +418,9 @@ func queueViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) stri
 			if msg := podViolation(w.PodName, w.PodUID, a); msg != "" {
 				return msg
 			}
+			if requestUsed(o, w.RequestID) {
+				return "a queue entry with a requestID status knows"
+			}
 		}
 		if w.User == a.Username {
 			mine++

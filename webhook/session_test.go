@@ -94,6 +94,13 @@ func TestValidateSessionCreate(t *testing.T) {
 		{name: "16 labels and annotations", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
 			s.Labels, s.Annotations = entries(16), entries(16)
 		}, actor: Actor{Username: alice}, allowed: true},
+		// The controller caches every session (red team).
+		{name: "annotations of 4097 bytes", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
+			s.Annotations = map[string]string{"k": strings.Repeat("v", MaxCreateAnnotationBytes)}
+		}, actor: Actor{Username: alice}},
+		{name: "annotations of 4096 bytes", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
+			s.Annotations = map[string]string{"k": strings.Repeat("v", MaxCreateAnnotationBytes-1)}
+		}, actor: Actor{Username: alice}, allowed: true},
 	}
 	for _, c := range cases {
 		if c.edit != nil {

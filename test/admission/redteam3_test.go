@@ -1,0 +1,89 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	kwebhook "github.com/kubelock/kubelock/webhook"
+)
+
+// The third red team's cases (after pod fields came only from a pod's own
+// token, metric series only from existing locks and the auto-created label
+// only from a default create): the holes it found, each denied by both
+// engines with its rule's message. hostileEntries appends the status cases;
+// the create cases are in the red team's bulk-metadata table and the session
+// cases in redteamSessionEntries.
+
+// msgRequestID is both engines' denial of a requestID status still knows.
+const msgRequestID = "a new holding or queue entry needs a fresh requestID: it must differ from the holder's, from every shared holder's and from every requestID in status.recentAcquisitions"
+
+// waiterWithRequest is w with the requestID id.
+func waiterWithRequest(w locksv1alpha1.Waiter, id string) locksv1alpha1.Waiter {
+	w.RequestID = id
+	return w
+}
+
+func redteam3Entries() []TableEntry {
+	fresh := tag(kwebhook.RuleLeaseID) + msgRequestID
+	return []TableEntry{
+		// A client finds its request by requestID in status (I6), and a
+		// requestID is visible to every lock user. bob queues with alice's:
+		// once her holding ends he holds with it, and alice's retried acquire
+		// (her response was lost) answers "request ID … belongs to user bob";
+		// once he releases, his record answers it "your lease ended".
+		Entry("red team 3: a waiter with the holder's requestID", hostile{state: held, by: "bob",
+			do:   update(enqueue(waiterWithRequest(waiter("bob", 1), requestID("alice", 1)))),
+			want: []string{fresh}}),
+		Entry("red team 3: a waiter with a requestID recentAcquisitions remembers", hostile{state: heldHistory, by: "bob",
+			do:   update(enqueue(waiterWithRequest(waiter("bob", 1), requestID("alice", 0)))),
+			want: []string{fresh}}),
+		Entry("red team 3: an acquisition with a requestID recentAcquisitions remembers", hostile{state: freeHistory, by: "bob",
+			do:   update(acquire(withRequest(holder("bob", 1), requestID("alice", 0)))),
+			want: []string{fresh}}),
+		Entry("red team 3: a permit with the requestID of an ended permit", hostile{state: state{spec: sem3Spec, readers: []string{"alice"}}, by: "bob",
+			setup: func(ctx context.Context, key client.ObjectKey) {
+				Expect(write(ctx, alice, key, endShared("alice", 1, locksv1alpha1.EndReasonReleased, "alice"))).To(Succeed())
+			},
+			do:   update(acquireShared(withRequest(holder("bob", 1), requestID("alice", 1)), 0)),
+			want: []string{fresh}}),
+	}
+}
+
+// bigAnnotations is n annotations of size bytes each, and how many bytes
+// they take in all (keys and values).
+func bigAnnotations(n, size int) (map[string]string, int) {
+	m, total := map[string]string{}, 0
+	for i := range n {
+		k := fmt.Sprint("example.com/a", i)
+		m[k] = strings.Repeat("v", size)
+		total += len(k) + size
+	}
+	return m, total
+}
+
+// withAnnotations sets m as the object's annotations.
+func withAnnotations(m map[string]string) func(*metav1.ObjectMeta) {
+	return func(o *metav1.ObjectMeta) { o.Annotations = m }
+}
+
+// bulkAnnotationEntries are the red team's creates that carry an
+// operator's cache's worth of annotations: the apiserver takes 256 kB per
+// object, and the controller caches every lock and session it watches.
+func bulkAnnotationEntries() []TableEntry {
+	big, n := bigAnnotations(16, 15900)
+	key := map[string]string{locksv1alpha1.KeyAnnotation: strings.Repeat("k", 250000)}
+	bytes := func(n int) string {
+		return fmt.Sprintf("metadata.annotations (%d bytes, at most %d)", n, kwebhook.MaxCreateAnnotationBytes)
+	}
+	return []TableEntry{
+		Entry("red team 3: 16 annotations of 250 kB in all", withAnnotations(big), bytes(n)),
+		Entry("red team 3: a key annotation of 250 kB", withAnnotations(key), bytes(len(locksv1alpha1.KeyAnnotation)+250000)),
+	}
+}
