@@ -180,7 +180,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 		if obj == nil {
 			var err error
 			if obj, err = a.c.get(ctx, a.key, a.name, a.c.cfg.autoCreate); err != nil {
-				if errors.Is(err, ErrNotFound) {
+				if errors.Is(err, ErrNotFound) || errors.Is(err, errKeyCollision) {
 					return nil, err
 				}
 				if definite(err) {
@@ -285,7 +285,7 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 // queued ahead. Any other answer (locked, queued, already held) is given only
 // from a fresh read.
 func (a *attempt) writesStraight(obj *locksv1alpha1.DistributedLock) bool {
-	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != a.key {
+	if _, ok := collidingKey(obj, a.key); ok {
 		return false
 	}
 	st := &obj.Status

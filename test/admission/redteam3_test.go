@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
 	kwebhook "github.com/kubelock/kubelock/webhook"
 )
 
@@ -87,3 +88,34 @@ func bulkAnnotationEntries() []TableEntry {
 		Entry("red team 3: a key annotation of 250 kB", withAnnotations(key), bytes(len(locksv1alpha1.KeyAnnotation)+250000)),
 	}
 }
+
+var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
+	for _, e := range []engine{engineWebhook, enginePolicy} {
+		Context("with the "+string(e)+" engine", func() {
+			var ns string
+			BeforeAll(func(ctx SpecContext) {
+				activate(ctx, e)
+				ns = namespace(ctx, "red3-"+string(e))
+			})
+
+			// Neither engine can tell which key a lock's name comes from (a
+			// policy computes no hash), so alice may create the lock of
+			// bob's key first, naming another key in its annotation. The
+			// client refused such a lock ("belongs to key ..."): bob could
+			// never lock his key until an administrator deleted it. The
+			// annotation tells apart two keys of one name; one whose name is
+			// another says nothing about this lock.
+			It("lets a client take its key's lock that another user created naming another key", func(ctx SpecContext) {
+				key := "orders-" + randomSuffix()
+				Expect(createAs(locksv1alpha1.DistributedLockSpec{}, withAnnotations(map[string]string{locksv1alpha1.KeyAnnotation: "payments"}))(
+					ctx, alice, client.ObjectKey{Namespace: ns, Name: key})).To(Succeed(), "both engines admit it")
+				c, err := lock.New(bob.cfg, lock.WithNamespace(ns), lock.WithIdentity("bob"))
+				Expect(err).NotTo(HaveOccurred())
+				l, err := c.TryAcquire(ctx, key)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(get(ctx, client.ObjectKey{Namespace: ns, Name: key}).Status.Holder.User).To(Equal("bob"))
+				Expect(l.Release(ctx)).To(Succeed())
+			})
+		})
+	}
+})
