@@ -206,6 +206,9 @@ func (a *attempt) run(ctx context.Context) (*Lock, error) {
 				a.cfg.requestID, st.Transitions-a.unknownAt+a.unknownHeld, locksv1alpha1.MaxRecentAcquisitions)
 		}
 		pos := st.WaiterIndex(a.cfg.requestID)
+		if pos >= 0 && st.Waiters[pos].User != a.user {
+			return nil, a.requestTaken(st.Waiters[pos].User)
+		}
 		if obj.Admits(mode) && (len(st.Waiters) == 0 || pos == 0) {
 			next, sent, err := a.take(ctx, obj, mode)
 			switch {
@@ -332,6 +335,15 @@ func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (
 		return nil, true, endedHolding(f)
 	}
 	return nil, false, nil
+}
+
+// requestTaken is the error of a request whose ID another user's queue
+// entry has: requestIDs are visible to every lock user, and one nobody has
+// used yet is anyone's (a predictable one can be taken first). This request
+// never queues while that entry stays, so it fails at once.
+func (a *attempt) requestTaken(user string) error {
+	return fmt.Errorf("kubelock: acquire %q: request ID %s is the queue entry of user %q: request IDs are visible to every lock user, choose one nobody can guess",
+		a.key, a.cfg.requestID, user)
 }
 
 // report tells the OnQueue callback about a changed place in the queue.

@@ -171,6 +171,9 @@ type QueueStatus struct {
 // another call or process is recognised while its holding is among the last
 // MaxRecentAcquisitions the lock remembers; within one call, Acquire refuses
 // (ErrLockLost) rather than guess once the lock changed hands more often.
+// Every lock user of the namespace reads request IDs in the lock's status,
+// and one nobody has used yet is anyone's: choose one nobody can guess (a
+// Job's UID rather than its name), or another user may take it first.
 func RequestID(id string) AcquireOption { return func(a *acquireConfig) { a.requestID = id } }
 
 // WaitTimeout bounds how long Acquire waits in the queue (default and upper bound: the client's WithMaxWait).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -115,6 +116,20 @@ var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
 				Expect(err).NotTo(HaveOccurred())
 				Expect(get(ctx, client.ObjectKey{Namespace: ns, Name: key}).Status.Holder.User).To(Equal("bob"))
 				Expect(l.Release(ctx)).To(Succeed())
+			})
+
+			// A requestID nobody used yet is anyone's, so alice may queue
+			// first with the one bob's job retries with (say, its name). bob's
+			// client took her entry for its own: it never queued, reported her
+			// place as its own, and timed out (or was refused at the head).
+			It("tells a client whose request ID another user's queue entry took", func(ctx SpecContext) {
+				key := held.build(ctx, ns)
+				Expect(write(ctx, alice, key, enqueue(waiterWithRequest(waiter("alice", 1), "job-42")))).To(Succeed())
+				c, err := lock.New(bob.cfg, lock.WithNamespace(ns), lock.WithIdentity("bob"))
+				Expect(err).NotTo(HaveOccurred())
+				_, err = c.Acquire(ctx, key.Name, lock.RequestID("job-42"), lock.WaitTimeout(5*time.Second))
+				Expect(err).To(MatchError(ContainSubstring(`request ID job-42 is the queue entry of user "alice"`)))
+				Expect(get(ctx, key).Status.Waiters).To(HaveLen(1), "bob's client wrote nothing")
 			})
 		})
 	}
