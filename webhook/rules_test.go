@@ -282,6 +282,10 @@ func TestHardeningRules(t *testing.T) {
 			addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld)(l)
 			l.Status.Conditions[0].Message = "free \u202e"
 		}, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
+		{name: "Held with a paragraph separator in its message (red team)", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
+			addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld)(l)
+			l.Status.Conditions[0].Message = "free\u2029Released by alice"
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
 		{name: "Held with 256 characters of message", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
 			addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld)(l)
 			l.Status.Conditions[0].Message = strings.Repeat("é", locksv1alpha1.MaxConditionMessage)

@@ -55,6 +55,24 @@ func redteam3Entries() []TableEntry {
 			},
 			do:   update(acquireShared(withRequest(holder("bob", 1), requestID("alice", 1)), 0)),
 			want: []string{fresh}}),
+		// Line and paragraph separators break a log line or a table row
+		// where a viewer takes them for a newline; kubelock's own escaping
+		// (internal/escape) treats them as control characters, so "printable"
+		// names refuse them too.
+		Entry("red team 3: an identity with a line separator (U+2028)", hostile{state: free, by: "bob",
+			do: update(acquire(func() locksv1alpha1.LockHolder {
+				h := holder("bob", 1)
+				h.Identity = "bob\u2028holder: alice"
+				return h
+			}())),
+			want: []string{"in body should match '" + locksv1alpha1.IdentityPattern + "'"}}),
+		Entry("red team 3: a Held message with a paragraph separator (U+2029)", hostile{state: held, by: "alice",
+			do: setConditions(func() map[string]any {
+				c := heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339())
+				c["message"] = "held\u2029Released by alice"
+				return c
+			}()),
+			want: []string{tag(kwebhook.RuleBookkeeping) + msgConditions}}),
 	}
 }
 
