@@ -183,16 +183,23 @@ type sessionRef struct {
 }
 
 // newSessionRefs are the session references a lock write adds: the new
-// holding of an acquisition (exclusive or shared) and each added waiter.
+// holding of an acquisition (exclusive or shared) and the added waiter. A
+// write that acquires more than one holding or adds more than one waiter
+// names none: the slot and queue rules refuse it, and each session it named
+// would cost a live read (a write could name 1,024; red team).
 func newSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock) []sessionRef {
-	var refs []sessionRef
 	o, n := &oldObj.Status, &newObj.Status
-	for _, acq := range diffHoldings(o, n).acquired {
+	acquired, added := diffHoldings(o, n).acquired, addedWaiters(o, n)
+	if len(acquired) > 1 || len(added) > 1 {
+		return nil
+	}
+	var refs []sessionRef
+	for _, acq := range acquired {
 		if acq.h.Session != "" {
 			refs = append(refs, sessionRef{acq.path.Child("session"), acq.h.Session, acq.h.PodUID, true})
 		}
 	}
-	for _, i := range addedWaiters(o, n) {
+	for _, i := range added {
 		if w := n.Waiters[i]; w.Session != "" {
 			refs = append(refs, sessionRef{waitersPath.Index(i).Child("session"), w.Session, w.PodUID, false})
 		}

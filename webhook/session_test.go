@@ -1,6 +1,8 @@
 package webhook
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -275,3 +277,25 @@ func TestSessionEndReasonsAreTheController(t *testing.T) {
 }
 
 func yes() *bool { b := true; return &b }
+
+// TestSessionsNamedOnlyForAnAdmissibleShape: a write that adds more than one
+// waiter or holding names no session to read, so a denied write costs no
+// live read per entry (red team); one that adds one names its session.
+func TestSessionsNamedOnlyForAnAdmissibleShape(t *testing.T) {
+	old := heldBy(bob)
+	inSession := func(n int) *locksv1alpha1.DistributedLock {
+		l := old.DeepCopy()
+		for i := range n {
+			w := waiter(alice, fmt.Sprint("r", i))
+			w.Session = fmt.Sprint("s", i)
+			l.Status.AppendWaiter(w)
+		}
+		return l
+	}
+	if got := SessionsNamed(old, inSession(1)); !slices.Equal(got, []string{"s0"}) {
+		t.Errorf("one waiter: SessionsNamed = %v, want [s0]", got)
+	}
+	if got := SessionsNamed(old, inSession(128)); len(got) > 0 {
+		t.Errorf("128 waiters: SessionsNamed = %d names, want none", len(got))
+	}
+}

@@ -136,6 +136,26 @@ var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
 				Expect(l.Release(ctx)).To(Succeed())
 			})
 
+			// The webhook reads every session a write newly names, live,
+			// before its rules refuse a write that adds more than one entry:
+			// one denied write of 128 waiters, each naming a session, cost 128
+			// reads of the apiserver (1,024 on a lock an administrator let
+			// queue that many). A write the rules could admit names at most
+			// one new session per entry it may add.
+			It("reads no session for a write that adds more entries than one write may", func(ctx SpecContext) {
+				key := held.build(ctx, ns)
+				before := sessionGets(ctx)
+				err := write(ctx, bob, key, func(l *locksv1alpha1.DistributedLock) {
+					for i := range int(l.MaxWaiters()) {
+						w := waiter("bob", i+1)
+						w.Session = fmt.Sprint("ghost-", i)
+						l.Status.AppendWaiter(w)
+					}
+				})
+				Expect(err).To(MatchError(ContainSubstring(tag(kwebhook.RuleQueue) + "one write may add at most one waiter")))
+				Expect(sessionGets(ctx) - before).To(BeZero(), "GETs of locksessions the write caused")
+			})
+
 			// A requestID nobody used yet is anyone's, so alice may queue
 			// first with the one bob's job retries with (say, its name). bob's
 			// client took her entry for its own: it never queued, reported her
@@ -152,3 +172,23 @@ var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
 		})
 	}
 })
+
+// sessionGets is how many GETs of LockSessions the apiserver has served
+// (apiserver_request_total): the suite runs its specs one at a time, and no
+// controller reads sessions in them.
+func sessionGets(ctx context.Context) int {
+	b, err := raw.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") || !strings.Contains(line, `resource="locksessions"`) ||
+			!strings.Contains(line, `verb="GET"`) || !strings.Contains(line, `subresource=""`) {
+			continue
+		}
+		var v float64
+		_, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+		Expect(err).NotTo(HaveOccurred(), line)
+		n += int(v)
+	}
+	return n
+}
