@@ -19,18 +19,20 @@ const (
 		"uid: spec.podUID} with controller and blockOwnerDeletion unset or false"
 	msgSessionPodNamespace = "a session created with a pod-bound token lives in its pod's namespace (the service account's): " +
 		"its Pod ownerReference cannot point into another namespace"
-	msgSessionNoPod      = "a session created without a pod-bound token has no spec.podName, spec.podUID or metadata.ownerReferences"
-	msgSessionFinalizers = "a session is created without finalizers"
-	msgSessionMeta       = "a session has at most 16 labels and at most 16 annotations"
-	// The controller caches every session (MaxCreateAnnotationBytes).
-	msgSessionAnnotationBytes = "a session's annotations take at most 4096 bytes, keys and values together"
-	msgSessionMetaFixed       = "a session's ownerReferences and finalizers do not change (only the garbage collector removes them)"
-	msgSessionPodOnly         = "a session bound to a pod (spec.podUID) is renewed, changed or closed by its user only from that same pod"
-	msgSessionControllerSt    = "the controller changes only a session's status.locks"
-	msgSessionLocks           = "status.locks of a session is the controller's count"
-	msgSessionRenewTime       = "status.renewTime of a session is never removed and never moves backwards"
-	msgSessionRenew           = "a holding in a session is renewed through its session"
+	msgSessionNoPod        = "a session created without a pod-bound token has no spec.podName, spec.podUID or metadata.ownerReferences"
+	msgSessionFinalizers   = "a session is created without finalizers"
+	msgSessionMeta         = "a session has at most 16 labels and at most 16 annotations"
+	msgSessionMetaFixed    = "a session's ownerReferences and finalizers do not change (only the garbage collector removes them)"
+	msgSessionPodOnly      = "a session bound to a pod (spec.podUID) is renewed, changed or closed by its user only from that same pod"
+	msgSessionControllerSt = "the controller changes only a session's status.locks"
+	msgSessionLocks        = "status.locks of a session is the controller's count"
+	msgSessionRenewTime    = "status.renewTime of a session is never removed and never moves backwards"
+	msgSessionRenew        = "a holding in a session is renewed through its session"
 )
+
+// msgSessionAnnotationBytes: the controller caches every session
+// (MaxCreateAnnotationBytes); config/policy's session policy says the same.
+const msgSessionAnnotationBytes = "a session's annotations take at most 4096 bytes, keys and values together"
 
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
 const maxSessionMeta = 16
