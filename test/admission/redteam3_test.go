@@ -146,14 +146,14 @@ var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
 				key := held.build(ctx, ns)
 				before := sessionGets(ctx)
 				err := write(ctx, bob, key, func(l *locksv1alpha1.DistributedLock) {
-					for i := range int(l.MaxWaiters()) {
+					for i := range l.MaxWaiters() {
 						w := waiter("bob", i+1)
 						w.Session = fmt.Sprint("ghost-", i)
 						l.Status.AppendWaiter(w)
 					}
 				})
 				Expect(err).To(MatchError(ContainSubstring(tag(kwebhook.RuleQueue) + "one write may add at most one waiter")))
-				Expect(sessionGets(ctx) - before).To(BeZero(), "GETs of locksessions the write caused")
+				Expect(sessionGets(ctx)-before).To(BeZero(), "GETs of locksessions the write caused")
 			})
 
 			// A requestID nobody used yet is anyone's, so alice may queue
