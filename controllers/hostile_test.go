@@ -52,21 +52,24 @@ var _ = Describe("entries written past admission", func() {
 		podDropped, sessionDropped, handoffDropped := waitersDropped("PodDeleted"), waitersDropped("SessionClosed"), waitersDropped("HandoffTimeout")
 		foreign := createSession(ctx, ns, "foreign", "someone-else", 300)
 		own := createSession(ctx, ns, "own", adminUser, 300)
+		waiters, pods := hostileWaiters(sa, foreign.Name)
 		hostile := func(l *locksv1alpha1.DistributedLock) {
-			for _, w := range hostileWaiters(sa, foreign.Name) {
+			for _, w := range waiters {
 				l.Status.AppendWaiter(w)
 			}
 			l.Status.AppendWaiter(waiter("next", time.Now(), time.Hour))
 		}
 
-		By("writing holdings bound to a path and queues of hostile waiters")
+		By("writing holdings bound to a path and queues of hostile waiters (the pod names the CRD's pattern refuses straight into etcd)")
 		expiring := createLock(ctx, ns, "expiring", nil, locksv1alpha1.DistributedLockSpec{HandoffTimeoutSeconds: 1})
 		acquired := time.Now()
-		acquireWith(ctx, expiring, "lease-expiring-00001", 2, boundTo(sa, pathLike))
+		acquireWith(ctx, expiring, "lease-expiring-00001", 2, boundTo(sa, "placeholder"))
 		updateStatus(ctx, expiring, hostile)
+		plantPods(ctx, expiring, pathLike, pods)
 		forced := createLock(ctx, ns, "forced", nil, locksv1alpha1.DistributedLockSpec{HandoffTimeoutSeconds: 1})
-		acquireWith(ctx, forced, "lease-forced-0000001", 300, boundTo(sa, pathLike))
+		acquireWith(ctx, forced, "lease-forced-0000001", 300, boundTo(sa, "placeholder"))
 		updateStatus(ctx, forced, hostile)
+		plantPods(ctx, forced, pathLike, pods)
 		bystander := createLock(ctx, ns, "bystander", nil, locksv1alpha1.DistributedLockSpec{})
 		acquire(ctx, bystander, "lease-bystander-0001", 1)
 
@@ -182,13 +185,17 @@ var _ = Describe("entries written past admission", func() {
 
 // hostileWaiters are waiters of service account sa bound to pods that cannot
 // exist (a path, an upper-case name, a UID that is no UUID) or do not exist,
-// and waiters in a missing session and in foreign, someone else's.
-func hostileWaiters(sa, foreign string) []locksv1alpha1.Waiter {
-	var ws []locksv1alpha1.Waiter
+// and waiters in a missing session and in foreign, someone else's. The CRD's
+// schema refuses the names and UIDs no pod can have, so the waiters carry a
+// pod that could exist, and pods says, by request ID, what plantPods writes
+// in its place straight into etcd.
+func hostileWaiters(sa, foreign string) (ws []locksv1alpha1.Waiter, pods map[string][2]string) {
+	pods = map[string][2]string{}
 	for i, pod := range [][2]string{{pathLike, string(uuid.NewUUID())}, {"Worker-0", string(uuid.NewUUID())},
 		{"worker-0", "uid-worker-0"}, {"no-such-pod", string(uuid.NewUUID())}} {
 		w := waiter("pod-"+string(rune('a'+i)), time.Now(), time.Hour)
-		w.User, w.PodName, w.PodUID = sa, pod[0], pod[1]
+		w.User, w.PodName, w.PodUID = sa, "placeholder", string(uuid.NewUUID())
+		pods[w.RequestID] = pod
 		ws = append(ws, w)
 	}
 	for _, session := range []string{"never-created", foreign} {
@@ -196,7 +203,24 @@ func hostileWaiters(sa, foreign string) []locksv1alpha1.Waiter {
 		w.Session = session
 		ws = append(ws, w)
 	}
-	return ws
+	return ws, pods
+}
+
+// plantPods writes, straight into etcd, holderPod as the holding's pod name
+// and each waiter's pod (name and UID) that pods gives by request ID.
+func plantPods(ctx context.Context, key types.NamespacedName, holderPod string, pods map[string][2]string) {
+	rewriteStatus(ctx, key, func(status map[string]any) {
+		Expect(unstructured.SetNestedField(status, holderPod, "holder", "podName")).To(Succeed())
+		waiters, _, _ := unstructured.NestedSlice(status, "waiters")
+		for _, e := range waiters {
+			w, ok := e.(map[string]any)
+			Expect(ok).To(BeTrue())
+			if pod, ok := pods[w["requestID"].(string)]; ok {
+				w["podName"], w["podUID"] = pod[0], pod[1]
+			}
+		}
+		Expect(unstructured.SetNestedSlice(status, waiters, "waiters")).To(Succeed())
+	})
 }
 
 // boundTo binds a holding to the pod podName (of a fresh UID) of service account sa.

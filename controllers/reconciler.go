@@ -32,7 +32,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/metrics"
-	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/internal/whoami"
 )
 
 // Defaults of the reconciler's options.
@@ -137,7 +137,7 @@ type Reconciler struct {
 	namespaces []string
 	// username is the configured user name; empty means self's.
 	username string
-	self     *lock.Self
+	self     *whoami.Self
 }
 
 // Option configures a Reconciler.
@@ -242,7 +242,7 @@ func newReconciler(mgr ctrl.Manager, opts []Option) (*Reconciler, error) {
 		events:    EventsImportant,
 		clock:     clock.RealClock{},
 		timing:    timing{grace: DefaultExpiryGrace, idleTimeout: DefaultIdleTimeout},
-		self:      lock.NewSelf(c),
+		self:      whoami.New(c),
 		apiReader: mgr.GetAPIReader(),
 	}
 	for _, o := range opts {

@@ -23,7 +23,7 @@ if bad=$(go list -deps ./pkg/lock ./pkg/fencing | grep -E "$forbidden"); then
 fi
 # go list without -test follows no _test.go file: these are the binaries' and
 # libraries' own dependencies.
-if bad=$(go list -deps ./api/... ./cmd/... ./config/... ./controllers/... ./internal/... ./pkg/... ./webhook/... | grep '^github\.com/kubelock/kubelock/test/'); then
+if bad=$(go list -deps ./api/... ./cmd/... ./config/... ./controllers/... ./internal/... ./pkg/... ./rules/... ./webhook/... | grep '^github\.com/kubelock/kubelock/test/'); then
   echo "verify: product code links test-only packages:" >&2
   echo "$bad" >&2
   rc=1

@@ -1,3 +1,10 @@
+// Package webhook serves kubelock's admission rules (package rules) as
+// validating webhooks for DistributedLocks, LockSessions and the objects locks
+// fence: it decodes each request, makes its writer an Actor whose verbs it
+// asks kube-apiserver with SubjectAccessReviews, reads what the rules need
+// (the sessions a lock's write names, the lock guarding a fenced object),
+// calls the rules and answers, counting each answer by rule. It validates and
+// never mutates.
 package webhook
 
 import (
@@ -20,6 +27,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/metrics"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // Path is where the webhook server serves the lock validator.
@@ -85,7 +93,7 @@ func (v *Validator) Handle(ctx context.Context, req admission.Request) admission
 	switch {
 	case status:
 		// Times Go cannot parse get the rule's denial, not a decode error.
-		if errs := ValidateRawStatusTimes(req.Object.Raw); len(errs) > 0 {
+		if errs := rules.ValidateRawStatusTimes(req.Object.Raw); len(errs) > 0 {
 			return respond(errs)
 		}
 	case req.SubResource != "" || req.Operation == admissionv1.Connect:
@@ -98,35 +106,25 @@ func (v *Validator) Handle(ctx context.Context, req admission.Request) admission
 	return answer(v.validate(ctx, req, oldObj, newObj))
 }
 
+// validate judges a decoded write of a lock with the rules; an error is a
+// session that could not be read.
 func (v *Validator) validate(ctx context.Context, req admission.Request, oldObj, newObj *locksv1alpha1.DistributedLock) (field.ErrorList, error) {
-	a := v.actor(req.UserInfo)
-	var err error
-	switch req.Operation {
-	case admissionv1.Create:
-		// Only what the lock's contents make relevant is asked: a default lock
-		// (what pkg/lock auto-creates) costs no SubjectAccessReview.
-		m, err := v.metaActor(ctx, req, a, CreateChecks(newObj))
-		return ValidateCreate(newObj, m), err
-	case admissionv1.Delete:
-		if oldObj.IsHeld() && oldObj.Annotations[locksv1alpha1.ForceDeleteAnnotation] != "true" {
-			a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, oldObj.Namespace, oldObj.Name, locksv1alpha1.ForceReleaseVerb)
-		}
-		return ValidateDelete(oldObj, a), err
+	a := v.actor(ctx, req.UserInfo)
+	switch {
+	case req.Operation == admissionv1.Create:
+		return rules.ValidateCreate(newObj, a), nil
+	case req.Operation == admissionv1.Delete:
+		return rules.ValidateDelete(oldObj, a), nil
+	case req.SubResource == "" && !rules.MetadataChanged(oldObj, newObj):
+		return nil, nil // a spec, label or annotation edit (the matchConditions normally keep it away)
+	case req.SubResource == "":
+		return rules.ValidateMetadataUpdate(oldObj, newObj, a), nil
 	}
-	if req.SubResource == "" {
-		if !MetadataChanged(oldObj, newObj) {
-			return nil, nil // a spec, label or annotation edit (the matchConditions normally keep it away)
-		}
-		m, err := v.metaActor(ctx, req, a, UpdateChecks(oldObj, newObj))
-		return ValidateMetadataUpdate(oldObj, newObj, m), err
+	sessions, err := v.sessionsNamed(ctx, oldObj, newObj)
+	if err != nil {
+		return nil, err
 	}
-	if NeedsForceCheck(oldObj, newObj) {
-		if a.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, oldObj.Namespace, oldObj.Name, locksv1alpha1.ForceReleaseVerb); err != nil {
-			return nil, err
-		}
-	}
-	sessionErrs, err := v.sessionRefErrors(ctx, oldObj, newObj, a)
-	return append(ValidateStatusUpdate(oldObj, newObj, a), sessionErrs...), err
+	return append(rules.ValidateStatusUpdate(oldObj, newObj, a), rules.ValidateSessionRefs(oldObj, newObj, a, sessions)...), nil
 }
 
 // decode decodes the objects the operation has: the old one unless it is a
@@ -143,45 +141,40 @@ func (v *Validator) decode(req admission.Request, oldObj, newObj runtime.Object)
 	return nil
 }
 
-// metaActor is a with the SubjectAccessReviews c asks for.
-func (v *Validator) metaActor(ctx context.Context, req admission.Request, a Actor, c MetaChecks) (m MetaActor, err error) {
-	m.Actor = a
-	if c.ForceRelease {
-		if m.CanForceRelease, err = v.can(ctx, req.UserInfo, lockResource, req.Namespace, req.Name, locksv1alpha1.ForceReleaseVerb); err != nil {
-			return m, err
-		}
+// actor is the writer of req as the rules see it; its verbs are asked of
+// kube-apiserver with SubjectAccessReviews, only when a rule needs the answer.
+func (v *Validator) actor(ctx context.Context, u authenticationv1.UserInfo) rules.Actor {
+	return rules.Actor{
+		Username: u.Username, Groups: u.Groups, Extra: extra(u.Extra),
+		IsController:       v.controllers[u.Username],
+		IsGarbageCollector: slices.Contains(rules.DefaultGarbageCollectors, u.Username),
+		Authorizer:         rules.AuthorizerFunc(func(c rules.Check) (bool, error) { return v.can(ctx, u, c) }),
 	}
-	if c.Update {
-		m.CanUpdate, err = v.can(ctx, req.UserInfo, lockResource, req.Namespace, req.Name, UpdateVerb)
-	}
-	return m, err
 }
 
-func (v *Validator) actor(u authenticationv1.UserInfo) Actor {
-	return Actor{Username: u.Username, Extra: extra(u.Extra), IsController: v.controllers[u.Username]}
-}
-
-const lockResource = "distributedlocks"
-
-// can asks with a SubjectAccessReview whether u has verb on resource namespace/name.
-func (v *Validator) can(ctx context.Context, u authenticationv1.UserInfo, resource, namespace, name, verb string) (bool, error) {
+// can asks with a SubjectAccessReview whether u may do c.
+func (v *Validator) can(ctx context.Context, u authenticationv1.UserInfo, c rules.Check) (bool, error) {
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User: u.Username, UID: u.UID, Groups: u.Groups, Extra: sarExtra(u.Extra),
 		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: namespace, Verb: verb, Group: locksv1alpha1.GroupVersion.Group, Resource: resource, Name: name,
+			Namespace: c.Namespace, Verb: c.Verb, Group: locksv1alpha1.GroupVersion.Group, Resource: c.Resource, Name: c.Name,
 		},
 	}}
 	if err := v.sar.Create(ctx, sar); err != nil {
-		return false, fmt.Errorf("webhook: checking the %s verb with a SubjectAccessReview: %w", verb, err)
+		return false, fmt.Errorf("webhook: SubjectAccessReview: %w", err)
 	}
 	return sar.Status.Allowed, nil
 }
 
-// answer turns what a handler found into an admission response: an error
-// errs, otherwise respond.
+// answer turns what a handler found into an admission response: an error,
+// or rules that could not judge the write (a verb that could not be asked),
+// errs; otherwise respond.
 func answer(errs field.ErrorList, err error) admission.Response {
-	if err != nil {
+	switch {
+	case err != nil:
 		return admission.Errored(http.StatusInternalServerError, err)
+	case rules.Failed(errs):
+		return admission.Errored(http.StatusInternalServerError, errs.ToAggregate())
 	}
 	return respond(errs)
 }
@@ -194,7 +187,7 @@ func respond(errs field.ErrorList) admission.Response {
 		return admission.Allowed("")
 	}
 	for _, e := range errs {
-		metrics.AdmissionDecision(string(ruleOf(e)), false)
+		metrics.AdmissionDecision(string(rules.RuleOf(e)), false)
 	}
 	return admission.Denied(errs.ToAggregate().Error())
 }
@@ -232,32 +225,27 @@ func (h sessionHandler) Handle(ctx context.Context, req admission.Request) admis
 	if req.Operation == admissionv1.Connect {
 		return respond(nil)
 	}
-	v := h.v
 	oldObj, newObj := &locksv1alpha1.LockSession{}, &locksv1alpha1.LockSession{}
-	if err := v.decode(req, oldObj, newObj); err != nil {
+	if err := h.v.decode(req, oldObj, newObj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	a := SessionActor{Actor: v.actor(req.UserInfo), IsGarbageCollector: slices.Contains(DefaultGarbageCollectors, req.UserInfo.Username)}
+	a := h.v.actor(ctx, req.UserInfo)
 	switch {
 	case req.Operation == admissionv1.Create:
-		return respond(ValidateSessionCreate(newObj, a.Actor))
+		return answer(rules.ValidateSessionCreate(newObj, a), nil)
 	case req.Operation == admissionv1.Update && req.SubResource == "status":
-		return respond(ValidateSessionStatus(oldObj, newObj, a.Actor))
+		return answer(rules.ValidateSessionStatus(oldObj, newObj, a), nil)
 	case req.Operation == admissionv1.Update:
-		return respond(ValidateSessionUpdate(oldObj, newObj, a))
+		return answer(rules.ValidateSessionUpdate(oldObj, newObj, a), nil)
 	}
-	var err error
-	if user, pod := a.owns(oldObj); !(user && pod) && !a.IsController && !a.IsGarbageCollector {
-		a.CanForceRelease, err = v.can(ctx, req.UserInfo, locksv1alpha1.LockSessionsResource, req.Namespace, req.Name, locksv1alpha1.ForceReleaseVerb)
-	}
-	return answer(ValidateSessionDelete(oldObj, a), err)
+	return answer(rules.ValidateSessionDelete(oldObj, a), nil)
 }
 
-// sessionRefErrors checks the session fields of a lock's status write,
-// reading each session it newly names from the apiserver.
-func (v *Validator) sessionRefErrors(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) (field.ErrorList, error) {
+// sessionsNamed reads from the apiserver each session a lock's status write
+// newly names; a session that does not exist has no entry.
+func (v *Validator) sessionsNamed(ctx context.Context, oldObj, newObj *locksv1alpha1.DistributedLock) (map[string]*locksv1alpha1.LockSession, error) {
 	sessions := map[string]*locksv1alpha1.LockSession{}
-	for _, name := range SessionsNamed(oldObj, newObj) {
+	for _, name := range rules.SessionsNamed(oldObj, newObj) {
 		s := &locksv1alpha1.LockSession{}
 		switch err := v.reader.Get(ctx, client.ObjectKey{Namespace: oldObj.Namespace, Name: name}, s); {
 		case apierrors.IsNotFound(err):
@@ -267,7 +255,7 @@ func (v *Validator) sessionRefErrors(ctx context.Context, oldObj, newObj *locksv
 		}
 		sessions[name] = s
 	}
-	return ValidateSessionRefs(oldObj, newObj, a, sessions), nil
+	return sessions, nil
 }
 
 // Quiet wraps an admission handler so that its errors never echo what it

@@ -46,14 +46,7 @@ func TestQuietKeepsDenialsAndHidesErrors(t *testing.T) {
 
 // A stored lock whose time does not parse must not be quoted back to the writer.
 func TestQuietValidatorDoesNotEchoTheStoredLock(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	v, err := NewValidator(scheme, nil, ctrlr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := testValidator(t, nil, locksv1alpha1.AddToScheme)
 	stored := map[string]any{
 		"apiVersion": locksv1alpha1.GroupVersion.String(), "kind": "DistributedLock",
 		"metadata": map[string]any{"namespace": "ns", "name": "l"},

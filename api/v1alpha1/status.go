@@ -295,6 +295,15 @@ func (s *DistributedLockStatus) WaiterIndex(requestID string) int {
 	return -1
 }
 
+// ModeOrDefault is the waiter's mode with the CRD's default (Exclusive)
+// applied, as for a Waiter built in Go without one.
+func (w *Waiter) ModeOrDefault() Mode {
+	if w.Mode == "" {
+		return Exclusive
+	}
+	return w.Mode
+}
+
 // AppendWaiter puts w at the tail of the queue.
 func (s *DistributedLockStatus) AppendWaiter(w Waiter) {
 	s.Waiters = append(s.Waiters, w)

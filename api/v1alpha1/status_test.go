@@ -186,6 +186,15 @@ func TestAppendWaiter(t *testing.T) {
 	}
 }
 
+func TestWaiterModeOrDefault(t *testing.T) {
+	for mode, want := range map[locksv1.Mode]locksv1.Mode{"": locksv1.Exclusive, locksv1.Exclusive: locksv1.Exclusive, locksv1.Shared: locksv1.Shared} {
+		w := locksv1.Waiter{Mode: mode}
+		if got := w.ModeOrDefault(); got != want {
+			t.Errorf("mode %q: ModeOrDefault = %q, want %q", mode, got, want)
+		}
+	}
+}
+
 func TestAcquire(t *testing.T) {
 	l := &locksv1.DistributedLock{}
 	l.Status.AppendWaiter(waiter("bob", 1))

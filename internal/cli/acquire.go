@@ -32,7 +32,7 @@ type acquireFlags struct {
 }
 
 func (f *acquireFlags) add(flags *pflag.FlagSet, defaultWait time.Duration, withRequestID bool) {
-	flags.DurationVar(&f.wait, "wait", defaultWait, fmt.Sprintf("how long to wait in the lock's queue; 0 tries once and fails if the lock is taken (at most %s)", lock.DefaultMaxWait))
+	flags.DurationVar(&f.wait, "wait", defaultWait, fmt.Sprintf("how long to wait in the lock's queue; 0 tries once and fails if the lock is taken (at most %s)", lock.DefaultWaitTimeout))
 	flags.DurationVar(&f.lease, "lease", 0, "lease to ask for, in whole seconds (default: the lock's spec.leaseDurationSeconds)")
 	flags.BoolVar(&f.create, "create", false, "create the lock on first use (labelled auto-created; the controller deletes it once idle)")
 	flags.StringVar(&f.progress, "progress", "auto", "live waiting line on stderr: auto (only on a terminal), always or never")
@@ -78,20 +78,20 @@ func (f *acquireFlags) acquire(ctx context.Context, c *lock.Client, key string, 
 	name, _ := lock.NameForKey(key) // checked by check
 	p := newProgress(errOut, name, f.progress)
 	defer p.done()
-	l, err := c.Acquire(ctx, key, append(opts, lock.WaitTimeout(f.wait), lock.OnQueue(p.update))...)
+	l, err := c.Acquire(ctx, key, append(opts, lock.WithWaitTimeout(f.wait), lock.WithQueueCallback(p.update))...)
 	return l, notFound(err, c.Namespace(), key, true)
 }
 
 // options are opts with --lease, --request-id and --shared.
 func (f *acquireFlags) options(opts ...lock.AcquireOption) []lock.AcquireOption {
 	if f.shared {
-		opts = append(opts, lock.Shared())
+		opts = append(opts, lock.WithShared())
 	}
 	if f.lease > 0 {
-		opts = append(opts, lock.LeaseDuration(f.lease))
+		opts = append(opts, lock.WithLeaseDuration(f.lease))
 	}
 	if f.requestID != "" {
-		opts = append(opts, lock.RequestID(f.requestID))
+		opts = append(opts, lock.WithRequestID(f.requestID))
 	}
 	return opts
 }
@@ -205,10 +205,10 @@ func (f *acquireFlags) acquireAll(ctx context.Context, c *lock.Client, keys []st
 	var opts []lock.AcquireOption
 	if ttl > 0 {
 		var err error
-		if s, err = c.NewSession(ctx, lock.SessionTTL(ttl)); err != nil {
+		if s, err = c.NewSession(ctx, lock.WithTTL(ttl)); err != nil {
 			return nil, err
 		}
-		opts = append(opts, lock.InSession(s))
+		opts = append(opts, lock.WithSession(s))
 	}
 	var views []leaseView
 	for _, key := range keys {

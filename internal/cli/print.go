@@ -394,7 +394,7 @@ func describeQueue(w io.Writer, l *locksv1alpha1.DistributedLock, now time.Time)
 		for i, q := range l.Status.Waiters {
 			row := []string{strconv.Itoa(i + 1)}
 			if withMode {
-				row = append(row, string(waiterMode(q)))
+				row = append(row, string(q.ModeOrDefault()))
 			}
 			row = append(row, q.Identity, q.User,
 				duration.HumanDuration(now.Sub(q.EnqueueTime.Time)), until(q.Deadline.Time, now), q.RequestID)
@@ -404,14 +404,6 @@ func describeQueue(w io.Writer, l *locksv1alpha1.DistributedLock, now time.Time)
 			printRow(tw, "  ", row...)
 		}
 	})
-}
-
-// waiterMode is the waiter's mode with the CRD's default applied.
-func waiterMode(q locksv1alpha1.Waiter) locksv1alpha1.Mode {
-	if q.Mode == "" {
-		return locksv1alpha1.Exclusive
-	}
-	return q.Mode
 }
 
 // describeHistory writes recentAcquisitions, with the SLOT of shared ones.

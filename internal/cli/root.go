@@ -185,8 +185,8 @@ func checkKey(key string) error {
 
 // checkWait validates --wait against pkg/lock's bound.
 func checkWait(d time.Duration) error {
-	if d < 0 || d > lock.DefaultMaxWait {
-		return usageErrorf("--wait %s is outside 0s..%s", d, lock.DefaultMaxWait)
+	if d < 0 || d > lock.DefaultWaitTimeout {
+		return usageErrorf("--wait %s is outside 0s..%s", d, lock.DefaultWaitTimeout)
 	}
 	return nil
 }

@@ -98,7 +98,7 @@ group (setsid, double-fork daemons) are not followed.`,
 			return o.run(cmd.Context(), keys, args[dash:], &f, grace, session)
 		},
 	}
-	f.add(cmd.Flags(), lock.DefaultMaxWait, true)
+	f.add(cmd.Flags(), lock.DefaultWaitTimeout, true)
 	addSessionFlag(cmd, &session)
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long the command's process group has after SIGTERM before SIGKILL (never beyond the lease's safe deadline)")
 	cmd.Flags().StringArrayVar(&locks, "lock", nil, "a lock to hold (repeat for several: all are taken, or none)")
@@ -171,7 +171,7 @@ func (f *acquireFlags) take(ctx context.Context, c *lock.Client, keys []string, 
 	}
 	p := newProgress(errOut, strings.Join(keys, ", "), f.progress)
 	defer p.done()
-	all, err := c.AcquireAll(ctx, keys, f.options(append(opts, lock.WaitTimeout(f.wait), lock.OnQueue(p.update))...)...)
+	all, err := c.AcquireAll(ctx, keys, f.options(append(opts, lock.WithWaitTimeout(f.wait), lock.WithQueueCallback(p.update))...)...)
 	if err != nil {
 		return held{}, err
 	}
@@ -211,7 +211,7 @@ func (o *options) run(ctx context.Context, keys, argv []string, f *acquireFlags,
 	}
 	var h held
 	if err == nil {
-		h, err = f.take(actx, c, keys, o.streams.ErrOut, lock.InSession(sess))
+		h, err = f.take(actx, c, keys, o.streams.ErrOut, lock.WithSession(sess))
 	}
 	cancel()
 	if err != nil {
@@ -309,7 +309,7 @@ func (o *options) openSession(ctx context.Context, c *lock.Client, keys []string
 			lease = lock.DefaultSessionTTL
 		}
 	}
-	s, err := c.NewSession(ctx, lock.SessionTTL(max(lease, locksv1alpha1.MinSessionTTLSeconds*time.Second)))
+	s, err := c.NewSession(ctx, lock.WithTTL(max(lease, locksv1alpha1.MinSessionTTLSeconds*time.Second)))
 	if err != nil {
 		return nil, fmt.Errorf("%w (without the LockSession kind or RBAC for it, pass --session=false)", err)
 	}

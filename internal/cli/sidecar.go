@@ -76,7 +76,7 @@ back-off, as are unreachable apiservers: they change when the lock does.`,
 			return o.sidecar(cmd.Context(), key, &f, tokenFile, listen, session)
 		},
 	}
-	f.add(cmd.Flags(), lock.DefaultMaxWait, false)
+	f.add(cmd.Flags(), lock.DefaultWaitTimeout, false)
 	_ = cmd.Flags().MarkHidden("wait") // the sidecar waits for as long as it runs
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "where to write the fencing token (default /run/kubelock/<name>/token)")
 	cmd.Flags().StringVar(&listen, "listen", DefaultSidecarListen, "address for /v1/lock, /healthz and /readyz (port 0 picks a free one)")
@@ -206,7 +206,7 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 		}
 		if err == nil {
 			// Wait the longest pkg/lock allows, then queue up again.
-			l, err = c.Acquire(ctx, key, f.options(lock.WaitTimeout(lock.DefaultMaxWait), lock.OnQueue(state.queued), lock.InSession(sess))...)
+			l, err = c.Acquire(ctx, key, f.options(lock.WithWaitTimeout(lock.DefaultWaitTimeout), lock.WithQueueCallback(state.queued), lock.WithSession(sess))...)
 		}
 		err = notFound(err, c.Namespace(), key, true)
 		switch {

@@ -14,34 +14,29 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
-
-	"github.com/kubelock/kubelock/internal/proc"
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/kubelock/kubelock/internal/localcluster"
+	"github.com/kubelock/kubelock/internal/localcluster/node"
+	"github.com/kubelock/kubelock/internal/localcluster/node/host"
 	"github.com/kubelock/kubelock/internal/manager"
-	"github.com/kubelock/kubelock/internal/pki"
 )
 
 // Users of the dev cluster. Each has a client certificate signed by the dev CA.
 const (
 	AdminUser      = "kubelock-dev-admin"
 	ControllerUser = "kubelock-dev-controller"
-	// controllerManagerUser is kube-controller-manager's (system:masters: its garbage collector deletes anything).
-	controllerManagerUser = "system:kube-controller-manager"
 	// ReadyLine is printed, alone on its line, once everything is up.
 	ReadyLine = "kubelock dev: ready"
 )
@@ -105,46 +100,29 @@ func DefaultOptions() Options {
 		EtcdPeerPort:  12380,
 		WebhookPort:   19443,
 		Admission:     AdmissionWebhook,
-		NodeDir:       DefaultNodeDir(),
+		NodeDir:       node.DefaultBinDir(),
 		StartTimeout:  time.Minute,
 	}
 }
 
 // DefaultAssetsDir is $KUBEBUILDER_ASSETS, else the newest folder under
 // ./bin/k8s (where `make control-plane` builds).
-func DefaultAssetsDir() string {
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
-		return dir
-	}
-	dirs, _ := filepath.Glob(filepath.Join("bin", "k8s", "*"))
-	if len(dirs) == 0 {
-		return filepath.Join("bin", "k8s")
-	}
-	return dirs[len(dirs)-1] // Glob sorts
-}
+func DefaultAssetsDir() string { return localcluster.AssetsDir(".") }
 
 // env is one running dev environment.
 type env struct {
 	o        Options
-	ca       *pki.CA
-	pkiDir   string
 	logDir   string
 	binDir   string
 	kubelock string // the kubectl-lock plugin of the next steps
-	children []*proc.Child
+	cluster  *localcluster.Cluster
 	admin    *rest.Config
 
 	operatorLog string
 
-	// --node: the node's address and name, the image archive, the checkout,
-	// the node lock and the host state to put back.
-	nodeIP       string
-	imageArchive string
-	root         string
-	hostLock     *os.File
-	host         *hostState
-	nodeFrom     int // the index in children of the node's first process
-	kubeletArgs  []string
+	// --node: the node (its address names it) and the checkout it deploys from.
+	node *node.Node
+	root string
 }
 
 // Run starts the environment, prints the ready line and next steps to o.Out,
@@ -152,11 +130,6 @@ type env struct {
 // started, in reverse order, and returns the failure, if any.
 func Run(ctx context.Context, o Options) (err error) {
 	e := &env{o: o}
-	if o.Node {
-		if err := e.checkNode(); err != nil {
-			return err
-		}
-	}
 	if err := e.check(); err != nil {
 		return err
 	}
@@ -165,28 +138,26 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	if o.Node {
-		// Deferred first, so it runs after the node's processes have stopped.
-		defer func() { err = errors.Join(err, e.releaseHost()) }()
-		if err := e.claimHost(); err != nil {
+		var h *host.Host
+		if h, err = host.Claim(e.node.Host(), e.progress); err != nil {
 			return err
 		}
+		// Deferred first, so it runs after everything else has stopped.
+		defer func() { err = errors.Join(err, h.Restore()) }()
 	}
-	defer func() { err = errors.Join(err, e.stopChildren()) }()
-	if err := e.startEtcd(ctx); err != nil {
+	if e.cluster, err = localcluster.Start(ctx, e.clusterOptions()); err != nil {
 		return err
 	}
-	if err := e.startAPIServer(ctx); err != nil {
-		return err
-	}
-	if err := e.startControllerManager(ctx); err != nil {
-		return err
-	}
+	defer func() { err = errors.Join(err, e.cluster.Stop()) }()
+	e.admin = e.cluster.AdminConfig()
+	e.admin.UserAgent = "kubelock-dev"
 	if err := e.install(ctx); err != nil {
 		return err
 	}
 
 	mgrDone := make(chan error, 1) // the in-process operator's end; never without it
 	if o.Node {
+		defer func() { err = errors.Join(err, e.node.Stop()) }()
 		if err := e.startNode(ctx); err != nil {
 			return err
 		}
@@ -224,28 +195,51 @@ func Run(ctx context.Context, o Options) (err error) {
 	return e.serve(ctx, mgrDone)
 }
 
+// clusterOptions are the control plane kubelock-dev runs: one etcd member and
+// one apiserver on the ports of its flags, its data (and, with --persist, the
+// data and CA of the last run) in Dir.
+func (e *env) clusterOptions() localcluster.Options {
+	o := &e.o
+	co := localcluster.Options{
+		Name: "kubelock-dev", Dir: o.Dir, LogDir: e.logDir, AssetsDir: o.AssetsDir, Persist: o.Persist,
+		Admin:          AdminUser,
+		EtcdPorts:      []localcluster.EtcdPorts{{Client: o.EtcdPort, Peer: o.EtcdPeerPort}},
+		APIServerPorts: []int{o.APIServerPort},
+		APIServerArgs:  []string{"--profiling=false"},
+		// A pod's deletion deletes what it owned and a ResourceQuota counts sessions.
+		StartControllerManager: true,
+		StartTimeout:           o.StartTimeout,
+		Progress:               e.progress,
+	}
+	if e.node != nil {
+		co.NodeIP = e.node.IP
+	}
+	return co
+}
+
 // serve runs until ctx ends or a component fails. With --node, SIGUSR1
 // restarts the kubelet (the cluster suite's node restart).
 func (e *env) serve(ctx context.Context, mgrDone chan error) error {
-	exited, done := make(chan *proc.Child), make(chan struct{})
+	failed, done := make(chan error, 1), make(chan struct{})
 	defer close(done)
-	watch := func(c *proc.Child) {
+	components := e.cluster.Components()
+	if e.node != nil {
+		components = append(components, e.node.Components()...)
+	}
+	for _, c := range components {
 		go func() {
 			select {
-			case <-c.Done():
+			case err := <-c.Failed():
 				select {
-				case exited <- c:
-				case <-done:
+				case failed <- err:
+				default:
 				}
 			case <-done:
 			}
 		}()
 	}
-	for _, c := range e.children {
-		watch(c)
-	}
 	restart := make(chan os.Signal, 1)
-	if e.o.Node {
+	if e.node != nil {
 		signal.Notify(restart, syscall.SIGUSR1)
 		defer signal.Stop(restart)
 	}
@@ -254,16 +248,12 @@ func (e *env) serve(ctx context.Context, mgrDone chan error) error {
 		case <-ctx.Done():
 			e.progress("stopping")
 			return nil
-		case c := <-exited:
-			if slices.Contains(e.children, c) { // not a kubelet stopped for a restart
-				return c.Exited()
-			}
+		case err := <-failed:
+			return err
 		case <-restart:
-			c, err := e.restartKubelet(ctx)
-			if err != nil {
+			if err := e.node.RestartKubelet(ctx); err != nil {
 				return err
 			}
-			watch(c)
 		case err := <-mgrDone:
 			mgrDone <- nil // the deferred stop reads it again
 			if err == nil {
@@ -280,9 +270,15 @@ func (e *env) progress(format string, args ...any) {
 	}
 }
 
-// check fails early, with one line, on missing binaries and taken ports.
+// check fails early, with one line, on missing binaries and taken ports,
+// and with --node when the node cannot run here.
 func (e *env) check() error {
 	o := &e.o
+	if o.Node {
+		if err := e.checkNode(); err != nil {
+			return err
+		}
+	}
 	if o.Dir == "" {
 		return errors.New("--data-dir must not be empty")
 	}
@@ -355,7 +351,8 @@ func findKubelock(self string) (string, error) {
 }
 
 // prepare makes the data folder: fresh unless Persist (only the entries this
-// package writes are removed, never anything else in the folder).
+// package writes are removed, never anything else in the folder; the control
+// plane cleans up its own).
 func (e *env) prepare() error {
 	o := &e.o
 	abs, err := filepath.Abs(o.Dir)
@@ -372,9 +369,9 @@ func (e *env) prepare() error {
 	if o.AssetsDir, err = filepath.Abs(o.AssetsDir); err != nil {
 		return err
 	}
-	e.pkiDir, e.logDir, e.binDir = filepath.Join(o.Dir, "pki"), filepath.Join(o.Dir, "logs"), filepath.Join(o.Dir, "bin")
+	e.logDir, e.binDir = filepath.Join(o.Dir, "logs"), filepath.Join(o.Dir, "bin")
 	if !o.Persist {
-		for _, p := range []string{filepath.Join(o.Dir, "etcd"), e.pkiDir, e.logDir, e.binDir, filepath.Join(o.Dir, "kubeconfig")} {
+		for _, p := range []string{e.logDir, e.binDir, filepath.Join(o.Dir, "kubeconfig")} {
 			if err := os.RemoveAll(p); err != nil {
 				return fmt.Errorf("cleaning the data folder: %w", err)
 			}
@@ -385,153 +382,6 @@ func (e *env) prepare() error {
 			return fmt.Errorf("creating the data folder: %w", err)
 		}
 	}
-	if e.ca, err = loadOrCreateCA(e.pkiDir, o.Persist); err != nil {
-		return fmt.Errorf("creating certificates: %w", err)
-	}
-	return nil
-}
-
-func (e *env) startEtcd(ctx context.Context) error {
-	o := &e.o
-	client := fmt.Sprintf("http://127.0.0.1:%d", o.EtcdPort)
-	peer := fmt.Sprintf("http://127.0.0.1:%d", o.EtcdPeerPort)
-	args := []string{
-		"--name=kubelock-dev",
-		"--data-dir=" + filepath.Join(o.Dir, "etcd"),
-		"--listen-client-urls=" + client, "--advertise-client-urls=" + client,
-		"--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
-		"--initial-cluster=kubelock-dev=" + peer,
-		"--listen-metrics-urls=", // none
-		"--log-level=warn",
-	}
-	if !o.Persist {
-		args = append(args, "--unsafe-no-fsync") // throwaway data: start and write fast
-	}
-	c, err := proc.Start("etcd", filepath.Join(o.AssetsDir, "etcd"), filepath.Join(e.logDir, "etcd.log"), args...)
-	if err != nil {
-		return err
-	}
-	e.children = append(e.children, c)
-	hc := &http.Client{Timeout: time.Second}
-	err = c.WaitFor(ctx, "healthy", o.StartTimeout, func(ctx context.Context) error {
-		_, err := proc.GetOK(ctx, hc, client+"/health")
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	e.progress("etcd up on 127.0.0.1:%d", o.EtcdPort)
-	return nil
-}
-
-func (e *env) startAPIServer(ctx context.Context) error {
-	o := &e.o
-	// With a node, pods reach the apiserver through the kubernetes Service
-	// (serviceIP, forwarded to the node IP), so it listens there too.
-	var hosts []string
-	bind, authz := "127.0.0.1", "RBAC"
-	if o.Node {
-		hosts, bind, authz = []string{serviceIP, e.nodeIP, "kubernetes.default.svc"}, "0.0.0.0", "Node,RBAC"
-	}
-	crt, key, err := e.ca.Serving("kube-apiserver", hosts...)
-	if err != nil {
-		return err
-	}
-	crtPath, keyPath, err := writePair(e.pkiDir, "apiserver.crt", "apiserver.key", crt, key)
-	if err != nil {
-		return err
-	}
-	saKey, err := serviceAccountKey(e.pkiDir)
-	if err != nil {
-		return err
-	}
-	admission, err := e.webhookClientAuth()
-	if err != nil {
-		return err
-	}
-	server := fmt.Sprintf("https://127.0.0.1:%d", o.APIServerPort)
-	args := []string{
-		"--admission-control-config-file=" + admission, // a client certificate for webhooks
-		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", o.EtcdPort),
-		"--bind-address=" + bind,
-		"--secure-port=" + strconv.Itoa(o.APIServerPort),
-		"--tls-cert-file=" + crtPath, "--tls-private-key-file=" + keyPath,
-		"--client-ca-file=" + filepath.Join(e.pkiDir, "ca.crt"),
-		"--service-account-issuer=" + server,
-		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
-		"--service-cluster-ip-range=" + serviceCIDR,
-		"--authorization-mode=" + authz,
-		"--allow-privileged=true",
-		"--profiling=false",
-		"--cert-dir=" + filepath.Join(e.pkiDir, "apiserver"),
-	}
-	if o.Node {
-		kubeletCrt, kubeletKey, err := e.ca.Client("kube-apiserver-kubelet-client", "system:masters")
-		if err != nil {
-			return err
-		}
-		kcrt, kkey, err := writePair(e.pkiDir, "apiserver-kubelet-client.crt", "apiserver-kubelet-client.key", kubeletCrt, kubeletKey)
-		if err != nil {
-			return err
-		}
-		// The kubelet authenticates and authorizes the apiserver (logs, exec) by
-		// its client certificate; kubelets are authorized by the Node authorizer.
-		args = append(args, "--advertise-address="+e.nodeIP,
-			"--kubelet-client-certificate="+kcrt, "--kubelet-client-key="+kkey,
-			"--kubelet-preferred-address-types=InternalIP")
-	}
-	c, err := proc.Start("kube-apiserver", filepath.Join(o.AssetsDir, "kube-apiserver"), filepath.Join(e.logDir, "kube-apiserver.log"), args...)
-	if err != nil {
-		return err
-	}
-	e.children = append(e.children, c)
-
-	adminCrt, adminKey, err := e.ca.Client(AdminUser, "system:masters")
-	if err != nil {
-		return err
-	}
-	e.admin = &rest.Config{Host: server, TLSClientConfig: rest.TLSClientConfig{CAData: e.ca.PEM, CertData: adminCrt, KeyData: adminKey}, UserAgent: "kubelock-dev"}
-	tlsCfg, err := rest.TLSConfigFor(e.admin)
-	if err != nil {
-		return err
-	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
-	defer hc.CloseIdleConnections()
-	err = c.WaitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
-		_, err := proc.GetOK(ctx, hc, server+"/readyz")
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	e.progress("kube-apiserver up on %s", server)
-	return nil
-}
-
-// startControllerManager runs kube-controller-manager's proc.Controllers, so a
-// pod's deletion deletes what it owned and a ResourceQuota counts sessions.
-func (e *env) startControllerManager(ctx context.Context) error {
-	kubeconfig, err := e.userKubeconfig("kube-controller-manager.kubeconfig", controllerManagerUser, "system:masters")
-	if err != nil {
-		return err
-	}
-	saKey, err := serviceAccountKey(e.pkiDir) // the apiserver's signing key
-	if err != nil {
-		return err
-	}
-	var extra []string
-	if e.o.Node {
-		// Deployments, ReplicaSets, Jobs, EndpointSlices, node lifecycle...; pods
-		// get the CA in their service-account volume.
-		extra = []string{"--controllers=*", "--root-ca-file=" + filepath.Join(e.pkiDir, "ca.crt")}
-	}
-	c, err := proc.StartControllerManager(ctx, filepath.Join(e.o.AssetsDir, "kube-controller-manager"),
-		filepath.Join(e.logDir, "kube-controller-manager.log"), kubeconfig, saKey, e.o.StartTimeout, extra...)
-	if err != nil {
-		return err
-	}
-	e.children = append(e.children, c)
-	e.progress("kube-controller-manager up: %s", strings.Join(proc.Controllers, ", "))
 	return nil
 }
 
@@ -540,20 +390,15 @@ func (e *env) startControllerManager(ctx context.Context) error {
 // ControllerUser, whom the webhook lets expire holdings.
 func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	o := &e.o
-	crt, key, err := e.ca.Serving("kubelock-webhook")
+	certDir := filepath.Join(o.Dir, "pki", "webhook")
+	if _, _, err := e.cluster.WriteServingCert(certDir, "kubelock-webhook"); err != nil {
+		return err
+	}
+	cfg, err := e.cluster.UserConfig(ControllerUser, "system:masters")
 	if err != nil {
 		return err
 	}
-	certDir := filepath.Join(e.pkiDir, "webhook")
-	if _, _, err := writePair(certDir, "tls.crt", "tls.key", crt, key); err != nil {
-		return err
-	}
-	ctlCrt, ctlKey, err := e.ca.Client(ControllerUser, "system:masters")
-	if err != nil {
-		return err
-	}
-	cfg := rest.CopyConfig(e.admin)
-	cfg.CertData, cfg.KeyData, cfg.UserAgent = ctlCrt, ctlKey, "kubelock-dev-operator"
+	cfg.UserAgent = "kubelock-dev-operator"
 
 	logf, err := os.OpenFile(filepath.Join(e.logDir, "operator.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -566,7 +411,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	mo.MetricsAddr, mo.ProbeAddr = localAddr(o.MetricsPort), localAddr(o.ProbePort)
 	mo.WebhookHost, mo.WebhookPort, mo.WebhookCertDir = "127.0.0.1", o.WebhookPort, certDir
 	mo.CertRotation = false
-	mo.WebhookClientCAFile = e.webhookClientCAFile() // only the apiserver is answered
+	mo.WebhookClientCAFile = e.cluster.WebhookClientCAFile // only the apiserver is answered
 	mo.Username = ControllerUser
 	mo.WebhookControllerUsers = []string{ControllerUser}
 	e.operatorLog = logf.Name()
@@ -583,7 +428,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 func (e *env) waitOperator(ctx context.Context, done chan error) error {
 	o := &e.o
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(e.ca.PEM)
+	pool.AppendCertsFromPEM(e.cluster.CA.PEM)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.WebhookPort))
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, o.StartTimeout, true, func(ctx context.Context) (bool, error) {
@@ -614,19 +459,4 @@ func localAddr(port int) string {
 		return "0"
 	}
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-}
-
-// stopChildren stops the processes in reverse start order.
-func (e *env) stopChildren() error {
-	var errs []error
-	for i := len(e.children) - 1; i >= 0; i-- {
-		errs = append(errs, e.children[i].Stop(20*time.Second))
-		if i == e.nodeFrom && e.host != nil {
-			// The node's processes have stopped; its containers go before the
-			// control plane, whose apiserver would wait for their watches.
-			e.host.killContainers()
-		}
-	}
-	e.children = nil
-	return errors.Join(errs...)
 }

@@ -29,7 +29,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	kubelockconfig "github.com/kubelock/kubelock/config"
 	"github.com/kubelock/kubelock/internal/manager"
-	"github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 const (
@@ -273,7 +273,7 @@ func (e *env) installWebhookConfig(ctx context.Context, c client.Client, file, n
 			p = *cc.Service.Path
 		}
 		url := host + p
-		cc.Service, cc.URL, cc.CABundle = nil, &url, e.ca.PEM
+		cc.Service, cc.URL, cc.CABundle = nil, &url, e.cluster.CA.PEM
 	}
 	u, err := toUnstructured(&vwc)
 	if err != nil {
@@ -318,7 +318,7 @@ func (e *env) waitFencedWebhook(ctx context.Context, c client.Client, where stri
 		if last = c.Create(ctx, probe, client.DryRunAll); last == nil {
 			last = errors.New("a fenced ConfigMap without a token was admitted")
 		}
-		return strings.Contains(last.Error(), "[kubelock:"+string(webhook.RuleStaleToken)+"]"), nil
+		return strings.Contains(last.Error(), "[kubelock:"+string(rules.RuleStaleToken)+"]"), nil
 	})
 	if err != nil {
 		return fmt.Errorf("the apiserver does not call the fenced-objects webhook at %s: %w (operator log: %s)", where, last, e.operatorLog)

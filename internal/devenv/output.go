@@ -21,14 +21,14 @@ const AdminContext = "kubelock-dev"
 // links kubectl and kubectl-lock into Dir/bin for the PATH of the next steps.
 func (e *env) writeKubeconfig() error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters[AdminContext] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.ca.PEM}
+	kc.Clusters[AdminContext] = &clientcmdapi.Cluster{Server: e.admin.Host, CertificateAuthorityData: e.cluster.CA.PEM}
 	add := func(ctxName, user string, crt, key []byte) {
 		kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
 		kc.Contexts[ctxName] = &clientcmdapi.Context{Cluster: AdminContext, AuthInfo: user, Namespace: "default"}
 	}
 	add(AdminContext, AdminUser, e.admin.CertData, e.admin.KeyData)
 	for _, u := range append(append([]string(nil), LockUsers...), BreakglassUser) {
-		crt, key, err := e.ca.Client(u)
+		crt, key, err := e.cluster.CA.Client(u)
 		if err != nil {
 			return err
 		}
@@ -92,7 +92,7 @@ func (e *env) printNextSteps() error {
 	}
 	fmt.Fprintf(tw, "  data\t%s (%s); logs in %s\n", o.Dir, persist, e.logDir)
 	if o.Node {
-		fmt.Fprintf(tw, "  node\t%s: kubelet, containerd, kube-proxy, kube-scheduler; images %s and %s built from the checkout (imagePullPolicy: Never)\n", e.nodeIP, ManagerImage, KubelockImage)
+		fmt.Fprintf(tw, "  node\t%s: kubelet, containerd, kube-proxy, kube-scheduler; images %s and %s built from the checkout (imagePullPolicy: Never)\n", e.node.IP, ManagerImage, KubelockImage)
 		fmt.Fprintf(tw, "  operator\tDeployment %s/%s from config/default (2 replicas, leader election), webhook behind Service %s/kubelock-webhook-service\n", OperatorNamespace, OperatorDeployment, OperatorNamespace)
 	} else {
 		fmt.Fprintf(tw, "  operator\tcontroller + webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)

@@ -71,8 +71,7 @@ func kubelockElection(cfg *rest.Config, o Options) (resourcelock.Interface, type
 	lo := o.electionTimings()
 	lo.OnCampaign = reportCampaign
 	rl, err := leaderelection.New(candidate, o.LeaderElectionID, lo,
-		lock.WithNamespace(ns), lock.WithIdentity(electionIdentity()), lock.WithAutoCreate(),
-		lock.WithPod("", "")) // the token is bound to no pod: name none
+		lock.WithNamespace(ns), lock.WithIdentity(electionIdentity()), lock.WithAutoCreate())
 	if err != nil {
 		return nil, key, err
 	}

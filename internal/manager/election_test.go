@@ -196,7 +196,7 @@ func TestElectOnKubelock(t *testing.T) {
 	must(t, err)
 	alice, err := lockpkg.New(userCfg, lockpkg.WithNamespace(ns), lockpkg.WithoutAutoRenew(), lockpkg.WithAutoCreate())
 	must(t, err)
-	held, err := alice.TryAcquire(ctx, "lapses", lockpkg.LeaseDuration(time.Second))
+	held, err := alice.TryAcquire(ctx, "lapses", lockpkg.WithLeaseDuration(time.Second))
 	must(t, err)
 	select {
 	case <-held.Done():

@@ -38,6 +38,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/rules"
 	"github.com/kubelock/kubelock/test/testenv"
 	"github.com/kubelock/kubelock/webhook"
 )
@@ -305,8 +306,8 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	must(t, env.Client.Create(ctx, cm)) // the admin may force-release, and brings the lock's current token
 	delete(cm.Annotations, locksv1alpha1.FencingTokenAnnotation)
 	cm.Data = map[string]string{"k": "v"}
-	if err := env.Client.Update(ctx, cm); err == nil || !strings.Contains(err.Error(), "[kubelock:"+string(webhook.RuleStaleToken)+"]") {
-		t.Fatalf("an untokened update of a fenced ConfigMap: got %v, want a [kubelock:%s] denial", err, webhook.RuleStaleToken)
+	if err := env.Client.Update(ctx, cm); err == nil || !strings.Contains(err.Error(), "[kubelock:"+string(rules.RuleStaleToken)+"]") {
+		t.Fatalf("an untokened update of a fenced ConfigMap: got %v, want a [kubelock:%s] denial", err, rules.RuleStaleToken)
 	}
 }
 

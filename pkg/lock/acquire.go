@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -16,8 +17,8 @@ import (
 )
 
 // Acquire takes the lock for key, waiting in its FIFO queue until it is this
-// caller's turn, ctx ends or the WaitTimeout passes (ErrTimeout). It takes
-// the lock exclusively unless asked Shared, or the lock is a Semaphore. A
+// caller's turn, ctx ends or the wait timeout passes (ErrTimeout). It takes
+// the lock exclusively unless asked WithShared, or the lock is a Semaphore. A
 // holding that waited keeps watching the lock while it lasts and ctx has not
 // ended, so that its renewals and release rarely meet a conflict.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
@@ -27,7 +28,8 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 // TryAcquire takes the lock for key only if it can be taken in the mode asked
 // for (free; for a shared acquisition, no writer and a free permit) and nobody
 // is queued; otherwise it returns a *LockedError (errors.Is(err, ErrLocked)).
-// It never waits.
+// It never waits for the lock; when ctx has no deadline, its retries of a
+// write whose outcome is unknown stop after 30 s.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	return c.acquire(ctx, key, false, opts)
 }
@@ -60,6 +62,12 @@ type attempt struct {
 	// deadline: the watch a waiting call opens lives within it, so that the
 	// holding can keep following the lock after the call returns.
 	callerCtx context.Context
+	// w watches the lock once this call waits in its queue; nil before.
+	w *lockWatch
+	// back paces retries after failures whose outcome is unknown, and last is
+	// the error worth reporting of those.
+	back wait.Backoff
+	last error
 }
 
 // op is the operation label of this call.
@@ -71,69 +79,81 @@ func (a *attempt) op() string {
 }
 
 func (c *Client) acquire(ctx context.Context, key string, wait bool, opts []AcquireOption) (l *Lock, err error) {
-	a := attempt{c: c, key: key, wait: wait, leaseID: randomID(), unknownAt: -1, callerCtx: ctx}
+	a := attempt{c: c, key: key, wait: wait, leaseID: randomID(), unknownAt: -1, callerCtx: ctx, back: retryBackoff()}
 	defer c.timed(a.op())(&err)
-	name, err := NameForKey(key)
-	if err != nil {
+	if err := a.prepare(ctx, opts); err != nil {
 		return nil, err
 	}
-	a.name = name
-	if a.cfg, err = c.acquireConfig(opts); err != nil {
-		return nil, err
-	}
-	if a.user, err = c.User(ctx); err != nil {
-		return nil, err
-	}
-	if err := a.checkSession(); err != nil {
-		return nil, err
-	}
-	if s := a.cfg.session; s != nil {
-		// Stop waiting when the session ends: its queue entry would be dropped.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		defer context.AfterFunc(s.ctx, cancel)()
-	}
-	if wait {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, a.cfg.waitTimeout)
-		defer cancel()
-		a.deadline, _ = ctx.Deadline()
-	} else if _, ok := ctx.Deadline(); !ok {
-		// TryAcquire never waits for the lock, but it does retry a write whose
-		// outcome is unknown; bound that when the caller gave no deadline.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTryTimeout)
-		defer cancel()
-	}
+	ctx, cancel := a.bound(ctx)
+	defer cancel()
 	if c.cfg.reentrant {
 		// One acquisition of a key at a time per client, so that a second
 		// goroutine re-enters the holding the first one is taking.
-		if !c.gates.take(ctx, name, wait) {
+		if !c.gates.take(ctx, a.name, wait) {
 			return nil, a.busy(ctx)
 		}
-		defer c.gates.give(name)
-		if l, ok, err := c.reenter(name, a.cfg.shared); ok {
+		defer c.gates.give(a.name)
+		if l, ok, err := c.reenter(a.name, a.cfg.shared); ok {
 			return l, err
 		}
 	}
-	if !c.slots.take(ctx, name, wait) {
+	if !c.slots.take(ctx, a.name, wait) {
 		return nil, a.busy(ctx)
 	}
 	l, err = a.run(ctx)
 	if err != nil {
-		c.slots.give(name)
+		c.slots.give(a.name)
 		return nil, err
 	}
 	if l.shared {
 		// The process's slot serialises waiting, not holding: its goroutines
 		// may hold several shared entries at once.
-		c.slots.give(name)
+		c.slots.give(a.name)
 	}
 	if c.cfg.reentrant {
 		c.remember(l)
 	}
 	return l, nil
+}
+
+// prepare settles the call's lock name, options and user, and checks its
+// session.
+func (a *attempt) prepare(ctx context.Context, opts []AcquireOption) (err error) {
+	if a.name, err = NameForKey(a.key); err != nil {
+		return err
+	}
+	if a.cfg, err = a.c.acquireConfig(opts); err != nil {
+		return err
+	}
+	if a.user, err = a.c.User(ctx); err != nil {
+		return err
+	}
+	return a.checkSession()
+}
+
+// bound is ctx ending when the call must stop: when its session ends (its
+// queue entry would be dropped), and after its wait timeout (Acquire).
+func (a *attempt) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	unhook := func() bool { return false }
+	if s := a.cfg.session; s != nil {
+		unhook = context.AfterFunc(s.ctx, cancel)
+	}
+	stop := func() { unhook(); cancel() }
+	var timeout time.Duration
+	switch _, ok := ctx.Deadline(); {
+	case a.wait:
+		timeout = a.cfg.waitTimeout
+	case !ok:
+		// TryAcquire never waits for the lock, but it does retry a write whose
+		// outcome is unknown; bound that when the caller gave no deadline.
+		timeout = tryTimeout
+	default:
+		return ctx, stop
+	}
+	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
+	a.deadline, _ = ctx.Deadline() // the queue entry's, should Acquire queue
+	return ctx, func() { cancelTimeout(); stop() }
 }
 
 // busy says why the process-local turn for the lock was not had: another
@@ -145,141 +165,173 @@ func (a *attempt) busy(ctx context.Context) error {
 	return a.waitErr(ctx)
 }
 
-// run is the acquire loop:
-//  1. read the lock, or start from the last object this client saw of it
-//     (seenLocks) when that leads straight to the acquiring write; after a
-//     conflict, or from a watch event while queued, go on from what was read;
-//  2. if this request already holds it or held it, answer from status (I6);
-//  3. if it admits this request's mode and the queue is empty or headed by
-//     this request, write the holding (exclusive, or shared on the lowest free slot);
-//  4. otherwise fail (TryAcquire), or join the queue and watch the one lock object.
+// run is the acquire loop. Each turn starts from a version of the lock: the
+// last one this client saw, only when it leads straight to the acquiring
+// write (lastSeen); the one a watch or a conflict brought; or one read afresh.
+//  1. if this request already holds it or held it, answer from status (own, I6);
+//  2. if it admits this request's mode and the queue is empty or headed by
+//     this request, write the holding, exclusive or shared on the lowest free
+//     slot (take);
+//  3. otherwise fail (TryAcquire), or join the queue (enqueue) and wait on a
+//     watch of the one lock object for its next version (await).
 //
-// Conflicts and unknown outcomes loop back to 1; only definite answers end it.
+// A write that meets a conflict or whose outcome is unknown starts another
+// turn (retryAfter); only definite answers end the loop.
 func (a *attempt) run(ctx context.Context) (*Lock, error) {
-	var (
-		obj  *locksv1alpha1.DistributedLock
-		w    *lockWatch
-		back = retryBackoff()
-		last error
-	)
-	defer func() {
-		if w != nil {
-			w.stop()
-		}
-	}()
-	// One round trip when nothing contends: the first try may write on the
-	// object seen last; anything but that write reads afresh.
-	obj, fromSeen := a.c.seen.get(a.name)
+	defer func() { a.w.stop() }()
+	obj := a.lastSeen()
 	for {
 		if ctx.Err() != nil {
-			return nil, a.giveUp(ctx, last)
+			return nil, a.giveUp(ctx)
 		}
-		if fromSeen && !a.writesStraight(obj) {
-			obj, fromSeen = nil, false
-		}
-		if obj == nil {
-			var err error
-			if obj, err = a.c.get(ctx, a.key, a.name, a.c.cfg.autoCreate); err != nil {
-				if errors.Is(err, ErrNotFound) || errors.Is(err, errKeyCollision) {
-					return nil, err
-				}
-				if definite(err) {
-					return nil, a.failed(err)
-				}
-				last = keepCause(last, err)
-				_ = pause(ctx, &back)
-				continue
-			}
-		}
-		if l, done, err := a.own(ctx, obj); done {
+		l, next, err := a.turn(ctx, obj)
+		if l != nil || err != nil {
 			return l, err
 		}
-		mode, err := a.mode(obj)
-		if err != nil {
-			return nil, err
-		}
-		st := &obj.Status
-		if a.unknownAt >= 0 && st.Transitions-a.unknownAt+a.unknownHeld > locksv1alpha1.MaxRecentAcquisitions {
-			// Our write may have committed and its record aged out: taking the
-			// lock again could make a second holding (I6). Say so instead.
-			return nil, lost("cannot tell whether request %s acquired: %d holdings may have ended since and status remembers only the last %d",
-				a.cfg.requestID, st.Transitions-a.unknownAt+a.unknownHeld, locksv1alpha1.MaxRecentAcquisitions)
-		}
-		pos := st.WaiterIndex(a.cfg.requestID)
-		if pos >= 0 && st.Waiters[pos].User != a.user {
-			return nil, a.requestTaken(st.Waiters[pos].User)
-		}
-		if obj.Admits(mode) && (len(st.Waiters) == 0 || pos == 0) {
-			next, sent, err := a.take(ctx, obj, mode)
-			switch {
-			case err == nil:
-				if !a.queuedAt.IsZero() {
-					a.c.metrics.waited(sent.Sub(a.queuedAt))
-				}
-				h, _ := findHolding(&next.Status, a.cfg.requestID)
-				l := a.c.newLock(a, next, h)
-				if w != nil {
-					// Others queue for this lock: keep following it, so the
-					// renewals and the release write on its newest version.
-					l.follow(w)
-					w = nil
-				}
-				l.start(sent)
-				return l, nil
-			case definite(err):
-				return nil, a.failed(err)
-			case apierrors.IsConflict(err):
-				a.c.metrics.conflict(a.op())
-				// A waiter's watch brings the version that won.
-				if won := w.won(ctx, obj.ResourceVersion); won != nil {
-					obj, fromSeen = won, false
-					continue
-				}
-			default:
-				if a.unknownAt < 0 {
-					a.unknownAt, a.unknownHeld = obj.Status.Transitions, int64(obj.Status.HolderCount)
-				}
-				last = keepCause(last, err)
-				_ = pause(ctx, &back)
-			}
-			obj, fromSeen = nil, false
-			continue
-		}
-		if !a.wait {
-			return nil, &LockedError{Name: a.name, Holder: st.Holder, Shared: len(st.SharedHolders), Waiters: len(st.Waiters)}
-		}
-		if pos < 0 {
-			next, err := a.enqueue(ctx, obj, mode)
-			switch {
-			case err == nil:
-				a.queuedAt = a.c.cfg.clock.Now()
-				obj = next
-				continue
-			case errors.Is(err, ErrQueueFull):
-				return nil, err
-			case tooLarge(err):
-				return nil, fmt.Errorf("%w: %w", ErrQueueFull, sizeLimit(err))
-			case definite(err):
-				return nil, a.failed(err)
-			case apierrors.IsConflict(err):
-				a.c.metrics.conflict(a.op())
-				if won := w.won(ctx, obj.ResourceVersion); won != nil {
-					obj = won
-					continue
-				}
-			default:
-				last = keepCause(last, err)
-				_ = pause(ctx, &back)
-			}
-			obj = nil
-			continue
-		}
-		a.report(pos, st)
-		if w == nil {
-			w = a.c.watch(a.callerCtx, a.name)
-		}
-		obj = w.next(ctx, obj.ResourceVersion)
+		obj = next
 	}
+}
+
+// turn is one step of run from obj, the version of the lock to go on from
+// (nil: read it first). It returns the holding once taken, or an error that
+// ends the call, or else the version for the next turn (nil: read afresh).
+func (a *attempt) turn(ctx context.Context, obj *locksv1alpha1.DistributedLock) (*Lock, *locksv1alpha1.DistributedLock, error) {
+	if obj == nil {
+		var err error
+		if obj, err = a.read(ctx); obj == nil {
+			return nil, nil, err
+		}
+	}
+	if l, done, err := a.own(ctx, obj); done {
+		return l, nil, err
+	}
+	st := &obj.Status
+	mode, err := a.mode(obj)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := a.checkTraceable(st); err != nil {
+		return nil, nil, err
+	}
+	pos := st.WaiterIndex(a.cfg.requestID)
+	if pos >= 0 && st.Waiters[pos].User != a.user {
+		return nil, nil, a.requestTaken(st.Waiters[pos].User)
+	}
+	switch {
+	case obj.Admits(mode) && (len(st.Waiters) == 0 || pos == 0):
+		next, sent, err := a.take(ctx, obj, mode)
+		if err == nil {
+			return a.hold(next, sent), nil, nil
+		}
+		next, err = a.retryAfter(ctx, obj, err)
+		return nil, next, err
+	case !a.wait:
+		return nil, nil, &LockedError{Name: a.name, Holder: st.Holder, Shared: len(st.SharedHolders), Waiters: len(st.Waiters)}
+	case pos < 0:
+		next, err := a.enqueue(ctx, obj, mode)
+		if err == nil {
+			return nil, next, nil
+		}
+		next, err = a.retryAfter(ctx, obj, err)
+		return nil, next, err
+	default:
+		a.report(pos, st)
+		return nil, a.await(ctx, obj), nil
+	}
+}
+
+// lastSeen is the object this client saw last of the lock when it leads
+// straight to the acquiring write, nil otherwise: when nothing contends, an
+// acquire is then one round trip.
+func (a *attempt) lastSeen() *locksv1alpha1.DistributedLock {
+	if obj, ok := a.c.seen.get(a.name); ok && a.writesStraight(obj) {
+		return obj
+	}
+	return nil
+}
+
+// read reads the lock, creating it first when the client may. It returns nil
+// and no error after a failure whose outcome is unknown (paused): the next
+// turn reads again.
+func (a *attempt) read(ctx context.Context) (*locksv1alpha1.DistributedLock, error) {
+	obj, err := a.c.get(ctx, a.key, a.name, a.c.cfg.autoCreate)
+	switch {
+	case err == nil:
+		return obj, nil
+	case errors.Is(err, ErrNotFound), errors.Is(err, errKeyCollision):
+		return nil, err
+	case definite(err):
+		return nil, a.failed(err)
+	}
+	a.retryLater(ctx, err)
+	return nil, nil
+}
+
+// checkTraceable says why this request must not write again, if it must
+// not: an earlier write of it whose outcome was unknown may have committed,
+// and its record may have aged out of status since, so taking the lock again
+// could make a second holding (I6).
+func (a *attempt) checkTraceable(st *locksv1alpha1.DistributedLockStatus) error {
+	if a.unknownAt < 0 {
+		return nil
+	}
+	if ended := st.Transitions - a.unknownAt + a.unknownHeld; ended > locksv1alpha1.MaxRecentAcquisitions {
+		return lost("cannot tell whether request %s acquired: %d holdings may have ended since and status remembers only the last %d",
+			a.cfg.requestID, ended, locksv1alpha1.MaxRecentAcquisitions)
+	}
+	return nil
+}
+
+// retryAfter is where run goes after a write based on obj failed with err.
+// A definite answer (a full queue among them) ends the call. After a
+// conflict, a waiter's watch brings the version that won; otherwise the next
+// turn reads the lock afresh (nil), after a pause when the outcome is unknown.
+func (a *attempt) retryAfter(ctx context.Context, obj *locksv1alpha1.DistributedLock, err error) (*locksv1alpha1.DistributedLock, error) {
+	switch {
+	case errors.Is(err, ErrQueueFull):
+		return nil, err
+	case definite(err):
+		return nil, a.failed(err)
+	case apierrors.IsConflict(err):
+		a.c.metrics.conflict(a.op())
+		return a.w.won(ctx, obj.ResourceVersion), nil
+	}
+	a.retryLater(ctx, err)
+	return nil, nil
+}
+
+// retryLater keeps err as the cause to report if the call runs out of time,
+// and pauses before the next try.
+func (a *attempt) retryLater(ctx context.Context, err error) {
+	a.last = keepCause(a.last, err)
+	_ = pause(ctx, &a.back)
+}
+
+// hold starts the Lock of the holding this call's write created: obj is the
+// lock as that write returned it, sent the time it was sent.
+func (a *attempt) hold(obj *locksv1alpha1.DistributedLock, sent time.Time) *Lock {
+	if !a.queuedAt.IsZero() {
+		a.c.metrics.waited(sent.Sub(a.queuedAt))
+	}
+	h, _ := findHolding(&obj.Status, a.cfg.requestID)
+	l := a.c.newLock(a, obj, h)
+	if a.w != nil {
+		// Others queue for this lock: keep following it, so the renewals and
+		// the release write on its newest version.
+		l.follow(a.w)
+		a.w = nil
+	}
+	l.start(sent)
+	return l
+}
+
+// await waits in the queue for the lock's next version after obj, on a watch
+// opened the first time; nil when the next turn should read it afresh.
+func (a *attempt) await(ctx context.Context, obj *locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedLock {
+	if a.w == nil {
+		a.w = a.c.watch(a.callerCtx, a.name)
+	}
+	return a.w.next(ctx, obj.ResourceVersion)
 }
 
 // writesStraight reports whether obj, the object this client saw last, leads
@@ -346,7 +398,7 @@ func (a *attempt) requestTaken(user string) error {
 		a.key, a.cfg.requestID, user)
 }
 
-// report tells the OnQueue callback about a changed place in the queue.
+// report tells the WithQueueCallback callback about a changed place in the queue.
 func (a *attempt) report(pos int, st *locksv1alpha1.DistributedLockStatus) {
 	if a.cfg.onQueue == nil {
 		return
@@ -366,7 +418,7 @@ func sameHolding(x, y *locksv1alpha1.LockHolder) bool {
 	return x.LeaseID == y.LeaseID && x.RequestID == y.RequestID && x.User == y.User
 }
 
-// mode is how this request holds obj: Shared when asked, or for a Semaphore;
+// mode is how this request holds obj: shared when asked, or for a Semaphore;
 // ErrMode when the lock's type does not support it.
 func (a *attempt) mode(obj *locksv1alpha1.DistributedLock) (locksv1alpha1.Mode, error) {
 	mode := obj.DefaultMode()
@@ -417,6 +469,10 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock, 
 		a.firstSent = sent
 	}
 	if err := a.c.c.Status().Update(ctx, next); err != nil {
+		if !definite(err) && !apierrors.IsConflict(err) && a.unknownAt < 0 {
+			// The write may have committed: from now on the call must find it.
+			a.unknownAt, a.unknownHeld = obj.Status.Transitions, int64(obj.Status.HolderCount)
+		}
 		return nil, time.Time{}, err
 	}
 	a.c.seen.saw(next)
@@ -454,9 +510,13 @@ func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLoc
 	})
 	next.Status.ObservedGeneration = next.Generation
 	if err := a.c.c.Status().Update(ctx, next); err != nil {
+		if tooLarge(err) {
+			return nil, fmt.Errorf("%w: %w", ErrQueueFull, sizeLimit(err))
+		}
 		return nil, err
 	}
 	a.c.seen.saw(next)
+	a.queuedAt = a.c.cfg.clock.Now()
 	return next, nil
 }
 
@@ -484,11 +544,11 @@ func (a *attempt) queueRoom(obj *locksv1alpha1.DistributedLock) error {
 }
 
 // giveUp leaves the queue after the wait ended and says why.
-func (a *attempt) giveUp(ctx context.Context, last error) error {
+func (a *attempt) giveUp(ctx context.Context) error {
 	if a.wait {
 		a.leaveQueue(ctx)
 	}
-	err := a.waitErr(ctx)
+	err, last := a.waitErr(ctx), a.last
 	switch {
 	case last == nil:
 		return err
@@ -649,8 +709,9 @@ func (w *lockWatch) won(ctx context.Context, rv string) *locksv1alpha1.Distribut
 	}
 }
 
+// stop ends the watch (nil-safe: a call that never waited has none).
 func (w *lockWatch) stop() {
-	if w.w != nil {
+	if w != nil && w.w != nil {
 		w.w.Stop()
 		w.w = nil
 	}

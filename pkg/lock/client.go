@@ -22,6 +22,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/escape"
+	"github.com/kubelock/kubelock/internal/whoami"
 )
 
 // Client acquires locks in one namespace for one identity. It is safe for
@@ -86,7 +87,7 @@ func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	}
 	cfg := defaultConfig()
 	for _, o := range opts {
-		o(&cfg)
+		o.applyToClient(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -116,7 +117,7 @@ func (c *Client) User(ctx context.Context) (string, error) {
 	if c.user != "" {
 		return c.user, nil
 	}
-	info, err := NewSelf(c.c).UserInfo(ctx)
+	info, err := whoami.New(c.c).UserInfo(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -130,7 +131,7 @@ func (c *Client) User(ctx context.Context) (string, error) {
 	return c.user, nil
 }
 
-// Extra keys of a token bound to a pod (as webhook.ExtraPodName/ExtraPodUID).
+// Extra keys of a token bound to a pod (as rules.ExtraPodName/ExtraPodUID).
 const (
 	extraPodName = "authentication.kubernetes.io/pod-name"
 	extraPodUID  = "authentication.kubernetes.io/pod-uid"

@@ -14,15 +14,24 @@
 //	}
 //	write(l.FencingToken())                      // the protected resource checks the token
 //
+// Every option is named With…, and its doc says its default. An Option
+// configures a Client (New), an AcquireOption one call of Acquire, TryAcquire
+// or AcquireAll, and a DefaultOption (WithLeaseDuration, WithWaitTimeout,
+// WithSession) either: given to New it is the default of every call, given
+// to one call it overrides that default for the call:
+//
+//	c, err := lock.New(cfg, lock.WithLeaseDuration(30*time.Second))          // every call's lease
+//	l, err := c.Acquire(ctx, "report", lock.WithLeaseDuration(2*time.Minute)) // this call's
+//
 // A held lock is renewed in the background every lease/3. When renewals fail
 // until the client's safe deadline (the time the last successful renewal was
-// sent, plus the lease, minus a margin), the lock's context is cancelled —
-// before the controller can give the lock to anyone else (invariant I5).
+// sent, plus the lease, minus SafetyMargin), the lock's context is cancelled
+// — before the controller can give the lock to anyone else (invariant I5).
 //
 // A process holding many locks renews one Session instead (NewSession, then
-// Acquire with InSession or a client made WithSession): its holdings renew
-// nothing, and their contexts end with the session's, which keeps I5 per
-// session. A Client uses no session unless asked.
+// WithSession on the client or on one call): its holdings renew nothing, and
+// their contexts end with the session's, which keeps I5 per session. A Client
+// uses no session unless asked.
 //
 // Locks come in three types (spec.type, set by the administrator): a Mutex
 // has one holder; an RWMutex one writer or many readers; a Semaphore up to
@@ -30,16 +39,16 @@
 // its own slot and fencing token; the queue is FIFO across modes, so a writer
 // is never starved by a stream of readers:
 //
-//	r, err := c.Acquire(ctx, "catalog", lock.Shared())   // an RWMutex's reader
-//	p, err := c.Acquire(ctx, "gpu-pool")                 // a Semaphore: always shared
-//	slot, _ := p.Slot()                                  // the permit, in [0, permits)
+//	r, err := c.Acquire(ctx, "catalog", lock.WithShared()) // an RWMutex's reader
+//	p, err := c.Acquire(ctx, "gpu-pool")                   // a Semaphore: always shared
+//	slot, _ := p.Slot()                                    // the permit, in [0, permits)
 //
-// Acquiring Shared on a Mutex returns ErrMode. A Client made WithReentrancy
-// counts re-entries: Acquire of a key it holds returns the same *Lock, and
-// only the last Release frees it. AcquireAll takes several keys all or
-// nothing, in a canonical order so that two callers never deadlock, with one
-// Done for the set:
+// Acquiring WithShared on a Mutex returns ErrMode. A Client made
+// WithReentrancy counts re-entries: Acquire of a key it holds returns the
+// same *Lock, and only the last Release frees it. AcquireAll takes several
+// keys all or nothing, in a canonical order so that two callers never
+// deadlock, with one Done for the set:
 //
-//	ls, err := c.AcquireAll(ctx, []string{"orders", "invoices"}, lock.WaitTimeout(time.Minute))
+//	ls, err := c.AcquireAll(ctx, []string{"orders", "invoices"}, lock.WithWaitTimeout(time.Minute))
 //	defer ls.Release(context.Background())
 package lock

@@ -23,9 +23,13 @@ var (
 	ErrTimeout = fmt.Errorf("kubelock: timed out waiting for the lock: %w", context.DeadlineExceeded)
 	// ErrReleased is the cause of a lock context that ended by Release.
 	ErrReleased = errors.New("kubelock: lock released")
-	// ErrMode means the lock cannot be held in the mode asked for: Shared on a
+	// ErrMode means the lock cannot be held in the mode asked for: WithShared on a
 	// Mutex, or (WithReentrancy) a key the client already holds in the other mode.
 	ErrMode = errors.New("kubelock: lock cannot be held in this mode")
+	// ErrSessionClosed is the cause of a session's context after Close, and so
+	// of the contexts of the locks it still held: they end with it
+	// (SessionClosed), so it wraps ErrLockLost.
+	ErrSessionClosed error = &lostError{reason: "its session was closed", cause: lostSession}
 )
 
 // LockedError says who holds a lock that TryAcquire could not take.

@@ -19,7 +19,7 @@ func ExampleClient_Acquire() {
 		log.Fatal(err)
 	}
 	ctx := context.Background()
-	l, err := c.Acquire(ctx, "orders/42", lock.WaitTimeout(time.Minute))
+	l, err := c.Acquire(ctx, "orders/42", lock.WithWaitTimeout(time.Minute))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -66,13 +66,13 @@ func ExampleLock_FencingToken() {
 	fmt.Printf("write with token %d\n", l.FencingToken())
 }
 
-// OnQueue reports a waiting caller's place in the lock's queue.
-func ExampleOnQueue() {
+// WithQueueCallback reports a waiting caller's place in the lock's queue.
+func ExampleWithQueueCallback() {
 	c, err := lock.New(ctrl.GetConfigOrDie())
 	if err != nil {
 		log.Fatal(err)
 	}
-	l, err := c.Acquire(context.Background(), "migrations", lock.OnQueue(func(q lock.QueueStatus) {
+	l, err := c.Acquire(context.Background(), "migrations", lock.WithQueueCallback(func(q lock.QueueStatus) {
 		log.Printf("waiting: position %d of %d", q.Position, q.Waiters)
 	}))
 	if err != nil {
@@ -100,12 +100,12 @@ func ExampleLock_Slot() {
 
 // Readers of an RWMutex hold it together; a writer waits for them, and
 // readers arriving after a waiting writer queue behind it.
-func ExampleShared() {
+func ExampleWithShared() {
 	c, err := lock.New(ctrl.GetConfigOrDie())
 	if err != nil {
 		log.Fatal(err)
 	}
-	r, err := c.Acquire(context.Background(), "catalog", lock.Shared())
+	r, err := c.Acquire(context.Background(), "catalog", lock.WithShared())
 	if errors.Is(err, lock.ErrMode) {
 		log.Fatal("catalog is a Mutex: an administrator creates it as an RWMutex")
 	}
@@ -142,7 +142,7 @@ func ExampleClient_AcquireAll() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ls, err := c.AcquireAll(context.Background(), []string{"account/17", "account/4"}, lock.WaitTimeout(30*time.Second))
+	ls, err := c.AcquireAll(context.Background(), []string{"account/17", "account/4"}, lock.WithWaitTimeout(30*time.Second))
 	if err != nil {
 		log.Fatal(err) // nothing is held: what was taken was released
 	}

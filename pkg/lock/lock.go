@@ -94,7 +94,7 @@ func (c *Client) newLock(a *attempt, obj *locksv1alpha1.DistributedLock, h holdi
 		c: c, key: a.key, name: a.name, user: a.user,
 		requestID: h.RequestID, leaseID: h.LeaseID, token: h.token,
 		shared: h.shared, slot: h.slot, lockType: obj.LockType(),
-		lease: lease, margin: safetyMargin(lease), session: a.cfg.session,
+		lease: lease, margin: SafetyMargin(lease), session: a.cfg.session,
 		ending: ending{ctx, cancel}, obj: obj, count: 1,
 	}
 }
@@ -124,9 +124,12 @@ func (l *Lock) recorded(f *locksv1alpha1.FinishedHolding) bool {
 	return f.LeaseID == l.leaseID && f.RequestID == l.requestID && f.FencingToken == l.token && sameSlot
 }
 
-// safetyMargin is how much earlier than the server the client gives up a lease:
-// a tenth of it, at least 100ms, so scheduling delays never let it act late.
-func safetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*time.Millisecond) }
+// SafetyMargin is how long before the end of a lease (the send time of its
+// last committed renewal plus the lease) the client stops trusting it:
+// Lock.ExpiresAt and Session.ExpiresAt are that end minus the margin of the
+// lease or TTL. It is a tenth of the lease, at least 100 ms, so that
+// scheduling delays never let a holder act late.
+func SafetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*time.Millisecond) }
 
 // start sets the safe deadline from the send time of the write that proved the
 // holding and starts the background renewal and the deadline watchdog. A

@@ -24,11 +24,11 @@ type Locks struct {
 // InterProcessMultiLock and Redisson's MultiLock do. It acquires them one at a
 // time in a canonical order (namespace, then object name), whatever the order
 // of keys, so two callers taking overlapping sets never wait for each other in
-// a cycle. One wait bound covers the whole call: the WaitTimeout (default and
-// upper bound the client's WithMaxWait) and ctx's deadline. When any key
-// cannot be taken in time, AcquireAll releases what it took and returns the
-// error of that key. opts apply to every key (Shared, LeaseDuration, a
-// RequestID, which is per lock object). Keys must name distinct locks.
+// a cycle. One wait bound covers the whole call: the wait timeout
+// (WithWaitTimeout) and ctx's deadline. When any key cannot be taken in time,
+// AcquireAll releases what it took and returns the error of that key. opts
+// apply to every key (WithShared, WithLeaseDuration, WithRequestID, which is
+// per lock object). Keys must name distinct locks.
 func (c *Client) AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*Locks, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("kubelock: acquire all: no keys")

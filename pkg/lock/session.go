@@ -15,17 +15,9 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// DefaultSessionTTL is a session's TTL when NewSession is given none.
-const DefaultSessionTTL = locksv1alpha1.DefaultSessionTTLSeconds * time.Second
-
-// ErrSessionClosed is the cause of a session's context after Close, and so of
-// the contexts of the locks it still held: they end with it (SessionClosed),
-// so it wraps ErrLockLost.
-var ErrSessionClosed error = &lostError{reason: "its session was closed", cause: lostSession}
-
 // Session is one liveness for many holdings, like etcd's concurrency.Session:
 // a LockSession object that the client renews every TTL/3, once for all the
-// locks acquired in it (InSession), which renew nothing themselves. Its
+// locks acquired in it (WithSession), which renew nothing themselves. Its
 // Context ends (I5) strictly before the controller may expire the session:
 // at the send time of the last renewal the apiserver committed, plus the
 // TTL, minus the margin a lock uses. The controller then ends every holding
@@ -54,9 +46,9 @@ type SessionOption func(*sessionConfig)
 
 type sessionConfig struct{ ttl time.Duration }
 
-// SessionTTL sets how long the session lives without a renewal (whole seconds,
+// WithTTL sets how long the session lives without a renewal (whole seconds,
 // 5s..1h; default DefaultSessionTTL). Its holdings carry it as their lease.
-func SessionTTL(d time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = d } }
+func WithTTL(d time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = d } }
 
 // NewSession creates a session in the client's namespace, named after its
 // identity, and starts renewing it. With a token bound to a pod the session
@@ -94,7 +86,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 	sctx, cancel := context.WithCancelCause(context.Background())
 	s := &Session{
 		c: c, name: obj.Name, uid: obj.UID, user: user,
-		ttl: cfg.ttl, margin: safetyMargin(cfg.ttl),
+		ttl: cfg.ttl, margin: SafetyMargin(cfg.ttl),
 		ending: ending{sctx, cancel},
 	}
 	// The controller counts a new session as renewed when it first sees it,
@@ -236,19 +228,6 @@ func (s *Session) Close(ctx context.Context) error {
 		}
 	}
 }
-
-// InSession acquires the lock in session s: the holding and any queue entry
-// name s, the lease is s's TTL (LeaseDuration is ignored), the lock runs no
-// renewal of its own, and its Context is a child of s's, so it ends when s
-// does. s must be of the client's namespace and user. InSession(nil) acquires
-// without a session although the client has one (WithSession).
-func InSession(s *Session) AcquireOption {
-	return func(a *acquireConfig) { a.session = s }
-}
-
-// WithSession acquires every lock of the client in s unless an Acquire says
-// otherwise (InSession). Default: no session: a Client creates none by itself.
-func WithSession(s *Session) Option { return func(c *config) { c.session = s } }
 
 // checkSession says why a cannot acquire in its session, if it cannot.
 func (a *attempt) checkSession() error {

@@ -109,12 +109,12 @@ func ended(t *testing.T, done <-chan struct{}, want bool, what string) {
 func TestSessionDeadline(t *testing.T) {
 	f := newSessionFixture(t, freeLock("a"))
 	start := f.clk.Now()
-	s, err := f.c.NewSession(context.Background(), SessionTTL(6*time.Second))
+	s, err := f.c.NewSession(context.Background(), WithTTL(6*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.Close(context.Background()) }()
-	margin := safetyMargin(6 * time.Second)
+	margin := SafetyMargin(6 * time.Second)
 	if want := start.Add(6*time.Second - margin); !s.ExpiresAt().Equal(want) {
 		t.Fatalf("ExpiresAt = %s, want %s (create sent + TTL - margin)", s.ExpiresAt(), want)
 	}
@@ -163,15 +163,15 @@ func TestSessionDeadline(t *testing.T) {
 func TestLockInSession(t *testing.T) {
 	f := newSessionFixture(t, freeLock("a"), freeLock("b"))
 	ctx := context.Background()
-	s, err := f.c.NewSession(ctx, SessionTTL(9*time.Second))
+	s, err := f.c.NewSession(ctx, WithTTL(9*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	la, err := f.c.TryAcquire(ctx, "a", InSession(s), LeaseDuration(time.Second))
+	la, err := f.c.TryAcquire(ctx, "a", WithSession(s), WithLeaseDuration(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb, err := f.c.TryAcquire(ctx, "b", InSession(s))
+	lb, err := f.c.TryAcquire(ctx, "b", WithSession(s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestLockInSession(t *testing.T) {
 	}
 	// The slot of a lock ended by its session is free again, and a closed
 	// session refuses at once.
-	if _, err := f.c.TryAcquire(ctx, "b", InSession(s)); !errors.Is(err, ErrSessionClosed) {
+	if _, err := f.c.TryAcquire(ctx, "b", WithSession(s)); !errors.Is(err, ErrSessionClosed) {
 		t.Fatalf("acquire in a closed session = %v, want ErrSessionClosed", err)
 	}
 	l, err := f.c.TryAcquire(ctx, "b")
@@ -240,8 +240,8 @@ func TestLockInSession(t *testing.T) {
 func TestSessionTTLBounds(t *testing.T) {
 	f := newSessionFixture(t)
 	for _, d := range []time.Duration{4 * time.Second, 3601 * time.Second, 5500 * time.Millisecond} {
-		if _, err := f.c.NewSession(context.Background(), SessionTTL(d)); err == nil {
-			t.Errorf("SessionTTL(%s) accepted", d)
+		if _, err := f.c.NewSession(context.Background(), WithTTL(d)); err == nil {
+			t.Errorf("WithTTL(%s) accepted", d)
 		}
 	}
 }
@@ -251,12 +251,12 @@ func TestSessionTTLBounds(t *testing.T) {
 func TestSessionNoticesAForceReleasedHolding(t *testing.T) {
 	f := newSessionFixture(t, freeLock("a"))
 	ctx := context.Background()
-	s, err := f.c.NewSession(ctx, SessionTTL(6*time.Second))
+	s, err := f.c.NewSession(ctx, WithTTL(6*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.Close(ctx) }()
-	l, err := f.c.TryAcquire(ctx, "a", InSession(s))
+	l, err := f.c.TryAcquire(ctx, "a", WithSession(s))
 	if err != nil {
 		t.Fatal(err)
 	}

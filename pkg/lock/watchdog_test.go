@@ -56,7 +56,7 @@ func TestWatchdogFiresWhileARenewalHangs(t *testing.T) {
 		t.Fatal("slot taken")
 	}
 	l.start(start)
-	want := start.Add(3*time.Second - safetyMargin(3*time.Second))
+	want := start.Add(3*time.Second - SafetyMargin(3*time.Second))
 	if !l.ExpiresAt().Equal(want) {
 		t.Fatalf("ExpiresAt = %s, want %s", l.ExpiresAt(), want)
 	}

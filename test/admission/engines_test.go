@@ -21,7 +21,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/controllers"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
@@ -147,7 +147,7 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 					return w
 				}
 				unbound := unboundTokenUser(ctx, sa)
-				Expect(write(ctx, unbound, key, enqueue(inPod(1)))).To(MatchError(ContainSubstring(kwebhook.MsgNoPodToken)))
+				Expect(write(ctx, unbound, key, enqueue(inPod(1)))).To(MatchError(ContainSubstring(rules.MsgNoPodToken)))
 				Expect(write(ctx, p.user, key, enqueue(inPod(2)))).To(Succeed())
 				Expect(write(ctx, unbound, key, enqueue(waiter(p.user.name, 3)))).To(Succeed(), "without pod fields")
 				ws := get(ctx, key).Status.Waiters

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // hostile is one malformed or malicious request: from a lock in state, the
@@ -34,7 +34,7 @@ type hostile struct {
 }
 
 // tag is the start of a denial message of an admission rule.
-func tag(r kwebhook.Rule) string { return "[kubelock:" + string(r) + "] " }
+func tag(r rules.Rule) string { return "[kubelock:" + string(r) + "] " }
 
 // update is a status update: read, change with fn, write.
 func update(fns ...func(*locksv1alpha1.DistributedLock)) func(context.Context, *user, client.ObjectKey) error {
@@ -108,11 +108,11 @@ func hostileEntries() []TableEntry {
 	entries := []TableEntry{
 		// --- only the holder renews or releases -------------------------------
 		Entry("renew by another user", hostile{state: held, by: "bob", do: update(renew),
-			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may renew lease ` + leaseID("alice", 1)}}),
+			want: []string{tag(rules.RuleHolderOnly) + `only the holder "alice" may renew lease ` + leaseID("alice", 1)}}),
 		Entry("release by another user", hostile{state: held, by: "bob", do: update(end(locksv1alpha1.EndReasonReleased, "bob")),
-			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may release lease ` + leaseID("alice", 1)}}),
+			want: []string{tag(rules.RuleHolderOnly) + `only the holder "alice" may release lease ` + leaseID("alice", 1)}}),
 		Entry("the controller renewing someone's lease", hostile{state: held, by: controllerUser, do: update(renew),
-			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may renew`}}),
+			want: []string{tag(rules.RuleHolderOnly) + `only the holder "alice" may renew`}}),
 		Entry("JSON patch that releases in the holder's name", hostile{state: held, by: "bob",
 			do: func(ctx context.Context, u *user, key client.ObjectKey) error {
 				token := get(ctx, key).Status.FencingToken
@@ -125,74 +125,74 @@ func hostileEntries() []TableEntry {
 					}}},
 				})(ctx, u, key)
 			},
-			want: []string{tag(kwebhook.RuleIdentity) + `endedBy must be the requesting user "bob", not "alice"`}}),
+			want: []string{tag(rules.RuleIdentity) + `endedBy must be the requesting user "bob", not "alice"`}}),
 
 		// --- fencing tokens ------------------------------------------------------
 		Entry("acquire with a token lower than allowed (the resourceVersion)", hostile{state: freeHistory, by: "bob",
 			do:   update(acquire(holder("bob", 1)), tokenDelta(-1)),
-			want: []string{tag(kwebhook.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
+			want: []string{tag(rules.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
 		Entry("acquire with a token higher than allowed", hostile{state: freeHistory, by: "bob",
 			do:   update(acquire(holder("bob", 1)), tokenDelta(+1)),
-			want: []string{tag(kwebhook.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
+			want: []string{tag(rules.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
 		Entry("acquire with a token lower than the current one", hostile{state: freeHistory, by: "bob",
 			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Acquire(holder("bob", 1), l.Status.FencingToken-1) }),
 			want: []string{"fencingToken must not decrease"}}),
 
 		// --- identity ------------------------------------------------------------
 		Entry("acquire with a forged holder.user", hostile{state: free, by: "bob", do: update(acquire(holder("alice", 1))),
-			want: []string{tag(kwebhook.RuleIdentity) + `holder.user must be the requesting user "bob", not "alice"`}}),
+			want: []string{tag(rules.RuleIdentity) + `holder.user must be the requesting user "bob", not "alice"`}}),
 		Entry("enqueue with a forged waiter user", hostile{state: held, by: "bob", do: update(enqueue(waiter("carol", 1))),
-			want: []string{tag(kwebhook.RuleIdentity) + `a waiter's user must be the requesting user "bob", not "carol"`}}),
+			want: []string{tag(rules.RuleIdentity) + `a waiter's user must be the requesting user "bob", not "carol"`}}),
 		Entry("a pod's service account acquiring in another pod's name", hostile{state: free, by: podSA,
 			do: update(acquire(func() locksv1alpha1.LockHolder {
 				h := holder(podSA, 1)
 				h.PodName = "worker-1"
 				return h
 			}())),
-			want: []string{tag(kwebhook.RulePodBinding) + `holder.podName "worker-1" is not the requesting pod "worker-0"`}}),
+			want: []string{tag(rules.RulePodBinding) + `holder.podName "worker-1" is not the requesting pod "worker-0"`}}),
 		Entry("release recorded as ended by someone else", hostile{state: held, by: "alice", do: update(end(locksv1alpha1.EndReasonReleased, "bob")),
-			want: []string{tag(kwebhook.RuleIdentity) + `endedBy must be the requesting user "alice", not "bob"`}}),
+			want: []string{tag(rules.RuleIdentity) + `endedBy must be the requesting user "alice", not "bob"`}}),
 
 		// --- the wait queue -------------------------------------------------------
 		Entry("acquire while not the queue head", hostile{state: freeQueue, by: "carol", do: update(acquire(holder("carol", 1))),
-			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire`}}),
+			want: []string{tag(rules.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire`}}),
 		Entry("acquire with the head's requestID by another user", hostile{state: freeQueue, by: "carol",
 			do: update(acquire(func() locksv1alpha1.LockHolder {
 				h := holder("carol", 1)
 				h.RequestID = requestID("bob", 1)
 				return h
 			}())),
-			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire; request ` +
+			want: []string{tag(rules.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire; request ` +
 				requestID("bob", 1) + ` of "carol" is not`}}),
 		Entry("acquire by a stranger while others wait", hostile{state: freeQueue, by: "dave", do: update(acquire(holder("dave", 1))),
-			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue"}}),
+			want: []string{tag(rules.RuleQueueHead) + "only the head of the wait queue"}}),
 		Entry("the head acquiring and dropping the next waiter", hostile{state: freeQueue, by: "bob",
 			do: update(func(l *locksv1alpha1.DistributedLock) {
 				h := holder("bob", 1)
 				l.Status.RemoveWaiter(requestID("carol", 1))
 				acquire(h)(l)
 			}),
-			want: []string{tag(kwebhook.RuleQueue) + `"bob" may remove only its own queue entries, not ` + requestID("carol", 1) + " (user carol)"}}),
+			want: []string{tag(rules.RuleQueue) + `"bob" may remove only its own queue entries, not ` + requestID("carol", 1) + " (user carol)"}}),
 		Entry("a waiter removing another waiter", hostile{state: heldQueue, by: "carol",
 			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.RemoveWaiter(requestID("bob", 1)) }),
-			want: []string{tag(kwebhook.RuleQueue) + `"carol" may remove only its own queue entries, not ` + requestID("bob", 1)}}),
+			want: []string{tag(rules.RuleQueue) + `"carol" may remove only its own queue entries, not ` + requestID("bob", 1)}}),
 		Entry("a waiter inserted not at the tail", hostile{state: heldQueue, by: "dave",
 			do: update(func(l *locksv1alpha1.DistributedLock) {
 				l.Status.Waiters = append([]locksv1alpha1.Waiter{waiter("dave", 1)}, l.Status.Waiters...)
 				l.Status.WaiterCount++
 			}),
-			want: []string{tag(kwebhook.RuleQueue) + "waiters join only at the tail and keep their order"}}),
+			want: []string{tag(rules.RuleQueue) + "waiters join only at the tail and keep their order"}}),
 		Entry("reordering the queue", hostile{state: heldQueue, by: "carol",
 			do: update(func(l *locksv1alpha1.DistributedLock) {
 				w := l.Status.Waiters
 				w[0], w[1] = w[1], w[0]
 			}),
-			want: []string{tag(kwebhook.RuleQueue) + "waiters join only at the tail and keep their order"}}),
+			want: []string{tag(rules.RuleQueue) + "waiters join only at the tail and keep their order"}}),
 		Entry("a waiter rewriting its queue entry", hostile{state: heldQueue, by: "bob",
 			do: update(func(l *locksv1alpha1.DistributedLock) {
 				l.Status.Waiters[0].Deadline = metav1.NewMicroTime(l.Status.Waiters[0].Deadline.Add(time.Hour))
 			}),
-			want: []string{tag(kwebhook.RuleQueue) + "queue entry " + requestID("bob", 1) + " cannot change"}}),
+			want: []string{tag(rules.RuleQueue) + "queue entry " + requestID("bob", 1) + " cannot change"}}),
 		Entry("a queue beyond spec.maxWaiters", hostile{
 			state: state{spec: locksv1alpha1.DistributedLockSpec{MaxWaiters: int32p(2)}, holder: "alice", waiters: []string{"bob", "carol"}},
 			by:    "dave", do: update(enqueue(waiter("dave", 1))),
@@ -220,10 +220,10 @@ func hostileEntries() []TableEntry {
 			want: []string{"holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds"}}),
 		Entry("changing holder.leaseDurationSeconds while held", hostile{state: held, by: "alice",
 			do:   update(renew, func(l *locksv1alpha1.DistributedLock) { l.Status.Holder.LeaseDurationSeconds = 60 }),
-			want: []string{tag(kwebhook.RuleHolderFields) + "while lease " + leaseID("alice", 1) + " is held only holder.renewTime may change"}}),
+			want: []string{tag(rules.RuleHolderFields) + "while lease " + leaseID("alice", 1) + " is held only holder.renewTime may change"}}),
 		Entry("adding holder.podName while held", hostile{state: held, by: "alice",
 			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.Holder.PodName = "elsewhere" }),
-			want: []string{tag(kwebhook.RuleHolderFields) + "while lease " + leaseID("alice", 1) + " is held only holder.renewTime may change"}}),
+			want: []string{tag(rules.RuleHolderFields) + "while lease " + leaseID("alice", 1) + " is held only holder.renewTime may change"}}),
 
 		// --- ending a holding --------------------------------------------------------
 		Entry("an unknown endReason", hostile{state: held, by: "alice", do: update(end("Stolen", "alice")),
@@ -232,51 +232,51 @@ func hostileEntries() []TableEntry {
 			do: update(end(locksv1alpha1.EndReasonReleased, "alice"), func(l *locksv1alpha1.DistributedLock) {
 				lastRecord(l).FencingToken++
 			}),
-			want: []string{tag(kwebhook.RuleEndRecord) + "the record must describe the ending holding: leaseID " + leaseID("alice", 1)}}),
+			want: []string{tag(rules.RuleEndRecord) + "the record must describe the ending holding: leaseID " + leaseID("alice", 1)}}),
 		Entry("release appending two records", hostile{state: held, by: "alice",
 			do: update(end(locksv1alpha1.EndReasonReleased, "alice"), func(l *locksv1alpha1.DistributedLock) {
 				l.Status.RecentAcquisitions = append(l.Status.RecentAcquisitions, *lastRecord(l))
 			}),
-			want: []string{tag(kwebhook.RuleEndRecord) + "ending the holding of lease " + leaseID("alice", 1) + " must append exactly its record"}}),
+			want: []string{tag(rules.RuleEndRecord) + "ending the holding of lease " + leaseID("alice", 1) + " must append exactly its record"}}),
 		Entry("release that rewrites an earlier record", hostile{state: heldHistory, by: "alice",
 			do: update(end(locksv1alpha1.EndReasonReleased, "alice"), func(l *locksv1alpha1.DistributedLock) {
 				l.Status.RecentAcquisitions[0].EndReason = locksv1alpha1.EndReasonExpired
 			}),
-			want: []string{tag(kwebhook.RuleEndRecord) + "ending a holding must keep the earlier records of recentAcquisitions unchanged"}}),
+			want: []string{tag(rules.RuleEndRecord) + "ending a holding must keep the earlier records of recentAcquisitions unchanged"}}),
 		Entry("expiry by a non-controller", hostile{state: held, by: "bob", do: update(end(locksv1alpha1.EndReasonExpired, "bob")),
-			want: []string{tag(kwebhook.RuleControllerOnly) + `only the kubelock controller may expire a lease; "bob" is not the controller`}}),
+			want: []string{tag(rules.RuleControllerOnly) + `only the kubelock controller may expire a lease; "bob" is not the controller`}}),
 		Entry("the holder marking its own lease expired", hostile{state: held, by: "alice", do: update(end(locksv1alpha1.EndReasonExpired, "alice")),
-			want: []string{tag(kwebhook.RuleControllerOnly) + `only the kubelock controller may expire a lease; "alice" is not the controller`}}),
+			want: []string{tag(rules.RuleControllerOnly) + `only the kubelock controller may expire a lease; "alice" is not the controller`}}),
 		Entry("force-release without the verb", hostile{state: held, by: "bob", do: update(end(locksv1alpha1.EndReasonForceReleased, "bob")),
-			want: []string{tag(kwebhook.RuleForceRelease) + `user "bob" may not force-release: it needs the "force-release" verb`}}),
+			want: []string{tag(rules.RuleForceRelease) + `user "bob" may not force-release: it needs the "force-release" verb`}}),
 
 		// --- the controller ----------------------------------------------------------
 		Entry("the controller acquiring", hostile{state: free, by: controllerUser, do: update(acquire(holder(controllerUser, 1))),
-			want: []string{tag(kwebhook.RuleControllerOnly) + "the controller may expire holdings but never acquire a lock"}}),
+			want: []string{tag(rules.RuleControllerOnly) + "the controller may expire holdings but never acquire a lock"}}),
 		Entry("the controller enqueuing", hostile{state: held, by: controllerUser, do: update(enqueue(waiter(controllerUser, 1))),
-			want: []string{tag(kwebhook.RuleControllerOnly) + "the controller may drop waiters but never enqueue"}}),
+			want: []string{tag(rules.RuleControllerOnly) + "the controller may drop waiters but never enqueue"}}),
 
 		// --- history -----------------------------------------------------------------
 		Entry("a merge patch that drops recentAcquisitions", hostile{state: freeHistory, by: "alice",
 			do:   patch(types.MergePatchType, map[string]any{"status": map[string]any{"recentAcquisitions": nil}}),
-			want: []string{tag(kwebhook.RuleHistory) + "recentAcquisitions changes only when a holding ends"}}),
+			want: []string{tag(rules.RuleHistory) + "recentAcquisitions changes only when a holding ends"}}),
 		Entry("a JSON patch that rewrites history", hostile{state: freeHistory, by: "bob",
 			do:   patch(types.JSONPatchType, []map[string]any{{"op": "replace", "path": "/status/recentAcquisitions/0/endedBy", "value": "bob"}}),
-			want: []string{tag(kwebhook.RuleHistory) + "recentAcquisitions changes only when a holding ends"}}),
+			want: []string{tag(rules.RuleHistory) + "recentAcquisitions changes only when a holding ends"}}),
 
 		// --- server-side apply --------------------------------------------------------
 		Entry("server-side apply that renews someone else's lease", hostile{state: held, by: "bob",
 			do: apply(map[string]any{"holder": map[string]any{
 				"user": "alice", "leaseID": leaseID("alice", 1), "renewTime": metav1.NewMicroTime(time.Now().Add(time.Hour)),
 			}}),
-			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may renew lease ` + leaseID("alice", 1)}}),
+			want: []string{tag(rules.RuleHolderOnly) + `only the holder "alice" may renew lease ` + leaseID("alice", 1)}}),
 
 		// --- deletion ----------------------------------------------------------------
 		Entry("deleting a held lock", hostile{state: held, by: "deleter",
 			do: func(ctx context.Context, u *user, key client.ObjectKey) error {
 				return u.c.Delete(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}})
 			},
-			want: []string{tag(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
+			want: []string{tag(rules.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
 	}
 	entries = append(entries, sharedHostileEntries()...)
 	entries = append(entries, redteamSharedEntries()...)
@@ -328,7 +328,7 @@ func impersonatedPod(name, uid string) *user {
 	imp.QPS = -1
 	imp.Impersonate = rest.ImpersonationConfig{UserName: podSA}
 	if name != "" || uid != "" {
-		imp.Impersonate.Extra = map[string][]string{kwebhook.ExtraPodName: {name}, kwebhook.ExtraPodUID: {uid}}
+		imp.Impersonate.Extra = map[string][]string{rules.ExtraPodName: {name}, rules.ExtraPodUID: {uid}}
 	}
 	return &user{name: podSA, c: newClient(imp), cfg: imp}
 }
@@ -473,13 +473,13 @@ const (
 )
 
 func statusHostileEntries() []TableEntry {
-	bookkeeping, timeFormat := tag(kwebhook.RuleBookkeeping), tag(kwebhook.RuleTimeFormat)
-	queue, waitBound, podBinding := tag(kwebhook.RuleQueue), tag(kwebhook.RuleWaitBound), tag(kwebhook.RulePodBinding)
-	leaseIDTag, terminating := tag(kwebhook.RuleLeaseID), tag(kwebhook.RuleTerminating)
+	bookkeeping, timeFormat := tag(rules.RuleBookkeeping), tag(rules.RuleTimeFormat)
+	queue, waitBound, podBinding := tag(rules.RuleQueue), tag(rules.RuleWaitBound), tag(rules.RulePodBinding)
+	leaseIDTag, terminating := tag(rules.RuleLeaseID), tag(rules.RuleTerminating)
 	identityPattern := "in body should match '" + locksv1alpha1.IdentityPattern + "'"
 	podNamePattern := "in body should match '" + locksv1alpha1.PodNamePattern + "'"
 	podUIDPattern := "in body should match '" + locksv1alpha1.PodUIDPattern + "'"
-	noPodToken := kwebhook.MsgNoPodToken
+	noPodToken := rules.MsgNoPodToken
 	microPattern := "in body should match '" + locksv1alpha1.MicroTimePattern + "'"
 	return []TableEntry{
 		// --- class 2: bookkeeping cannot be forged --------------------------------

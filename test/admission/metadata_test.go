@@ -20,8 +20,8 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/rules"
 	"github.com/kubelock/kubelock/test/testenv"
-	kwebhook "github.com/kubelock/kubelock/webhook"
 )
 
 // The main resource's rules (issue 13, classes 6 and 9): the force-delete
@@ -49,7 +49,7 @@ var (
 	metaHeldNotForced = state{holder: "alice", annotations: map[string]string{locksv1alpha1.ForceDeleteAnnotation: "false"}}
 )
 
-func tagOf(r kwebhook.Rule) string { return "[kubelock:" + string(r) + "] " }
+func tagOf(r rules.Rule) string { return "[kubelock:" + string(r) + "] " }
 
 func metaPatch(pt types.PatchType, body any) func(context.Context, *user, client.ObjectKey) error {
 	return func(ctx context.Context, u *user, key client.ObjectKey) error {
@@ -109,12 +109,12 @@ func autoCreateMeta(m *metav1.ObjectMeta) {
 }
 
 func forceDeleteDenied(u string) string {
-	return tagOf(kwebhook.RuleForceDelete) + `user "` + u + `" may not set the locks.kubelock.io/force-delete annotation (to "true"): it needs the "force-release" verb`
+	return tagOf(rules.RuleForceDelete) + `user "` + u + `" may not set the locks.kubelock.io/force-delete annotation (to "true"): it needs the "force-release" verb`
 }
 
 func createDenied(u, sets string) []string {
 	return []string{
-		tagOf(kwebhook.RuleCreate) + `user "` + u + `" may create a lock only with the default spec, no finalizers and no locks.kubelock.io/force-delete annotation (anything else needs the "update" verb`,
+		tagOf(rules.RuleCreate) + `user "` + u + `" may create a lock only with the default spec, no finalizers and no locks.kubelock.io/force-delete annotation (anything else needs the "update" verb`,
 		" sets " + sets,
 	}
 }
@@ -136,7 +136,7 @@ func labelled(v string) func(context.Context, client.ObjectKey) {
 
 func heldFinalizerDenied() []string {
 	return []string{
-		tagOf(kwebhook.RuleHeldDelete) + "lock ",
+		tagOf(rules.RuleHeldDelete) + "lock ",
 		" is held by alice (lease " + leaseID("alice", 1) + "); removing its finalizers " + keepFinalizer + " is a delete: release it first",
 	}
 }
@@ -175,9 +175,9 @@ func metaEntries() []TableEntry {
 			}}),
 			want: []string{forceDeleteDenied("mallory")}}),
 		Entry("a lock user with delete deletes a held lock", metaHostile{state: metaHeld, by: "mallory", do: deleteAs,
-			want: []string{tagOf(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
+			want: []string{tagOf(rules.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
 		Entry("a lock user with delete deletes a lock only readers hold", metaHostile{state: state{spec: rwSpec, readers: []string{"alice", "bob"}}, by: "mallory", do: deleteAs,
-			want: []string{tagOf(kwebhook.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
+			want: []string{tagOf(rules.RuleHeldDelete) + "lock ", " is held by alice (lease " + leaseID("alice", 1) + "); release it first"}}),
 		Entry("a lock user with update removes the finalizer of a Semaphore whose permits are held", metaHostile{
 			state: state{spec: sem3Spec, readers: []string{"alice"}, finalizers: []string{keepFinalizer}}, by: "mallory",
 			do: metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil }), want: heldFinalizerDenied()}),
@@ -204,7 +204,7 @@ func metaEntries() []TableEntry {
 		// --- the auto-created label: the controller deletes such a lock once idle ------------
 		Entry("an administrator creates a lock with the auto-created label and maxWaiters 0", metaHostile{by: "lockadmin", create: true,
 			do:   createAs(locksv1alpha1.DistributedLockSpec{MaxWaiters: int32p(0)}, autoCreateMeta),
-			want: []string{tagOf(kwebhook.RuleCreate) + "lock ", " carries the locks.kubelock.io/auto-created label with spec.maxWaiters=0 (default 128): " + autoCreatedSpecOnly}}),
+			want: []string{tagOf(rules.RuleCreate) + "lock ", " carries the locks.kubelock.io/auto-created label with spec.maxWaiters=0 (default 128): " + autoCreatedSpecOnly}}),
 		Entry("an administrator adds the auto-created label to a lock (merge patch)", metaHostile{state: free, by: "lockadmin",
 			do:   metaPatch(types.MergePatchType, map[string]any{"metadata": map[string]any{"labels": map[string]any{locksv1alpha1.AutoCreatedLabel: "true"}}}),
 			want: []string{autoCreatedAdded}}),

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // The transition rules the CRD's CEL left to admission (issue 17, "less
@@ -27,8 +27,8 @@ type movedCase struct {
 const msgTransitions = "status.transitions must grow by exactly one on each acquisition and stay unchanged otherwise"
 
 func movedCases() []movedCase {
-	holderOnly, holderFields, fencingToken := tag(kwebhook.RuleHolderOnly), tag(kwebhook.RuleHolderFields), tag(kwebhook.RuleFencingToken)
-	endRecord, bookkeeping, slot := tag(kwebhook.RuleEndRecord), tag(kwebhook.RuleBookkeeping), tag(kwebhook.RuleSlot)
+	holderOnly, holderFields, fencingToken := tag(rules.RuleHolderOnly), tag(rules.RuleHolderFields), tag(rules.RuleFencingToken)
+	endRecord, bookkeeping, slot := tag(rules.RuleEndRecord), tag(rules.RuleBookkeeping), tag(rules.RuleSlot)
 	passes := func(from, to string) string {
 		return holderOnly + "a held lock cannot pass to another leaseID (" + from + " → " + to + "); it must be released first"
 	}
@@ -189,9 +189,9 @@ func movedSessionEntries() []TableEntry {
 	return []TableEntry{
 		Entry("left to admission by the CRD: a holding moved to another session of its user", sessionHostile{owner: "alice", by: "alice",
 			do:   move(locksv1alpha1.DistributedLockSpec{}, func(l *locksv1alpha1.DistributedLock, s string) { l.Status.Holder.Session = s }),
-			want: []string{tag(kwebhook.RuleHolderFields) + held + "holder.renewTime may change"}, lock: true}),
+			want: []string{tag(rules.RuleHolderFields) + held + "holder.renewTime may change"}, lock: true}),
 		Entry("left to admission by the CRD: a permit moved to another session of its user", sessionHostile{owner: "alice", by: "alice",
 			do:   move(sem3Spec, func(l *locksv1alpha1.DistributedLock, s string) { l.Status.SharedHolders[0].Session = s }),
-			want: []string{tag(kwebhook.RuleHolderFields) + held + "its renewTime may change"}, lock: true}),
+			want: []string{tag(rules.RuleHolderFields) + held + "its renewTime may change"}, lock: true}),
 	}
 }

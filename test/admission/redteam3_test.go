@@ -13,7 +13,7 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // The third red team's cases (after pod fields came only from a pod's own
@@ -33,7 +33,7 @@ func waiterWithRequest(w locksv1alpha1.Waiter, id string) locksv1alpha1.Waiter {
 }
 
 func redteam3Entries() []TableEntry {
-	fresh := tag(kwebhook.RuleLeaseID) + msgRequestID
+	fresh := tag(rules.RuleLeaseID) + msgRequestID
 	return []TableEntry{
 		// A client finds its request by requestID in status (I6), and a
 		// requestID is visible to every lock user. bob queues with alice's:
@@ -72,7 +72,7 @@ func redteam3Entries() []TableEntry {
 				c["message"] = "held\u2029Released by alice"
 				return c
 			}()),
-			want: []string{tag(kwebhook.RuleBookkeeping) + msgConditions}}),
+			want: []string{tag(rules.RuleBookkeeping) + msgConditions}}),
 	}
 }
 
@@ -100,7 +100,7 @@ func bulkAnnotationEntries() []TableEntry {
 	big, n := bigAnnotations(16, 15900)
 	key := map[string]string{locksv1alpha1.KeyAnnotation: strings.Repeat("k", 250000)}
 	bytes := func(n int) string {
-		return fmt.Sprintf("metadata.annotations (%d bytes, at most %d)", n, kwebhook.MaxCreateAnnotationBytes)
+		return fmt.Sprintf("metadata.annotations (%d bytes, at most %d)", n, rules.MaxCreateAnnotationBytes)
 	}
 	return []TableEntry{
 		Entry("red team 3: 16 annotations of 250 kB in all", withAnnotations(big), bytes(n)),
@@ -152,7 +152,7 @@ var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
 						l.Status.AppendWaiter(w)
 					}
 				})
-				Expect(err).To(MatchError(ContainSubstring(tag(kwebhook.RuleQueue) + "one write may add at most one waiter")))
+				Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleQueue) + "one write may add at most one waiter")))
 				Expect(sessionGets(ctx)-before).To(BeZero(), "GETs of locksessions the write caused")
 			})
 
@@ -165,7 +165,7 @@ var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
 				Expect(write(ctx, alice, key, enqueue(waiterWithRequest(waiter("alice", 1), "job-42")))).To(Succeed())
 				c, err := lock.New(bob.cfg, lock.WithNamespace(ns), lock.WithIdentity("bob"))
 				Expect(err).NotTo(HaveOccurred())
-				_, err = c.Acquire(ctx, key.Name, lock.RequestID("job-42"), lock.WaitTimeout(5*time.Second))
+				_, err = c.Acquire(ctx, key.Name, lock.WithRequestID("job-42"), lock.WithWaitTimeout(5*time.Second))
 				Expect(err).To(MatchError(ContainSubstring(`request ID job-42 is the queue entry of user "alice"`)))
 				Expect(get(ctx, key).Status.Waiters).To(HaveLen(1), "bob's client wrote nothing")
 			})

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // The red team's session holes: each one a hostile write about a session
@@ -32,7 +32,7 @@ func longSessionHolding(ctx context.Context, u *user, s *locksv1alpha1.LockSessi
 }
 
 func redteamSessionEntries() []TableEntry {
-	session := tag(kwebhook.RuleSession)
+	session := tag(rules.RuleSession)
 	return []TableEntry{
 		Entry("hold a lock past its maxLeaseDurationSeconds in a session with a longer TTL", sessionHostile{by: "alice", do: longSessionHolding,
 			want: []string{session + "session ", " has ttlSeconds 3600, more than the lock's spec.maxLeaseDurationSeconds 300"}, policyAdmits: true, lock: true}),
@@ -48,7 +48,7 @@ func redteamSessionEntries() []TableEntry {
 		// no pod writes no pod fields at all.
 		Entry("a token bound to no pod holds in its account's pod session with the pod's UID", sessionHostile{owner: podSA, by: unboundPod,
 			do:   acquireIn(pod0Name, pod0UID),
-			want: []string{tag(kwebhook.RulePodBinding) + `holder.podName "` + pod0Name + `" ` + kwebhook.MsgNoPodToken}, lock: true}),
+			want: []string{tag(rules.RulePodBinding) + `holder.podName "` + pod0Name + `" ` + rules.MsgNoPodToken}, lock: true}),
 		// The controller caches every session: 16 annotations of 16 kB each
 		// cost it 250 kB per session, where a client writes none.
 		Entry("red team 3: a session with 250 kB of annotations", sessionHostile{by: "alice",

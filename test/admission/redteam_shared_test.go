@@ -4,7 +4,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // The red team's shared-mode cases (after issue 16): the holes it found,
@@ -48,16 +48,16 @@ func redteamSharedEntries() []TableEntry {
 		// on an RWMutex he fills 1,024 reader slots past a waiting writer.
 		Entry("red team: the head taking a permit and staying at the head of the queue", hostile{state: sem3Queue, by: "bob",
 			do:   update(keepHead(acquireShared(holder("bob", 1), 0))),
-			want: []string{tag(kwebhook.RuleQueueHead) + msgAcquirerQueued}}),
+			want: []string{tag(rules.RuleQueueHead) + msgAcquirerQueued}}),
 		Entry("red team: a reader acquiring and joining the queue with the same requestID in one write", hostile{state: state{spec: rwSpec}, by: "bob",
 			do:   update(acquireShared(holder("bob", 1), 0), enqueue(modeWaiter("bob", 1, locksv1alpha1.Shared))),
-			want: []string{tag(kwebhook.RuleQueueHead) + msgAcquirerQueued}}),
+			want: []string{tag(rules.RuleQueueHead) + msgAcquirerQueued}}),
 		// bob copies alice's requestID onto his own permit, first in the list:
 		// alice's retried acquire finds bob's entry by requestID and fails
 		// ("request ID … belongs to user bob"), her permit left to expire.
 		Entry("red team: a permit taken with the requestID of another user's current permit", hostile{state: state{spec: sem3Spec, readers: []string{"alice"}}, by: "bob",
 			do:   update(acquireShared(withRequest(holder("bob", 1), requestID("alice", 1)), 1), firstShared),
-			want: []string{tag(kwebhook.RuleLeaseID) + msgRequestID}}),
+			want: []string{tag(rules.RuleLeaseID) + msgRequestID}}),
 
 		// --- held: denied before the red team ------------------------------------------
 		// Nothing counts it as an acquisition (status.fencingToken and
@@ -69,14 +69,14 @@ func redteamSharedEntries() []TableEntry {
 				l.Status.SharedHolders[1].FencingToken = token - 1
 				l.Status.FencingToken, l.Status.Transitions = token, transitions
 			}),
-			want: []string{tag(kwebhook.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
+			want: []string{tag(rules.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
 		// A writer waiting behind readers turns into a reader in place to
 		// take a slot beside them.
 		Entry("red team (held): a waiter changing its mode in place", hostile{state: state{spec: rwSpec, readers: []string{"alice"}, waiters: []string{"carol"}}, by: "carol",
 			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.Waiters[0].Mode = locksv1alpha1.Shared }),
-			want: []string{tag(kwebhook.RuleQueue) + "queue entry " + requestID("carol", 1) + " cannot change; leave the queue and join again"}}),
+			want: []string{tag(rules.RuleQueue) + "queue entry " + requestID("carol", 1) + " cannot change; leave the queue and join again"}}),
 		Entry("red team (held): a permit holder ending another's permit as Expired in the controller's name", hostile{state: state{spec: sem3Spec, readers: []string{"alice", "bob"}}, by: "bob",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonExpired, controllerUser)),
-			want: []string{tag(kwebhook.RuleIdentity) + `endedBy must be the requesting user "bob", not "` + controllerUser + `"`}}),
+			want: []string{tag(rules.RuleIdentity) + `endedBy must be the requesting user "bob", not "` + controllerUser + `"`}}),
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // The red team's holes (after issue 13): each one a hostile write that both
@@ -104,14 +104,14 @@ var _ = Describe("red team", Ordered, ContinueOnFailure, func() {
 
 			It("denies a 17th server-side apply entry in managedFields by a lock user (no-op applies under ever new field managers)", func(ctx SpecContext) {
 				key := heldQueue.build(ctx, ns)
-				managersUpTo(ctx, bob, key, kwebhook.MaxManagedFields)
+				managersUpTo(ctx, bob, key, rules.MaxManagedFields)
 				before, beforeRaw := get(ctx, key), getRaw(ctx, key)
-				Expect(applyEntries(before)).To(Equal(kwebhook.MaxManagedFields))
+				Expect(applyEntries(before)).To(Equal(rules.MaxManagedFields))
 
 				err := noopApply(ctx, bob, key, "bob-"+strings.Repeat("x", 120))
 				Expect(err).To(HaveOccurred(), "the write was admitted")
 				Expect(isDenial(err)).To(BeTrue(), "not a denial: %v", err)
-				Expect(err.Error()).To(ContainSubstring(tag(kwebhook.RuleBookkeeping) + msgManagedFields))
+				Expect(err.Error()).To(ContainSubstring(tag(rules.RuleBookkeeping) + msgManagedFields))
 				Expect(err.Error()).To(ContainSubstring(denialPrefix(e)))
 				after, afterRaw := get(ctx, key), getRaw(ctx, key)
 				Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))

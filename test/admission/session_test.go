@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/rules"
 	"github.com/kubelock/kubelock/test/testenv"
-	kwebhook "github.com/kubelock/kubelock/webhook"
 )
 
 const (
@@ -54,7 +54,7 @@ func sessionPolicyObjects() []client.Object {
 	Expect(vap.Spec.Variables[0].Expression).To(Equal(defaultControllerExpr))
 	vap.Spec.Variables[0].Expression = fmt.Sprintf("'%s'", controllerUser)
 	Expect(vap.Spec.Variables[1].Name).To(Equal("garbageCollectors"))
-	Expect(vap.Spec.Variables[1].Expression).To(Equal("['"+strings.Join(kwebhook.DefaultGarbageCollectors, "', '")+"']"),
+	Expect(vap.Spec.Variables[1].Expression).To(Equal("['"+strings.Join(rules.DefaultGarbageCollectors, "', '")+"']"),
 		"the policy's garbage collectors are the webhook's")
 	return []client.Object{vap, binding}
 }
@@ -184,7 +184,7 @@ func createSessionAs(edit func(*locksv1alpha1.LockSession)) func(context.Context
 }
 
 func sessionEntries() []TableEntry {
-	session := tag(kwebhook.RuleSession)
+	session := tag(rules.RuleSession)
 	notOwner := func(owner string) string {
 		return session + `only the session's user "` + owner + `" may renew or change session`
 	}
@@ -334,7 +334,7 @@ func sessionEntries() []TableEntry {
 			want: []string{session + "session ", " is bound to pod " + pod0Name + " (UID " + pod0UID + `); a holding or waiter in it must carry that podUID, not "` + pod1UID + `"`}, policyAdmits: true, lock: true}),
 		Entry("a permit in a pod's session written with a token bound to no pod", sessionHostile{owner: podSA, by: unboundPod,
 			do:   takePermitIn(pod0Name, pod0UID),
-			want: []string{tag(kwebhook.RulePodBinding) + `sharedHolder.podName "` + pod0Name + `" ` + kwebhook.MsgNoPodToken}, lock: true}),
+			want: []string{tag(rules.RulePodBinding) + `sharedHolder.podName "` + pod0Name + `" ` + rules.MsgNoPodToken}, lock: true}),
 		Entry("name someone else's session in a holding", sessionHostile{owner: "alice", by: "bob", do: acquireIn(),
 			want: []string{session + "session ", ` is not the holder's: it belongs to "alice", not "bob"`}, policyAdmits: true, lock: true}),
 		Entry("name someone else's session in a waiter", sessionHostile{owner: "alice", by: "bob", do: enqueueIn,
@@ -424,7 +424,7 @@ var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
 					h.Session = s.Name
 					Expect(write(ctx, alice, key, acquire(h))).To(Succeed())
 					err := write(ctx, alice, key, end(reason, alice.name))
-					Expect(err).To(MatchError(ContainSubstring(tag(kwebhook.RuleControllerOnly) + "only the kubelock controller may end a holding for its session")))
+					Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleControllerOnly) + "only the kubelock controller may end a holding for its session")))
 					Expect(write(ctx, ctlr, key, end(reason, controllerUser))).To(Succeed())
 				}
 				Expect(ctlr.c.Delete(ctx, s)).To(Succeed())
@@ -453,7 +453,7 @@ var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
 				Expect(renewSession(ctx, pods[0].user, s, 0)).To(Succeed())
 				Expect(pods[0].user.c.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
 				err := renewSession(ctx, pods[1].user, s, time.Second)
-				Expect(err).To(MatchError(ContainSubstring(tag(kwebhook.RuleSession) + "a session bound to a pod (spec.podUID) is renewed, changed or closed by its user only from that same pod")))
+				Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleSession) + "a session bound to a pod (spec.podUID) is renewed, changed or closed by its user only from that same pod")))
 				Expect(err).To(MatchError(ContainSubstring(sessionDenialPrefix(e))))
 				Expect(pods[1].user.c.Delete(ctx, s)).To(MatchError(ContainSubstring("may not close session")))
 				var got locksv1alpha1.LockSession

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	kwebhook "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // Lock types of the shared-mode cases (issue 16).
@@ -46,7 +46,7 @@ const (
 // sharedHostileEntries are the shared-mode cases of the hostile table; both
 // engines run them (hostileEntries appends them).
 func sharedHostileEntries() []TableEntry {
-	tag := func(r kwebhook.Rule) string { return "[kubelock:" + string(r) + "] " }
+	tag := func(r rules.Rule) string { return "[kubelock:" + string(r) + "] " }
 	rwWriter := state{spec: rwSpec, holder: "alice"}
 	rwReaders := state{spec: rwSpec, readers: []string{"alice", "bob"}}
 	sem3Two := state{spec: sem3Spec, readers: []string{"alice", "bob"}}
@@ -79,15 +79,15 @@ func sharedHostileEntries() []TableEntry {
 			do: update(acquireShared(holder("bob", 1), 0), acquireShared(holder("bob", 2), 1), func(l *locksv1alpha1.DistributedLock) {
 				l.Status.Transitions-- // counted once: the slot rule, not the count, must refuse it
 			}),
-			want: []string{tag(kwebhook.RuleSlot) + msgOneAcquisition}}),
+			want: []string{tag(rules.RuleSlot) + msgOneAcquisition}}),
 		Entry("shared: changing an existing entry's slot", hostile{state: rwReaders, by: "bob",
 			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[1].Slot = 9 }),
-			want: []string{tag(kwebhook.RuleSlot) + msgSharedKept + ": lease " + leaseID("bob", 1) + " cannot move from slot 1 to slot 9"}}),
+			want: []string{tag(rules.RuleSlot) + msgSharedKept + ": lease " + leaseID("bob", 1) + " cannot move from slot 1 to slot 9"}}),
 
 		// --- tokens: the server's, resourceVersion + 1 --------------------------
 		Entry("shared: a new reader with a forged token above resourceVersion + 1", hostile{state: state{spec: rwSpec, readers: []string{"alice"}}, by: "bob",
 			do:   update(acquireShared(holder("bob", 1), 1), sharedTokenDelta(+7)),
-			want: []string{tag(kwebhook.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
+			want: []string{tag(rules.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
 		Entry("shared: a merge patch taking a permit with the token 2^62", hostile{state: state{spec: sem3Spec}, by: "bob",
 			do: func(ctx context.Context, u *user, key client.ObjectKey) error {
 				l := get(ctx, key)
@@ -97,78 +97,78 @@ func sharedHostileEntries() []TableEntry {
 					"sharedHolders": []any{h}, "holderCount": 1, "fencingToken": int64(1) << 62, "transitions": l.Status.Transitions + 1,
 				}})(ctx, u, key)
 			},
-			want: []string{tag(kwebhook.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
+			want: []string{tag(rules.RuleFencingToken) + "an acquisition's fencingToken must be the lock's resourceVersion + 1"}}),
 
 		// --- FIFO across modes -----------------------------------------------------
 		Entry("shared: a writer jumping readers queued before it", hostile{state: state{spec: rwSpec, waiters: []string{shared("bob"), shared("carol")}}, by: "dave",
 			do: update(acquire(holder("dave", 1))),
-			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire; request ` +
+			want: []string{tag(rules.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1) + ` of "bob") may acquire; request ` +
 				requestID("dave", 1) + ` of "dave" is not`}}),
 		Entry("shared: a reader jumping a writer queued before it", hostile{state: state{spec: rwSpec, readers: []string{"alice"}, waiters: []string{"carol"}}, by: "bob",
 			do: update(acquireShared(holder("bob", 1), 1)),
-			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("carol", 1) + ` of "carol") may acquire; request ` +
+			want: []string{tag(rules.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("carol", 1) + ` of "carol") may acquire; request ` +
 				requestID("bob", 1) + ` of "bob" is not`}}),
 		Entry("shared: a permit taken past the Shared waiters", hostile{state: state{spec: sem3Spec, readers: []string{"alice"}, waiters: []string{"bob"}}, by: "carol",
 			do:   update(acquireShared(holder("carol", 1), 1)),
-			want: []string{tag(kwebhook.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1)}}),
+			want: []string{tag(rules.RuleQueueHead) + "only the head of the wait queue (requestID " + requestID("bob", 1)}}),
 
 		// --- only an entry's owner renews or releases it ------------------------------
 		Entry("shared: one permit holder releasing another's permit", hostile{state: sem3Two, by: "bob",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonReleased, "bob")),
-			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may release lease ` + leaseID("alice", 1) + `; "bob" is not the holder`}}),
+			want: []string{tag(rules.RuleHolderOnly) + `only the holder "alice" may release lease ` + leaseID("alice", 1) + `; "bob" is not the holder`}}),
 		Entry("shared: one permit holder renewing another's permit", hostile{state: sem3Two, by: "bob",
 			do:   update(renewShared("alice", 1)),
-			want: []string{tag(kwebhook.RuleHolderOnly) + `only the holder "alice" may renew lease ` + leaseID("alice", 1) + `; "bob" is not the holder`}}),
+			want: []string{tag(rules.RuleHolderOnly) + `only the holder "alice" may renew lease ` + leaseID("alice", 1) + `; "bob" is not the holder`}}),
 		Entry("shared: a reader releasing another's reading recorded in its name", hostile{state: rwReaders, by: "bob",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonReleased, "alice")),
-			want: []string{tag(kwebhook.RuleIdentity) + `endedBy must be the requesting user "bob", not "alice"`}}),
+			want: []string{tag(rules.RuleIdentity) + `endedBy must be the requesting user "bob", not "alice"`}}),
 		Entry("shared: another pod renewing a pod's permit", hostile{state: state{spec: sem3Spec}, setup: podTakesPermit, by: otherPod,
-			do: update(renewShared(podSA, 1)), want: []string{tag(kwebhook.RulePodBinding) + msgPodHolding}}),
+			do: update(renewShared(podSA, 1)), want: []string{tag(rules.RulePodBinding) + msgPodHolding}}),
 		Entry("shared: a reader changing its lease while it holds", hostile{state: rwReaders, by: "alice",
 			do:   update(func(l *locksv1alpha1.DistributedLock) { l.Status.SharedHolders[0].LeaseDurationSeconds = 60 }),
-			want: []string{tag(kwebhook.RuleHolderFields) + "while lease " + leaseID("alice", 1) + " is held only its renewTime may change"}}),
+			want: []string{tag(rules.RuleHolderFields) + "while lease " + leaseID("alice", 1) + " is held only its renewTime may change"}}),
 
 		// --- every ended entry recorded, by writers who may end it ----------------------
 		Entry("shared: an unrecorded removal", hostile{state: rwReaders, by: "bob",
 			do: update(endShared("bob", 1, locksv1alpha1.EndReasonReleased, "bob"), func(l *locksv1alpha1.DistributedLock) {
 				l.Status.RecentAcquisitions = l.Status.RecentAcquisitions[:len(l.Status.RecentAcquisitions)-1]
 			}),
-			want: []string{tag(kwebhook.RuleEndRecord) + "ending the holding of lease " + leaseID("bob", 1) + " must append exactly its record to recentAcquisitions"}}),
+			want: []string{tag(rules.RuleEndRecord) + "ending the holding of lease " + leaseID("bob", 1) + " must append exactly its record to recentAcquisitions"}}),
 		Entry("shared: a JSON patch that removes every reader", hostile{state: rwReaders, by: "bob",
 			do: patch(types.JSONPatchType, []map[string]any{
 				{"op": "remove", "path": "/status/sharedHolders"}, {"op": "replace", "path": "/status/holderCount", "value": 0},
 			}),
-			want: []string{tag(kwebhook.RuleEndRecord) + "ending the holdings of leases " + leaseID("alice", 1) + ", " + leaseID("bob", 1) +
+			want: []string{tag(rules.RuleEndRecord) + "ending the holdings of leases " + leaseID("alice", 1) + ", " + leaseID("bob", 1) +
 				" must append exactly their records to recentAcquisitions"}}),
 		Entry("shared: a release recorded without its slot", hostile{state: rwReaders, by: "bob",
 			do:   update(endShared("bob", 1, locksv1alpha1.EndReasonReleased, "bob"), func(l *locksv1alpha1.DistributedLock) { lastRecord(l).Slot = nil }),
-			want: []string{tag(kwebhook.RuleEndRecord) + "the record must describe the ending holding: leaseID " + leaseID("bob", 1), ", slot 1"}}),
+			want: []string{tag(rules.RuleEndRecord) + "the record must describe the ending holding: leaseID " + leaseID("bob", 1), ", slot 1"}}),
 		Entry("shared: a non-controller writing Expired for a shared entry", hostile{state: sem3Two, by: "bob",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonExpired, "bob")),
-			want: []string{tag(kwebhook.RuleControllerOnly) + `only the kubelock controller may expire a lease; "bob" is not the controller`}}),
+			want: []string{tag(rules.RuleControllerOnly) + `only the kubelock controller may expire a lease; "bob" is not the controller`}}),
 		Entry("shared: a permit holder ending its own permit as SessionExpired", hostile{state: sem3Two, by: "alice",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonSessionExpired, "alice")),
-			want: []string{tag(kwebhook.RuleControllerOnly) + `only the kubelock controller may end a holding for its session; "alice" is not the controller`}}),
+			want: []string{tag(rules.RuleControllerOnly) + `only the kubelock controller may end a holding for its session; "alice" is not the controller`}}),
 		Entry("shared: force-releasing a permit without the verb", hostile{state: sem3Two, by: "bob",
 			do:   update(endShared("alice", 1, locksv1alpha1.EndReasonForceReleased, "bob")),
-			want: []string{tag(kwebhook.RuleForceRelease) + `user "bob" may not force-release`}}),
+			want: []string{tag(rules.RuleForceRelease) + `user "bob" may not force-release`}}),
 
 		// --- identity, lease IDs, bookkeeping -------------------------------------------
 		Entry("shared: a reader in someone else's name", hostile{state: state{spec: rwSpec}, by: "bob",
 			do:   update(acquireShared(holder("alice", 1), 0)),
-			want: []string{tag(kwebhook.RuleIdentity) + `sharedHolder.user must be the requesting user "bob", not "alice"`}}),
+			want: []string{tag(rules.RuleIdentity) + `sharedHolder.user must be the requesting user "bob", not "alice"`}}),
 		Entry("shared: the controller taking a permit", hostile{state: state{spec: sem3Spec}, by: controllerUser,
 			do:   update(acquireShared(holder(controllerUser, 1), 0)),
-			want: []string{tag(kwebhook.RuleControllerOnly) + "the controller may expire holdings but never acquire a lock"}}),
+			want: []string{tag(rules.RuleControllerOnly) + "the controller may expire holdings but never acquire a lock"}}),
 		Entry("shared: a reader reusing another reader's leaseID", hostile{state: state{spec: rwSpec, readers: []string{"alice"}}, by: "bob",
 			do:   update(acquireShared(withLease(holder("bob", 1), leaseID("alice", 1)), 1)),
-			want: []string{tag(kwebhook.RuleLeaseID) + msgLeaseID}}),
+			want: []string{tag(rules.RuleLeaseID) + msgLeaseID}}),
 		Entry("shared: a permit reusing a finished permit's leaseID", hostile{state: sem3Two,
 			setup: func(ctx context.Context, key client.ObjectKey) {
 				Expect(write(ctx, alice, key, endShared("alice", 1, locksv1alpha1.EndReasonReleased, "alice"))).To(Succeed())
 			}, by: "carol",
 			do:   update(acquireShared(withLease(holder("carol", 1), leaseID("alice", 1)), 0)),
-			want: []string{tag(kwebhook.RuleLeaseID) + msgLeaseID}}),
+			want: []string{tag(rules.RuleLeaseID) + msgLeaseID}}),
 		Entry("shared: a new reader not counted in holderCount", hostile{state: state{spec: rwSpec, readers: []string{"alice"}}, by: "bob",
 			do:   update(acquireShared(holder("bob", 1), 1), func(l *locksv1alpha1.DistributedLock) { l.Status.HolderCount-- }),
 			want: []string{crdHolderCount}}),
@@ -176,7 +176,7 @@ func sharedHostileEntries() []TableEntry {
 			do: update(endShared("bob", 1, locksv1alpha1.EndReasonReleased, "bob"), func(l *locksv1alpha1.DistributedLock) {
 				l.Status.Conditions[0].Status, l.Status.Conditions[0].Reason = metav1.ConditionFalse, locksv1alpha1.ReasonReleased
 			}),
-			want: []string{tag(kwebhook.RuleBookkeeping) + msgConditions}}),
+			want: []string{tag(rules.RuleBookkeeping) + msgConditions}}),
 	}
 }
 

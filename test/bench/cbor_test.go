@@ -97,11 +97,11 @@ func TestCBORClient(t *testing.T) {
 
 	// A session: created, renewed (a merge patch answered in CBOR) and
 	// holding a lock.
-	s, err := a.NewSession(ctx, lock.SessionTTL(5*time.Second))
+	s, err := a.NewSession(ctx, lock.WithTTL(5*time.Second))
 	if err != nil {
 		t.Fatalf("session over CBOR: %v", err)
 	}
-	ls, err := a.TryAcquire(ctx, "s", lock.InSession(s))
+	ls, err := a.TryAcquire(ctx, "s", lock.WithSession(s))
 	if err != nil {
 		t.Fatalf("acquire in a session over CBOR: %v", err)
 	}

@@ -63,7 +63,7 @@ const (
 	engineNone    engine = "none"
 )
 
-// cluster is everything the benchmark runs against: envtest's etcd and
+// cluster is everything the benchmark runs against: testenv's etcd and
 // kube-apiserver, the operator binary as a child process serving the webhook
 // with a certificate from our own CA, and a redis-server.
 type cluster struct {
@@ -119,7 +119,7 @@ func startCluster(ctx context.Context, dir string, logf func(string, ...any), cb
 	if c.env, err = testenv.Start(opts...); err != nil {
 		return c, err
 	}
-	c.etcdURL = c.env.ControlPlane.Etcd.URL.String()
+	c.etcdURL = c.env.Cluster.Etcd.Members[0].ClientURL
 	c.admin = rest.CopyConfig(c.env.Config)
 	c.admin.QPS, c.admin.Burst = -1, 0
 	if c.adminCS, err = kubernetes.NewForConfig(c.admin); err != nil {
@@ -656,25 +656,14 @@ func writeServingCert(dir string) ([]byte, error) {
 	return ca.PEM, errors.Join(os.WriteFile(filepath.Join(dir, "tls.crt"), crtPEM, 0o600), os.WriteFile(filepath.Join(dir, "tls.key"), keyPEM, 0o600))
 }
 
+// freePorts are n ports nothing listens on, reserved for this process.
 func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+	ports := make([]int, n)
+	for i := range ports {
+		var err error
+		if ports[i], err = childproc.FreePort(); err != nil {
 			return nil, err
 		}
-		ls = append(ls, l)
-		addr, ok := l.Addr().(*net.TCPAddr)
-		if !ok {
-			return nil, fmt.Errorf("unexpected listener address %v", l.Addr())
-		}
-		ports = append(ports, addr.Port)
 	}
 	return ports, nil
 }

@@ -196,7 +196,7 @@ func kubelockHold(ctx context.Context, newClient lockClientFactory, cfg *rest.Co
 		}
 		clients[i] = c
 		if sessions {
-			s, err := c.NewSession(ctx, lock.SessionTTL(hc.lease))
+			s, err := c.NewSession(ctx, lock.WithTTL(hc.lease))
 			if err != nil {
 				t.close(ctx)
 				return t, err
@@ -207,7 +207,7 @@ func kubelockHold(ctx context.Context, newClient lockClientFactory, cfg *rest.Co
 	t.acquire = func(ctx context.Context, i int, key string) (holding, error) {
 		var opts []lock.AcquireOption
 		if sessions {
-			opts = append(opts, lock.InSession(ss[i]))
+			opts = append(opts, lock.WithSession(ss[i]))
 		}
 		l, err := clients[i].TryAcquire(ctx, key, opts...)
 		if err != nil {

@@ -1,8 +1,8 @@
 // Command bench measures kubelock against the limit of its own stack and
 // against what users would pick instead, on one machine in one run.
 //
-// It starts envtest's etcd and kube-apiserver (the control plane that `make
-// control-plane` builds), the operator binary (go build ./cmd/manager) as a
+// It starts test/testenv's etcd and kube-apiserver (the control plane that `make
+// control-plane` builds, started by internal/localcluster), the operator binary (go build ./cmd/manager) as a
 // child process with leader election and the validating webhook served with a
 // certificate from a CA it creates, and a redis-server on a free loopback port.
 // kubelock runs with each admission engine in turn — the webhook, the

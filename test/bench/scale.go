@@ -613,7 +613,7 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 					return err
 				}
 				sent := time.Now()
-				l, err := cl.TryAcquire(ctx, key, lock.LeaseDuration(cfg.lapseLease))
+				l, err := cl.TryAcquire(ctx, key, lock.WithLeaseDuration(cfg.lapseLease))
 				if err != nil {
 					return err
 				}
@@ -621,7 +621,7 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 				// ExpiresAt is the acquiring write's send time plus the lease
 				// minus the client's safety margin.
 				mu.Lock()
-				lapses = append(lapses, lapse{l.LeaseID(), l.ExpiresAt().Add(max(cfg.lapseLease/10, 100*time.Millisecond)), returned.Sub(sent), returned})
+				lapses = append(lapses, lapse{l.LeaseID(), l.ExpiresAt().Add(lock.SafetyMargin(cfg.lapseLease)), returned.Sub(sent), returned})
 				mu.Unlock()
 				return nil
 			}()

@@ -485,13 +485,13 @@ func kubelockExpiryTrial(c *cluster, prefix string, lease time.Duration) func(ct
 		if err != nil {
 			return 0, err
 		}
-		la, err := a.TryAcquire(ctx, key, lock.LeaseDuration(lease))
+		la, err := a.TryAcquire(ctx, key, lock.WithLeaseDuration(lease))
 		if err != nil {
 			return 0, err
 		}
 		// ExpiresAt is the send time of the acquiring write plus the lease
-		// minus the client's safety margin (a tenth, at least 100ms).
-		leaseEnd := la.ExpiresAt().Add(max(lease/10, 100*time.Millisecond))
+		// minus the client's safety margin.
+		leaseEnd := la.ExpiresAt().Add(lock.SafetyMargin(lease))
 		lb, err := b.Acquire(ctx, key)
 		if err != nil {
 			return 0, err
@@ -739,7 +739,7 @@ func kubelockElectionExpiryTrial(c *cluster, prefix string) func(ctx context.Con
 			if h == nil {
 				return time.Time{}, errors.New("the doomed leader has no holding")
 			}
-			return h.ExpiresAt().Add(max(leLeaseDuration/10, 100*time.Millisecond)), nil
+			return h.ExpiresAt().Add(lock.SafetyMargin(leLeaseDuration)), nil
 		})
 	}
 }

@@ -664,7 +664,7 @@ func handoffCost(ctx context.Context, n int, admin *rest.Config, cs kubernetes.I
 			}
 			got := make(chan result, 1)
 			go func() {
-				l, err := waiter.Acquire(ctx, "handoff", lock.OnQueue(func(lock.QueueStatus) { once.Do(func() { close(queued) }) }))
+				l, err := waiter.Acquire(ctx, "handoff", lock.WithQueueCallback(func(lock.QueueStatus) { once.Do(func() { close(queued) }) }))
 				got <- result{l, time.Now(), err}
 			}()
 			select {

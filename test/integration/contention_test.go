@@ -64,7 +64,7 @@ var _ = Describe("many clients on one lock", Serial, func() {
 						cl = crashy
 					}
 					began := time.Now()
-					l, err := cl.Acquire(ctx, "hot", lock.WaitTimeout(time.Minute))
+					l, err := cl.Acquire(ctx, "hot", lock.WithWaitTimeout(time.Minute))
 					Expect(err).NotTo(HaveOccurred())
 					h := holding{client: i, token: l.FencingToken(), start: time.Now()}
 					// Hold briefly; now and then crash: stop without releasing

@@ -18,8 +18,8 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/rules"
 	"github.com/kubelock/kubelock/test/suite"
-	"github.com/kubelock/kubelock/webhook"
 )
 
 var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
@@ -75,7 +75,7 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 			return w.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(w.name), client.ForceOwnership)
 		}
 		// refused asserts a denial with the rule's tag that left the object as it was.
-		refused := func(rule webhook.Rule, write func() error, contains ...string) {
+		refused := func(rule rules.Rule, write func() error, contains ...string) {
 			GinkgoHelper()
 			before := &corev1.ConfigMap{}
 			errGet := env.Client.Get(ctx, key, before)
@@ -108,7 +108,7 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		t2 := second.FencingToken()
 		hidden := strconv.FormatInt(t2, 10) // never shown to a non-holder
 
-		refused(webhook.RuleStaleToken, func() error { return patch(alice, `{"data":{"mode":"alice, data only"}}`) },
+		refused(rules.RuleStaleToken, func() error { return patch(alice, `{"data":{"mode":"alice, data only"}}`) },
 			"is not the current token of lock \"config-writer\"")
 		Expect(patch(bob, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":"`+hidden+`"}},"data":{"mode":"by bob"}}`)).To(Succeed())
 
@@ -131,10 +131,10 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		}
 		for _, r := range routes {
 			By("alice: " + r.name)
-			refused(webhook.RuleFencedWriter, r.write, "does not hold lock \"config-writer\"")
+			refused(rules.RuleFencedWriter, r.write, "does not hold lock \"config-writer\"")
 		}
 		By("alice: server-side apply with her own (stale) token")
-		refused(webhook.RuleStaleToken, func() error {
+		refused(rules.RuleStaleToken, func() error {
 			return apply(alice, map[string]any{locksv1alpha1.FencedByAnnotation: "config-writer", locksv1alpha1.FencingTokenAnnotation: strconv.FormatInt(t1, 10)})
 		}, "stale fencing token")
 		By("bob: a forged token is refused without revealing the lock's token")
@@ -146,15 +146,15 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		By("the holder's server-side apply, and carol's update with the current token, pass")
 		Expect(apply(bob, map[string]any{locksv1alpha1.FencedByAnnotation: "config-writer", locksv1alpha1.FencingTokenAnnotation: hidden})).To(Succeed())
 		Expect(patch(carol, `{"data":{"mode":"fixed by carol (force-release)"}}`)).To(Succeed())
-		refused(webhook.RuleStaleToken, func() error {
+		refused(rules.RuleStaleToken, func() error {
 			return patch(carol, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":null}}}`)
 		}, "must carry the holder's fencing token")
 
 		By("the holder deletes; recreating is refused to the stale holder and to a copied token")
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}}
 		Expect(bob.c.Delete(ctx, cm)).To(Succeed())
-		refused(webhook.RuleStaleToken, func() error { return alice.c.Create(ctx, fencedCM(t1, "alice recreates")) }, "is not the current token")
-		refused(webhook.RuleFencedWriter, func() error { return alice.c.Create(ctx, fencedCM(t2, "alice recreates")) }, "does not hold")
+		refused(rules.RuleStaleToken, func() error { return alice.c.Create(ctx, fencedCM(t1, "alice recreates")) }, "is not the current token")
+		refused(rules.RuleFencedWriter, func() error { return alice.c.Create(ctx, fencedCM(t2, "alice recreates")) }, "does not hold")
 		Expect(bob.c.Create(ctx, fencedCM(t2, "bob recreates"))).To(Succeed())
 
 		By("alice holds again: bob's delete is stale; alice stamps the object with her token, then deletes")
@@ -163,8 +163,8 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { _ = third.Release(context.Background()) })
 		t3 := strconv.FormatInt(third.FencingToken(), 10)
-		refused(webhook.RuleStaleToken, func() error { return bob.c.Delete(ctx, cm) }, "is not the current token")
-		refused(webhook.RuleStaleToken, func() error { return alice.c.Delete(ctx, cm) }, "writes its token into the object first")
+		refused(rules.RuleStaleToken, func() error { return bob.c.Delete(ctx, cm) }, "is not the current token")
+		refused(rules.RuleStaleToken, func() error { return alice.c.Delete(ctx, cm) }, "writes its token into the object first")
 		Expect(patch(alice, `{"metadata":{"annotations":{"locks.kubelock.io/fencing-token":"`+t3+`"}}}`)).To(Succeed())
 		Expect(alice.c.Delete(ctx, cm)).To(Succeed())
 
@@ -173,7 +173,7 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		Expect(stored().Data["mode"]).To(Equal("carol recreates"))
 
 		By("a namespace being deleted may be emptied by anyone who may delete (the namespace controller holds no lock)")
-		refused(webhook.RuleFencedWriter, func() error { return bob.c.Delete(ctx, cm) }, "does not hold")
+		refused(rules.RuleFencedWriter, func() error { return bob.c.Delete(ctx, cm) }, "does not hold")
 		Expect(env.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		Expect(bob.c.Delete(ctx, cm)).To(Succeed())
 	})

@@ -75,7 +75,7 @@ var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
 		doneAt := time.Now()
 
 		By("the controller expires A and B takes over and writes")
-		next, err := b.Acquire(ctx, "orders-db", lock.WaitTimeout(time.Minute))
+		next, err := b.Acquire(ctx, "orders-db", lock.WithWaitTimeout(time.Minute))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(doneAt.Before(time.Now())).To(BeTrue())
 		Expect(next.FencingToken()).To(BeNumerically(">", held.FencingToken()))

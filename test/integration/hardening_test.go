@@ -57,7 +57,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		defer func() { Expect(l.Release(ctx)).To(Succeed()) }()
 
 		waiter, _ := suite.NewClient(ctx, ns)
-		cancel, done := waitFor(waiter, "capped", lock.WaitTimeout(10*time.Minute))
+		cancel, done := waitFor(waiter, "capped", lock.WithWaitTimeout(10*time.Minute))
 		defer stop(cancel, done)
 		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "capped").Status.Waiters }).Should(HaveLen(1))
 		w := suite.GetLock(ctx, ns, "capped").Status.Waiters[0]
@@ -81,7 +81,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		defer stop(cancel, done)
 		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "shared").Status.Waiters }).Should(HaveLen(1))
 
-		_, err = second.Acquire(ctx, "shared", lock.WaitTimeout(time.Minute))
+		_, err = second.Acquire(ctx, "shared", lock.WithWaitTimeout(time.Minute))
 		Expect(errors.Is(err, lock.ErrQueueFull)).To(BeTrue(), "want ErrQueueFull, got %v", err)
 
 		other, _ := suite.NewClient(ctx, ns)
@@ -108,7 +108,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		GinkgoT().Setenv("POD_NAME", "not-the-token-pod")
 		p0, err := lock.New(podBoundConfig(ctx, sa, pods[0]), lock.WithNamespace(ns), lock.WithIdentity("worker-0"))
 		Expect(err).NotTo(HaveOccurred())
-		l, err := p0.Acquire(ctx, "pods", lock.WaitTimeout(time.Minute))
+		l, err := p0.Acquire(ctx, "pods", lock.WithWaitTimeout(time.Minute))
 		Expect(err).NotTo(HaveOccurred())
 		h := suite.GetLock(ctx, ns, "pods").Status.Holder
 		Expect(h.PodName).To(Equal(pods[0].Name))
@@ -117,7 +117,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 
 		p1, err := lock.New(podBoundConfig(ctx, sa, pods[1]), lock.WithNamespace(ns), lock.WithIdentity("worker-1"))
 		Expect(err).NotTo(HaveOccurred())
-		cancel, done := waitFor(p1, "pods", lock.WaitTimeout(time.Minute))
+		cancel, done := waitFor(p1, "pods", lock.WithWaitTimeout(time.Minute))
 		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "pods").Status.Waiters }).Should(HaveLen(1))
 		w := suite.GetLock(ctx, ns, "pods").Status.Waiters[0]
 		Expect(w.User).To(Equal(user))
@@ -128,7 +128,7 @@ var _ = Describe("queue bounds and pod binding from the client", func() {
 		// queues without pod fields, as admission demands.
 		unbound, err := lock.New(unboundConfig(ctx, sa), lock.WithNamespace(ns), lock.WithIdentity("ci"))
 		Expect(err).NotTo(HaveOccurred())
-		cancelUnbound, doneUnbound := waitFor(unbound, "pods", lock.WaitTimeout(time.Minute))
+		cancelUnbound, doneUnbound := waitFor(unbound, "pods", lock.WithWaitTimeout(time.Minute))
 		defer stop(cancelUnbound, doneUnbound)
 		Eventually(func() []locksv1alpha1.Waiter { return suite.GetLock(ctx, ns, "pods").Status.Waiters }).Should(HaveLen(2))
 		w = suite.GetLock(ctx, ns, "pods").Status.Waiters[1]

@@ -469,7 +469,7 @@ func (r *modelRun) handOver(c *modelClient, h *modelHolding) modelOp {
 }
 
 // mode is the acquire options and the model's input of request req's mode;
-// ask says whether to ask for a shared holding with lock.Shared() (a
+// ask says whether to ask for a shared holding with lock.WithShared() (a
 // Semaphore's is shared without asking).
 func (r *modelRun) mode(req string, ask bool, in *history.Input) []lock.AcquireOption {
 	r.mu.Lock()
@@ -480,7 +480,7 @@ func (r *modelRun) mode(req string, ask bool, in *history.Input) []lock.AcquireO
 		in.Limit = r.limit
 	}
 	if ask && shared {
-		return []lock.AcquireOption{lock.Shared()}
+		return []lock.AcquireOption{lock.WithShared()}
 	}
 	return nil
 }
@@ -494,7 +494,7 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual, askShared bo
 	r.reqOwner[req] = c.idx
 	r.mu.Unlock()
 	in := history.Input{Kind: history.KindAcquire, Req: req, Try: try, QueueMaybe: queueMaybe}
-	opts := append(r.mode(req, askShared, &in), lock.RequestID(req), lock.LeaseDuration(lease))
+	opts := append(r.mode(req, askShared, &in), lock.WithRequestID(req), lock.WithLeaseDuration(lease))
 	var (
 		l   *lock.Lock
 		err error
@@ -503,7 +503,7 @@ func (r *modelRun) acquire(c *modelClient, req string, try, manual, askShared bo
 	if try {
 		l, err = cl.TryAcquire(r.ctx, modelKey, opts...)
 	} else {
-		l, err = cl.Acquire(r.ctx, modelKey, append(opts, lock.WaitTimeout(wait))...)
+		l, err = cl.Acquire(r.ctx, modelKey, append(opts, lock.WithWaitTimeout(wait))...)
 	}
 	ret := r.now()
 	out := history.Output{}
@@ -553,7 +553,7 @@ func (r *modelRun) retry(c *modelClient, req, lease string) {
 	p := r.process(c, lock.WithoutAutoRenew())
 	in := history.Input{Kind: history.KindAcquire, Req: req, Retry: true, OrigLease: lease}
 	// A retry asks for the mode its request asked for.
-	opts := append(r.mode(req, r.typ == locksv1alpha1.RWMutex, &in), lock.RequestID(req), lock.WaitTimeout(3*time.Second))
+	opts := append(r.mode(req, r.typ == locksv1alpha1.RWMutex, &in), lock.WithRequestID(req), lock.WithWaitTimeout(3*time.Second))
 	call := r.now()
 	l, err := p.Acquire(r.ctx, modelKey, opts...)
 	ret := r.now()

@@ -48,7 +48,7 @@ var _ = Describe("multi-lock (AcquireAll)", func() {
 				defer GinkgoRecover()
 				for time.Now().Before(stopAt) && failures.Load() == 0 {
 					start := time.Now()
-					ls, err := c.AcquireAll(ctx, keySets[i], lock.WaitTimeout(roundTimeout))
+					ls, err := c.AcquireAll(ctx, keySets[i], lock.WithWaitTimeout(roundTimeout))
 					if err != nil {
 						failures.Add(1)
 					}
@@ -110,7 +110,7 @@ var _ = Describe("multi-lock (AcquireAll)", func() {
 
 		y, yUser := suite.NewClient(ctx, ns)
 		start := time.Now()
-		_, err = y.AcquireAll(ctx, []string{"b", "a"}, lock.WaitTimeout(2*time.Second))
+		_, err = y.AcquireAll(ctx, []string{"b", "a"}, lock.WithWaitTimeout(2*time.Second))
 		Expect(err).To(MatchError(lock.ErrTimeout))
 		Expect(time.Since(start)).To(BeNumerically("<", 2*time.Second+time.Second), "one bound for the whole call")
 

@@ -46,7 +46,7 @@ var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
 		granted := make(chan grant, 1)
 		go func() {
 			defer GinkgoRecover()
-			next, err := b.Acquire(ctx, "outage", lock.WaitTimeout(time.Minute))
+			next, err := b.Acquire(ctx, "outage", lock.WithWaitTimeout(time.Minute))
 			Expect(err).NotTo(HaveOccurred())
 			granted <- grant{time.Now(), next}
 		}()

@@ -62,7 +62,7 @@ var _ = Describe("a pod-bound session with the garbage collector running", Seria
 			Expect(env.Client.Create(ctx, pod)).To(Succeed())
 			a, err := lock.New(podBoundConfig(ctx, sa, pod), lock.WithNamespace(ns), lock.WithIdentity(pod.Name))
 			Expect(err).NotTo(HaveOccurred())
-			s, err := a.NewSession(ctx, lock.SessionTTL(ttl))
+			s, err := a.NewSession(ctx, lock.WithTTL(ttl))
 			Expect(err).NotTo(HaveOccurred())
 			sessionEnded := make(chan time.Time, 1)
 			context.AfterFunc(s.Context(), func() { sessionEnded <- time.Now() })
@@ -77,7 +77,7 @@ var _ = Describe("a pod-bound session with the garbage collector running", Seria
 			for j := range n {
 				key := fmt.Sprintf("podgc-%d-%d", i, j)
 				suite.NewLock(ctx, ns, key, locksv1alpha1.DistributedLockSpec{})
-				l, err := a.TryAcquire(ctx, key, lock.InSession(s))
+				l, err := a.TryAcquire(ctx, key, lock.WithSession(s))
 				Expect(err).NotTo(HaveOccurred())
 				h := suite.GetLock(ctx, ns, key).Status.Holder
 				Expect(h.Session).To(Equal(s.Name()))
@@ -90,7 +90,7 @@ var _ = Describe("a pod-bound session with the garbage collector running", Seria
 			for key := range mine {
 				go func() {
 					defer GinkgoRecover()
-					next, err := b.Acquire(ctx, key, lock.WaitTimeout(time.Minute))
+					next, err := b.Acquire(ctx, key, lock.WithWaitTimeout(time.Minute))
 					Expect(err).NotTo(HaveOccurred())
 					granted <- grant{time.Now(), next}
 				}()

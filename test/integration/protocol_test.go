@@ -117,7 +117,7 @@ var _ = Describe("acquire, renew, release", func() {
 		b, _ := suite.NewClient(ctx, ns)
 		l, err := a.Acquire(ctx, "orders")
 		Expect(err).NotTo(HaveOccurred())
-		_, err = b.Acquire(ctx, "orders", lock.WaitTimeout(time.Second))
+		_, err = b.Acquire(ctx, "orders", lock.WithWaitTimeout(time.Second))
 		Expect(err).To(MatchError(lock.ErrTimeout))
 		Expect(errors.Is(err, context.DeadlineExceeded)).To(BeTrue())
 		Expect(suite.GetLock(ctx, ns, "orders").Status.Waiters).To(BeEmpty())
@@ -130,7 +130,7 @@ var _ = Describe("acquire, renew, release", func() {
 		b, _ := suite.NewClient(ctx, ns)
 		l, err := a.Acquire(ctx, "tiny")
 		Expect(err).NotTo(HaveOccurred())
-		_, err = b.Acquire(ctx, "tiny", lock.WaitTimeout(5*time.Second))
+		_, err = b.Acquire(ctx, "tiny", lock.WithWaitTimeout(5*time.Second))
 		Expect(err).To(MatchError(lock.ErrQueueFull))
 		Expect(l.Release(ctx)).To(Succeed())
 	})
@@ -248,7 +248,7 @@ var _ = Describe("idempotent acquire (I6)", func() {
 		})
 		c, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("retrier"))
 		Expect(err).NotTo(HaveOccurred())
-		l, err := c.Acquire(ctx, "orders", lock.RequestID("req-1"))
+		l, err := c.Acquire(ctx, "orders", lock.WithRequestID("req-1"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(proxy.Dropped()).To(Equal(int64(1)))
 
@@ -262,7 +262,7 @@ var _ = Describe("idempotent acquire (I6)", func() {
 		// process of the same user) returns it again.
 		c2, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("retrier"))
 		Expect(err).NotTo(HaveOccurred())
-		again, err := c2.Acquire(ctx, "orders", lock.RequestID("req-1"))
+		again, err := c2.Acquire(ctx, "orders", lock.WithRequestID("req-1"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(again.LeaseID()).To(Equal(l.LeaseID()))
 		Expect(suite.GetLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
@@ -271,7 +271,7 @@ var _ = Describe("idempotent acquire (I6)", func() {
 		Expect(l.Release(ctx)).To(Succeed())
 		Expect(again.Renew(ctx)).To(MatchError(lock.ErrLockLost))
 		Expect(again.Done()).To(BeClosed())
-		_, err = c2.Acquire(ctx, "orders", lock.RequestID("req-1"))
+		_, err = c2.Acquire(ctx, "orders", lock.WithRequestID("req-1"))
 		Expect(err).To(MatchError(lock.ErrLockLost))
 		Expect(err.Error()).To(ContainSubstring("already ended: Released"))
 		Expect(suite.GetLock(ctx, ns, "orders").Status.Transitions).To(Equal(int64(1)))
@@ -311,7 +311,7 @@ var _ = Describe("idempotent acquire beyond what status remembers (I6)", func() 
 		result := make(chan error, 1)
 		go func() {
 			defer GinkgoRecover()
-			l, err := c.Acquire(ctx, "busy", lock.RequestID("req-lost"), lock.WaitTimeout(time.Minute))
+			l, err := c.Acquire(ctx, "busy", lock.WithRequestID("req-lost"), lock.WithWaitTimeout(time.Minute))
 			if err == nil {
 				_ = l.Release(ctx)
 			}
@@ -327,7 +327,7 @@ var _ = Describe("idempotent acquire beyond what status remembers (I6)", func() 
 
 		other, _ := suite.NewClient(ctx, ns)
 		for range locksv1alpha1.MaxRecentAcquisitions + 1 {
-			l, err := other.Acquire(ctx, "busy", lock.WaitTimeout(time.Minute))
+			l, err := other.Acquire(ctx, "busy", lock.WithWaitTimeout(time.Minute))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(l.Release(ctx)).To(Succeed())
 		}

@@ -99,7 +99,7 @@ func permitHolders(ctx context.Context, clients []*lock.Client, permits int, occ
 		go func() {
 			defer GinkgoRecover()
 			defer wg.Done()
-			l, err := c.Acquire(ctx, "sem", lock.WaitTimeout(120*time.Second))
+			l, err := c.Acquire(ctx, "sem", lock.WithWaitTimeout(120*time.Second))
 			Expect(err).NotTo(HaveOccurred())
 			occ.enter(false, permits)
 			hold()
@@ -142,9 +142,9 @@ var _ = Describe("recipes of other lock libraries: RWMutex", func() {
 					defer GinkgoRecover()
 					var opts []lock.AcquireOption
 					if !writer {
-						opts = append(opts, lock.Shared())
+						opts = append(opts, lock.WithShared())
 					}
-					l, err := c.Acquire(ctx, "rw", append(opts, lock.WaitTimeout(30*time.Second))...)
+					l, err := c.Acquire(ctx, "rw", append(opts, lock.WithWaitTimeout(30*time.Second))...)
 					Expect(err).NotTo(HaveOccurred(), "round %d, waiter %d (writer %v)", round, i, writer)
 					locked <- got{l, writer}
 				}()
@@ -203,9 +203,9 @@ var _ = Describe("recipes of other lock libraries: RWMutex", func() {
 					writer := rng.IntN(100) < 10
 					var opts []lock.AcquireOption
 					if !writer {
-						opts = append(opts, lock.Shared())
+						opts = append(opts, lock.WithShared())
 					}
-					l, err := c.Acquire(ctx, "rw", append(opts, lock.WaitTimeout(30*time.Second))...)
+					l, err := c.Acquire(ctx, "rw", append(opts, lock.WithWaitTimeout(30*time.Second))...)
 					Expect(err).NotTo(HaveOccurred())
 					occ.enter(writer, locksv1alpha1.MaxSharedHolders)
 					time.Sleep(time.Duration(20+rng.IntN(180)) * time.Millisecond) // the work done while holding
@@ -228,7 +228,7 @@ var _ = Describe("recipes of other lock libraries: RWMutex", func() {
 		suite.NewLock(ctx, ns, "rw", locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.RWMutex})
 		var held []*lock.Lock
 		for i, c := range recipeClients(ctx, ns, 5) {
-			l, err := c.TryAcquire(ctx, "rw", lock.Shared())
+			l, err := c.TryAcquire(ctx, "rw", lock.WithShared())
 			Expect(err).NotTo(HaveOccurred(), "reader %d was blocked by %d readers", i, len(held))
 			held = append(held, l)
 		}
@@ -271,9 +271,9 @@ var _ = Describe("recipes of other lock libraries: RWMutex", func() {
 		start := func(i int) {
 			results[i] = make(chan *lock.Lock, 1)
 			req := fmt.Sprintf("ordering-%d", i)
-			opts := []lock.AcquireOption{lock.RequestID(req), lock.WaitTimeout(60 * time.Second)}
+			opts := []lock.AcquireOption{lock.WithRequestID(req), lock.WithWaitTimeout(60 * time.Second)}
 			if !writer[i] {
-				opts = append(opts, lock.Shared())
+				opts = append(opts, lock.WithShared())
 			}
 			go func() {
 				defer GinkgoRecover()
@@ -435,7 +435,7 @@ var _ = Describe("recipes of other lock libraries: Semaphore", func() {
 		second := make(chan *lock.Lock, 1)
 		go func() {
 			defer GinkgoRecover()
-			l, err := clients[1].Acquire(ctx, "sem", lock.RequestID("second"), lock.WaitTimeout(30*time.Second))
+			l, err := clients[1].Acquire(ctx, "sem", lock.WithRequestID("second"), lock.WithWaitTimeout(30*time.Second))
 			Expect(err).NotTo(HaveOccurred())
 			second <- l
 		}()
@@ -463,7 +463,7 @@ var _ = Describe("recipes of other lock libraries: Semaphore", func() {
 		l1, err := crashed.Acquire(ctx, "sem")
 		Expect(err).NotTo(HaveOccurred())
 		began := time.Now()
-		l2, err := waiter.Acquire(ctx, "sem", lock.WaitTimeout(30*time.Second))
+		l2, err := waiter.Acquire(ctx, "sem", lock.WithWaitTimeout(30*time.Second))
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(l1.Done()).Should(BeClosed(), "the crashed holder's handle ran out")
 		Expect(errors.Is(context.Cause(l1.Context()), lock.ErrLockLost)).To(BeTrue())

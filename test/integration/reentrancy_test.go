@@ -64,14 +64,14 @@ var _ = Describe("reentrant holdings (WithReentrancy)", func() {
 	It("re-enters a shared holding as one entry, and refuses the other mode with ErrMode", func() {
 		suite.NewLock(ctx, ns, "table", rwMutex)
 		c, _ := suite.NewClient(ctx, ns, lock.WithReentrancy())
-		r, err := c.Acquire(ctx, "table", lock.Shared())
+		r, err := c.Acquire(ctx, "table", lock.WithShared())
 		Expect(err).NotTo(HaveOccurred())
-		again, err := c.Acquire(ctx, "table", lock.Shared())
+		again, err := c.Acquire(ctx, "table", lock.WithShared())
 		Expect(err).NotTo(HaveOccurred())
 		Expect(again).To(BeIdenticalTo(r))
 		Expect(suite.GetLock(ctx, ns, "table").Status.SharedHolders).To(HaveLen(1))
 
-		_, err = c.Acquire(ctx, "table", lock.WaitTimeout(time.Second))
+		_, err = c.Acquire(ctx, "table", lock.WithWaitTimeout(time.Second))
 		Expect(err).To(MatchError(lock.ErrMode), "no upgrade: it would wait for itself")
 		Expect(suite.GetLock(ctx, ns, "table").Status.Waiters).To(BeEmpty())
 
@@ -82,7 +82,7 @@ var _ = Describe("reentrant holdings (WithReentrancy)", func() {
 
 		w, err := c.Acquire(ctx, "table")
 		Expect(err).NotTo(HaveOccurred())
-		_, err = c.Acquire(ctx, "table", lock.Shared())
+		_, err = c.Acquire(ctx, "table", lock.WithShared())
 		Expect(err).To(MatchError(lock.ErrMode), "no downgrade")
 		Expect(w.Release(ctx)).To(Succeed())
 	})
@@ -160,7 +160,7 @@ var _ = Describe("reentrant holdings (WithReentrancy)", func() {
 		Expect(err).NotTo(HaveOccurred())
 		_, err = c.TryAcquire(ctx, "orders")
 		Expect(err).To(MatchError(lock.ErrLocked))
-		_, err = c.Acquire(ctx, "orders", lock.WaitTimeout(500*time.Millisecond))
+		_, err = c.Acquire(ctx, "orders", lock.WithWaitTimeout(500*time.Millisecond))
 		Expect(err).To(MatchError(lock.ErrTimeout))
 		Expect(l.Release(ctx)).To(Succeed())
 	})

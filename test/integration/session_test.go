@@ -35,7 +35,7 @@ var _ = Describe("sessions", func() {
 
 	It("creates a session as its user, renews it every TTL/3 and deletes it on Close", func() {
 		c, user := suite.NewClient(ctx, ns, lock.WithIdentity("Worker 7/a"))
-		s, err := c.NewSession(ctx, lock.SessionTTL(6*time.Second))
+		s, err := c.NewSession(ctx, lock.WithTTL(6*time.Second))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(s.TTL()).To(Equal(6 * time.Second))
 		stored := getSession(s.Name())
@@ -66,11 +66,11 @@ var _ = Describe("sessions", func() {
 
 	It("ends every lock's context on Close, and a closed session acquires nothing", func() {
 		c, _ := suite.NewClient(ctx, ns, lock.WithAutoCreate())
-		s, err := c.NewSession(ctx, lock.SessionTTL(10*time.Second))
+		s, err := c.NewSession(ctx, lock.WithTTL(10*time.Second))
 		Expect(err).NotTo(HaveOccurred())
 		var locks []*lock.Lock
 		for i := range 3 {
-			l, err := c.TryAcquire(ctx, fmt.Sprintf("job-%d", i), lock.InSession(s))
+			l, err := c.TryAcquire(ctx, fmt.Sprintf("job-%d", i), lock.WithSession(s))
 			Expect(err).NotTo(HaveOccurred())
 			h := suite.GetLock(ctx, ns, l.Name()).Status.Holder
 			Expect(h.Session).To(Equal(s.Name()))
@@ -84,7 +84,7 @@ var _ = Describe("sessions", func() {
 			Expect(l.Err()).To(MatchError(lock.ErrSessionClosed))
 			Expect(l.Err()).To(MatchError(lock.ErrLockLost))
 		}
-		_, err = c.TryAcquire(ctx, "job-9", lock.InSession(s))
+		_, err = c.TryAcquire(ctx, "job-9", lock.WithSession(s))
 		Expect(err).To(MatchError(lock.ErrSessionClosed))
 		Expect(err.Error()).To(ContainSubstring("session " + s.Name()))
 	})
@@ -101,7 +101,7 @@ var _ = Describe("sessions", func() {
 		other, _ := suite.NewClient(ctx, ns, lock.WithAutoCreate())
 		held, err := other.Acquire(ctx, "q")
 		Expect(err).NotTo(HaveOccurred())
-		_, err = other.TryAcquire(ctx, "r", lock.InSession(s))
+		_, err = other.TryAcquire(ctx, "r", lock.WithSession(s))
 		Expect(err).To(MatchError(ContainSubstring("is user")), "a session is its user's only")
 
 		cs, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity("owner"), lock.WithSession(s))
@@ -109,7 +109,7 @@ var _ = Describe("sessions", func() {
 		got := make(chan *lock.Lock, 1)
 		go func() {
 			defer GinkgoRecover()
-			l, err := cs.Acquire(ctx, "q", lock.WaitTimeout(20*time.Second))
+			l, err := cs.Acquire(ctx, "q", lock.WithWaitTimeout(20*time.Second))
 			Expect(err).NotTo(HaveOccurred())
 			got <- l
 		}()
@@ -158,14 +158,14 @@ var _ = Describe("sessions", func() {
 		}
 
 		withSession, _ := suite.NewClient(ctx, ns)
-		s, err := withSession.NewSession(ctx, lock.SessionTTL(ttl))
+		s, err := withSession.NewSession(ctx, lock.WithTTL(ttl))
 		Expect(err).NotTo(HaveOccurred())
 		// The controller counts the session's holdings (status.locks, a write of
 		// its own): wait for it to count all of them before the window opens.
 		counted := func() {
 			Eventually(func() int32 { return getSession(s.Name()).Status.Locks }).Should(BeEquivalentTo(n))
 		}
-		sessionW, sessionLockW := hold(withSession, "s", counted, lock.InSession(s))
+		sessionW, sessionLockW := hold(withSession, "s", counted, lock.WithSession(s))
 		Expect(s.Close(ctx)).To(Succeed())
 
 		perLock, _ := suite.NewClient(ctx, ns, lock.WithLeaseDuration(ttl))
@@ -241,11 +241,11 @@ var _ = Describe("a session cut off from the apiserver (I5 per session)", Serial
 		DeferCleanup(proxy.Close)
 		a, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("cut-off"))
 		Expect(err).NotTo(HaveOccurred())
-		s, err := a.NewSession(ctx, lock.SessionTTL(ttl))
+		s, err := a.NewSession(ctx, lock.WithTTL(ttl))
 		Expect(err).NotTo(HaveOccurred())
 		held := make([]*lock.Lock, n)
 		for i, k := range keys {
-			held[i], err = a.TryAcquire(ctx, k, lock.InSession(s))
+			held[i], err = a.TryAcquire(ctx, k, lock.WithSession(s))
 			Expect(err).NotTo(HaveOccurred())
 		}
 		// The deadline the cut is measured against comes from a renewal, not the create.
@@ -263,7 +263,7 @@ var _ = Describe("a session cut off from the apiserver (I5 per session)", Serial
 		for _, k := range keys {
 			go func() {
 				defer GinkgoRecover()
-				next, err := b.Acquire(ctx, k, lock.WaitTimeout(time.Minute))
+				next, err := b.Acquire(ctx, k, lock.WithWaitTimeout(time.Minute))
 				Expect(err).NotTo(HaveOccurred())
 				granted <- grant{time.Now(), next}
 			}()

@@ -142,9 +142,9 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		suite.NewLock(ctx, ns, "plain", locksv1alpha1.DistributedLockSpec{})
 		c, _ := suite.NewClient(ctx, ns)
 		before := suite.GetLock(ctx, ns, "plain")
-		_, err := c.Acquire(ctx, "plain", lock.Shared())
+		_, err := c.Acquire(ctx, "plain", lock.WithShared())
 		Expect(err).To(MatchError(lock.ErrMode))
-		_, err = c.TryAcquire(ctx, "plain", lock.Shared())
+		_, err = c.TryAcquire(ctx, "plain", lock.WithShared())
 		Expect(err).To(MatchError(lock.ErrMode))
 		Expect(suite.GetLock(ctx, ns, "plain").ResourceVersion).To(Equal(before.ResourceVersion))
 	})
@@ -153,9 +153,9 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		suite.NewLock(ctx, ns, "table", rwMutex)
 		r1c, _ := suite.NewClient(ctx, ns)
 		r2c, _ := suite.NewClient(ctx, ns)
-		r1, err := r1c.Acquire(ctx, "table", lock.Shared())
+		r1, err := r1c.Acquire(ctx, "table", lock.WithShared())
 		Expect(err).NotTo(HaveOccurred())
-		r2, err := r2c.TryAcquire(ctx, "table", lock.Shared())
+		r2, err := r2c.TryAcquire(ctx, "table", lock.WithShared())
 		Expect(err).NotTo(HaveOccurred(), "readers never block readers")
 		Expect(slotOf(r1)).To(Equal(int32(0)))
 		Expect(slotOf(r2)).To(Equal(int32(1)))
@@ -169,9 +169,9 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 
 		By("a reader arriving while the writer waits queues behind it")
 		r3c, _ := suite.NewClient(ctx, ns)
-		_, err = r3c.TryAcquire(ctx, "table", lock.Shared())
+		_, err = r3c.TryAcquire(ctx, "table", lock.WithShared())
 		Expect(err).To(MatchError(lock.ErrLocked))
-		reader3 := acquireLater(ctx, r3c, "table", lock.Shared())
+		reader3 := acquireLater(ctx, r3c, "table", lock.WithShared())
 		Eventually(func() []locksv1alpha1.Mode { return waiterModes(ctx, ns, "table") }).
 			Should(Equal([]locksv1alpha1.Mode{locksv1alpha1.Exclusive, locksv1alpha1.Shared}))
 
@@ -205,7 +205,7 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		var readers []<-chan *lock.Lock
 		for i := range 3 {
 			c, _ := suite.NewClient(ctx, ns)
-			readers = append(readers, acquireLater(ctx, c, "table", lock.Shared()))
+			readers = append(readers, acquireLater(ctx, c, "table", lock.WithShared()))
 			Eventually(func() int32 { return suite.GetLock(ctx, ns, "table").Status.WaiterCount }).Should(Equal(int32(i + 1)))
 		}
 		Expect(w.Release(ctx)).To(Succeed())
@@ -281,9 +281,9 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 	It("finds a retried request's shared holding (I6), and says when it ended", func() {
 		suite.NewLock(ctx, ns, "pool", semaphore(2))
 		c, _ := suite.NewClient(ctx, ns)
-		l, err := c.Acquire(ctx, "pool", lock.RequestID("req-7"))
+		l, err := c.Acquire(ctx, "pool", lock.WithRequestID("req-7"))
 		Expect(err).NotTo(HaveOccurred())
-		again, err := c.Acquire(ctx, "pool", lock.RequestID("req-7"))
+		again, err := c.Acquire(ctx, "pool", lock.WithRequestID("req-7"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(again.LeaseID()).To(Equal(l.LeaseID()))
 		Expect(again.FencingToken()).To(Equal(l.FencingToken()))
@@ -293,7 +293,7 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		Expect(stored.Status.Transitions).To(Equal(int64(1)))
 
 		Expect(l.Release(ctx)).To(Succeed())
-		_, err = c.Acquire(ctx, "pool", lock.RequestID("req-7"))
+		_, err = c.Acquire(ctx, "pool", lock.WithRequestID("req-7"))
 		Expect(err).To(MatchError(lock.ErrLockLost))
 		Expect(err.Error()).To(ContainSubstring("already ended: Released"))
 	})
@@ -303,7 +303,7 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		c, _ := suite.NewClient(ctx, ns)
 		s, err := c.NewSession(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		l, err := c.Acquire(ctx, "pool", lock.InSession(s))
+		l, err := c.Acquire(ctx, "pool", lock.WithSession(s))
 		Expect(err).NotTo(HaveOccurred())
 		e := sharedEntry(suite.GetLock(ctx, ns, "pool"), l)
 		Expect(e.Session).To(Equal(s.Name()))
@@ -322,7 +322,7 @@ var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func(
 		var readers []*lock.Lock
 		for range 10 {
 			c, _ := suite.NewClient(ctx, ns)
-			l, err := c.Acquire(ctx, "table", lock.Shared())
+			l, err := c.Acquire(ctx, "table", lock.WithShared())
 			Expect(err).NotTo(HaveOccurred())
 			readers = append(readers, l)
 		}

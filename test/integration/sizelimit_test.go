@@ -63,7 +63,7 @@ var _ = Describe("a lock at the size etcd takes", func() {
 			// A bounded call: a client that took the refusal for a passing
 			// failure would retry until this deadline.
 			cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
-			l, err := newClient(i).TryAcquire(cctx, name, lock.Shared())
+			l, err := newClient(i).TryAcquire(cctx, name, lock.WithShared())
 			ccancel()
 			if err != nil {
 				refused = err
@@ -84,7 +84,7 @@ var _ = Describe("a lock at the size etcd takes", func() {
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		start := time.Now()
-		_, err = newClient(5000).TryAcquire(tctx, name, lock.Shared())
+		_, err = newClient(5000).TryAcquire(tctx, name, lock.WithShared())
 		Expect(isSizeLimit(err)).To(BeTrue(), "got %v", err)
 		Expect(time.Since(start)).To(BeNumerically("<", 5*time.Second))
 

@@ -69,7 +69,7 @@ var _ = Describe("writer starvation", Serial, func() {
 					return
 				}
 				for rctx.Err() == nil {
-					l, err := c.Acquire(rctx, "stream", lock.Shared(), lock.WaitTimeout(60*time.Second))
+					l, err := c.Acquire(rctx, "stream", lock.WithShared(), lock.WithWaitTimeout(60*time.Second))
 					if err != nil && rctx.Err() != nil {
 						return // the test is over
 					}
@@ -112,7 +112,7 @@ var _ = Describe("writer starvation", Serial, func() {
 			req := fmt.Sprintf("writer-%d", a)
 			conflictsBefore := conflicts(writerMetrics)
 			began := time.Now()
-			l, err := writer.Acquire(ctx, "stream", lock.RequestID(req), lock.WaitTimeout(30*time.Second))
+			l, err := writer.Acquire(ctx, "stream", lock.WithRequestID(req), lock.WithWaitTimeout(30*time.Second))
 			Expect(err).NotTo(HaveOccurred(), "attempt %d: the writer starved", a)
 			results = append(results, result{req: req, wait: time.Since(began), token: l.FencingToken(), conflicts: conflicts(writerMetrics) - conflictsBefore})
 			Expect(l.Release(ctx)).To(Succeed())

@@ -214,7 +214,7 @@ func TestWaiterTakesTheLockWhenItIsReleased(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		l, err := bob.Acquire(ctx, "queue", lock.OnQueue(func(lock.QueueStatus) { once.Do(func() { close(queued) }) }))
+		l, err := bob.Acquire(ctx, "queue", lock.WithQueueCallback(func(lock.QueueStatus) { once.Do(func() { close(queued) }) }))
 		got <- result{l, err}
 	}()
 	select {
@@ -355,7 +355,7 @@ func TestHoldingInASession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := c.TryAcquire(ctx, "jobs", lock.InSession(s))
+	l, err := c.TryAcquire(ctx, "jobs", lock.WithSession(s))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,8 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/rules"
 	"github.com/kubelock/kubelock/test/suite"
-	"github.com/kubelock/kubelock/webhook"
 )
 
 // What the hostile writes below are: each names a lock nobody created, so
@@ -85,7 +85,7 @@ func fencedObjectsNamingNoLock() {
 
 		err = fencedCreate(ctx, "settings", lockName, first.FencingToken())
 		denied(err)
-		Expect(err.Error()).To(ContainSubstring("[kubelock:%s]", webhook.RuleStaleToken))
+		Expect(err.Error()).To(ContainSubstring("[kubelock:%s]", rules.RuleStaleToken))
 		Expect(manager("kubelock_webhook_stale_token_rejections_total", labels{"namespace": ns, "lock": lockName})).To(Equal(1.0))
 	})
 

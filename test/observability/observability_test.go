@@ -137,7 +137,7 @@ var _ = Describe("observability of a scripted lock history", Ordered, func() {
 		}
 		got := make(chan result, 1)
 		go func() {
-			l, err := b.Acquire(ctx, key, lock.RequestID(requestB), lock.LeaseDuration(2*time.Second))
+			l, err := b.Acquire(ctx, key, lock.WithRequestID(requestB), lock.WithLeaseDuration(2*time.Second))
 			got <- result{l, err}
 		}()
 		Eventually(func() float64 { return manager("kubelock_controller_waiters", nil) }).Should(Equal(1.0))

@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -22,10 +21,7 @@ const etcdPrefix = "/registry"
 // stored as JSON); the write is conditioned on the revision read, and the
 // apiserver's watch delivers the new object to every client.
 func (e *Env) RewriteStored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName, change func(obj map[string]any)) error {
-	if e.ControlPlane.Etcd == nil || e.ControlPlane.Etcd.URL == nil {
-		return errors.New("testenv: no etcd URL")
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ControlPlane.Etcd.URL.String()}, DialTimeout: 10 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Cluster.Etcd.Endpoints(), DialTimeout: 10 * time.Second})
 	if err != nil {
 		return err
 	}

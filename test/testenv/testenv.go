@@ -1,15 +1,20 @@
 // Package testenv starts the one real control plane (etcd + kube-apiserver built
 // by hack/build-control-plane.sh) that every integration suite runs against;
 // suites that need the garbage collector add kube-controller-manager.
+// internal/localcluster starts the processes; envtest installs the CRDs and
+// webhooks into them and provisions users, as it does for a cluster of its own.
 package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"strconv"
+	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,15 +22,23 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/localcluster"
+	"github.com/kubelock/kubelock/internal/pki"
 )
 
-// LockUserRole is the ClusterRole a lock client needs; it lists its verbs
-// explicitly so it never grants force-release.
-const LockUserRole = "kubelock-test-lock-user"
+const (
+	// LockUserRole is the ClusterRole a lock client needs; it lists its verbs
+	// explicitly so it never grants force-release.
+	LockUserRole = "kubelock-test-lock-user"
+	// WebhookClientCN is the common name of the client certificate the test
+	// kube-apiserver presents to every admission webhook.
+	WebhookClientCN = pki.WebhookClientCN
+)
 
 // Env is a running control plane with the kubelock CRDs installed.
 type Env struct {
@@ -41,8 +54,11 @@ type Env struct {
 	// Webhook servers of the suites require it (StartWebhook does).
 	WebhookClientCA     []byte
 	WebhookClientCAFile string
+	// Cluster is the processes: etcd, kube-apiserver and the
+	// kube-controller-manager StartControllerManager starts.
+	Cluster *localcluster.Cluster
 
-	webhookAuth *webhookClientAuth
+	dir string // the cluster's data, certificates and logs
 }
 
 // Start starts etcd and kube-apiserver, installs the CRDs from config/crd/bases
@@ -62,42 +78,98 @@ func Start(opts ...Option) (*Env, error) {
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: AssetsDir(),
 	}
-	auth, err := newWebhookClientAuth()
-	if err != nil {
-		return nil, err
-	}
-	// Options come after, so a suite may still replace the admission configuration.
-	WithAPIServerArgs("admission-control-config-file", auth.admissionFile)(env)
 	for _, o := range opts {
 		o(env)
 	}
-	cfg, err := env.Start()
+	dir, err := os.MkdirTemp("", "kubelock-testenv-")
 	if err != nil {
-		// envtest leaves etcd and kube-apiserver running when a later step
-		// (installing CRDs or webhooks) fails.
-		_ = env.Stop()
-		_ = os.RemoveAll(auth.dir)
-		return nil, fmt.Errorf("starting the control plane from %s (build it with 'make control-plane'): %w", env.BinaryAssetsDirectory, err)
-	}
-	e := &Env{Environment: env, Config: cfg, Scheme: scheme,
-		WebhookClientCA: auth.caPEM, WebhookClientCAFile: auth.caFile, webhookAuth: auth}
-	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		_ = e.Stop()
 		return nil, err
 	}
-	if err := e.installLockUserRole(context.Background()); err != nil {
+	cluster, err := localcluster.Start(context.Background(), clusterOptions(env, dir))
+	if err != nil {
+		// Its logs stay in dir for the error's reader.
+		return nil, fmt.Errorf("starting the control plane from %s (build it with 'make control-plane'): %w", env.BinaryAssetsDirectory, err)
+	}
+	e := &Env{Environment: env, Scheme: scheme, Cluster: cluster, dir: dir,
+		WebhookClientCA: cluster.WebhookClientCA, WebhookClientCAFile: cluster.WebhookClientCAFile}
+	if err := e.install(); err != nil {
 		_ = e.Stop()
 		return nil, err
 	}
 	return e, nil
 }
 
+// clusterOptions are envtest's control plane: its flags (kube-apiserver
+// without the ServiceAccount admission plugin, so pods need no service
+// account to exist), and those the options set.
+func clusterOptions(env *envtest.Environment, dir string) localcluster.Options {
+	var etcdArgs []string
+	if env.ControlPlane.Etcd != nil {
+		etcdArgs = env.ControlPlane.Etcd.Configure().AsStrings(nil)
+	}
+	return localcluster.Options{
+		Name: "kubelock-test", Dir: dir, AssetsDir: env.BinaryAssetsDirectory, Admin: adminUser,
+		EtcdArgs:      etcdArgs,
+		APIServerArgs: append([]string{"--disable-admission-plugins=ServiceAccount"}, env.ControlPlane.GetAPIServer().Configure().AsStrings(nil)...),
+		StartTimeout:  startTimeout(env),
+	}
+}
+
+// adminUser is Config's user, in system:masters (envtest's name for it).
+const adminUser = "admin"
+
+// install points envtest at the cluster, which installs the CRDs and
+// webhooks, then installs the lock-user role.
+func (e *Env) install() error {
+	env, c := e.Environment, e.Cluster
+	env.UseExistingCluster = ptr.To(true)
+	env.ControlPlane.KubectlPath = filepath.Join(env.BinaryAssetsDirectory, "kubectl")
+	api := env.ControlPlane.GetAPIServer()
+	api.CertDir = e.dir // kubeconfigs for Kubectl
+	api.SecureServing = envtest.SecureServing{
+		ListenAddr: envtest.ListenAddr{Address: "127.0.0.1", Port: strconv.Itoa(c.APIServer().Port)},
+		CA:         c.CA.PEM,
+		Authn:      clientCerts{c.CA},
+	}
+	if env.ControlPlane.Etcd == nil {
+		env.ControlPlane.Etcd = &envtest.Etcd{}
+	}
+	etcdURL, err := url.Parse(c.Etcd.Members[0].ClientURL)
+	if err != nil {
+		return err
+	}
+	env.ControlPlane.Etcd.URL = etcdURL
+	admin, err := env.AddUser(envtest.User{Name: adminUser, Groups: []string{"system:masters"}}, &rest.Config{QPS: 1000, Burst: 2000})
+	if err != nil {
+		return err
+	}
+	env.Config = admin.Config()
+	if e.Config, err = env.Start(); err != nil {
+		return err
+	}
+	if e.Client, err = client.New(e.Config, client.Options{Scheme: e.Scheme}); err != nil {
+		return err
+	}
+	return e.installLockUserRole(context.Background())
+}
+
+// startTimeout is how long each process may take to start: the
+// environment's ControlPlaneStartTimeout, else
+// KUBEBUILDER_CONTROLPLANE_START_TIMEOUT, as envtest reads them.
+func startTimeout(env *envtest.Environment) time.Duration {
+	if env.ControlPlaneStartTimeout != 0 {
+		return env.ControlPlaneStartTimeout
+	}
+	if d, err := time.ParseDuration(os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT")); err == nil {
+		return d
+	}
+	return localcluster.DefaultStartTimeout
+}
+
 // Stop stops the control plane and removes its files.
 func (e *Env) Stop() error {
-	err := e.Environment.Stop()
-	if e.webhookAuth != nil {
-		_ = os.RemoveAll(e.webhookAuth.dir)
-	}
+	err := errors.Join(e.Environment.Stop(), e.Cluster.Stop())
+	_ = os.RemoveAll(e.dir)
 	return err
 }
 
@@ -135,17 +207,7 @@ func RepoRoot() string {
 
 // AssetsDir is KUBEBUILDER_ASSETS when set, else the newest control-plane build
 // under bin/k8s, so `go test` works without the Makefile too.
-func AssetsDir() string {
-	if dir := os.Getenv("KUBEBUILDER_ASSETS"); dir != "" {
-		return dir
-	}
-	dirs, _ := filepath.Glob(filepath.Join(RepoRoot(), "bin", "k8s", "*"))
-	sort.Strings(dirs)
-	if len(dirs) == 0 {
-		return filepath.Join(RepoRoot(), "bin", "k8s")
-	}
-	return dirs[len(dirs)-1]
-}
+func AssetsDir() string { return localcluster.AssetsDir(RepoRoot()) }
 
 // UserConfig returns a connection authenticated as name (a real client
 // certificate, so request.userInfo carries that name), bound to the lock-user role.

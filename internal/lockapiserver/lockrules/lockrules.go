@@ -20,9 +20,7 @@ import (
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	// rules is the package of the pure admission rules; this import is the
-	// only place that names it.
-	rules "github.com/kubelock/kubelock/webhook"
+	"github.com/kubelock/kubelock/rules"
 )
 
 // The resources the rules guard.
@@ -60,45 +58,33 @@ func (c *Checker) ReadSessionsWith(r SessionReader) { c.sessions = r }
 
 // LockCreate checks creating l: lock users create only default locks.
 func (c *Checker) LockCreate(ctx context.Context, l *locksv1alpha1.DistributedLock) error {
-	a, u, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
 	}
-	m, err := c.metaActor(ctx, a, u, l.Namespace, l.Name, rules.CreateChecks(l))
-	if err != nil {
-		return err
-	}
-	return verdict(Locks, l.Name, rules.ValidateCreate(l, m))
+	return verdict(Locks, l.Name, rules.ValidateCreate(l, a))
 }
 
-// LockUpdate checks an update of a lock's main resource: its finalizers and
-// the force-delete annotation. Spec and label edits are RBAC's alone.
+// LockUpdate checks an update of a lock's main resource: its finalizers, the
+// force-delete annotation and the auto-created label. Other spec and label
+// edits are RBAC's alone.
 func (c *Checker) LockUpdate(ctx context.Context, newObj, oldObj *locksv1alpha1.DistributedLock) error {
 	if !rules.MetadataChanged(oldObj, newObj) {
 		return nil
 	}
-	a, u, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
 	}
-	m, err := c.metaActor(ctx, a, u, oldObj.Namespace, oldObj.Name, rules.UpdateChecks(oldObj, newObj))
-	if err != nil {
-		return err
-	}
-	return verdict(Locks, oldObj.Name, rules.ValidateMetadataUpdate(oldObj, newObj, m))
+	return verdict(Locks, oldObj.Name, rules.ValidateMetadataUpdate(oldObj, newObj, a))
 }
 
 // LockStatusUpdate checks a write of a lock's status: every transition rule,
 // and the sessions the write names.
 func (c *Checker) LockStatusUpdate(ctx context.Context, newObj, oldObj *locksv1alpha1.DistributedLock) error {
-	a, u, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
-	}
-	if rules.NeedsForceCheck(oldObj, newObj) {
-		if a.CanForceRelease, err = c.can(ctx, u, Locks.Resource, oldObj.Namespace, oldObj.Name, locksv1alpha1.ForceReleaseVerb); err != nil {
-			return err
-		}
 	}
 	sessions := map[string]*locksv1alpha1.LockSession{}
 	for _, name := range rules.SessionsNamed(oldObj, newObj) {
@@ -116,16 +102,16 @@ func (c *Checker) LockStatusUpdate(ctx context.Context, newObj, oldObj *locksv1a
 
 // LockDelete checks deleting l: a held lock only with force.
 func (c *Checker) LockDelete(ctx context.Context, l *locksv1alpha1.DistributedLock) error {
-	a, u, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
 	}
-	return c.unlessForced(ctx, u, Locks, l.Namespace, l.Name, func() field.ErrorList { return rules.ValidateDelete(l, a) }, &a.CanForceRelease)
+	return verdict(Locks, l.Name, rules.ValidateDelete(l, a))
 }
 
 // SessionCreate checks creating s: in the requester's name, bound to its pod.
 func (c *Checker) SessionCreate(ctx context.Context, s *locksv1alpha1.LockSession) error {
-	a, _, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
 	}
@@ -134,16 +120,16 @@ func (c *Checker) SessionCreate(ctx context.Context, s *locksv1alpha1.LockSessio
 
 // SessionUpdate checks an update of a session's main resource.
 func (c *Checker) SessionUpdate(ctx context.Context, newObj, oldObj *locksv1alpha1.LockSession) error {
-	a, u, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
 	}
-	return verdict(Sessions, oldObj.Name, rules.ValidateSessionUpdate(oldObj, newObj, sessionActor(a, u)))
+	return verdict(Sessions, oldObj.Name, rules.ValidateSessionUpdate(oldObj, newObj, a))
 }
 
 // SessionStatusUpdate checks a write of a session's status.
 func (c *Checker) SessionStatusUpdate(ctx context.Context, newObj, oldObj *locksv1alpha1.LockSession) error {
-	a, _, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
 	}
@@ -152,78 +138,48 @@ func (c *Checker) SessionStatusUpdate(ctx context.Context, newObj, oldObj *locks
 
 // SessionDelete checks closing s.
 func (c *Checker) SessionDelete(ctx context.Context, s *locksv1alpha1.LockSession) error {
-	a, u, err := c.requester(ctx)
+	a, err := c.requester(ctx)
 	if err != nil {
 		return err
 	}
-	sa := sessionActor(a, u)
-	return c.unlessForced(ctx, u, Sessions, s.Namespace, s.Name, func() field.ErrorList { return rules.ValidateSessionDelete(s, sa) }, &sa.CanForceRelease)
+	return verdict(Sessions, s.Name, rules.ValidateSessionDelete(s, a))
 }
 
-// unlessForced runs validate; when it denies, it asks whether the requester
-// has force-release on the object, sets *canForce to the answer and runs it
-// again. The authorizer is asked only when the answer matters.
-func (c *Checker) unlessForced(ctx context.Context, u user.Info, gr schema.GroupResource, ns, name string, validate func() field.ErrorList, canForce *bool) error {
-	errs := validate()
-	if len(errs) == 0 {
-		return nil
-	}
-	ok, err := c.can(ctx, u, gr.Resource, ns, name, locksv1alpha1.ForceReleaseVerb)
-	if err != nil {
-		return err
-	}
-	if *canForce = ok; ok {
-		errs = validate()
-	}
-	return verdict(gr, name, errs)
-}
-
-// requester is the request's user as the rules see it.
-func (c *Checker) requester(ctx context.Context) (rules.Actor, user.Info, error) {
+// requester is the request's user as the rules see it, with the verbs they
+// ask about answered by the delegated authorizer.
+func (c *Checker) requester(ctx context.Context) (rules.Actor, error) {
 	u, ok := genericapirequest.UserFrom(ctx)
 	if !ok {
-		return rules.Actor{}, nil, apierrors.NewInternalError(errors.New("no user in the request context"))
+		return rules.Actor{}, apierrors.NewInternalError(errors.New("no user in the request context"))
 	}
-	return rules.Actor{Username: u.GetName(), Extra: u.GetExtra(), IsController: c.controllers[u.GetName()]}, u, nil
+	return rules.Actor{
+		Username: u.GetName(), Groups: u.GetGroups(), Extra: u.GetExtra(),
+		IsController:       c.controllers[u.GetName()],
+		IsGarbageCollector: slices.Contains(rules.DefaultGarbageCollectors, u.GetName()),
+		Authorizer:         rules.AuthorizerFunc(func(chk rules.Check) (bool, error) { return c.can(ctx, u, chk) }),
+	}, nil
 }
 
-func sessionActor(a rules.Actor, u user.Info) rules.SessionActor {
-	return rules.SessionActor{Actor: a, IsGarbageCollector: slices.Contains(rules.DefaultGarbageCollectors, u.GetName())}
-}
-
-// metaActor is a with the answers the main-resource rules need.
-func (c *Checker) metaActor(ctx context.Context, a rules.Actor, u user.Info, ns, name string, need rules.MetaChecks) (m rules.MetaActor, err error) {
-	m.Actor = a
-	if need.ForceRelease {
-		if m.CanForceRelease, err = c.can(ctx, u, Locks.Resource, ns, name, locksv1alpha1.ForceReleaseVerb); err != nil {
-			return m, err
-		}
-	}
-	if need.Update {
-		m.CanUpdate, err = c.can(ctx, u, Locks.Resource, ns, name, rules.UpdateVerb)
-	}
-	return m, err
-}
-
-// can asks the authorizer whether u has verb on resource ns/name.
-func (c *Checker) can(ctx context.Context, u user.Info, resource, ns, name, verb string) (bool, error) {
+// can asks the authorizer whether u may use chk's verb.
+func (c *Checker) can(ctx context.Context, u user.Info, chk rules.Check) (bool, error) {
 	d, _, err := c.authz.Authorize(ctx, authorizer.AttributesRecord{
-		User: u, Verb: verb, Namespace: ns, Name: name, ResourceRequest: true,
-		APIGroup: locksv1alpha1.GroupVersion.Group, APIVersion: locksv1alpha1.GroupVersion.Version, Resource: resource,
+		User: u, Verb: chk.Verb, Namespace: chk.Namespace, Name: chk.Name, ResourceRequest: true,
+		APIGroup: locksv1alpha1.GroupVersion.Group, APIVersion: locksv1alpha1.GroupVersion.Version, Resource: chk.Resource,
 	})
 	if d == authorizer.DecisionAllow {
 		return true, nil
 	}
-	if err != nil {
-		return false, apierrors.NewInternalError(fmt.Errorf("checking the %s verb: %w", verb, err))
-	}
-	return false, nil
+	return false, err
 }
 
-// verdict is nil when errs is empty, else a 403 listing every rule's denial.
+// verdict is nil when errs is empty; a 500 when a check could not be made
+// (rules.Failed); else a 403 listing every rule's denial.
 func verdict(gr schema.GroupResource, name string, errs field.ErrorList) error {
-	if len(errs) == 0 {
+	switch {
+	case len(errs) == 0:
 		return nil
+	case rules.Failed(errs):
+		return apierrors.NewInternalError(errs.ToAggregate())
 	}
 	return apierrors.NewForbidden(gr, name, errs.ToAggregate())
 }

@@ -35,7 +35,7 @@
 // stops leading at most RetryPeriod + RenewDeadline after its last successful
 // Update. The leader's Update therefore succeeds only when the holding's safe
 // deadline (the send time of its last committed renewal plus the lease, minus
-// pkg/lock's safety margin) is further away than that, renewing first if it is
+// lock.SafetyMargin) is further away than that, renewing first if it is
 // not; and the release of ReleaseOnCancel gives up at the safe deadline. So the
 // elector stops leading before the safe deadline, and the kubelock controller
 // expires the holding only once it has not observed a renewal for the whole

@@ -79,10 +79,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// safetyMargin is pkg/lock's: the client gives up a lease a tenth of it (at
-// least 100 ms) before it ends.
-func safetyMargin(lease time.Duration) time.Duration { return max(lease/10, 100*time.Millisecond) }
-
 // Validate checks the timings (defaults filled in) as New does.
 func (o Options) Validate() error { return o.withDefaults().validate() }
 
@@ -95,11 +91,11 @@ func (o Options) validate() error {
 		return fmt.Errorf("kubelock: leader election: the renew deadline (%s) and the retry period (%s) must be positive", rd, rp)
 	case rd <= time.Duration(clientle.JitterFactor*float64(rp)):
 		return fmt.Errorf("kubelock: leader election: the renew deadline (%s) must exceed %v times the retry period (%s), as client-go requires", rd, clientle.JitterFactor, rp)
-	case rp+rd >= l-safetyMargin(l):
+	case rp+rd >= l-lock.SafetyMargin(l):
 		// The elector may lead for rp+rd after a successful Update; a holding
 		// renewed at that Update is safe for the lease minus the margin.
 		return fmt.Errorf("kubelock: leader election: the retry period plus the renew deadline (%s) must be shorter than the lease duration minus the client's safety margin (%s - %s), so that the leader stops before its holding can expire",
-			rp+rd, l, safetyMargin(l))
+			rp+rd, l, lock.SafetyMargin(l))
 	}
 	return nil
 }
@@ -410,7 +406,7 @@ func (r *ResourceLock) turn(ctx context.Context) error {
 // campaign waits in the lock's queue until it holds the lock or ctx ends.
 func (r *ResourceLock) campaign(ctx context.Context) {
 	for ctx.Err() == nil {
-		l, err := r.c.Acquire(ctx, r.key, lock.LeaseDuration(r.o.LeaseDuration), lock.OnQueue(r.queued))
+		l, err := r.c.Acquire(ctx, r.key, lock.WithLeaseDuration(r.o.LeaseDuration), lock.WithQueueCallback(r.queued))
 		if err == nil {
 			r.won(ctx, l)
 			return
@@ -441,7 +437,7 @@ func (r *ResourceLock) campaign(ctx context.Context) {
 	r.mu.Unlock()
 }
 
-// queued is the campaign's OnQueue callback.
+// queued is the campaign's WithQueueCallback.
 func (r *ResourceLock) queued(q lock.QueueStatus) {
 	r.mu.Lock()
 	r.queueSeen, r.queue = true, q

@@ -149,7 +149,7 @@ var _ = Describe("a session client SIGSTOPped past its TTL", Serial, func() {
 		for _, k := range keys {
 			go func() {
 				defer GinkgoRecover()
-				l, err := other.Acquire(ctx, k, lock.WaitTimeout(time.Minute))
+				l, err := other.Acquire(ctx, k, lock.WithWaitTimeout(time.Minute))
 				Expect(err).NotTo(HaveOccurred())
 				granted <- grant{time.Now(), l}
 			}()

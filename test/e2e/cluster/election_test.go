@@ -176,7 +176,7 @@ func lapse(ctx context.Context, t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := alice.TryAcquire(ctx, "lapses-under-the-new-leader", lock.LeaseDuration(time.Second))
+	held, err := alice.TryAcquire(ctx, "lapses-under-the-new-leader", lock.WithLeaseDuration(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

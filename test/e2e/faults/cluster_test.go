@@ -5,10 +5,8 @@ package faults
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -17,16 +15,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/internal/manager"
-	"github.com/kubelock/kubelock/internal/pki"
-	"github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -37,134 +32,41 @@ const (
 	lockUserRole   = "kubelock-faults-lock-user"
 )
 
-// etcdMember is one member of the three-member etcd cluster.
-type etcdMember struct {
-	*process
-	clientURL string
-}
-
-// controlPlane is three etcd members on loopback behind one kube-apiserver.
+// controlPlane is three etcd members on loopback behind one kube-apiserver,
+// with kube-controller-manager (garbage collector, namespace, service-account
+// and quota controllers).
 type controlPlane struct {
-	ca        *pki.CA
-	caFile    string
-	etcd      []*etcdMember
-	apiserver *process
-	host      string
-	admin     *rest.Config
-	// saKey signs service-account tokens (the apiserver's and the controller-manager's).
-	saKey string
-	// kcm is kube-controller-manager (garbage collector, namespace, service-account and
-	// quota controllers), started once the apiserver is ready.
-	kcm *proc.Child
+	*localcluster.Cluster
+	admin *rest.Config
 }
 
-func startControlPlane(dir string) *controlPlane {
-	assets := testenv.AssetsDir()
-	cp := &controlPlane{}
-	cp.ca, cp.caFile = newCA(dir)
-	var peers []string
-	type ports struct{ client, peer int }
-	ps := make([]ports, 3)
-	for i := range ps {
-		ps[i] = ports{freePort(), freePort()}
-		peers = append(peers, fmt.Sprintf("etcd%d=http://127.0.0.1:%d", i, ps[i].peer))
+func startControlPlane(ctx context.Context, dir string) (*controlPlane, error) {
+	c, err := localcluster.Start(ctx, localcluster.Options{
+		Name: "kubelock-faults", Dir: dir, LogDir: dir, AssetsDir: testenv.AssetsDir(),
+		Admin:         "kubelock-faults-admin",
+		EtcdMembers:   3,
+		APIServerArgs: []string{"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"},
+		// Scenarios wait for a restarted member or apiserver under load.
+		StartControllerManager: true, StartTimeout: 3 * time.Minute,
+	})
+	if err != nil {
+		return nil, err
 	}
-	var clientURLs []string
-	for i, p := range ps {
-		name := fmt.Sprintf("etcd%d", i)
-		curl, purl := fmt.Sprintf("http://127.0.0.1:%d", p.client), fmt.Sprintf("http://127.0.0.1:%d", p.peer)
-		m := &etcdMember{process: newProcess(name, filepath.Join(assets, "etcd"),
-			"--name="+name, "--data-dir="+filepath.Join(dir, name),
-			"--listen-client-urls="+curl, "--advertise-client-urls="+curl,
-			"--listen-peer-urls="+purl, "--initial-advertise-peer-urls="+purl,
-			"--initial-cluster="+strings.Join(peers, ","), "--initial-cluster-state=new", "--initial-cluster-token=kubelock-faults",
-			"--unsafe-no-fsync", "--log-level=warn"), clientURL: curl}
-		must(m.start())
-		cp.etcd = append(cp.etcd, m)
-		clientURLs = append(clientURLs, curl)
-	}
-	port := freePort()
-	cp.host = fmt.Sprintf("https://127.0.0.1:%d", port)
-	crt, key := servingPair(cp.ca, filepath.Join(dir, "apiserver"))
-	cp.saKey = serviceAccountKey(dir)
-	sa := cp.saKey
-	cp.apiserver = newProcess("kube-apiserver", filepath.Join(assets, "kube-apiserver"),
-		"--etcd-servers="+strings.Join(clientURLs, ","),
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none", fmt.Sprintf("--secure-port=%d", port),
-		"--tls-cert-file="+crt, "--tls-private-key-file="+key, "--client-ca-file="+cp.caFile,
-		"--cert-dir="+filepath.Join(dir, "apiserver"),
-		"--service-account-issuer="+cp.host+"/", "--service-account-key-file="+sa, "--service-account-signing-key-file="+sa,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		"--authorization-mode=RBAC", "--allow-privileged=true")
-	must(cp.apiserver.start())
-	cp.admin = cp.userConfig("kubelock-faults-admin", "system:masters")
-	return cp
-}
-
-// startControllerManager starts kube-controller-manager once the apiserver is ready.
-func (cp *controlPlane) startControllerManager(ctx context.Context, dir string) error {
-	kc := kubeconfig(filepath.Join(dir, "kcm.kubeconfig"), cp.userConfig("system:kube-controller-manager", "system:masters"))
-	var err error
-	cp.kcm, err = proc.StartControllerManager(ctx, filepath.Join(testenv.AssetsDir(), "kube-controller-manager"),
-		filepath.Join(dir, "kube-controller-manager.log"), kc, cp.saKey, time.Minute)
-	return err
-}
-
-// stop stops kube-controller-manager, then the apiserver, then etcd.
-func (cp *controlPlane) stop() {
-	if cp.kcm != nil {
-		_ = cp.kcm.Stop(20 * time.Second)
-	}
-	cp.apiserver.stop()
-	for _, m := range cp.etcd {
-		m.stop()
-	}
+	cp := &controlPlane{Cluster: c, admin: c.AdminConfig()}
+	cp.admin.QPS = -1
+	return cp, nil
 }
 
 // userConfig is a connection as name (a client certificate of the suite's CA).
 func (cp *controlPlane) userConfig(name string, groups ...string) *rest.Config {
-	c, k, err := cp.ca.Client(name, groups...)
+	cfg, err := cp.UserConfig(name, groups...)
 	must(err)
-	return &rest.Config{Host: cp.host, QPS: -1, TLSClientConfig: rest.TLSClientConfig{CAData: cp.ca.PEM, CertData: c, KeyData: k}}
-}
-
-// kubeconfig writes cfg as a kubeconfig file.
-func kubeconfig(path string, cfg *rest.Config) string {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
-	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	kc.CurrentContext = "c"
-	must(clientcmd.WriteToFile(*kc, path))
-	return path
+	cfg.QPS = -1
+	return cfg
 }
 
 // ready waits until the apiserver answers /readyz (etcd included).
-func (cp *controlPlane) ready(ctx context.Context) error {
-	rt, err := rest.TransportFor(cp.admin)
-	if err != nil {
-		return err
-	}
-	hc := &http.Client{Transport: rt, Timeout: 2 * time.Second}
-	var last error
-	for ctx.Err() == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, cp.host+"/readyz", nil)
-		resp, err := hc.Do(req)
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("readyz: %s", resp.Status)
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("apiserver not ready: %w", last)
-}
+func (cp *controlPlane) ready(ctx context.Context) error { return cp.APIServer().WaitReady(ctx) }
 
 // install puts the CRDs, the operator's namespace, the lock-user RBAC and the
 // webhook configuration from config/webhook (pointed at webhookURL) in place.
@@ -203,7 +105,7 @@ func (cp *controlPlane) install(ctx context.Context, c client.Client, webhookURL
 	for i := range vwc.Webhooks {
 		cc := &vwc.Webhooks[i].ClientConfig
 		url := webhookURL + *cc.Service.Path
-		cc.Service, cc.URL, cc.CABundle = nil, &url, cp.ca.PEM
+		cc.Service, cc.URL, cc.CABundle = nil, &url, cp.CA.PEM
 	}
 	objs = append(objs, vwc)
 	for _, o := range objs {

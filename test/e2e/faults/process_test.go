@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -164,15 +163,11 @@ func (p *process) stop() {
 	}
 }
 
+// freePort is a port nothing listens on, reserved for this process.
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := proc.FreePort()
 	must(err)
-	defer l.Close()
-	addr, ok := l.Addr().(*net.TCPAddr)
-	if !ok {
-		panic("not a TCP address")
-	}
-	return addr.Port
+	return p
 }
 
 func must(err error) {

@@ -167,13 +167,13 @@ var _ = Describe("fault scenarios", func() {
 			return total / time.Duration(n)
 		}
 		base := cycle(30)
-		cp.etcd[2].stop()
+		cp.Etcd.Members[2].Stop()
 		one := cycle(30)
 		GinkgoWriter.Printf("acquire+release cycle: %s with 3 members, %s with 2\n", base, one)
 
 		rh := acquireOK(h, held, 10*time.Second)
 		tokenBefore := getLock(ctx, held).Status.FencingToken
-		cp.etcd[1].stop() // a graceful stop: quorum is lost once it has exited
+		cp.Etcd.Members[1].Stop() // a graceful stop: quorum is lost once it has exited
 		lossAt := history.Mono()
 		// Holders: Done fires by the safe deadline (lease minus margin after the last renewal).
 		Eventually(func() int64 { return lostAt(h, rh.Lease) }).WithTimeout(30 * time.Second).ShouldNot(BeZero())
@@ -188,8 +188,8 @@ var _ = Describe("fault scenarios", func() {
 		GinkgoWriter.Printf("quorum lost: holder's Done after %s; acquire failed after %s with %s: %s\n", secs(doneAfter), failAfter, r.Outcome, r.Err)
 
 		restoredAt := history.Mono()
-		Expect(cp.etcd[1].start()).To(Succeed())
-		Expect(cp.etcd[2].start()).To(Succeed())
+		Expect(cp.Etcd.Members[1].Start(ctx)).To(Succeed())
+		Expect(cp.Etcd.Members[2].Start(ctx)).To(Succeed())
 		var rc wire.Reply
 		Eventually(func() string {
 			rc = c.do(wire.Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
@@ -219,11 +219,11 @@ var _ = Describe("fault scenarios", func() {
 			cs = append(cs, c)
 		}
 		Eventually(func() int { return countOK(events("s4")) }).Should(BeNumerically(">=", 20))
-		cp.apiserver.kill()
+		cp.APIServer().Kill()
 		// The apiserver stays down for a scheduled 3s.
 		time.Sleep(3 * time.Second)
 		restart := history.Mono()
-		Expect(cp.apiserver.start()).To(Succeed())
+		Expect(cp.APIServer().Start(ctx)).To(Succeed())
 		Expect(cp.ready(ctx)).To(Succeed())
 		base := countOKAfter(events("s4"), restart)
 		Eventually(func() int { return countOKAfter(events("s4"), restart) }).WithTimeout(2 * time.Minute).Should(BeNumerically(">", base))

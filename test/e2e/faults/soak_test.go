@@ -95,24 +95,24 @@ var _ = Describe("soak", Ordered, func() {
 				pause(4, 6)
 				proxy.SetDelay(0)
 			case "etcd-member":
-				m := cp.etcd[rng.IntN(3)]
-				m.stop()
+				m := cp.Etcd.Members[rng.IntN(3)]
+				m.Stop()
 				pause(4, 8)
-				Expect(m.start()).To(Succeed())
+				Expect(m.Start(ctx)).To(Succeed())
 				ready()
 			case "etcd-quorum":
 				i := rng.IntN(3)
-				a, b := cp.etcd[i], cp.etcd[(i+1)%3]
-				a.stop()
-				b.stop()
+				a, b := cp.Etcd.Members[i], cp.Etcd.Members[(i+1)%3]
+				a.Stop()
+				b.Stop()
 				pause(3, 6)
-				Expect(a.start()).To(Succeed())
-				Expect(b.start()).To(Succeed())
+				Expect(a.Start(ctx)).To(Succeed())
+				Expect(b.Start(ctx)).To(Succeed())
 				ready()
 			case "apiserver":
-				cp.apiserver.kill()
+				cp.APIServer().Kill()
 				pause(1, 3)
-				Expect(cp.apiserver.start()).To(Succeed())
+				Expect(cp.APIServer().Start(ctx)).To(Succeed())
 				ready()
 			case "leader-kill":
 				if l := leader(); l != nil {

@@ -111,11 +111,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(conn.Close(ctx)).To(Succeed())
 
-	// Three etcd members and the apiserver.
-	cp = startControlPlane(workDir)
-	DeferCleanup(cp.stop)
-	Expect(cp.ready(ctx)).To(Succeed())
-	Expect(cp.startControllerManager(ctx, workDir)).To(Succeed())
+	// Three etcd members, the apiserver and kube-controller-manager.
+	cp, err = startControlPlane(ctx, workDir)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(cp.Stop)
 	sch, err := manager.Scheme()
 	Expect(err).NotTo(HaveOccurred())
 	admin, err = client.New(cp.admin, client.Options{Scheme: sch})
@@ -123,8 +122,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	// Two operator replicas behind the balancer the webhook configuration points at.
 	certDir := filepath.Join(workDir, "webhook-certs")
-	servingPair(cp.ca, certDir)
-	kc := kubeconfig(filepath.Join(workDir, "controller.kubeconfig"), cp.userConfig(controllerUser, "system:masters"))
+	_, _, err = cp.WriteServingCert(certDir, "kubelock-webhook")
+	Expect(err).NotTo(HaveOccurred())
+	kc, err := cp.Kubeconfig("controller.kubeconfig", controllerUser, "system:masters")
+	Expect(err).NotTo(HaveOccurred())
 	var backends []string
 	for i := range 2 {
 		off := filepath.Join(workDir, fmt.Sprintf("clock-offset-%d", i))

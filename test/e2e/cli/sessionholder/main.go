@@ -54,13 +54,13 @@ func run(kubeconfig, ns string, ttl time.Duration, dsn string, keys []string) er
 	}
 	defer db.Close()
 	guard := postgres.NewGuard(db)
-	s, err := c.NewSession(ctx, lock.SessionTTL(ttl))
+	s, err := c.NewSession(ctx, lock.WithTTL(ttl))
 	if err != nil {
 		return err
 	}
 	locks := make([]*lock.Lock, len(keys))
 	for i, k := range keys {
-		if locks[i], err = c.TryAcquire(ctx, k, lock.InSession(s)); err != nil {
+		if locks[i], err = c.TryAcquire(ctx, k, lock.WithSession(s)); err != nil {
 			return err
 		}
 		fmt.Printf("held %s %d\n", k, locks[i].FencingToken())

@@ -132,7 +132,7 @@ func (p *proc) do(c wire.Command) wire.Reply {
 	case "session":
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		s, err := p.lc.NewSession(ctx, lock.SessionTTL(c.TTL))
+		s, err := p.lc.NewSession(ctx, lock.WithTTL(c.TTL))
 		if err != nil {
 			return wire.Reply{ID: c.ID, Outcome: outcome(err), Err: err.Error()}
 		}
@@ -215,13 +215,13 @@ func (p *proc) acquire(ctx context.Context, c wire.Command) (*lock.Lock, wire.Re
 		req = fmt.Sprintf("%s-%d-%d", p.name, time.Now().UnixNano(), rand.Uint64())
 	}
 	var opts []lock.AcquireOption
-	opts = append(opts, lock.RequestID(req))
+	opts = append(opts, lock.WithRequestID(req))
 	if c.Lease > 0 {
-		opts = append(opts, lock.LeaseDuration(c.Lease))
+		opts = append(opts, lock.WithLeaseDuration(c.Lease))
 	}
 	if c.InSession {
 		p.mu.Lock()
-		opts = append(opts, lock.InSession(p.session))
+		opts = append(opts, lock.WithSession(p.session))
 		p.mu.Unlock()
 	}
 	wait := c.Wait
@@ -239,7 +239,7 @@ func (p *proc) acquire(ctx context.Context, c wire.Command) (*lock.Lock, wire.Re
 		l, err = p.lc.TryAcquire(tctx, c.Key, opts...)
 		cancel()
 	} else {
-		l, err = p.lc.Acquire(ctx, c.Key, append(opts, lock.WaitTimeout(wait))...)
+		l, err = p.lc.Acquire(ctx, c.Key, append(opts, lock.WithWaitTimeout(wait))...)
 	}
 	e := history.Event{Op: history.OpAcquire, Phase: history.Return, ID: id, Key: c.Key, Req: req, Outcome: outcome(err), Err: errText(err)}
 	if err == nil {

@@ -18,7 +18,7 @@ type Command struct {
 	InSession bool `json:"inSession,omitempty"`
 	// TTL is the TTL of the session a session command creates.
 	TTL time.Duration `json:"ttl,omitempty"`
-	// Wait bounds an acquire (its WaitTimeout, and its context).
+	// Wait bounds an acquire (its WithWaitTimeout, and its context).
 	Wait time.Duration `json:"wait,omitempty"`
 	// Lease asks for a lease other than the lock's default.
 	Lease time.Duration `json:"lease,omitempty"`
