@@ -251,7 +251,16 @@ func apply(p state, i Input, o Output) []state {
 			}
 			return nil
 		case Lost:
-			return only(m < 0 || p.Holds[m].Abandoned)
+			// Release ends the holding's context before it writes: from its
+			// call on, nobody renews the holding, and the controller may
+			// expire it before the release's write lands (a slow or
+			// retried write). Either way nothing of it is held after. A
+			// holding taken from its holder before the call still breaks
+			// I5: that acquisition returned before this call began.
+			if m >= 0 {
+				return []state{p.without(m)}
+			}
+			return []state{p}
 		}
 		if m >= 0 { // unknown: it may have committed
 			return []state{p, p.without(m)}

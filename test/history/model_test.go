@@ -38,6 +38,16 @@ func TestModelSpecification(t *testing.T) {
 			rel(1, "L2", 23, 24),
 			op(2, Input{Kind: KindObserve}, Output{Outcome: OK, Token: 12}, 25, 26),
 		}, true},
+		{"a release told its holding was lost: expired while the release's write was on its way", []porcupine.Operation{
+			acq(0, "a", "L1", 10, 0, 10),
+			op(0, Input{Kind: KindRelease, Lease: "L1"}, Output{Outcome: Lost}, 11, 16),
+			acq(1, "b", "L2", 12, 12, 14),
+		}, true},
+		{"a holding taken from its holder before the holder's release began (I5)", []porcupine.Operation{
+			acq(0, "a", "L1", 10, 0, 10),
+			acq(1, "b", "L2", 12, 11, 12),
+			op(0, Input{Kind: KindRelease, Lease: "L1"}, Output{Outcome: Lost}, 13, 14),
+		}, false},
 		{"two holders (I1)", []porcupine.Operation{acq(0, "a", "L1", 10, 0, 10), acq(1, "b", "L2", 11, 11, 12)}, false},
 		{"a token that does not grow (I2)", []porcupine.Operation{acq(0, "a", "L1", 10, 0, 10), rel(0, "L1", 11, 12), acq(1, "b", "L2", 10, 13, 14)}, false},
 		{"an expiry before the holder's Done (I5)", []porcupine.Operation{
