@@ -19,7 +19,7 @@ const StandbyControllerName = "distributedlock-standby"
 
 // SetupStandby registers with mgr a reconciler of the one lock key that runs
 // on every replica until the replica leads: for the lock the operator's own
-// replicas elect their leader on (internal/manager's
+// replicas elect their leader on (cmd/manager/operator's
 // --leader-election-lock=kubelock). Setup's controller runs only on the
 // leader, so without this nobody would expire a dead leader's holding or drop
 // a dead candidate at the head of the queue, and no standby could take over.

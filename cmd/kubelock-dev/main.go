@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"github.com/kubelock/kubelock/internal/devenv"
+	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv"
 )
 
 func main() { os.Exit(devenv.Main(os.Args, os.Stdout, os.Stderr)) }

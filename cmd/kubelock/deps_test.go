@@ -14,8 +14,8 @@ import (
 var operatorCode = []string{
 	"github.com/kubelock/kubelock/controllers",
 	"github.com/kubelock/kubelock/webhook",
-	"github.com/kubelock/kubelock/internal/manager",
-	"github.com/kubelock/kubelock/internal/devenv",
+	"github.com/kubelock/kubelock/cmd/manager/operator",
+	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv",
 	"github.com/kubelock/kubelock/internal/localcluster",
 	"github.com/kubelock/kubelock/config", // the embedded manifests
 	"github.com/open-policy-agent/cert-controller",
@@ -41,7 +41,7 @@ var heavyDeps = []string{
 var serverCode = []string{
 	"github.com/kubelock/kubelock/webhook",
 	"github.com/kubelock/kubelock/controllers",
-	"github.com/kubelock/kubelock/internal/manager",
+	"github.com/kubelock/kubelock/cmd/manager/operator",
 	"k8s.io/api/admission",
 	"k8s.io/apiserver",
 	"k8s.io/client-go",

@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"github.com/kubelock/kubelock/internal/cli"
+	"github.com/kubelock/kubelock/cmd/kubelock/cli"
 )
 
 func main() { os.Exit(cli.Main(os.Args)) }

@@ -1,6 +1,6 @@
 // Command manager is the kubelock operator. Run it with --help for its flags.
 package main
 
-import "github.com/kubelock/kubelock/internal/manager"
+import "github.com/kubelock/kubelock/cmd/manager/operator"
 
-func main() { manager.Exit() }
+func main() { operator.Exit() }

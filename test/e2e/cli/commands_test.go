@@ -15,7 +15,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	icli "github.com/kubelock/kubelock/internal/cli"
+	icli "github.com/kubelock/kubelock/cmd/kubelock/cli"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"

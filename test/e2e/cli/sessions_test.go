@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	icli "github.com/kubelock/kubelock/internal/cli"
+	icli "github.com/kubelock/kubelock/cmd/kubelock/cli"
 	"github.com/kubelock/kubelock/test/suite"
 )
 

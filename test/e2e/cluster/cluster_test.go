@@ -42,8 +42,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/devenv"
-	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv"
+	"github.com/kubelock/kubelock/cmd/manager/operator"
 	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/test/pgtest"
 	"github.com/kubelock/kubelock/test/testenv"
@@ -153,7 +153,7 @@ func startCluster(tmp string) (*exec.Cmd, error) {
 	if err != nil {
 		return dev, err
 	}
-	scheme, err := manager.Scheme()
+	scheme, err := operator.Scheme()
 	if err != nil {
 		return dev, err
 	}

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/devenv"
+	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/testenv"
 )

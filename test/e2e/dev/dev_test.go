@@ -25,7 +25,7 @@ import (
 	"github.com/onsi/gomega/gbytes"
 	"github.com/onsi/gomega/gexec"
 
-	"github.com/kubelock/kubelock/internal/devenv"
+	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv"
 	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 	"github.com/kubelock/kubelock/webhook"

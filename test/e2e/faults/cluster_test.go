@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/cmd/manager/operator"
 	"github.com/kubelock/kubelock/internal/localcluster"
-	"github.com/kubelock/kubelock/internal/manager"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -126,6 +126,6 @@ func newManager(name, bin, kubeconfigPath, certDir, offsetFile string) (*process
 		fmt.Sprintf("--webhook-port=%d", wh), "--webhook-cert-dir="+certDir, "--cert-rotation=false",
 		"--controller-username="+controllerUser, "--webhook-controller-users="+controllerUser,
 	)
-	p.env = []string{manager.WallClockOffsetFileEnv + "=" + offsetFile}
+	p.env = []string{operator.WallClockOffsetFileEnv + "=" + offsetFile}
 	return p, wh
 }

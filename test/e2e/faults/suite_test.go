@@ -39,7 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/manager"
+	"github.com/kubelock/kubelock/cmd/manager/operator"
 	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/test/faultproxy"
 	"github.com/kubelock/kubelock/test/history"
@@ -115,7 +115,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	cp, err = startControlPlane(ctx, workDir)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(cp.Stop)
-	sch, err := manager.Scheme()
+	sch, err := operator.Scheme()
 	Expect(err).NotTo(HaveOccurred())
 	admin, err = client.New(cp.admin, client.Options{Scheme: sch})
 	Expect(err).NotTo(HaveOccurred())

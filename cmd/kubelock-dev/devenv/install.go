@@ -27,8 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/cmd/manager/operator"
 	kubelockconfig "github.com/kubelock/kubelock/config"
-	"github.com/kubelock/kubelock/internal/manager"
 	"github.com/kubelock/kubelock/rules"
 )
 
@@ -44,7 +44,7 @@ const (
 )
 
 func (e *env) client() (client.Client, error) {
-	scheme, err := manager.Scheme()
+	scheme, err := operator.Scheme()
 	if err != nil {
 		return nil, err
 	}

@@ -125,7 +125,7 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run go test ./internal/cli -update to create it)", err)
+		t.Fatalf("%v (run go test ./cmd/kubelock/cli -update to create it)", err)
 	}
 	if diff := cmp.Diff(string(want), string(got)); diff != "" {
 		t.Errorf("%s differs (-want +got; -update rewrites it):\n%s", path, diff)

@@ -1,6 +1,6 @@
 //go:build faults
 
-package manager
+package operator
 
 import (
 	"os"

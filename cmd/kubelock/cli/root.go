@@ -27,7 +27,7 @@ import (
 )
 
 // Version is the CLI's version, set at build time with
-// -ldflags "-X github.com/kubelock/kubelock/internal/cli.Version=v0.1.0".
+// -ldflags "-X github.com/kubelock/kubelock/cmd/kubelock/cli.Version=v0.1.0".
 var Version = "dev"
 
 // Main runs the CLI with args (args[0] is the program name) on the process's

@@ -27,10 +27,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/kubelock/kubelock/cmd/manager/operator"
 	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/internal/localcluster/node"
 	"github.com/kubelock/kubelock/internal/localcluster/node/host"
-	"github.com/kubelock/kubelock/internal/manager"
 )
 
 // Users of the dev cluster. Each has a client certificate signed by the dev CA.
@@ -406,7 +406,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(logf)))
 
-	mo := manager.DefaultOptions()
+	mo := operator.DefaultOptions()
 	mo.LeaderElect = false
 	mo.MetricsAddr, mo.ProbeAddr = localAddr(o.MetricsPort), localAddr(o.ProbePort)
 	mo.WebhookHost, mo.WebhookPort, mo.WebhookCertDir = "127.0.0.1", o.WebhookPort, certDir
@@ -416,7 +416,7 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 	mo.WebhookControllerUsers = []string{ControllerUser}
 	e.operatorLog = logf.Name()
 	go func() {
-		err := manager.Run(ctx, cfg, mo)
+		err := operator.Run(ctx, cfg, mo)
 		_ = logf.Close()
 		done <- err
 	}()

@@ -2,7 +2,7 @@
 // controller-runtime manager with leader election, probes and metrics, the
 // DistributedLock controller, and the validating admission webhook with its
 // self-rotating serving certificate. cmd/manager only calls Main.
-package manager
+package operator
 
 import (
 	"context"
