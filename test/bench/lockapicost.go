@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -79,26 +78,11 @@ func startLockPlane(ctx context.Context, dir, bin, encoding string) (*lockPlane,
 	if err != nil {
 		return nil, err
 	}
-	before := map[int]bool{}
-	for _, p := range childProcs() {
-		before[p.pid] = true
-	}
 	p := &lockPlane{encoding: encoding}
 	if p.env, err = testenv.Start(append(opts, lockapi.WithoutLockCRDs())...); err != nil {
 		return nil, err
 	}
-	for _, c := range childProcs() {
-		switch {
-		case before[c.pid]:
-		case c.name == "kube-apiserver":
-			p.procs[roleKube] = c
-		case c.name == "etcd":
-			p.procs[roleEtcd] = c
-		}
-	}
-	if p.procs[roleKube].pid == 0 || p.procs[roleEtcd].pid == 0 {
-		return p, errors.New("the lock plane's kube-apiserver or etcd process not found")
-	}
+	p.procs = clusterPath(p.env)
 	if p.server, err = lockapi.Start(ctx, p.env, bin, dir, lockapi.Options{Name: "kubelock-apiserver-" + encoding, StorageEncoding: encoding}); err != nil {
 		return p, err
 	}
