@@ -74,12 +74,9 @@ func startLockPlane(ctx context.Context, dir, bin, encoding string) (*lockPlane,
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	opts, err := lockapi.Aggregation(dir)
-	if err != nil {
-		return nil, err
-	}
 	p := &lockPlane{encoding: encoding}
-	if p.env, err = testenv.Start(append(opts, lockapi.WithoutLockCRDs())...); err != nil {
+	var err error
+	if p.env, err = lockapi.ControlPlane(); err != nil {
 		return nil, err
 	}
 	p.procs = clusterPath(p.env)
@@ -87,7 +84,7 @@ func startLockPlane(ctx context.Context, dir, bin, encoding string) (*lockPlane,
 		return p, err
 	}
 	p.procs[roleLockAPI] = proc{name: "kubelock-apiserver", pid: p.server.APIServer.Pid()}
-	p.procs[roleLockEtcd] = proc{name: "etcd", pid: p.server.Etcd.Pid()}
+	p.procs[roleLockEtcd] = proc{name: "etcd", pid: p.server.Etcd.Members[0].Running().Pid()}
 	p.admin = rest.CopyConfig(p.env.Config)
 	p.admin.QPS = -1
 	return p, p.server.Register(ctx, p.env)

@@ -42,12 +42,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	opts, err := lockapi.Aggregation(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if env, err = testenv.Start(append(opts, lockapi.WithoutLockCRDs())...); err != nil {
+	if env, err = lockapi.ControlPlane(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

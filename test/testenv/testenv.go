@@ -63,7 +63,14 @@ type Env struct {
 
 // Start starts etcd and kube-apiserver, installs the CRDs from config/crd/bases
 // and the lock-user ClusterRole. Stop it with Env.Stop.
-func Start(opts ...Option) (*Env, error) {
+func Start(opts ...Option) (*Env, error) { return start(false, opts) }
+
+// StartAggregated is Start with kube-apiserver's aggregation layer on
+// (localcluster's Options.Aggregation): for a control plane an APIService's
+// server serves part of.
+func StartAggregated(opts ...Option) (*Env, error) { return start(true, opts) }
+
+func start(aggregation bool, opts []Option) (*Env, error) {
 	scheme := k8sruntime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -85,7 +92,9 @@ func Start(opts ...Option) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	cluster, err := localcluster.Start(context.Background(), clusterOptions(env, dir))
+	o := clusterOptions(env, dir)
+	o.Aggregation = aggregation
+	cluster, err := localcluster.Start(context.Background(), o)
 	if err != nil {
 		// Its logs stay in dir for the error's reader.
 		return nil, fmt.Errorf("starting the control plane from %s (build it with 'make control-plane'): %w", env.BinaryAssetsDirectory, err)
