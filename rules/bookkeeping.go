@@ -132,13 +132,41 @@ func printable(s string) bool {
 // validateTimes checks every decoded time in status as Go will write it back
 // (in UTC): it must match the CRD's pattern, or every later write of the lock
 // by a Go client fails. A year-0 time with a positive offset parses but
-// marshals as year -1.
+// marshals as year -1. Each time is written on its own, as the status's JSON
+// would hold it, and checked as ValidateRawStatusTimes checks it there.
 func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
-	b, err := json.Marshal(map[string]any{"status": s})
-	if err != nil {
-		return field.ErrorList{field.InternalError(statusPath, err)}
+	var errs field.ErrorList
+	check := func(p *field.Path, t json.Marshaler, micro bool) {
+		v, err := t.MarshalJSON()
+		if err != nil {
+			errs = append(errs, field.InternalError(p, err))
+		} else if e := checkTime(p, v, micro); e != nil {
+			errs = append(errs, e)
+		}
 	}
-	return ValidateRawStatusTimes(b)
+	holding := func(p *field.Path, h *locksv1alpha1.LockHolder) {
+		check(p.Child("acquireTime"), h.AcquireTime, true)
+		if h.RenewTime != nil {
+			check(p.Child("renewTime"), h.RenewTime, true)
+		}
+	}
+	if s.Holder != nil {
+		holding(holderPath, s.Holder)
+	}
+	for i := range s.SharedHolders {
+		holding(sharedPath.Index(i), &s.SharedHolders[i].LockHolder)
+	}
+	for i, w := range s.Waiters {
+		check(waitersPath.Index(i).Child("enqueueTime"), w.EnqueueTime, true)
+		check(waitersPath.Index(i).Child("deadline"), w.Deadline, true)
+	}
+	for i, a := range s.RecentAcquisitions {
+		check(recentPath.Index(i).Child("endTime"), a.EndTime, true)
+	}
+	for i, c := range s.Conditions {
+		check(conditionsPath.Index(i).Child("lastTransitionTime"), c.LastTransitionTime, false)
+	}
+	return errs
 }
 
 var (
@@ -181,16 +209,8 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 	}
 	var errs field.ErrorList
 	check := func(p *field.Path, v json.RawMessage, micro bool) {
-		if len(v) == 0 || string(v) == "null" {
-			return
-		}
-		var s string
-		ok := json.Unmarshal(v, &s) == nil
-		switch {
-		case micro && !(ok && ValidMicroTime(s)):
-			errs = append(errs, deny(p, RuleTimeFormat, msgMicroTime))
-		case !micro && !(ok && ValidTime(s)):
-			errs = append(errs, deny(p, RuleTimeFormat, msgTime))
+		if e := checkTime(p, v, micro); e != nil {
+			errs = append(errs, e)
 		}
 	}
 	s := &r.Status
@@ -213,6 +233,23 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 		check(conditionsPath.Index(i).Child("lastTransitionTime"), c.LastTransitionTime, false)
 	}
 	return errs
+}
+
+// checkTime is the time-format denial of v, the JSON of the time at p (a
+// MicroTime's when micro), or nil; an absent or null time is none.
+func checkTime(p *field.Path, v []byte, micro bool) *field.Error {
+	if len(v) == 0 || string(v) == "null" {
+		return nil
+	}
+	var s string
+	ok := json.Unmarshal(v, &s) == nil
+	switch {
+	case micro && !(ok && ValidMicroTime(s)):
+		return deny(p, RuleTimeFormat, msgMicroTime)
+	case !micro && !(ok && ValidTime(s)):
+		return deny(p, RuleTimeFormat, msgTime)
+	}
+	return nil
 }
 
 // ValidMicroTime reports whether s is a metav1.MicroTime as the CRD pattern
