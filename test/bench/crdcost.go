@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -41,30 +42,46 @@ type costCluster struct {
 	lc    *lock.Client
 	// held is the busy lock as pkg/lock leaves it: 8 finished holdings and one held.
 	held *unstructured.Unstructured
+	// op runs the operator that serves the webhook, its files in op.dir.
+	op *cluster
 }
 
 // newCostCluster makes the clients on env, the namespace and the busy lock.
+// Stop it with stop, also after an error.
 func newCostCluster(ctx context.Context, env *testenv.Env) (*costCluster, error) {
+	dir, err := os.MkdirTemp("", "kubelock-write-cost-operator-")
+	if err != nil {
+		return nil, err
+	}
 	cc := &costCluster{path: clusterPath(env), admin: rest.CopyConfig(env.Config)}
 	cc.admin.QPS = -1
-	var err error
+	cc.op = &cluster{dir: dir, env: env, admin: cc.admin, logf: logf}
 	if cc.cl, err = client.New(cc.admin, client.Options{Scheme: env.Scheme}); err != nil {
-		return nil, err
+		return cc, err
 	}
 	if cc.cs, err = kubernetes.NewForConfig(cc.admin); err != nil {
-		return nil, err
+		return cc, err
 	}
+	cc.op.adminCS = cc.cs
 	if cc.dyn, err = dynamic.NewForConfig(cc.admin); err != nil {
-		return nil, err
+		return cc, err
 	}
 	if err := cc.cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: costNS}}); err != nil {
-		return nil, err
+		return cc, err
 	}
 	if cc.lc, err = lock.New(cc.admin, lock.WithNamespace(costNS), lock.WithIdentity("writer-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate()); err != nil {
-		return nil, err
+		return cc, err
 	}
 	cc.held, err = fillLock(ctx, cc.lc, cc.dyn, "cost", fullRounds)
 	return cc, err
+}
+
+// stop stops the operator and removes its files.
+func (cc *costCluster) stop() {
+	if cc.op.mgr != nil {
+		_ = cc.op.mgr.Stop(10 * time.Second)
+	}
+	_ = os.RemoveAll(cc.op.dir)
 }
 
 // clusterPath is env's kube-apiserver and etcd.
@@ -77,13 +94,32 @@ func clusterPath(env *testenv.Env) path {
 
 // statusWrite is a variant of the lock's status renewal on the cluster: a
 // PUT of the whole object (without its managedFields when strip, with
-// options opts), or a merge patch (patch), of lock in the resource gvr.
+// options opts), or a merge patch (patch), of lock in the resource gvr;
+// the operator is on its path when it serves the lock's webhook.
 type statusWrite struct {
-	name         string
-	gvr          schema.GroupVersionResource
-	lock         string
-	strip, patch bool
-	opts         metav1.UpdateOptions
+	name                   string
+	gvr                    schema.GroupVersionResource
+	lock                   string
+	strip, patch, operator bool
+	opts                   metav1.UpdateOptions
+}
+
+// bindAdmission binds the webhook to lock cost-webhook and the policy to
+// cost-policy, which it creates.
+func (cc *costCluster) bindAdmission(ctx context.Context) error {
+	if err := cc.bindWebhook(ctx); err != nil {
+		return err
+	}
+	if err := cc.bindPolicy(ctx); err != nil {
+		return err
+	}
+	for _, e := range []engine{engineWebhook, enginePolicy} {
+		l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, Name: "cost-" + string(e), Labels: labelledFor(e).MatchLabels}}
+		if err := cc.cl.Create(ctx, l); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // variants installs what the cluster's variants need and returns them: the
@@ -94,15 +130,13 @@ func (cc *costCluster) variants(ctx context.Context) ([]costVariant, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := bindPolicy(ctx, cc.cl); err != nil {
-		return nil, err
-	}
-	if err := cc.cl.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, Name: "cost-policy", Labels: map[string]string{policyLabel: "true"}}}); err != nil {
+	if err := cc.bindAdmission(ctx); err != nil {
 		return nil, err
 	}
 	var variants []costVariant
 	for _, w := range []statusWrite{
 		{name: crdVariant, gvr: lockGVR, lock: "cost"},
+		{name: webhookVariant, gvr: lockGVR, lock: "cost-webhook", operator: true},
 		{name: policyVariant, gvr: lockGVR, lock: "cost-policy"},
 		{name: "DistributedLock status, managedFields not sent", gvr: lockGVR, lock: "cost-strip", strip: true},
 		{name: "DistributedLock status, fieldValidation=Ignore", gvr: lockGVR, lock: "cost-ignore", opts: metav1.UpdateOptions{FieldValidation: metav1.FieldValidationIgnore}},
@@ -115,7 +149,11 @@ func (cc *costCluster) variants(ctx context.Context) ([]costVariant, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", w.name, err)
 		}
-		variants = append(variants, costVariant{name: w.name, path: cc.path, write: statusRenewal(cc.dyn.Resource(w.gvr).Namespace(costNS), cur, w.strip, w.patch, w.opts)})
+		p := cc.path
+		if w.operator {
+			p[roleOperator] = proc{name: "manager", pid: cc.op.mgr.Pid()}
+		}
+		variants = append(variants, costVariant{name: w.name, path: p, write: statusRenewal(cc.dyn.Resource(w.gvr).Namespace(costNS), cur, w.strip, w.patch, w.opts)})
 	}
 	baselines, err := cc.baselineVariants(ctx)
 	return append(variants, baselines...), err
@@ -193,40 +231,68 @@ func lockResource(group string) schema.GroupVersionResource {
 	return r
 }
 
-// policyLabel marks the locks the run binds kubelock's status policy to.
-const policyLabel = "bench.kubelock.io/admission"
+// admissionLabel names the admission engine the run binds to a lock:
+// "policy" or "webhook". Locks without it are admitted by neither.
+const admissionLabel = "bench.kubelock.io/admission"
+
+// labelledFor is a label selector of the locks labelled for engine e.
+func labelledFor(e engine) *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchLabels: map[string]string{admissionLabel: string(e)}}
+}
 
 // bindPolicy installs config/policy's status policy, bound to the locks
-// labelled policyLabel only, and waits until it denies a write in someone
-// else's name: the CRD path with kubelock's rules in kube-apiserver, as the
-// lock apiserver runs them in-process.
-func bindPolicy(ctx context.Context, cl client.Client) error {
+// labelled for it only, and waits until it denies a write in someone else's
+// name: the CRD path with kubelock's rules in kube-apiserver, as the lock
+// apiserver runs them in-process.
+func (cc *costCluster) bindPolicy(ctx context.Context) error {
 	vap, binding, err := readPolicy("validating_admission_policy.yaml", true)
 	if err != nil {
 		return err
 	}
-	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{policyLabel: "true"}}}
-	if err := cl.Create(ctx, vap); err != nil {
+	binding.Spec.MatchResources = &admissionregistrationv1.MatchResources{ObjectSelector: labelledFor(enginePolicy)}
+	if err := cc.cl.Create(ctx, vap); err != nil {
 		return err
 	}
-	if err := cl.Create(ctx, binding); err != nil {
+	if err := cc.cl.Create(ctx, binding); err != nil {
 		return err
 	}
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, GenerateName: "policy-probe-", Labels: map[string]string{policyLabel: "true"}}}
-		if err := cl.Create(ctx, l); err != nil {
-			return false, err
+	return awaitDenial(ctx, cc.cl, enginePolicy, "ValidatingAdmissionPolicy")
+}
+
+// bindWebhook starts the operator as a replica that does not lead and
+// installs its webhook configuration, matched to the locks labelled for it
+// only, and waits until the webhook denies a write in someone else's name:
+// the CRD path as kubelock ships it, the webhook being its default engine.
+func (cc *costCluster) bindWebhook(ctx context.Context) error {
+	if err := cc.op.startStandbyManager(ctx); err != nil {
+		return err
+	}
+	w := cc.op.webhookCfg.DeepCopy()
+	for i := range w.Webhooks {
+		w.Webhooks[i].ObjectSelector = labelledFor(engineWebhook)
+	}
+	if err := cc.cl.Create(ctx, w); err != nil {
+		return err
+	}
+	return awaitDenial(ctx, cc.cl, engineWebhook, `admission webhook "vdistributedlock`)
+}
+
+// awaitDenial polls until a write in someone else's name to a new lock
+// labelled for engine e is denied with a message that contains by.
+func awaitDenial(ctx context.Context, cl client.Client, e engine, by string) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, GenerateName: string(e) + "-probe-", Labels: labelledFor(e).MatchLabels}}
+		if last = cl.Create(ctx, l); last != nil {
+			return false, nil
 		}
-		tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
-		if err != nil {
-			return false, err
-		}
-		now := metav1.NowMicro()
-		l.Acquire(locksv1alpha1.LockHolder{Identity: "probe", User: "somebody-else", LeaseID: "probe-lease-000000000000",
-			RequestID: "probe-request", LeaseDurationSeconds: 30, AcquireTime: now, RenewTime: &now}, tok)
-		err = cl.Status().Update(ctx, l)
-		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"), nil
+		last = writeForeignHolder(ctx, cl, l)
+		return last != nil && strings.Contains(last.Error(), by), nil
 	})
+	if err != nil {
+		return fmt.Errorf("no denial by the %s within a minute (last answer: %v): %w", e, last, err)
+	}
+	return nil
 }
 
 var lockGVR = schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}

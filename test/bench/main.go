@@ -158,7 +158,7 @@ func run(args []string) int {
 	fs.Usage = func() { printUsage(fs) }
 	bindFlags(fs, &o)
 	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
-	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with at least this many status writes per variant and exit: the CPU per write of every process on its path for the DistributedLock CRD (as shipped, with kubelock's policy, without CEL, unvalidated), the bare CRD, a Lease, and kubelock-apiserver (JSON and CBOR storage, through kube-apiserver and straight), with the lock apiserver's gate.")
+	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with at least this many status writes per variant and exit: the CPU per write of every process on its path for the DistributedLock CRD (as shipped: with kubelock's webhook, the operator serving it on the path; with its policy; without admission, without CEL, unvalidated), the bare CRD, a Lease, and kubelock-apiserver (JSON and CBOR storage, through kube-apiserver and straight), with the lock apiserver's gate.")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -171,6 +171,10 @@ func run(args []string) int {
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	if *writes > 0 {
+		if err := allowCBOR(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
 		if err := writeCost(context.Background(), *writes); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			return 1

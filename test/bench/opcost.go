@@ -93,7 +93,7 @@ func pairCost(ctx context.Context, n int, apiserver proc, admin *rest.Config, cs
 			res[i].cpu += apiserver.cpu() - c0
 		}
 	}
-	fmt.Printf("\nUncontended acquire and release, one client, closed loop, %d of each in interleaved blocks of %d; no admission, no operator.\n\n", len(res[0].acq), block)
+	fmt.Printf("\nUncontended acquire and release, one client, closed loop, %d of each in interleaved blocks of %d; no admission (no operator on the path).\n\n", len(res[0].acq), block)
 	fmt.Printf("| acquire | acquire p50 ms | p99 ms | vs Lease p50, p99 | release p50 ms | p99 ms | apiserver CPU ms per acquire + release | vs Lease |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	last := len(res) - 1
 	la := summarize(res[last].acq)
@@ -174,7 +174,7 @@ func handoffCost(ctx context.Context, n int, admin *rest.Config, cs kubernetes.I
 		}
 	}
 	h, w := summarize(handoffs), summarize(writes)
-	fmt.Printf("\nHand-off with one waiter (release call to the waiter's acquire returning), %d, interleaved in blocks of %d with as many raw Lease writes; no admission, no operator.\n\n", h.N, block)
+	fmt.Printf("\nHand-off with one waiter (release call to the waiter's acquire returning), %d, interleaved in blocks of %d with as many raw Lease writes; no admission (no operator on the path).\n\n", h.N, block)
 	fmt.Printf("| | p50 ms | p99 ms |\n|---|---:|---:|\n| kubelock hand-off | %s | %s |\n| one raw Lease write | %s | %s |\n| ratio | %s | %s |\n",
 		ms(h.P50), ms(h.P99), ms(w.P50), ms(w.P99), ratio(float64(h.P50), float64(w.P50)), ratio(float64(h.P99), float64(w.P99)))
 	return held.Release(ctx)

@@ -13,15 +13,18 @@ import (
 // The write-cost experiment (--write-cost N) asks what one status write of a
 // DistributedLock costs the processes that serve it next to one write of a
 // Lease, and which part of the CRD's schema or of the request pays for the
-// difference. It starts a control plane with no admission and no operator,
-// installs copies of the DistributedLock CRD under other groups (the same
-// schema without its CEL rules; a status the apiserver neither validates nor
-// prunes) and the bare CRD (a Lease's fields), fills a lock's status the way
-// pkg/lock does (acquisitions and releases until recentAcquisitions is full,
-// then one held; and a lock held once). Two more control planes serve the
-// lock API from kubelock-apiserver instead, one storing JSON in its etcd and
-// one CBOR (a group version is served by a CRD or by an APIService, never
-// both, so each backend needs its own kube-apiserver). Then it renews each
+// difference. It starts a control plane and binds kubelock's admission to
+// two locks only, by a label: the webhook, served by the operator binary
+// running as a replica that does not lead (so its process does the
+// webhook's work alone), and the policy. It installs copies of the
+// DistributedLock CRD under other groups (the same schema without its CEL
+// rules; a status the apiserver neither validates nor prunes) and the bare
+// CRD (a Lease's fields), fills a lock's status the way pkg/lock does
+// (acquisitions and releases until recentAcquisitions is full, then one
+// held; and a lock held once). Two more control planes serve the lock API
+// from kubelock-apiserver instead, one storing JSON in its etcd and one
+// CBOR (a group version is served by a CRD or by an APIService, never both,
+// so each backend needs its own kube-apiserver). Then it renews each
 // variant N times, closed loop, one writer, the variants interleaved in
 // blocks: the client's latency, and the CPU time per write from /proc of
 // every process on the write's path.
@@ -32,12 +35,13 @@ type role int
 const (
 	roleKube role = iota
 	roleEtcd
+	roleOperator
 	roleLockAPI
 	roleLockEtcd
 	nRoles
 )
 
-var roleNames = [nRoles]string{"kube-apiserver", "its etcd", "kubelock-apiserver", "lock etcd"}
+var roleNames = [nRoles]string{"kube-apiserver", "its etcd", "operator (webhook)", "kubelock-apiserver", "lock etcd"}
 
 // path are the processes that serve a write, by role; a zero pid is not on it.
 type path [nRoles]proc
@@ -67,6 +71,9 @@ func writeCost(ctx context.Context, n int) error {
 	}
 	defer func() { _ = env.Stop() }()
 	cc, err := newCostCluster(ctx, env)
+	if cc != nil {
+		defer cc.stop()
+	}
 	if err != nil {
 		return err
 	}
@@ -79,7 +86,7 @@ func writeCost(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	for _, p := range planes {
+	for _, p := range planes.all {
 		vs, err := p.variants(ctx)
 		if err != nil {
 			return err
@@ -98,17 +105,22 @@ func writeCost(ctx context.Context, n int) error {
 	if err := handoffCost(ctx, n, cc.admin, cc.cs, costNS); err != nil {
 		return err
 	}
-	return takeProfiles(ctx, cc, variants, planes[0])
+	return takeProfiles(ctx, cc, variants, planes.all[0])
 }
 
 // takeProfiles prints where kube-apiserver's time goes while it takes the
-// shipped lock's writes, and where kube-apiserver's and
-// kubelock-apiserver's go while the lock apiserver takes them through the
-// APIService.
+// shipped lock's writes (without admission), and the operator's while it
+// serves their webhook; and where kube-apiserver's and kubelock-apiserver's
+// go while the lock apiserver takes them through the APIService.
 func takeProfiles(ctx context.Context, cc *costCluster, variants []costVariant, plane *lockPlane) error {
-	profiles := []serverProfile{{"kube-apiserver, CRD", variants[0].write, pprofOf(cc.admin)}}
+	var profiles []serverProfile
 	for _, v := range variants {
-		if v.name == proxiedVariant(plane.encoding) {
+		switch v.name {
+		case crdVariant:
+			profiles = append(profiles, serverProfile{"kube-apiserver, CRD", v.write, pprofOf(cc.admin)})
+		case webhookVariant:
+			profiles = append(profiles, serverProfile{"the operator serving the webhook", v.write, cc.op.managerProfile})
+		case proxiedVariant(plane.encoding):
 			profiles = append(profiles, plane.profiles(v.write)...)
 		}
 	}
@@ -226,9 +238,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // printCost prints the table and returns each variant's CPU per write.
 func printCost(variants []costVariant, res []costResult, n int) map[string]float64 {
-	fmt.Printf("\nOne writer, closed loop, at least %d writes per variant in interleaved windows of %s (each followed by %s for its servers to settle); no admission webhook or policy, no operator. Body: the JSON the client sends. CPU: ms per write of each process on the path (blank: not on it), from /proc over the windows, beyond each process's idle rate; load average at the end %s.\n\n",
+	fmt.Printf("\nOne writer, closed loop, at least %d writes per variant in interleaved windows of %s (each followed by %s for its servers to settle); no admission webhook or policy where a row does not name one. The operator runs only for the webhook's row, as a replica that does not lead: it serves the webhook, and the controller, the leader's, runs nowhere (the lock apiserver's would be the same). Body: what the client sends (JSON; CBOR where the client speaks it). CPU: ms per write of each process on the path (blank: not on it), from /proc over the windows, beyond each process's idle rate; load average at the end %s.\n\n",
 		n, costWindow, costSettle, loadAvg())
-	fmt.Printf("| write | body bytes | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", strings.Join(roleNames[:], " | "))
+	fmt.Printf("| write | body bytes | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|%s---:|---:|---:|\n", strings.Join(roleNames[:], " | "), strings.Repeat("---:|", int(nRoles)))
 	base := map[string]float64{}
 	for i, v := range variants {
 		_, base[v.name] = res[i].perWrite()
@@ -248,12 +260,15 @@ func printCost(variants []costVariant, res []costResult, n int) map[string]float
 	return base
 }
 
-// The variants the others are compared with, and the gate's.
+// The variants the others are compared with, and the gate's: the CRD with
+// no admission (the first row, "vs CRD"), with kubelock's webhook (its
+// default engine: the CRD path as kubelock ships it) and with its policy.
 const (
-	crdVariant    = "DistributedLock status (CRD as shipped)"
-	policyVariant = "DistributedLock status, CRD as shipped and kubelock's ValidatingAdmissionPolicy"
-	leaseVariant  = "Lease (coordination.k8s.io/v1, protobuf)"
-	costNS        = "write-cost"
+	crdVariant     = "DistributedLock status (CRD as shipped, no admission)"
+	webhookVariant = "DistributedLock status, CRD as shipped and kubelock's webhook (the operator serving it on the path)"
+	policyVariant  = "DistributedLock status, CRD as shipped and kubelock's ValidatingAdmissionPolicy"
+	leaseVariant   = "Lease (coordination.k8s.io/v1, protobuf)"
+	costNS         = "write-cost"
 	// fullRounds of acquire and release fill recentAcquisitions (8) and one more.
 	fullRounds = 9
 )
