@@ -2,6 +2,7 @@ package rules
 
 import (
 	"encoding/json"
+	"errors"
 	"regexp"
 	"strings"
 	"unicode"
@@ -133,40 +134,48 @@ func printable(s string) bool {
 // (in UTC): it must match the CRD's pattern, or every later write of the lock
 // by a Go client fails. A year-0 time with a positive offset parses but
 // marshals as year -1. Each time is written on its own, as the status's JSON
-// would hold it, and checked as ValidateRawStatusTimes checks it there.
+// would hold it, and checked as ValidateRawStatusTimes checks that JSON.
 func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
-	var errs field.ErrorList
-	check := func(p *field.Path, t json.Marshaler, micro bool) {
-		v, err := t.MarshalJSON()
-		if err != nil {
-			errs = append(errs, field.InternalError(p, err))
-		} else if e := checkTime(p, v, micro); e != nil {
-			errs = append(errs, e)
-		}
+	r, err := timesAsWritten(s)
+	if err != nil {
+		return field.ErrorList{field.InternalError(statusPath, err)}
 	}
-	holding := func(p *field.Path, h *locksv1alpha1.LockHolder) {
-		check(p.Child("acquireTime"), h.AcquireTime, true)
+	return r.check()
+}
+
+// timesAsWritten are the times of s as Go writes each.
+func timesAsWritten(s *locksv1alpha1.DistributedLockStatus) (rawTimes, error) {
+	var r rawTimes
+	var errs []error
+	write := func(t json.Marshaler) json.RawMessage {
+		b, err := t.MarshalJSON()
+		errs = append(errs, err)
+		return b
+	}
+	holding := func(h *locksv1alpha1.LockHolder) rawHolding {
+		w := rawHolding{AcquireTime: write(h.AcquireTime)}
 		if h.RenewTime != nil {
-			check(p.Child("renewTime"), h.RenewTime, true)
+			w.RenewTime = write(h.RenewTime)
 		}
+		return w
 	}
 	if s.Holder != nil {
-		holding(holderPath, s.Holder)
+		h := holding(s.Holder)
+		r.Holder = &h
 	}
 	for i := range s.SharedHolders {
-		holding(sharedPath.Index(i), &s.SharedHolders[i].LockHolder)
+		r.SharedHolders = append(r.SharedHolders, holding(&s.SharedHolders[i].LockHolder))
 	}
-	for i, w := range s.Waiters {
-		check(waitersPath.Index(i).Child("enqueueTime"), w.EnqueueTime, true)
-		check(waitersPath.Index(i).Child("deadline"), w.Deadline, true)
+	for _, w := range s.Waiters {
+		r.Waiters = append(r.Waiters, rawWaiter{EnqueueTime: write(w.EnqueueTime), Deadline: write(w.Deadline)})
 	}
-	for i, a := range s.RecentAcquisitions {
-		check(recentPath.Index(i).Child("endTime"), a.EndTime, true)
+	for _, a := range s.RecentAcquisitions {
+		r.RecentAcquisitions = append(r.RecentAcquisitions, rawEnd{EndTime: write(a.EndTime)})
 	}
-	for i, c := range s.Conditions {
-		check(conditionsPath.Index(i).Child("lastTransitionTime"), c.LastTransitionTime, false)
+	for _, c := range s.Conditions {
+		r.Conditions = append(r.Conditions, rawCondition{LastTransitionTime: write(c.LastTransitionTime)})
 	}
-	return errs
+	return r, errors.Join(errs...)
 }
 
 var (
@@ -178,25 +187,33 @@ var (
 // parse them: a string they cannot parse must give a time-format denial, not a
 // decode error.
 type rawStatus struct {
-	Status struct {
-		Holder        *rawHolding  `json:"holder"`
-		SharedHolders []rawHolding `json:"sharedHolders"`
-		Waiters       []struct {
-			EnqueueTime json.RawMessage `json:"enqueueTime"`
-			Deadline    json.RawMessage `json:"deadline"`
-		} `json:"waiters"`
-		RecentAcquisitions []struct {
-			EndTime json.RawMessage `json:"endTime"`
-		} `json:"recentAcquisitions"`
-		Conditions []struct {
-			LastTransitionTime json.RawMessage `json:"lastTransitionTime"`
-		} `json:"conditions"`
-	} `json:"status"`
+	Status rawTimes `json:"status"`
+}
+
+type rawTimes struct {
+	Holder             *rawHolding    `json:"holder"`
+	SharedHolders      []rawHolding   `json:"sharedHolders"`
+	Waiters            []rawWaiter    `json:"waiters"`
+	RecentAcquisitions []rawEnd       `json:"recentAcquisitions"`
+	Conditions         []rawCondition `json:"conditions"`
 }
 
 type rawHolding struct {
 	AcquireTime json.RawMessage `json:"acquireTime"`
 	RenewTime   json.RawMessage `json:"renewTime"`
+}
+
+type rawWaiter struct {
+	EnqueueTime json.RawMessage `json:"enqueueTime"`
+	Deadline    json.RawMessage `json:"deadline"`
+}
+
+type rawEnd struct {
+	EndTime json.RawMessage `json:"endTime"`
+}
+
+type rawCondition struct {
+	LastTransitionTime json.RawMessage `json:"lastTransitionTime"`
 }
 
 // ValidateRawStatusTimes checks every time string of a lock's JSON: each must
@@ -207,13 +224,18 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil
 	}
+	return r.Status.check()
+}
+
+// check gives a time-format denial for each time of s that Go would not
+// read back in a form the CRD's patterns accept.
+func (s *rawTimes) check() field.ErrorList {
 	var errs field.ErrorList
 	check := func(p *field.Path, v json.RawMessage, micro bool) {
 		if e := checkTime(p, v, micro); e != nil {
 			errs = append(errs, e)
 		}
 	}
-	s := &r.Status
 	if h := s.Holder; h != nil {
 		check(holderPath.Child("acquireTime"), h.AcquireTime, true)
 		check(holderPath.Child("renewTime"), h.RenewTime, true)

@@ -207,7 +207,7 @@ func (c *cluster) startStandbyManager(ctx context.Context) error {
 // waits until it is ready.
 func (c *cluster) launchManager(ctx context.Context) error {
 	c.logf("building ./cmd/manager")
-	bin, err := buildManager(ctx, c.dir)
+	bin, err := testenv.Build(ctx, c.dir, "./cmd/manager")
 	if err != nil {
 		return err
 	}
@@ -252,17 +252,6 @@ func (c *cluster) launchManager(ctx context.Context) error {
 	return c.mgr.WaitFor(ctx, "ready", 90*time.Second, func(ctx context.Context) error {
 		return httpOK(ctx, readyz)
 	})
-}
-
-// buildManager builds ./cmd/manager into dir and returns the binary's path.
-func buildManager(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "manager")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/manager")
-	build.Dir = testenv.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/manager: %w\n%s", err, out)
-	}
-	return bin, nil
 }
 
 // managerKubeconfig writes the operator's kubeconfig: controllerUser, in

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -87,13 +86,7 @@ type Server struct {
 
 // Build builds cmd/kubelock-apiserver into dir and returns the binary's path.
 func Build(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "kubelock-apiserver")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/kubelock-apiserver")
-	cmd.Dir = testenv.RepoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/kubelock-apiserver: %w\n%s", err, out)
-	}
-	return bin, nil
+	return testenv.Build(ctx, dir, "./cmd/kubelock-apiserver")
 }
 
 // Start runs bin (see Build) with an etcd of its own, both with their files

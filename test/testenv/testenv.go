@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -212,6 +214,18 @@ func WithEtcdArgs(kv ...string) Option {
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Build builds the command pkg (a package path from the repository's root,
+// such as ./cmd/manager) into dir and returns the binary's path.
+func Build(ctx context.Context, dir, pkg string) (string, error) {
+	bin := filepath.Join(dir, path.Base(pkg))
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
+	cmd.Dir = RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+	}
+	return bin, nil
 }
 
 // AssetsDir is KUBEBUILDER_ASSETS when set, else the newest control-plane build
