@@ -108,7 +108,7 @@ func pairCost(ctx context.Context, n int, apiserver proc, admin *rest.Config, cs
 }
 
 // handoffCost measures workload 3's hand-off with one waiter, interleaved
-// with single raw Lease writes (the yardstick): from the holder's
+// with single raw Lease writes (the hand-off target's yardstick): from the holder's
 // Release call to the queued waiter's Acquire returning, in turns (the
 // waiter then holds, and the other client queues).
 func handoffCost(ctx context.Context, n int, admin *rest.Config, cs kubernetes.Interface, ns string) error {

@@ -140,9 +140,15 @@ type costResult struct {
 	// rate, over every window; writes the writes they took.
 	cpu    [nRoles]float64
 	writes int
+	// writing is the time the windows spent writing (their settling not
+	// counted): one closed-loop writer's rate is writes over it.
+	writing time.Duration
 	// rounds are the per-write totals of each round's window, in order.
 	rounds []float64
 }
+
+// rate is the writes per second of the closed-loop writer while it wrote.
+func (r *costResult) rate() float64 { return float64(r.writes) / r.writing.Seconds() }
 
 func (r *costResult) perWrite() (by [nRoles]float64, total float64) {
 	for i, c := range r.cpu {
@@ -183,6 +189,7 @@ func measureCost(ctx context.Context, variants []costVariant, n int) ([]costResu
 				res[i].lat = append(res[i].lat, time.Since(t))
 				res[i].bytes = b
 			}
+			res[i].writing += time.Since(t0)
 			if err := sleepCtx(ctx, costSettle); err != nil {
 				return nil, err
 			}
@@ -238,9 +245,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // printCost prints the table and returns each variant's CPU per write.
 func printCost(variants []costVariant, res []costResult, n int) map[string]float64 {
-	fmt.Printf("\nOne writer, closed loop, at least %d writes per variant in interleaved windows of %s (each followed by %s for its servers to settle); no admission webhook or policy where a row does not name one. The operator runs only for the webhook's row, as a replica that does not lead: it serves the webhook, and the controller, the leader's, runs nowhere (the lock apiserver's would be the same). Body: what the client sends (JSON; CBOR where the client speaks it). CPU: ms per write of each process on the path (blank: not on it), from /proc over the windows, beyond each process's idle rate; load average at the end %s.\n\n",
+	fmt.Printf("\nOne writer, closed loop, at least %d writes per variant in interleaved windows of %s (each followed by %s for its servers to settle); no admission webhook or policy where a row does not name one. The operator runs only for the webhook's row, as a replica that does not lead: it serves the webhook, and the controller, the leader's, runs nowhere (the lock apiserver's would be the same). Body: what the client sends (JSON; CBOR where the client speaks it). writes/s: the one writer's rate over its windows. CPU: ms per write of each process on the path (blank: not on it), from /proc over the windows, beyond each process's idle rate; load average at the end %s.\n\n",
 		n, costWindow, costSettle, loadAvg())
-	fmt.Printf("| write | body bytes | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|%s---:|---:|---:|\n", strings.Join(roleNames[:], " | "), strings.Repeat("---:|", int(nRoles)))
+	fmt.Printf("| write | body bytes | writes/s | p50 ms | p99 ms | %s | total | vs Lease | vs CRD |\n|---|---:|---:|---:|---:|%s---:|---:|---:|\n", strings.Join(roleNames[:], " | "), strings.Repeat("---:|", int(nRoles)))
 	base := map[string]float64{}
 	for i, v := range variants {
 		_, base[v.name] = res[i].perWrite()
@@ -254,7 +261,7 @@ func printCost(variants []costVariant, res []costResult, n int) map[string]float
 				cells[r] = fmt.Sprintf("%.2f", 1000*by[r])
 			}
 		}
-		fmt.Printf("| %s | %d | %s | %s | %s | %.2f | %s | %s |\n", v.name, res[i].bytes, ms(d.P50), ms(d.P99), strings.Join(cells, " | "),
+		fmt.Printf("| %s | %d | %.0f | %s | %s | %s | %.2f | %s | %s |\n", v.name, res[i].bytes, res[i].rate(), ms(d.P50), ms(d.P99), strings.Join(cells, " | "),
 			1000*total, ratio(total, base[leaseVariant]), ratio(total, base[crdVariant]))
 	}
 	return base
