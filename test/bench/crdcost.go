@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -280,19 +281,28 @@ func (cc *costCluster) bindWebhook(ctx context.Context) error {
 // awaitDenial polls until a write in someone else's name to a new lock
 // labelled for engine e is denied with a message that contains by.
 func awaitDenial(ctx context.Context, cl client.Client, e engine, by string) error {
-	var last error
+	last := errors.New("none")
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, GenerateName: string(e) + "-probe-", Labels: labelledFor(e).MatchLabels}}
-		if last = cl.Create(ctx, l); last != nil {
+		if last = probeForeignHolder(ctx, cl, e); last == nil {
+			last = errors.New("the write was allowed")
 			return false, nil
 		}
-		last = writeForeignHolder(ctx, cl, l)
-		return last != nil && strings.Contains(last.Error(), by), nil
+		return strings.Contains(last.Error(), by), nil
 	})
 	if err != nil {
-		return fmt.Errorf("no denial by the %s within a minute (last answer: %v): %w", e, last, err)
+		return fmt.Errorf("no denial by the %s within a minute (last answer: %w): %w", e, last, err)
 	}
 	return nil
+}
+
+// probeForeignHolder creates a lock labelled for engine e and writes a holder
+// in someone else's name into it; nil when both were allowed.
+func probeForeignHolder(ctx context.Context, cl client.Client, e engine) error {
+	l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: costNS, GenerateName: string(e) + "-probe-", Labels: labelledFor(e).MatchLabels}}
+	if err := cl.Create(ctx, l); err != nil {
+		return err
+	}
+	return writeForeignHolder(ctx, cl, l)
 }
 
 var lockGVR = schema.GroupVersionResource{Group: "locks.kubelock.io", Version: "v1alpha1", Resource: "distributedlocks"}
