@@ -278,7 +278,7 @@ var _ = Describe("fault scenarios", func() {
 
 	It("6: with the webhook down every lock write fails closed and nothing changes; back up, service resumes", func(ctx SpecContext) {
 		key, free := newLock(ctx, "s6", 3, 2), newLock(ctx, "s6", 3, 2)
-		h, c := newClient("s6-h"), newClient("s6-c")
+		h, c, w := newClient("s6-h"), newClient("s6-c"), newClient("s6-w")
 		rh := acquireOK(h, key, 10*time.Second)
 		for _, m := range managers {
 			m.supervise(false)
@@ -288,6 +288,22 @@ var _ = Describe("fault scenarios", func() {
 			m.kill()
 		}
 		before, freeBefore := getLock(ctx, key), getLock(ctx, free)
+		// A client blocked in Acquire through the outage, as an application
+		// waits: its writes fail ("failed calling webhook") and it retries,
+		// its back-off at its cap by the restart.
+		var attempts atomic.Int64
+		var restarted atomic.Pointer[timeline]
+		proxy.SetRule(func(r *http.Request) faultproxy.Action {
+			if r.Method == http.MethodPut && strings.HasPrefix(r.UserAgent(), "s6-w") {
+				attempts.Add(1)
+				if tl := restarted.Load(); tl != nil {
+					tl.mark("the waiter's first write after the restart")
+				}
+			}
+			return faultproxy.Pass
+		})
+		DeferCleanup(func() { proxy.SetRule(nil) })
+		_, wch := w.send(wire.Command{Cmd: "acquire", Key: free, Wait: 2 * time.Minute})
 		start := time.Now()
 		r := c.do(wire.Command{Cmd: "acquire", Key: free, Try: true, Wait: 5 * time.Second})
 		failAfter := time.Since(start)
@@ -301,26 +317,51 @@ var _ = Describe("fault scenarios", func() {
 		Expect(getLock(ctx, free).ResourceVersion).To(Equal(freeBefore.ResourceVersion))
 		Expect(after.Status.Holder).NotTo(BeNil())
 		Expect(after.Status.Holder.LeaseID).To(Equal(rh.Lease))
+		Expect(attempts.Load()).To(BeNumerically(">=", 2), "the waiter's writes should be failing at the webhook")
 		upAt := history.Mono()
-		for _, m := range managers {
+		tl := newTimeline(upAt)
+		restarted.Store(tl)
+		wctx, stopWatching := context.WithCancel(ctx)
+		defer stopWatching()
+		for i, m := range managers {
 			m.supervise(true)
 			Expect(m.start()).To(Succeed())
+			tl.mark(m.name + " started")
+			tl.watchListening(wctx, m.name, lb.backends[i])
 		}
+		tl.watchLeader(wctx)
+		var rw wire.Reply
+		select {
+		case rw = <-wch:
+		case <-time.After(2 * time.Minute):
+			Fail("the waiter never acquired the free lock after the webhook came back")
+		}
+		Expect(rw.Outcome).To(Equal(history.OK), rw.Err)
+		tl.mark("the waiter acquired the free lock")
+		Expect(w.do(wire.Command{Cmd: "release", Key: free}).Outcome).To(Equal(history.OK))
+		// The abandoned holding ends only by expiry: a new leader first, then
+		// a full lease and the grace from its takeover.
 		var rc wire.Reply
 		Eventually(func() string {
 			rc = c.do(wire.Command{Cmd: "acquire", Key: key, Try: true, Wait: 5 * time.Second})
 			return rc.Outcome
 		}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Equal(history.OK))
-		recovery := history.Mono() - upAt
+		tl.mark("the abandoned lock acquired")
+		if e, ok := obs.expiries("s6")[rh.Lease]; ok {
+			tl.markAt(e[0], "the abandoned holding seen expired")
+		}
+		tl.log("scenario 6, after the restart")
 		Expect(rc.Token).To(BeNumerically(">", rh.Token))
 		Expect(c.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 		h.exit()
 		c.exit()
-		unwatch(key)
+		w.exit()
+		unwatch(key, free)
 		check(ctx, result{Scenario: "6 webhook down", Faults: fmt.Sprintf("both operator replicas (the webhook's only backends) SIGKILLed for %s", secs(upAt-downAt)),
-			Recovery: secs(recovery) + " from restart to the next acquisition",
-			Notes: fmt.Sprintf("during the outage: acquire of a free lock failed after %s (%s: %s); renewals failed so the holder's Done fired; its release: %s; both locks' resourceVersion unchanged",
-				failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err), rr.Outcome)}, "s6")
+			Recovery: fmt.Sprintf("%s from restart to the next acquisition (a client blocked in Acquire through the outage); the abandoned holding taken over %s after restart",
+				secs(tl.since("the waiter acquired the free lock")), secs(tl.since("the abandoned lock acquired"))),
+			Notes: fmt.Sprintf("during the outage: acquire of a free lock failed after %s (%s: %s); renewals failed so the holder's Done fired; its release: %s; both locks' resourceVersion unchanged; after the restart: %s",
+				failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err), rr.Outcome, tl)}, "s6")
 	})
 
 	It("7: waiters cancelled and killed while queued: the queue drains in order without a stuck head beyond handoffTimeoutSeconds", func(ctx SpecContext) {
