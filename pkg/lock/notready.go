@@ -19,31 +19,44 @@ import (
 
 // A kube-apiserver serves requests as soon as it listens, before its RBAC
 // authorizer has synced its informers; until then it answers 403 to users its
-// rules allow, and its /readyz fails. Taken as final, that 403 would fail a
-// Release sent across an apiserver restart, and the lock would stay held until
-// the controller expires it. So a client built by New sends again a request
-// the authorizer refused while /readyz does not pass, pausing between tries,
-// within the request's context (a renewal's ends at the holding's safe
-// deadline) and for at most notReadyPatience. Every other 403 is answered at
-// once: admission's (a [kubelock:...] rule from the webhook or the policy,
-// or any other admission plugin's) and the authorizer's on a ready apiserver.
+// rules allow, and its /readyz fails. Its own admission plugins (webhooks,
+// policies, namespace lifecycle) likewise refuse with 403 "not yet ready to
+// handle request" until their configuration is loaded. Taken as final, such a
+// 403 would fail a Release sent across an apiserver restart, and the lock
+// would stay held until the controller expires it. So a client built by New
+// sends again a request refused that way while /readyz does not pass,
+// pausing between tries, within the request's context (a renewal's ends at
+// the holding's safe deadline) and for at most notReadyPatience. Every other
+// 403 is answered at once: a rule's (a [kubelock:...] tag from the webhook or
+// the policy, or any other admission plugin's) and the authorizer's on a
+// ready apiserver.
+//
+// Sending a write again cannot apply it twice: both refusals come before the
+// request reaches storage (the authorizer is a filter in front of every
+// handler, admission runs before the write), so the refused try changed
+// nothing and only one try can commit. A try whose answer is lost is not
+// sent again: its error goes to the caller, whose own retry knows whether
+// the write is safe to repeat (a status write carries its resourceVersion).
 
 // notReadyPatience bounds how long one request is sent again while the
 // apiserver is not ready. It also bounds the wait for a real denial where
 // /readyz never passes for the client (an administrator who took away
-// system:public-info-viewer): as long as TryAcquire retries a lost response.
+// system:public-info-viewer, or a store that stays down): as long as
+// TryAcquire retries a lost response.
 const notReadyPatience = tryTimeout
 
-// authorizerRefusal matches the message of the authorizer's 403
-// (responsewriters.ForbiddenStatusError in k8s.io/apiserver): `<resource>
-// "<name>" is forbidden: User "<user>" cannot <verb> resource ...`, or
-// `forbidden: User "<user>" cannot <verb> path ...`, and its reason after
-// it, if any. Admission's refusals start otherwise ("admission webhook ...
-// denied the request", "ValidatingAdmissionPolicy ... denied request").
-var authorizerRefusal = regexp.MustCompile(`^(?:\S+ (?:"(?:[^"\\]|\\.)*" )?is )?forbidden: User "(?:[^"\\]|\\.)*" cannot \S+ (?:resource|path) "`)
+// startingRefusal matches the messages of the 403s a starting apiserver
+// sends: the authorizer's (responsewriters.ForbiddenStatusError in
+// k8s.io/apiserver: `<resource> "<name>" is forbidden: User "<user>" cannot
+// <verb> resource ...`, or `forbidden: User "<user>" cannot <verb> path ...`,
+// its reason after it, if any), and an admission plugin's before its
+// configuration is loaded (`<resource> "<name>" is forbidden: not yet ready
+// to handle request`). A rule's refusal reads otherwise ("admission webhook
+// ... denied the request", "ValidatingAdmissionPolicy ... denied request").
+var startingRefusal = regexp.MustCompile(`^(?:\S+ (?:"(?:[^"\\]|\\.)*" )?is )?forbidden: (?:User "(?:[^"\\]|\\.)*" cannot \S+ (?:resource|path) "|not yet ready to handle request$)`)
 
-// retryWhileNotReady makes the clients of cfg send again a request the
-// authorizer refused while the apiserver's /readyz does not pass.
+// retryWhileNotReady makes the clients of cfg send again a request a
+// starting apiserver refused while its /readyz does not pass.
 func retryWhileNotReady(cfg *rest.Config) error {
 	base, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
@@ -72,7 +85,7 @@ func (t *notReadyRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 	giveUp := time.Now().Add(notReadyPatience)
 	back := notReadyBackoff()
 	for {
-		if !refusedByAuthorizer(resp) || t.ready(req) || time.Now().After(giveUp) || pause(ctx, &back) != nil {
+		if !refusedWhileStarting(resp) || t.ready(req) || time.Now().After(giveUp) || pause(ctx, &back) != nil {
 			return resp, nil
 		}
 		again, err := resend(req)
@@ -137,9 +150,9 @@ func (t *notReadyRetry) ready(req *http.Request) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// refusedByAuthorizer reports whether resp, a 403, carries the authorizer's
-// refusal and not admission's. It reads the body and puts it back.
-func refusedByAuthorizer(resp *http.Response) bool {
+// refusedWhileStarting reports whether resp, a 403, is one a starting
+// apiserver sends, not a rule's. It reads the body and puts it back.
+func refusedWhileStarting(resp *http.Response) bool {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	_ = resp.Body.Close()
 	resp.Body = io.NopCloser(bytes.NewReader(body))
@@ -150,5 +163,5 @@ func refusedByAuthorizer(resp *http.Response) bool {
 	if json.Unmarshal(body, &st) != nil || st.Reason != metav1.StatusReasonForbidden {
 		return false
 	}
-	return !strings.Contains(st.Message, "[kubelock:") && authorizerRefusal.MatchString(st.Message)
+	return !strings.Contains(st.Message, "[kubelock:") && startingRefusal.MatchString(st.Message)
 }

@@ -17,12 +17,14 @@ import (
 )
 
 // The messages below are kube-apiserver 1.37's, as a restarted one sent them
-// to a lock user before and after its RBAC informers synced, and as the
-// admission engines word their refusals.
+// to a lock user before and after its RBAC informers synced, as its admission
+// plugins word theirs before their configuration is loaded, and as the
+// admission engines word a rule's refusal.
 const (
 	rbacNotSynced    = `distributedlocks.locks.kubelock.io "a" is forbidden: User "alice" cannot update resource "distributedlocks/status" in API group "locks.kubelock.io" in the namespace "ns"`
 	rbacHalfSynced   = rbacNotSynced + `: rbac: RBAC: [clusterrole.rbac.authorization.k8s.io "lock-user" not found]`
 	pathRefused      = `forbidden: User "alice" cannot get path "/readyz"`
+	admissionLoading = `distributedlocks.locks.kubelock.io "a" is forbidden: not yet ready to handle request`
 	webhookRefusal   = `admission webhook "vdistributedlock.kubelock.io" denied the request: [kubelock:holder-only] only the holder (user "bob") may renew or release this holding`
 	policyRefusal    = `ValidatingAdmissionPolicy 'kubelock-distributedlock-status' with binding 'kubelock-distributedlock-status' denied request: [kubelock:holder-only] only the holder may renew or release this holding`
 	namespaceEnding  = `distributedlocks.locks.kubelock.io "a" is forbidden: unable to create new content in namespace ns because it is being terminated`
@@ -30,7 +32,7 @@ const (
 	ruleInAuthzShape = `forbidden: User "alice" cannot update resource "x" in API group "" [kubelock:holder-only]`
 )
 
-func TestRefusedByAuthorizerTellsTheAuthorizerFromAdmission(t *testing.T) {
+func TestRefusedWhileStartingTellsAStartingApiserverFromARule(t *testing.T) {
 	for _, tc := range []struct {
 		msg  string
 		want bool
@@ -38,6 +40,9 @@ func TestRefusedByAuthorizerTellsTheAuthorizerFromAdmission(t *testing.T) {
 		{rbacNotSynced, true},
 		{rbacHalfSynced, true},
 		{pathRefused, true},
+		{admissionLoading, true},
+		{`admission webhook "vdistributedlock.kubelock.io" denied the request: forbidden: not yet ready to handle request`, false},
+		{admissionLoading + ` [kubelock:holder-only]`, false},
 		{`distributedlocks.locks.kubelock.io is forbidden: User "system:serviceaccount:ns:app" cannot create resource "distributedlocks" in API group "locks.kubelock.io" in the namespace "ns"`, true},
 		{webhookRefusal, false},
 		{policyRefusal, false},
@@ -46,8 +51,8 @@ func TestRefusedByAuthorizerTellsTheAuthorizerFromAdmission(t *testing.T) {
 		{ruleInAuthzShape, false},
 	} {
 		resp := forbidden(tc.msg)
-		if got := refusedByAuthorizer(resp); got != tc.want {
-			t.Errorf("refusedByAuthorizer(%q) = %v, want %v", tc.msg, got, tc.want)
+		if got := refusedWhileStarting(resp); got != tc.want {
+			t.Errorf("refusedWhileStarting(%q) = %v, want %v", tc.msg, got, tc.want)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		if !strings.Contains(string(body), `"message"`) {
@@ -136,8 +141,8 @@ func (a *apiserver) write(timeout time.Duration) (*http.Response, error) {
 	return hc.Do(req)
 }
 
-func TestAnAuthorizerRefusalIsSentAgainUntilTheApiserverIsReady(t *testing.T) {
-	a := &apiserver{t: t, refusals: []string{rbacNotSynced, rbacHalfSynced}, readyz: []int{http.StatusForbidden, http.StatusInternalServerError, http.StatusOK}}
+func TestAStartingApiserversRefusalIsSentAgainUntilItIsReady(t *testing.T) {
+	a := &apiserver{t: t, refusals: []string{rbacNotSynced, rbacHalfSynced, admissionLoading}, readyz: []int{http.StatusForbidden, http.StatusInternalServerError, http.StatusInternalServerError, http.StatusOK}}
 	resp, err := a.write(time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -145,8 +150,8 @@ func TestAnAuthorizerRefusalIsSentAgainUntilTheApiserverIsReady(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("answer %d, want 200: the write sent again once the authorizer allowed it", resp.StatusCode)
 	}
-	if writes, polls := a.counts(); writes != 3 || polls != 2 {
-		t.Errorf("%d writes and %d /readyz polls, want 3 and 2", writes, polls)
+	if writes, polls := a.counts(); writes != 4 || polls != 3 {
+		t.Errorf("%d writes and %d /readyz polls, want 4 and 3", writes, polls)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,8 +50,8 @@ type Proxy struct {
 	mu        sync.Mutex
 	rule      Rule
 	delay     time.Duration
+	forbidden map[string]int64 // 403s passed on, by User-Agent
 	dropped   atomic.Int64
-	forbidden atomic.Int64
 }
 
 // New starts a proxy to the apiserver of upstream.
@@ -63,14 +64,16 @@ func New(upstream *rest.Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{transport: rt, target: target}
+	p := &Proxy{transport: rt, target: target, forbidden: map[string]int64{}}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
 		Transport:     rt,
 		FlushInterval: -1, // stream watch events as they come
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.StatusCode == http.StatusForbidden {
-				p.forbidden.Add(1)
+				p.mu.Lock()
+				p.forbidden[resp.Request.UserAgent()]++
+				p.mu.Unlock()
 			}
 			return nil
 		},
@@ -101,8 +104,19 @@ func (p *Proxy) SetDelay(d time.Duration) {
 // Dropped counts responses dropped after the apiserver answered.
 func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
 
-// Forbidden counts the 403 answers the proxy passed on.
-func (p *Proxy) Forbidden() int64 { return p.forbidden.Load() }
+// Forbidden counts the 403 answers the proxy passed on to clients whose
+// User-Agent starts with agent.
+func (p *Proxy) Forbidden(agent string) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for ua, c := range p.forbidden {
+		if strings.HasPrefix(ua, agent) {
+			n += c
+		}
+	}
+	return n
+}
 
 // CutConnections cuts every open client connection (a watch in progress
 // too), as a network break would; the proxy keeps serving new ones.

@@ -5,7 +5,6 @@ package faults
 import (
 	"context"
 	"fmt"
-	"net"
 	"sort"
 	"strings"
 	"sync"
@@ -90,13 +89,8 @@ func (tl *timeline) log(title string) {
 // loaded), polling until ctx ends.
 func (tl *timeline) watchListening(ctx context.Context, name, addr string) {
 	go func() {
-		for ctx.Err() == nil {
-			if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-				tl.mark(name + " webhook listening")
-				_ = c.Close()
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+		if awaitListening(ctx, addr) == nil {
+			tl.mark(name + " webhook listening")
 		}
 	}()
 }
