@@ -290,7 +290,7 @@ var _ = Describe("fault scenarios", func() {
 		unwatch(append(keys, held, ruled)...)
 		check(ctx, result{Scenario: "4 kube-apiserver killed under load", Faults: "SIGKILL of kube-apiserver with 4 looping clients on 3 locks, down 3s, restarted; a holder's release sent while it was down",
 			Recovery: secs(recovery) + " from restart to the next acquisition",
-			Notes: fmt.Sprintf("the holder's writes, held at the proxy until the apiserver listened, were refused %d times by the starting apiserver and sent again: its release succeeded %s after the restart; the controller's acquire, sent the moment the apiserver listened and answered %s, returned after one 403 ([kubelock:controller-only]) and no /readyz poll; a user without RBAC, once ready, after one 403 and one poll",
+			Notes: fmt.Sprintf("the holder's writes, held at the proxy until the apiserver listened, got %d 403s from the starting apiserver and were sent again: its release succeeded %s after the restart; the controller's acquire, sent the moment the apiserver listened and answered %s, returned after one 403 ([kubelock:controller-only]) and no /readyz poll; a user without RBAC, once ready, after one 403 and one poll",
 				refusedWrites, secs(releasedAfter), rf.when())}, "s4")
 	})
 
