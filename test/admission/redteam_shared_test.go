@@ -7,7 +7,7 @@ import (
 	"github.com/kubelock/kubelock/rules"
 )
 
-// The red team's shared-mode cases (after issue 16): the holes it found,
+// The red team's shared-mode cases (RWMutex and Semaphore): the holes it found,
 // each denied by both engines with its rule's message, and the most
 // instructive attacks that were already denied. Both engines run them
 // (hostileEntries appends them).

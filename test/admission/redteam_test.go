@@ -17,7 +17,7 @@ import (
 	"github.com/kubelock/kubelock/rules"
 )
 
-// The red team's holes (after issue 13): each one a hostile write that both
+// The red team's holes in the first hardened rules: each one a hostile write that both
 // engines deny with its rule's message, leaving the lock byte for byte as it was.
 
 const msgManagedFields = "a lock user's write may not leave more than 16 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, and they could grow the lock until no acquisition fits in etcd any more"
