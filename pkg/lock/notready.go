@@ -84,27 +84,22 @@ func (t *notReadyRetry) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	giveUp := time.Now().Add(notReadyPatience)
 	back := notReadyBackoff()
-	for {
-		if !refusedWhileStarting(resp) || t.ready(req) || time.Now().After(giveUp) || pause(ctx, &back) != nil {
-			return resp, nil
-		}
-		again, err := resend(req)
-		if err != nil {
-			return resp, nil
+	for refusedWhileStarting(resp) && !t.ready(req) && time.Now().Before(giveUp) && pause(ctx, &back) == nil {
+		again := resend(req)
+		if again == nil {
+			break // no fresh body: the refusal stands
 		}
 		next, err := t.next.RoundTrip(again)
-		if err != nil {
-			// The request's outcome is unknown now, not refused: say so.
-			_ = resp.Body.Close()
-			return nil, err
-		}
-		if next.StatusCode != http.StatusForbidden {
-			_ = resp.Body.Close()
-			return next, nil
-		}
 		_ = resp.Body.Close()
+		if err != nil {
+			return nil, err // the outcome is unknown now, not refused: say so
+		}
 		resp = next
+		if resp.StatusCode != http.StatusForbidden {
+			break
+		}
 	}
+	return resp, nil
 }
 
 // notReadyBackoff paces the tries while the apiserver is not ready: 50 ms at
@@ -116,17 +111,17 @@ func notReadyBackoff() wait.Backoff {
 	return b
 }
 
-// resend is req again, with a fresh body.
-func resend(req *http.Request) (*http.Request, error) {
+// resend is req again with a fresh body, nil if none can be had.
+func resend(req *http.Request) *http.Request {
 	again := req.Clone(req.Context())
 	if req.GetBody != nil {
 		body, err := req.GetBody()
 		if err != nil {
-			return nil, err
+			return nil
 		}
 		again.Body = body
 	}
-	return again, nil
+	return again
 }
 
 // ready reports whether the apiserver's /readyz passes, asked as req's user.

@@ -147,6 +147,7 @@ func TestAStartingApiserversRefusalIsSentAgainUntilItIsReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("answer %d, want 200: the write sent again once the authorizer allowed it", resp.StatusCode)
 	}
@@ -205,6 +206,7 @@ func TestARetryWithoutAnAnswerIsUnknownNotRefused(t *testing.T) {
 	a := &apiserver{t: t, refusals: []string{rbacNotSynced}, readyz: []int{http.StatusInternalServerError}, hangUpAfter: 2}
 	resp, err := a.write(time.Minute)
 	if err == nil {
+		resp.Body.Close()
 		t.Fatalf("answer %d, want the cut connection's error: the second write may have committed", resp.StatusCode)
 	}
 }
