@@ -463,15 +463,14 @@ func (a *attempt) take(ctx context.Context, obj *locksv1alpha1.DistributedLock, 
 	} else {
 		next.Acquire(h, token)
 	}
-	next.Status.ObservedGeneration = next.Generation
 	sent := a.c.cfg.clock.Now()
 	if a.firstSent.IsZero() {
 		a.firstSent = sent
 	}
-	if err := a.c.c.Status().Update(ctx, next); err != nil {
+	if err := a.c.writeStatus(ctx, next); err != nil {
 		if !definite(err) && !apierrors.IsConflict(err) && a.unknownAt < 0 {
 			// The write may have committed: from now on the call must find it.
-			a.unknownAt, a.unknownHeld = obj.Status.Transitions, int64(obj.Status.HolderCount)
+			a.unknownAt, a.unknownHeld = obj.Status.Transitions, int64(len(obj.Status.Holdings()))
 		}
 		return nil, time.Time{}, err
 	}
@@ -508,8 +507,7 @@ func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLoc
 		Mode:        mode,
 		Session:     a.sessionName(),
 	})
-	next.Status.ObservedGeneration = next.Generation
-	if err := a.c.c.Status().Update(ctx, next); err != nil {
+	if err := a.c.writeStatus(ctx, next); err != nil {
 		if tooLarge(err) {
 			return nil, fmt.Errorf("%w: %w", ErrQueueFull, sizeLimit(err))
 		}
@@ -587,8 +585,7 @@ func (a *attempt) leaveQueue(ctx context.Context) {
 		if !obj.Status.RemoveWaiter(a.cfg.requestID) {
 			break
 		}
-		obj.Status.ObservedGeneration = obj.Generation
-		if err := a.c.c.Status().Update(lctx, obj); err == nil || !apierrors.IsConflict(err) {
+		if err := a.c.writeStatus(lctx, obj); err == nil || !apierrors.IsConflict(err) {
 			break
 		}
 	}

@@ -264,3 +264,12 @@ func pause(ctx context.Context, b *wait.Backoff) error {
 		return nil
 	}
 }
+
+// writeStatus writes l's status, stamped with the generation it saw and with
+// its counts in step with its lists (a lock an earlier release stored may lack
+// one), as every write of a lock user must be.
+func (c *Client) writeStatus(ctx context.Context, l *locksv1alpha1.DistributedLock) error {
+	l.Status.ObservedGeneration = l.Generation
+	l.SyncCounts()
+	return c.c.Status().Update(ctx, l)
+}
