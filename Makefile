@@ -218,30 +218,6 @@ $(HELM): | $(LOCALBIN)
 	GOBIN=$(LOCALBIN) go install -ldflags "-X $(HELM_MODULE)/internal/version.version=$(HELM_VERSION)" $(HELM_MODULE)/cmd/helm@$(HELM_VERSION)
 	mv -f $(LOCALBIN)/helm $@
 
-##@ Release
-
-# The version and address the krew manifest names; the archives are
-# published at $(RELEASE_URL)/kubectl-lock_<version>_<os>_<arch>.tar.gz.
-RELEASE_VERSION ?= v0.1.0
-RELEASE_URL ?= https://github.com/kubelock/kubelock/releases/download/$(RELEASE_VERSION)
-RELEASE_DIR ?= $(shell pwd)/dist/release
-KREW_VERSION ?= v0.4.3
-KREW ?= $(LOCALBIN)/krew-$(KREW_VERSION)
-VALIDATE_KREW_MANIFEST ?= $(LOCALBIN)/validate-krew-manifest-$(KREW_VERSION)
-
-.PHONY: release
-release: ## Build kubectl-lock archives for linux and darwin (amd64, arm64), their SHA256SUMS and the krew manifest lock.yaml into RELEASE_DIR (reproducible: same commit, same bytes).
-	go run ./hack/release -version $(RELEASE_VERSION) -url $(RELEASE_URL) -out $(RELEASE_DIR)
-
-.PHONY: verify-release
-verify-release: release control-plane $(KREW) $(VALIDATE_KREW_MANIFEST) ## Validate lock.yaml with krew's validator, install the plugin with krew from this platform's archive, run kubectl lock through it.
-	hack/verify-release.sh $(RELEASE_DIR) $(RELEASE_VERSION) $(KREW) $(VALIDATE_KREW_MANIFEST) $(KUBECTL)
-
-$(KREW) $(VALIDATE_KREW_MANIFEST) &: | $(LOCALBIN)
-	GOBIN=$(LOCALBIN) go install sigs.k8s.io/krew/cmd/krew@$(KREW_VERSION) sigs.k8s.io/krew/cmd/validate-krew-manifest@$(KREW_VERSION)
-	mv -f $(LOCALBIN)/krew $(KREW)
-	mv -f $(LOCALBIN)/validate-krew-manifest $(VALIDATE_KREW_MANIFEST)
-
 ##@ CLI
 
 # Where install-plugin puts the kubectl-lock symlink; put it on PATH.
