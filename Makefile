@@ -49,7 +49,7 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD, RBAC and webhook manifests, an
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code, and the lock apiserver's OpenAPI definitions (server-side apply and kubectl explain read them).
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
-	go tool openapi-gen --output-dir internal/lockapiserver/openapi --output-pkg github.com/kubelock/kubelock/internal/lockapiserver/openapi \
+	go tool openapi-gen --output-dir lockapiserver/openapi --output-pkg github.com/kubelock/kubelock/lockapiserver/openapi \
 		--output-file zz_generated.openapi.go --output-model-name-file zz_generated.model_name.go \
 		--readonly-pkg k8s.io/apimachinery/pkg/apis/meta/v1 --readonly-pkg k8s.io/apimachinery/pkg/runtime --readonly-pkg k8s.io/apimachinery/pkg/version \
 		--go-header-file hack/boilerplate.go.txt --report-filename /dev/null \
@@ -82,7 +82,7 @@ lint: $(GOLANGCI_LINT) $(HELM) ## Run golangci-lint (both modules, with the root
 
 .PHONY: verify
 verify: manifests generate ## Regenerate code, manifests and the chart's templates from config/; fail on any diff or untracked generated file, untidy go.mod, or a benchmark-only dependency in pkg/lock.
-	@hack/verify-clean.sh api config dist internal/lockapiserver/openapi
+	@hack/verify-clean.sh api config dist lockapiserver/openapi
 	@hack/verify-modules.sh
 
 CONTROL_PLANE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,etcd kube-apiserver kube-controller-manager kubectl)

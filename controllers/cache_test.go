@@ -76,7 +76,7 @@ func liveHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// The operator's memory at 100,000 locks is mostly this cache (issue 17:
+// The operator's memory at 100,000 locks is mostly this cache (the budget:
 // RSS ≤ 300 MiB, measured by the benchmark's scale workload). Each lock,
 // decoded by the cache's scheme and stripped of managedFields, must stay
 // within a budget that an unstructured cache (a map per JSON object, about

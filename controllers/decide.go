@@ -322,7 +322,7 @@ func desiredStatus(lock *locksv1alpha1.DistributedLock, d decision, endedBy stri
 		meta.SetStatusCondition(&out.Status.Conditions, *c)
 	}
 	// Held is the only condition a lock has; anything else was written
-	// before admission refused it and could fill the list (issue 13).
+	// before admission refused foreign conditions, and could fill the list.
 	if held := meta.FindStatusCondition(out.Status.Conditions, locksv1alpha1.ConditionHeld); held != nil && len(out.Status.Conditions) > 1 {
 		out.Status.Conditions = []metav1.Condition{*held}
 	}

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"encoding/json"
+	"errors"
 	"regexp"
 	"strings"
 	"unicode"
@@ -126,21 +127,58 @@ func heldInStep(l *locksv1alpha1.DistributedLock) bool {
 }
 
 // printable reports whether s has no control or format characters (terminal
-// escapes, bidi overrides), as the CRD's identity pattern demands of names.
+// escapes, bidi overrides) and no line or paragraph separators (a new line
+// to some viewers), as the CRD's identity pattern demands of names.
 func printable(s string) bool {
-	return !strings.ContainsFunc(s, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf) })
+	return !strings.ContainsFunc(s, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) })
 }
 
 // validateTimes checks every decoded time in status as Go will write it back
 // (in UTC): it must match the CRD's pattern, or every later write of the lock
 // by a Go client fails. A year-0 time with a positive offset parses but
-// marshals as year -1.
+// marshals as year -1. Each time is written on its own, as the status's JSON
+// would hold it, and checked as ValidateRawStatusTimes checks that JSON.
 func validateTimes(s *locksv1alpha1.DistributedLockStatus) field.ErrorList {
-	b, err := json.Marshal(map[string]any{"status": s})
+	r, err := timesAsWritten(s)
 	if err != nil {
 		return field.ErrorList{field.InternalError(statusPath, err)}
 	}
-	return ValidateRawStatusTimes(b)
+	return r.check()
+}
+
+// timesAsWritten are the times of s as Go writes each.
+func timesAsWritten(s *locksv1alpha1.DistributedLockStatus) (rawTimes, error) {
+	var r rawTimes
+	var errs []error
+	write := func(t json.Marshaler) json.RawMessage {
+		b, err := t.MarshalJSON()
+		errs = append(errs, err)
+		return b
+	}
+	holding := func(h *locksv1alpha1.LockHolder) rawHolding {
+		w := rawHolding{AcquireTime: write(h.AcquireTime)}
+		if h.RenewTime != nil {
+			w.RenewTime = write(h.RenewTime)
+		}
+		return w
+	}
+	if s.Holder != nil {
+		h := holding(s.Holder)
+		r.Holder = &h
+	}
+	for i := range s.SharedHolders {
+		r.SharedHolders = append(r.SharedHolders, holding(&s.SharedHolders[i].LockHolder))
+	}
+	for _, w := range s.Waiters {
+		r.Waiters = append(r.Waiters, rawWaiter{EnqueueTime: write(w.EnqueueTime), Deadline: write(w.Deadline)})
+	}
+	for _, a := range s.RecentAcquisitions {
+		r.RecentAcquisitions = append(r.RecentAcquisitions, rawEnd{EndTime: write(a.EndTime)})
+	}
+	for _, c := range s.Conditions {
+		r.Conditions = append(r.Conditions, rawCondition{LastTransitionTime: write(c.LastTransitionTime)})
+	}
+	return r, errors.Join(errs...)
 }
 
 var (
@@ -152,25 +190,33 @@ var (
 // parse them: a string they cannot parse must give a time-format denial, not a
 // decode error.
 type rawStatus struct {
-	Status struct {
-		Holder        *rawHolding  `json:"holder"`
-		SharedHolders []rawHolding `json:"sharedHolders"`
-		Waiters       []struct {
-			EnqueueTime json.RawMessage `json:"enqueueTime"`
-			Deadline    json.RawMessage `json:"deadline"`
-		} `json:"waiters"`
-		RecentAcquisitions []struct {
-			EndTime json.RawMessage `json:"endTime"`
-		} `json:"recentAcquisitions"`
-		Conditions []struct {
-			LastTransitionTime json.RawMessage `json:"lastTransitionTime"`
-		} `json:"conditions"`
-	} `json:"status"`
+	Status rawTimes `json:"status"`
+}
+
+type rawTimes struct {
+	Holder             *rawHolding    `json:"holder"`
+	SharedHolders      []rawHolding   `json:"sharedHolders"`
+	Waiters            []rawWaiter    `json:"waiters"`
+	RecentAcquisitions []rawEnd       `json:"recentAcquisitions"`
+	Conditions         []rawCondition `json:"conditions"`
 }
 
 type rawHolding struct {
 	AcquireTime json.RawMessage `json:"acquireTime"`
 	RenewTime   json.RawMessage `json:"renewTime"`
+}
+
+type rawWaiter struct {
+	EnqueueTime json.RawMessage `json:"enqueueTime"`
+	Deadline    json.RawMessage `json:"deadline"`
+}
+
+type rawEnd struct {
+	EndTime json.RawMessage `json:"endTime"`
+}
+
+type rawCondition struct {
+	LastTransitionTime json.RawMessage `json:"lastTransitionTime"`
 }
 
 // ValidateRawStatusTimes checks every time string of a lock's JSON: each must
@@ -181,21 +227,18 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil
 	}
+	return r.Status.check()
+}
+
+// check gives a time-format denial for each time of s that Go would not
+// read back in a form the CRD's patterns accept.
+func (s *rawTimes) check() field.ErrorList {
 	var errs field.ErrorList
 	check := func(p *field.Path, v json.RawMessage, micro bool) {
-		if len(v) == 0 || string(v) == "null" {
-			return
-		}
-		var s string
-		ok := json.Unmarshal(v, &s) == nil
-		switch {
-		case micro && !(ok && ValidMicroTime(s)):
-			errs = append(errs, deny(p, RuleTimeFormat, msgMicroTime))
-		case !micro && !(ok && ValidTime(s)):
-			errs = append(errs, deny(p, RuleTimeFormat, msgTime))
+		if e := checkTime(p, v, micro); e != nil {
+			errs = append(errs, e)
 		}
 	}
-	s := &r.Status
 	if h := s.Holder; h != nil {
 		check(holderPath.Child("acquireTime"), h.AcquireTime, true)
 		check(holderPath.Child("renewTime"), h.RenewTime, true)
@@ -215,6 +258,23 @@ func ValidateRawStatusTimes(raw []byte) field.ErrorList {
 		check(conditionsPath.Index(i).Child("lastTransitionTime"), c.LastTransitionTime, false)
 	}
 	return errs
+}
+
+// checkTime is the time-format denial of v, the JSON of the time at p (a
+// MicroTime's when micro), or nil; an absent or null time is none.
+func checkTime(p *field.Path, v []byte, micro bool) *field.Error {
+	if len(v) == 0 || string(v) == "null" {
+		return nil
+	}
+	var s string
+	ok := json.Unmarshal(v, &s) == nil
+	switch {
+	case micro && !(ok && ValidMicroTime(s)):
+		return deny(p, RuleTimeFormat, msgMicroTime)
+	case !micro && !(ok && ValidTime(s)):
+		return deny(p, RuleTimeFormat, msgTime)
+	}
+	return nil
 }
 
 // ValidMicroTime reports whether s is a metav1.MicroTime as the CRD pattern

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -213,25 +212,24 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 			out = append(out, fmt.Sprintf("metadata.%s (%d, at most %d)", m.what, m.n, limit))
 		}
 	}
-	if n := longestValue(lock.Annotations); n > MaxCreateAnnotationValue {
-		out = append(out, fmt.Sprintf("metadata.annotations (a value of %d characters, at most %d)", n, MaxCreateAnnotationValue))
+	if n, ok := annotationBytes(lock.Annotations); ok && n > MaxCreateAnnotationBytes {
+		out = append(out, fmt.Sprintf("metadata.annotations (%d bytes, at most %d)", n, MaxCreateAnnotationBytes))
 	}
 	return out
 }
 
-// MaxCreateAnnotationValue bounds each annotation value of a lock a lock user
-// creates, in characters: pkg/lock writes one, the business key (at most 1,024
-// bytes). Kubernetes bounds only their total, 256 KiB, which stored as JSON
-// (up to 6 bytes a character) could alone fill etcd's request limit.
-const MaxCreateAnnotationValue = 1024
-
-// longestValue is the length in characters of the longest value in m, 0 when empty.
-func longestValue(m map[string]string) int {
-	n := 0
-	for _, v := range m {
-		n = max(n, utf8.RuneCountInString(v))
+// annotationBytes is the size of annotations, keys and values, when there
+// are at most as many as a lock user's create may carry; ok is false
+// otherwise (their number already refuses the create, and the policy then
+// counts no bytes: CEL's cost grows with every entry).
+func annotationBytes(annotations map[string]string) (n int, ok bool) {
+	if len(annotations) > maxCreateMeta["annotations"] {
+		return 0, false
 	}
-	return n
+	for k, v := range annotations {
+		n += len(k) + len(v)
+	}
+	return n, true
 }
 
 // nonDefaultSpec lists the spec fields of lock that differ from their
@@ -266,6 +264,14 @@ func nonDefaultSpec(lock *locksv1alpha1.DistributedLock) []string {
 // pkg/lock writes one label and one annotation; the apiserver records one
 // managedFields entry for the creator.
 var maxCreateMeta = map[string]int{"labels": 16, "annotations": 16, "managedFields": 1}
+
+// MaxCreateAnnotationBytes bounds the bytes of the annotations (keys and
+// values) of a lock a lock user creates and of every session. The apiserver
+// takes 256 kB of annotations per object, and the controller caches every
+// lock and session it watches: 250 kB per object of a lock user's quota
+// would be an operator's memory. A client writes one annotation, a key of
+// at most 1,024 bytes.
+const MaxCreateAnnotationBytes = 4096
 
 // specJSON is spec as the apiserver stores it: field name → JSON value.
 func specJSON(spec locksv1alpha1.DistributedLockSpec) (map[string]json.RawMessage, error) {

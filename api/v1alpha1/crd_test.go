@@ -612,7 +612,7 @@ func setNested(u map[string]any, v string, path ...string) error {
 
 // The CRD's patterns refuse every time string Go's metav1 types cannot read
 // back, and identities with control or format characters, before either
-// admission engine runs (issue 13, classes 1 and 11).
+// admission engine runs: times Go cannot parse, and control characters in names.
 var _ = DescribeTable("the apiserver refuses a status string Go cannot read, and keeps the lock unchanged",
 	func(ctx SpecContext, value string, path ...string) {
 		l := newLock()

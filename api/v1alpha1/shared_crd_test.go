@@ -11,7 +11,7 @@ import (
 	locksv1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// Lock types for the shared-mode cases (issue 16).
+// Lock types for the shared-mode cases (RWMutex and Semaphore).
 func rwMutex(l *locksv1.DistributedLock) { l.Spec.Type = locksv1.RWMutex }
 
 func semaphore(permits int32) func(*locksv1.DistributedLock) {

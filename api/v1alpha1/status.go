@@ -219,6 +219,16 @@ func (l *DistributedLock) acquired(h LockHolder, token int64) {
 	l.setHeld(metav1.ConditionTrue, ReasonAcquired)
 }
 
+// SyncCounts sets holderCount and waiterCount from the lists they count. A
+// lock stored before holderCount existed has none while it is held, and the
+// schema refuses any write that leaves a count wrong: a client that syncs
+// both in every write renews and releases such a lock without waiting for the
+// controller to repair it.
+func (l *DistributedLock) SyncCounts() {
+	l.countHolders()
+	l.Status.WaiterCount = int32(len(l.Status.Waiters))
+}
+
 func (l *DistributedLock) countHolders() {
 	n := len(l.Status.SharedHolders)
 	if l.Status.Holder != nil {

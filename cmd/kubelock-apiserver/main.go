@@ -8,7 +8,7 @@ import (
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/component-base/cli"
 
-	"github.com/kubelock/kubelock/internal/lockapiserver"
+	"github.com/kubelock/kubelock/lockapiserver"
 )
 
 func main() {

@@ -64,7 +64,7 @@ func newCluster(o Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{o: o, auth: &authority{dir: filepath.Join(o.Dir, "pki")}}
-	if err := c.prepareDirs(); err != nil {
+	if err := prepareDirs(&c.o, c.auth.dir); err != nil {
 		return nil, err
 	}
 	var err error
@@ -117,18 +117,18 @@ func (c *Cluster) configureAPIServers(saKey string) error {
 	return nil
 }
 
-// prepareDirs removes etcd's data and pki/ unless Persist (never anything
-// else in Dir) and creates the folders.
-func (c *Cluster) prepareDirs() error {
-	if !c.o.Persist {
-		stale, _ := filepath.Glob(filepath.Join(c.o.Dir, "etcd*"))
-		for _, p := range append(stale, c.auth.dir) {
+// prepareDirs removes etcd's data and the folders also given unless
+// Persist (never anything else in Dir), and creates Dir, LogDir and them.
+func prepareDirs(o *Options, also ...string) error {
+	if !o.Persist {
+		stale, _ := filepath.Glob(filepath.Join(o.Dir, "etcd*"))
+		for _, p := range append(stale, also...) {
 			if err := os.RemoveAll(p); err != nil {
 				return fmt.Errorf("cleaning the data folder: %w", err)
 			}
 		}
 	}
-	for _, d := range []string{c.o.Dir, c.auth.dir, c.o.LogDir} {
+	for _, d := range append([]string{o.Dir, o.LogDir}, also...) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("creating the data folder: %w", err)
 		}
@@ -164,10 +164,7 @@ func (c *Cluster) Stop() error {
 
 // Components are every component, in start order.
 func (c *Cluster) Components() []*Component {
-	var cs []*Component
-	for _, m := range c.Etcd.Members {
-		cs = append(cs, m.Component)
-	}
+	cs := c.Etcd.Components()
 	for _, a := range c.APIServers {
 		cs = append(cs, a.Component)
 	}

@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -90,6 +91,39 @@ func (m *Member) flags(o *Options, initialCluster string) []string {
 func (m *Member) healthy(ctx context.Context) error {
 	_, err := proc.GetOK(ctx, &http.Client{Timeout: time.Second}, m.ClientURL+"/health")
 	return err
+}
+
+// StartEtcd starts an etcd of its own, laid out as Start lays out a
+// cluster's (o's Name, Dir, LogDir, AssetsDir, Persist, StartTimeout and
+// etcd fields): a store beside the cluster's, such as an aggregated API
+// server's. It returns once every member is healthy; stop it with Stop.
+func StartEtcd(ctx context.Context, o Options) (*Etcd, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	if err := prepareDirs(&o); err != nil {
+		return nil, err
+	}
+	e, err := newEtcd(&o)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.start(ctx); err != nil {
+		return nil, errors.Join(err, e.Stop())
+	}
+	return e, nil
+}
+
+// Stop stops every member.
+func (e *Etcd) Stop() error { return StopAll(e.Components()) }
+
+// Components are the members', in order.
+func (e *Etcd) Components() []*Component {
+	var cs []*Component
+	for _, m := range e.Members {
+		cs = append(cs, m.Component)
+	}
+	return cs
 }
 
 // start starts every member, then waits for each: a member of three is

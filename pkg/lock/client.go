@@ -53,7 +53,10 @@ type Client struct {
 	metrics *metrics
 }
 
-// New returns a client that talks to the apiserver at cfg.
+// New returns a client that talks to the apiserver at cfg. A request the
+// apiserver's authorizer refuses while its /readyz does not pass (a restarted
+// apiserver answers 403 until its RBAC rules are loaded) is sent again within
+// its context, for up to 30 s; every other refusal is final at once.
 func New(cfg *rest.Config, opts ...Option) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("kubelock: rest config is nil")
@@ -64,6 +67,9 @@ func New(cfg *rest.Config, opts ...Option) (*Client, error) {
 		// back behind the client's own retries until its lease runs out. The
 		// apiserver bounds lock traffic with priority and fairness instead.
 		cfg.QPS = -1
+	}
+	if err := retryWhileNotReady(cfg); err != nil {
+		return nil, fmt.Errorf("kubelock: %w", err)
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -80,7 +86,9 @@ func New(cfg *rest.Config, opts ...Option) (*Client, error) {
 }
 
 // NewFromClient returns a client on top of an existing controller-runtime
-// client whose scheme knows locks.kubelock.io/v1alpha1.
+// client whose scheme knows locks.kubelock.io/v1alpha1. Its requests are
+// c's: unlike New's, none is sent again while a restarted apiserver refuses
+// it before its authorizer is ready.
 func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	if c == nil {
 		return nil, errors.New("kubelock: client is nil")
@@ -175,9 +183,8 @@ func (c *Client) get(ctx context.Context, key, name string, create bool) (*locks
 	if err != nil {
 		return nil, err
 	}
-	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != key {
-		// Whoever created the lock wrote k, up to the apiserver's 256 kB of annotations.
-		return nil, fmt.Errorf("lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, escape.Clip(k, maxKeyLen), key)
+	if k, ok := collidingKey(obj, key); ok {
+		return nil, fmt.Errorf("%w: lock %s/%s belongs to key %q, not %q", errKeyCollision, c.cfg.namespace, name, escape.Clip(k, maxKeyLen), key)
 	}
 	c.seen.saw(obj)
 	return obj, nil
@@ -256,4 +263,13 @@ func pause(ctx context.Context, b *wait.Backoff) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// writeStatus writes l's status, stamped with the generation it saw and with
+// its counts in step with its lists (a lock an earlier release stored may lack
+// one), as every write of a lock user must be.
+func (c *Client) writeStatus(ctx context.Context, l *locksv1alpha1.DistributedLock) error {
+	l.Status.ObservedGeneration = l.Generation
+	l.SyncCounts()
+	return c.c.Status().Update(ctx, l)
 }

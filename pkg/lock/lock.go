@@ -258,9 +258,8 @@ func (l *Lock) renew(ctx context.Context) (time.Time, error) {
 		} else {
 			next.Status.Holder.RenewTime = &now
 		}
-		next.Status.ObservedGeneration = next.Generation
 		sent := l.c.cfg.clock.Now()
-		err := l.c.c.Status().Update(ctx, next)
+		err := l.c.writeStatus(ctx, next)
 		if err == nil {
 			l.obj = next
 			l.c.seen.saw(next)
@@ -409,8 +408,7 @@ func (l *Lock) writeRelease(ctx context.Context) error {
 	} else {
 		next.EndHolding(locksv1alpha1.EndReasonReleased, l.user, now)
 	}
-	next.Status.ObservedGeneration = next.Generation
-	if err := l.c.c.Status().Update(ctx, next); err != nil {
+	if err := l.c.writeStatus(ctx, next); err != nil {
 		return err
 	}
 	// The next acquire of this lock starts from the release's response.

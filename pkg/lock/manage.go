@@ -138,8 +138,7 @@ func (c *Client) end(ctx context.Context, key, op string, edit func(*locksv1alph
 			if write, err = edit(obj); err != nil || !write {
 				return nil, err
 			}
-			obj.Status.ObservedGeneration = obj.Generation
-			err = c.c.Status().Update(ctx, obj)
+			err = c.writeStatus(ctx, obj)
 			switch {
 			case err == nil:
 				return obj, nil

@@ -281,6 +281,7 @@ func hostileEntries() []TableEntry {
 	entries = append(entries, sharedHostileEntries()...)
 	entries = append(entries, redteamSharedEntries()...)
 	entries = append(entries, movedEntries()...)
+	entries = append(entries, redteam3Entries()...)
 	return append(entries, statusHostileEntries()...)
 }
 
@@ -291,7 +292,7 @@ func leaseOf(user string, seconds int32) locksv1alpha1.LockHolder {
 	return h
 }
 
-// --- the status rules of issue 13 ---------------------------------------------------
+// --- the status rules: what a lock user may write in status -------------------------
 
 // otherPod names podSA's token bound to another pod, worker-1: the same user
 // as podUser, another holder.

@@ -24,7 +24,7 @@ import (
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
-// The main resource's rules (issue 13, classes 6 and 9): the force-delete
+// The main resource's rules: the force-delete
 // annotation, finalizers of held locks, and what lock users may create.
 
 const keepFinalizer = "example.com/keep"
@@ -363,7 +363,7 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 				Expect(get(ctx, key).DeletionTimestamp).NotTo(BeNil())
 
 				// Someone acquires the Terminating lock. The status rules (rule
-				// `terminating`, another part of issue 13) deny this; where they
+				// `terminating`) deny this; where they
 				// let it pass, the finalizer must stay while the lock is held.
 				if err := write(ctx, alice, key, acquire(holder("alice", 1))); err != nil {
 					Expect(err).To(MatchError(ContainSubstring("[kubelock:terminating]")))

@@ -12,8 +12,8 @@ import (
 	"github.com/kubelock/kubelock/rules"
 )
 
-// The transition rules the CRD's CEL left to admission (issue 17, "less
-// schema work per write"; the table in docs/design.md, "The CRD's rules").
+// The transition rules the CRD's CEL left to admission, so that a
+// write costs less schema work (the table in docs/design.md, "The CRD's rules").
 // Each case below was refused by the CRD itself, with admission off too. Now
 // the apiserver stores it when no admission engine runs, and each engine
 // refuses it with its rule's message, leaving the lock unchanged.

@@ -17,7 +17,7 @@ import (
 	"github.com/kubelock/kubelock/rules"
 )
 
-// The red team's holes (after issue 13): each one a hostile write that both
+// The red team's holes in the first hardened rules: each one a hostile write that both
 // engines deny with its rule's message, leaving the lock byte for byte as it was.
 
 const msgManagedFields = "a lock user's write may not leave more than 2 server-side apply entries in metadata.managedFields when it adds one: each apply under another fieldManager adds one, as large as the status it owns, and they could grow the lock until no acquisition fits in etcd any more"
@@ -99,6 +99,7 @@ var _ = Describe("red team", Ordered, ContinueOnFailure, func() {
 				Entry("an ownerReference (Kubernetes' garbage collector would delete the lock once free)", func(m *metav1.ObjectMeta) {
 					m.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "0c0ffee0-0000-0000-0000-000000000000"}}
 				}, "metadata.ownerReferences"),
+				bulkAnnotationEntries(),
 			)
 
 			It("denies a server-side apply entry in managedFields beyond the bound by a lock user (no-op applies under ever new field managers)", func(ctx SpecContext) {

@@ -17,7 +17,7 @@ import (
 	"github.com/kubelock/kubelock/rules"
 )
 
-// Lock types of the shared-mode cases (issue 16).
+// Lock types of the shared-mode cases (RWMutex and Semaphore).
 var (
 	rwSpec   = locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.RWMutex}
 	sem3Spec = locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Semaphore, Permits: int32p(3)}

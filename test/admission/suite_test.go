@@ -51,7 +51,7 @@ const (
 	metaPolicyName        = policyName + "-metadata"
 	breakglassRole        = "kubelock-breakglass"
 	deleterRole           = "kubelock-test-lock-deleter"
-	editorRole            = "kubelock-test-lock-editor"           // what issue 13's attack assumed lock users have: all but force-release
+	editorRole            = "kubelock-test-lock-editor"           // what an attacker with the sample lock-user RBAC has: all but force-release
 	webhookDenied         = `admission webhook "vdistributedlock` // .kubelock.io (status) or -meta.kubelock.io
 	// policyDenied names either policy: kubelock-distributedlocks (status) or
 	// kubelock-distributedlocks-metadata (create, update, delete).

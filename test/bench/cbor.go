@@ -84,17 +84,33 @@ type cborClient struct {
 }
 
 func newCBORClient(cfg *rest.Config) (*cborClient, error) {
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
+	scheme, err := lockScheme()
+	if err != nil {
 		return nil, err
 	}
 	fallback, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, err
 	}
+	rc, _, err := cborRESTClient(cfg, scheme)
+	if err != nil {
+		return nil, err
+	}
+	return &cborClient{WithWatch: fallback, rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+// lockScheme knows the built-in types and the kubelock API.
+func lockScheme() (*runtime.Scheme, error) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return scheme, locksv1alpha1.AddToScheme(scheme)
+}
+
+// cborRESTClient is a REST client of the kubelock API that sends CBOR and
+// asks for it, and the encoder of its bodies.
+func cborRESTClient(cfg *rest.Config, scheme *runtime.Scheme) (rest.Interface, runtime.Encoder, error) {
 	rcfg := rest.CopyConfig(cfg)
 	gv := locksv1alpha1.GroupVersion
 	rcfg.GroupVersion = &gv
@@ -103,15 +119,17 @@ func newCBORClient(cfg *rest.Config) (*cborClient, error) {
 	// JSON stays acceptable so that an apiserver without CBOR still answers
 	// (it refuses CBOR bodies with 415; client-go then falls back to JSON).
 	rcfg.AcceptContentTypes = runtime.ContentTypeCBOR + ",application/json;q=0.9"
-	rcfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme, serializer.WithSerializer(cbor.NewSerializerInfo)).WithoutConversion()
+	codecs := serializer.NewCodecFactory(scheme, serializer.WithSerializer(cbor.NewSerializerInfo)).WithoutConversion()
+	rcfg.NegotiatedSerializer = codecs
 	if rcfg.UserAgent == "" {
 		rcfg.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
 	rc, err := rest.RESTClientFor(rcfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &cborClient{WithWatch: fallback, rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeCBOR)
+	return rc, codecs.EncoderForVersion(info.Serializer, gv), nil
 }
 
 // cborResource is the plural of the kubelock kinds this client encodes as CBOR.

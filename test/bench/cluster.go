@@ -168,24 +168,51 @@ func (c *cluster) stop() {
 // startManager builds ./cmd/manager, issues the webhook's serving certificate
 // from a fresh CA, and runs the binary as production does: leader election on,
 // the webhook served (the certificate from files: --cert-rotation=false).
+// It returns once the operator leads.
 func (c *cluster) startManager(ctx context.Context) error {
-	bin := filepath.Join(c.dir, "manager")
+	if err := c.launchManager(ctx); err != nil {
+		return err
+	}
+	return c.mgr.WaitFor(ctx, "leader", 90*time.Second, func(ctx context.Context) error {
+		l, err := c.adminCS.CoordinationV1().Leases("default").Get(ctx, leaderElectionID, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			return errors.New("no leader yet")
+		}
+		return nil
+	})
+}
+
+// otherReplica holds the leader Lease when the operator must not lead.
+const otherReplica = "kubelock-bench-other-replica"
+
+// startStandbyManager runs the operator as startManager does, as a replica
+// that never leads: another holds the leader Lease for an hour. It serves
+// the webhook, as every replica does, and its controller never starts
+// (that is the leader's), so its CPU is the webhook's.
+func (c *cluster) startStandbyManager(ctx context.Context) error {
+	id, hour, now := otherReplica, int32(3600), metav1.NowMicro()
+	if _, err := c.adminCS.CoordinationV1().Leases("default").Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: leaderElectionID},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &hour, AcquireTime: &now, RenewTime: &now},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return c.launchManager(ctx)
+}
+
+// launchManager builds and starts the operator with its credentials, and
+// waits until it is ready.
+func (c *cluster) launchManager(ctx context.Context) error {
 	c.logf("building ./cmd/manager")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/manager")
-	build.Dir = testenv.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/manager: %w\n%s", err, out)
-	}
-	u, err := c.env.AddUser(envtest.User{Name: controllerUser, Groups: []string{"system:masters"}}, nil)
+	bin, err := testenv.Build(ctx, c.dir, "./cmd/manager")
 	if err != nil {
 		return err
 	}
-	kc, err := u.KubeConfig()
+	kubeconfig, err := c.managerKubeconfig()
 	if err != nil {
-		return err
-	}
-	kubeconfig := filepath.Join(c.dir, "manager.kubeconfig")
-	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
 		return err
 	}
 	certDir := filepath.Join(c.dir, "webhook-certs")
@@ -217,27 +244,29 @@ func (c *cluster) startManager(ctx context.Context) error {
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
 		fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort),
 	}
-	c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"), c.mgrArgs[1:]...)
-	if err != nil {
+	if c.mgr, err = childproc.Start("manager", bin, filepath.Join(c.dir, "manager.log"), c.mgrArgs[1:]...); err != nil {
 		return err
 	}
 	c.logf("operator: pid %d, webhook https://127.0.0.1:%d, log %s", c.mgr.Pid(), webhookPort, c.mgr.LogPath)
 	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)
-	if err := c.mgr.WaitFor(ctx, "ready", 90*time.Second, func(ctx context.Context) error {
+	return c.mgr.WaitFor(ctx, "ready", 90*time.Second, func(ctx context.Context) error {
 		return httpOK(ctx, readyz)
-	}); err != nil {
-		return err
-	}
-	return c.mgr.WaitFor(ctx, "leader", 90*time.Second, func(ctx context.Context) error {
-		l, err := c.adminCS.CoordinationV1().Leases("default").Get(ctx, leaderElectionID, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
-			return errors.New("no leader yet")
-		}
-		return nil
 	})
+}
+
+// managerKubeconfig writes the operator's kubeconfig: controllerUser, in
+// system:masters.
+func (c *cluster) managerKubeconfig() (string, error) {
+	u, err := c.env.AddUser(envtest.User{Name: controllerUser, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return "", err
+	}
+	kc, err := u.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(c.dir, "manager.kubeconfig")
+	return path, os.WriteFile(path, kc, 0o600)
 }
 
 // loadAdmission reads the webhook configuration from config/webhook (url
@@ -403,14 +432,7 @@ func (c *cluster) probe(ctx context.Context) (engine, error) {
 	if err != nil {
 		return "", err
 	}
-	tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
-	if err != nil {
-		return "", err
-	}
-	now := metav1.NowMicro()
-	l.Acquire(locksv1alpha1.LockHolder{Identity: "probe", User: "somebody-else", LeaseID: "probe-lease-000000000000",
-		RequestID: "probe-request", LeaseDurationSeconds: 30, AcquireTime: now, RenewTime: &now}, tok)
-	err = c.env.Client.Status().Update(ctx, l)
+	err = writeForeignHolder(ctx, c.env.Client, l)
 	switch {
 	case err == nil:
 		return engineNone, nil
@@ -420,6 +442,19 @@ func (c *cluster) probe(ctx context.Context) (engine, error) {
 		return engineWebhook, nil
 	}
 	return engine("unexpected: " + err.Error()), nil
+}
+
+// writeForeignHolder writes l's status as acquired in someone else's name:
+// a write every admission engine denies.
+func writeForeignHolder(ctx context.Context, cl client.Client, l *locksv1alpha1.DistributedLock) error {
+	tok, err := locksv1alpha1.NextFencingToken(l.ResourceVersion)
+	if err != nil {
+		return err
+	}
+	now := metav1.NowMicro()
+	l.Acquire(locksv1alpha1.LockHolder{Identity: "probe", User: "somebody-else", LeaseID: "probe-lease-000000000000",
+		RequestID: "probe-request", LeaseDurationSeconds: 30, AcquireTime: now, RenewTime: &now}, tok)
+	return cl.Status().Update(ctx, l)
 }
 
 // webhookDecisions is the operator's count of admission decisions.
@@ -533,6 +568,15 @@ func (w writeCounts) since(before writeCounts, secs float64) writeCounts {
 func (c *cluster) apiserverProfile(ctx context.Context, d time.Duration, path string) error {
 	body, err := c.adminCS.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
 		Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d + 30*time.Second).DoRaw(ctx)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
+}
+
+// managerProfile takes a CPU profile of the operator for d.
+func (c *cluster) managerProfile(ctx context.Context, d time.Duration, path string) error {
+	body, err := httpGet(ctx, fmt.Sprintf("%s/profile?seconds=%d", c.mgrPprof, int(d.Seconds())))
 	if err != nil {
 		return err
 	}

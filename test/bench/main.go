@@ -56,20 +56,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-redsync/redsync/v4"
-	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
-	goredislib "github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zapcore"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/controllers"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -164,8 +155,61 @@ func run(args []string) int {
 	quick := slices.Contains(args, "--quick") || slices.Contains(args, "-quick") || slices.Contains(args, "--quick=true")
 	o := defaults(quick)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: go -C test/bench run . [flags]
+	fs.Usage = func() { printUsage(fs) }
+	bindFlags(fs, &o)
+	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
+	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with at least this many status writes per variant and exit: the CPU per write of every process on its path for the DistributedLock CRD (as shipped: with kubelock's webhook, the operator serving it on the path; with its policy; without admission, without CEL, unvalidated), the bare CRD, a Lease, and kubelock-apiserver (JSON and CBOR storage, through kube-apiserver and straight), with the lock apiserver's gate.")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *summarize != "" {
+		fmt.Print(profileSummary(*summarize))
+		return 0
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	if *writes > 0 {
+		if err := allowCBOR(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		if err := writeCost(context.Background(), *writes); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		return 0
+	}
+	if o.leaseObjects > o.locks {
+		o.leaseObjects = o.locks
+	}
+	encodings, err := parseEncodings(o.encoding)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	if slices.Contains(encodings, encCBOR) {
+		if err := allowCBOR(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	// client-go's leader election logs every attempt through klog.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	if err := bench(ctx, o, os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// printUsage prints what the benchmark does and its flags.
+func printUsage(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), `Usage: go -C test/bench run . [flags]
 
 Run from the repository root (test/bench is a Go module of its own); make bench
 and make bench-quick run it this way.
@@ -178,11 +222,14 @@ Writes a Markdown report (stdout and --out) and PNG plots beside --out.
 
 Flags (defaults shown are for a default run; --quick changes them, see below):
 `)
-		fs.PrintDefaults()
-		q := defaults(true)
-		fmt.Fprintf(fs.Output(), "\n--quick presets: --locks %d --lease-objects %d --rates %s --max-steps %d --step-warmup %s --step-measure %s --uncontended-measure %s --handoff-clients %d --handoff-measure %s --leaderelection-measure %s --expiry-trials %d --expiry-lease %s --hold-clients %d (flags given after --quick override them)\n",
-			q.locks, q.leaseObjects, q.rates, q.maxSteps, q.stepWarmup, q.stepMeasure, q.uncMeasure, q.handoffK, q.handoffMeasure, q.leMeasure, q.expiryTrials, q.expiryLease, q.holdClients)
-	}
+	fs.PrintDefaults()
+	q := defaults(true)
+	fmt.Fprintf(fs.Output(), "\n--quick presets: --locks %d --lease-objects %d --rates %s --max-steps %d --step-warmup %s --step-measure %s --uncontended-measure %s --handoff-clients %d --handoff-measure %s --leaderelection-measure %s --expiry-trials %d --expiry-lease %s --hold-clients %d (flags given after --quick override them)\n",
+		q.locks, q.leaseObjects, q.rates, q.maxSteps, q.stepWarmup, q.stepMeasure, q.uncMeasure, q.handoffK, q.handoffMeasure, q.leMeasure, q.expiryTrials, q.expiryLease, q.holdClients)
+}
+
+// bindFlags binds each of o's fields to its flag in fs.
+func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.BoolVar(&o.quick, "quick", o.quick, "Smoke-test preset: fewer locks, shorter windows, fewer steps (< 3 min on 2 cores).")
 	fs.IntVar(&o.locks, "locks", o.locks, "N: DistributedLock objects created for the seed mix (creation is timed separately).")
 	fs.IntVar(&o.leaseObjects, "lease-objects", o.leaseObjects, "Lease objects created for the raw-Lease baseline (at most --locks; enough for the held population and the churn).")
@@ -224,50 +271,6 @@ Flags (defaults shown are for a default run; --quick changes them, see below):
 	fs.IntVar(&o.profileStep, "profile-step", o.profileStep, "Index (from 0) of the seed-mix step of the webhook engine to profile; none when the run stops before it.")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", o.maxInFlight, "Client-side bound on requests in flight; a request beyond it counts as an error.")
 	fs.IntVar(&o.clients, "clients", o.clients, "Lock clients (connections) the open-loop workloads spread over.")
-	summarize := fs.String("summarize-profile", "", "Only print the summary of a CPU profile file (as the report shows it) and exit.")
-	writes := fs.Int("write-cost", 0, "Only run the write-cost experiment with at least this many status writes per variant and exit: the CPU per write of every process on its path for the DistributedLock CRD (as shipped, with kubelock's policy, without CEL, unvalidated), the bare CRD, a Lease, and kubelock-apiserver (JSON and CBOR storage, through kube-apiserver and straight), with the lock apiserver's gate.")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if *summarize != "" {
-		fmt.Print(profileSummary(*summarize))
-		return 0
-	}
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	if *writes > 0 {
-		if err := writeCost(context.Background(), *writes); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			return 1
-		}
-		return 0
-	}
-	if o.leaseObjects > o.locks {
-		o.leaseObjects = o.locks
-	}
-	encodings, err := parseEncodings(o.encoding)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 2
-	}
-	if slices.Contains(encodings, encCBOR) {
-		if err := allowCBOR(); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			return 1
-		}
-	}
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	// client-go's leader election logs every attempt through klog.
-	klog.LogToStderr(false)
-	klog.SetOutput(io.Discard)
-	if err := bench(ctx, o, os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
-	}
-	return 0
 }
 
 func logf(format string, args ...any) {
@@ -305,378 +308,38 @@ type mgrStats struct {
 	createWall                     time.Duration
 }
 
+// bench runs every selected system's workloads on one cluster and writes
+// the report.
 func bench(ctx context.Context, o options, argv []string) error {
-	encodings, err := parseEncodings(o.encoding)
+	b, err := newBenchRun(o, argv)
 	if err != nil {
 		return err
 	}
-	root := testenv.RepoRoot()
-	if err := os.Chdir(root); err != nil {
-		return err
-	}
-	rep := &report{opts: o, started: time.Now(), loadStart: loadAvg(), machine: machineInfo()}
-	rep.command = strings.TrimSpace("go -C test/bench run . " + strings.Join(argv[1:], " "))
-	systems := map[string]bool{}
-	for _, s := range strings.Split(o.systems, ",") {
-		systems[strings.TrimSpace(s)] = true
-	}
-	wl := map[string]bool{}
-	for _, s := range strings.Split(o.workloads, ",") {
-		wl[strings.TrimSpace(s)] = true
-	}
-	dir := o.workDir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "kubelock-bench-")
-		if err != nil {
-			return err
-		}
-		dir = d
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := workDir(o)
+	if err != nil {
 		return err
 	}
 	if !o.keep {
 		defer func() { _ = os.RemoveAll(dir) }()
 	}
-	logf("load average at start: %s; work dir %s", rep.loadStart, dir)
-
-	rep.cborServer = slices.Contains(encodings, encCBOR)
-	c, err := startCluster(ctx, dir, logf, rep.cborServer)
+	logf("load average at start: %s; work dir %s", b.rep.loadStart, dir)
+	b.configure(dir)
+	c, err := startCluster(ctx, dir, logf, b.rep.cborServer)
 	if err != nil {
 		return err
 	}
 	defer c.stop()
-	mgrProc := proc{name: "manager", pid: c.mgr.Pid()}
-	pw := &procWatch{procs: append([]proc{mgrProc}, childProcs()...)}
-	rep.mgr.rssStart, _ = mgrProc.mem()
-
-	if err := c.activate(ctx, engineWebhook); err != nil {
+	if err := b.attach(ctx, c); err != nil {
 		return err
 	}
-	// N lock objects, then the Leases for the baseline.
-	if wl["1"] || wl["2"] || wl["5"] || wl["scale"] {
-		logf("creating %d DistributedLocks in namespace %s", o.locks, lockNS)
-		u0 := pw.snap()
-		rep.createTime, err = createLocks(ctx, c.env.Client, o.locks)
-		if err != nil {
+	// kubelock with each engine, then the baselines; scale last, as it
+	// restarts the operator.
+	for _, step := range []func(context.Context) error{b.createObjects, b.runKubelock, b.runRawCAS, b.runElections, b.runEtcd, b.runRedis, b.runScale} {
+		if err := step(ctx); err != nil {
 			return err
 		}
-		rep.created = o.locks
-		// Let the operator's informer and first reconciles settle.
-		time.Sleep(3 * time.Second)
-		rep.mgr.createWall = rep.createTime + 3*time.Second
-		rep.mgr.cpuCreate = pw.snap().since(u0)
-		rep.mgr.rssAfterCreate, _ = mgrProc.mem()
-		logf("created %d locks in %s (%.0f/s); operator RSS %s, CPU %.1fs", o.locks, rep.createTime.Round(time.Millisecond),
-			float64(o.locks)/rep.createTime.Seconds(), mib(rep.mgr.rssAfterCreate), rep.mgr.cpuCreate["manager"])
-		if systems["lease"] {
-			rep.leaseTime, err = createLeases(ctx, c.adminCS, o.leaseObjects)
-			if err != nil {
-				return err
-			}
-			rep.leases = o.leaseObjects
-			logf("created %d Leases in %s", o.leaseObjects, rep.leaseTime.Round(time.Millisecond))
-		}
-		if systems["crd"] {
-			if err := installBareCRD(c); err != nil {
-				return fmt.Errorf("installing the bare CRD: %w", err)
-			}
-			dc, err := dynamic.NewForConfig(c.admin)
-			if err != nil {
-				return err
-			}
-			d, err := createBareLocks(ctx, dc, o.leaseObjects)
-			if err != nil {
-				return err
-			}
-			logf("created %d bare CRD locks in %s", o.leaseObjects, d.Round(time.Millisecond))
-		}
 	}
-
-	var rates []float64
-	for _, s := range strings.Split(o.rates, ",") {
-		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-		if err != nil {
-			return fmt.Errorf("--rates: %w", err)
-		}
-		rates = append(rates, v*o.rateScale)
-	}
-	mix := mixConfig{lease: o.lease, churnHold: o.churnHold, warmup: o.stepWarmup, measure: o.stepMeasure,
-		rates: rates, absTol: o.bisectAbs * o.rateScale, relTol: o.bisectRel, maxSteps: o.maxSteps,
-		p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, profileDir: dir}
-	hold := holdConfig{clients: o.holdClients, perClient: o.holdPerClient, lease: o.lease, measure: max(o.holdMeasure, o.lease/3)}
-	uncRate := o.uncRate * o.rateScale
-	mix.objects = o.locks
-	lockPool := newPool(o.locks)
-
-	engines := []struct {
-		key, name string
-		e         engine
-	}{{"webhook", sysWebhook, engineWebhook}, {"policy", sysPolicy, enginePolicy}, {"none", sysNone, engineNone}}
-	for _, en := range engines {
-		if !systems[en.key] || ctx.Err() != nil {
-			continue
-		}
-		logf("admission engine: %s", en.e)
-		if err := c.activate(ctx, en.e); err != nil {
-			return err
-		}
-		// One client set per encoding; with two, workload 2 alternates
-		// between them and the others run one after the other. trs count
-		// each set's requests per operation.
-		var kls []locker
-		var names []string
-		var factories []lockClientFactory
-		var answers []*mediaTypes
-		var trs []*trips
-		for _, enc := range encodings {
-			name := en.name
-			if enc == encCBOR {
-				name = cborName(en.name)
-			}
-			a := &mediaTypes{}
-			f := lockClients(enc, a)
-			tr := newTrips()
-			kl, err := newKubelockLocker(f, tr.wrap(c.user), lockNS, o.clients, o.lease)
-			if err != nil {
-				return err
-			}
-			kls, names, factories, answers, trs = append(kls, kl), append(names, name), append(factories, f), append(answers, a), append(trs, tr)
-		}
-		if wl["1"] {
-			for i := range kls {
-				m := mix
-				if en.e == engineWebhook && i == 0 && o.profile {
-					m.profileStep = min(o.profileStep, o.maxSteps-1)
-				}
-				res := runSeedMix(ctx, c, kls[i], names[i], lockPool, m, pw, logf)
-				rep.mixes = append(rep.mixes, res)
-				for _, s := range res.Steps {
-					rep.profiles = append(rep.profiles, s.Profiles...)
-				}
-			}
-		}
-		if wl["1"] && len(kls) > 1 && ctx.Err() == nil {
-			rate := o.pairedRate * o.rateScale
-			if rate <= 0 {
-				rate = pairedRate(rep.mixes[len(rep.mixes)-len(kls):])
-			}
-			if rate <= 0 {
-				logf("  paired step of %s: no rate (no seed-mix step ran)", en.name)
-			} else if steps, err := runPairedStep(ctx, c, kls, names, lockPool, mix, pw, rate, o.pairedRounds, o.profile); err != nil {
-				logf("  paired step of %s at %.0f writes/s: %v", en.name, rate, err)
-			} else {
-				rep.paired = append(rep.paired, pairedResult{Names: names, Steps: steps, Rounds: o.pairedRounds})
-				for _, s := range steps {
-					rep.profiles = append(rep.profiles, s.Profiles...)
-				}
-			}
-		}
-		if wl["2"] {
-			if len(kls) == 1 {
-				rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, kls[0], names[0], lockPool, uncRate, o, trs[0])...)
-			} else {
-				for _, r := range runUncontendedInterleaved(ctx, kls, names, lockPool, uncRate, o.stepWarmup, o.uncMeasure, o.uncRounds, o.maxInFlight) {
-					logUncontended(r)
-					rep.uncontended = append(rep.uncontended, r)
-				}
-			}
-		}
-		if wl["5"] {
-			for i := range kls {
-				for _, sessions := range []bool{false, true} {
-					if ctx.Err() != nil {
-						break
-					}
-					t, err := kubelockHold(ctx, factories[i], c.user, lockNS, hold, sessions)
-					if err != nil {
-						return err
-					}
-					r := runHold(ctx, c, pw, names[i], sessions, lockPool, hold, t)
-					logHold(r)
-					rep.holds = append(rep.holds, r)
-				}
-			}
-		}
-		for i := range kls {
-			rep.wire = append(rep.wire, wireResult{System: names[i], Encoding: encodings[i], Answers: answers[i].String(), CBORShare: answers[i].cborShare()})
-			logf("  %-16s apiserver answers to its lock clients: %s", names[i], answers[i])
-		}
-		if wl["3"] {
-			key := "handoff-" + string(en.e)
-			// All K contenders are benchUser: let one user queue K-1 times.
-			perUser := int32(min(o.handoffK, locksv1alpha1.MaxWaitersLimit))
-			if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key},
-				Spec: locksv1alpha1.DistributedLockSpec{MaxWaitersPerUser: &perUser}}); err != nil {
-				return err
-			}
-			fifo, err := watchFIFO(ctx, c, key)
-			if err != nil {
-				return err
-			}
-			htr := newTrips()
-			st0, _ := c.serverTimes(ctx)
-			r := runHandoff(ctx, en.name, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, kubelockMutex(c.user, key, htr))
-			r.Trips = htr.summary()
-			logServerTimes(ctx, c, st0)
-			r.ServerFIFOViolations, r.ServerFIFOChecked = fifo.result()
-			r.ServerFIFO = true
-			logHandoff(r)
-			rep.handoffs = append(rep.handoffs, r)
-		}
-		if wl["4"] {
-			r := runExpiry(ctx, en.name, o.expiryTrials, o.expiryLease, kubelockExpiryTrial(c, "expiry-"+string(en.e), o.expiryLease))
-			logExpiry(r)
-			rep.expiries = append(rep.expiries, r)
-		}
-	}
-	// Back to the default engine, as a cluster would run.
-	if err := c.activate(ctx, engineWebhook); err != nil {
-		return err
-	}
-
-	userCS, err := kubernetes.NewForConfig(c.user)
-	if err != nil {
-		return err
-	}
-	// The baselines, raw CAS on Leases and on a bare custom resource: the same
-	// workloads on their own objects, made like kubelock's.
-	for _, base := range []struct {
-		key, system string
-		locker      func(cfg *rest.Config) (locker, holdTarget, error)
-	}{
-		{"lease", sysLease, func(cfg *rest.Config) (locker, holdTarget, error) {
-			ll, err := newLeaseLocker(cfg, leaseNS, o.clients)
-			if err != nil {
-				return nil, holdTarget{}, err
-			}
-			return ll, leaseHold(ll), nil
-		}},
-		{"crd", sysBare, func(cfg *rest.Config) (locker, holdTarget, error) {
-			bl, err := newBareLocker(cfg, leaseNS, o.clients)
-			if err != nil {
-				return nil, holdTarget{}, err
-			}
-			return bl, bareHold(bl), nil
-		}},
-	} {
-		if !systems[base.key] || ctx.Err() != nil {
-			continue
-		}
-		tr := newTrips()
-		l, target, err := base.locker(tr.wrap(c.user))
-		if err != nil {
-			return err
-		}
-		free := newPool(o.leaseObjects)
-		if wl["1"] {
-			m := mix
-			m.objects = o.leaseObjects
-			rep.mixes = append(rep.mixes, runSeedMix(ctx, c, l, base.system, free, m, pw, logf))
-		}
-		if wl["5"] {
-			r := runHold(ctx, c, pw, base.system, false, free, hold, target)
-			logHold(r)
-			rep.holds = append(rep.holds, r)
-		}
-		if wl["2"] {
-			rep.uncontended = append(rep.uncontended, runUncontendedBoth(ctx, c, l, base.system, free, uncRate, o, tr)...)
-		}
-	}
-	// client-go's elector on a Lease and on a DistributedLock, same timings.
-	for _, le := range []struct {
-		system, name string
-		mutex        func(i int) (mutexFn, error)
-		expiry       func(ctx context.Context, j int) (time.Duration, error)
-	}{
-		{"leaderelection", sysLE, leaderElectionMutex(userCS, "handoff-le"), leaderElectionExpiryTrial(userCS, "expiry-le")},
-		{"kubelock-le", sysKLE, kubelockElectionMutex(c, "handoff-kle"), kubelockElectionExpiryTrial(c, "expiry-kle")},
-	} {
-		if !systems[le.system] || ctx.Err() != nil {
-			continue
-		}
-		if wl["3"] {
-			r := runHandoff(ctx, le.name, o.handoffK, o.handoffHold, o.stepWarmup, o.leMeasure, le.mutex)
-			logHandoff(r)
-			rep.handoffs = append(rep.handoffs, r)
-		}
-		if wl["4"] {
-			r := runExpiry(ctx, le.name, o.expiryTrials, leLeaseDuration, le.expiry)
-			logExpiry(r)
-			rep.expiries = append(rep.expiries, r)
-		}
-	}
-	if systems["etcd"] && ctx.Err() == nil {
-		cli, err := newEtcdClient(c.etcdURL)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = cli.Close() }()
-		if wl["2"] {
-			el, err := newEtcdLocker(cli, o.clients)
-			if err != nil {
-				return err
-			}
-			r := runUncontended(ctx, el, sysEtcd, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
-			el.close()
-			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysEtcd, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
-			rep.uncontended = append(rep.uncontended, r)
-		}
-		if wl["3"] {
-			var cleanup []func()
-			r := runHandoff(ctx, sysEtcd, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, etcdMutex(cli, "/kubelock-bench/handoff", &cleanup))
-			for _, f := range cleanup {
-				f()
-			}
-			logHandoff(r)
-			rep.handoffs = append(rep.handoffs, r)
-		}
-		if wl["4"] {
-			ttl := max(1, int(o.expiryLease/time.Second))
-			r := runExpiry(ctx, sysEtcd, o.expiryTrials, time.Duration(ttl)*time.Second, etcdExpiryTrial(cli, "/kubelock-bench/expiry", ttl))
-			logExpiry(r)
-			rep.expiries = append(rep.expiries, r)
-		}
-	}
-	if systems["redis"] && ctx.Err() == nil {
-		rc := goredislib.NewClient(&goredislib.Options{Addr: c.redisAddr})
-		defer func() { _ = rc.Close() }()
-		rs := redsync.New(goredis.NewPool(rc))
-		if wl["2"] {
-			r := runUncontended(ctx, &redisLocker{rs: rs}, sysRedis, newPool(o.locks), uncRate, o.stepWarmup, o.uncMeasure, o.maxInFlight, nil)
-			logf("  %-16s uncontended: acquire p50 %v p99 %v, errors %d", sysRedis, r.Acquire.P50.Round(time.Millisecond), r.Acquire.P99.Round(time.Millisecond), r.Errors)
-			rep.uncontended = append(rep.uncontended, r)
-		}
-		if wl["3"] {
-			r := runHandoff(ctx, sysRedis, o.handoffK, o.handoffHold, o.stepWarmup, o.handoffMeasure, redisMutex(rs, "kubelock-bench/handoff"))
-			logHandoff(r)
-			rep.handoffs = append(rep.handoffs, r)
-		}
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	_, rep.mgr.peak = mgrProc.mem()
-	// Last: it restarts the operator.
-	if wl["scale"] {
-		rep.scale = runScale(ctx, c, lockPool, scaleConfig{locks: o.locks, held: min(o.scaleHeld, o.locks), holdLease: 300 * time.Second, holdRate: o.scaleHoldRate * o.rateScale,
-			lapses: o.scaleLapses, lapseLease: o.scaleLapse, lapseOver: 4 * o.scaleLapse, workers: 8, grace: controllers.DefaultExpiryGrace}, logf)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-	}
-	rep.finished = time.Now()
-	rep.loadEnd = loadAvg()
-	logf("load average at end: %s; took %s", rep.loadEnd, rep.finished.Sub(rep.started).Round(time.Second))
-	md := rep.markdown(o.out)
-	fmt.Print(md)
-	if o.out != "" {
-		if err := rep.write(o.out, md); err != nil {
-			return err
-		}
-		logf("wrote %s", o.out)
-	}
-	return nil
+	return b.writeReport()
 }
 
 // runUncontendedBoth runs workload 2 on locks taken for the first time, then

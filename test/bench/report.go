@@ -286,7 +286,9 @@ func kindsString(k map[string]int) string {
 	return strings.Join(parts, "; ")
 }
 
-// headline states the ratios the issue asks for.
+// headline states each system's ratios against the budget's yardsticks:
+// raw Lease CAS, the least a lock write could cost, and the bare CRD, the
+// least a lock kept in a custom resource could.
 func (r *report) headline(p func(string, ...any)) {
 	var lines []string
 	if limit := r.mix(sysLease); limit != nil && limit.Bracket.Sustained > 0 {
@@ -312,7 +314,8 @@ func (r *report) headline(p func(string, ...any)) {
 			}
 		}
 	}
-	// The issue's hand-off target: against one raw Lease write (workload 2's release).
+	// The hand-off target: against one raw Lease write (workload 2's release),
+	// the least one hand-off's write could cost.
 	if base := r.unc(sysLease, true); base != nil {
 		for _, sys := range []string{sysWebhook, sysPolicy, sysNone} {
 			if h := r.handoff(sys); h != nil {
@@ -342,8 +345,9 @@ type targetRow struct {
 	met            bool
 }
 
-// The performance budget (DESIGN.md, "Performance notes"; issue 17), as
-// ratios against raw Lease CAS measured in the same run.
+// The performance budget (docs/benchmarks.md, "The performance budget"), as
+// ratios against raw Lease CAS measured in the same run: a loaded machine
+// slows both sides alike.
 const (
 	targetThroughput = 0.8  // seed mix, highest sustained rate
 	targetWritesPer  = 1.05 // apiserver writes per lock write
@@ -412,7 +416,7 @@ func (r *report) targets(p func(string, ...any)) {
 	if len(rows) == 0 {
 		return
 	}
-	p("\nTargets (DESIGN.md's performance budget), as this run measured them:\n\n| target | figure | met |\n|---|---|---|\n")
+	p("\nTargets (the performance budget, in the analysis below), as this run measured them:\n\n| target | figure | met |\n|---|---|---|\n")
 	for _, t := range rows {
 		p("| %s | %s | %s |\n", t.target, t.figure, met(t.met))
 	}

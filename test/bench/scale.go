@@ -36,7 +36,9 @@ import (
 // expiries of leases that lapse meanwhile, in steady state and right after
 // the restart, when the controller's queue holds every lock.
 
-// Targets of issue 17, reported against the figures.
+// The budget's targets at scale, reported against the figures: the
+// operator's peak RSS, and how long after its lease and grace a lapsed
+// holding may stay held.
 const (
 	scaleRSSTarget   = 300 << 20
 	lapseSlackTarget = 500 * time.Millisecond
@@ -727,7 +729,7 @@ func (s *scaleResult) markdown() string {
 	return b.String()
 }
 
-// targets are the issue's targets this workload measures: the operator's
+// targets are the budget's targets this workload measures: the operator's
 // peak RSS and each round's expiry lateness.
 func (s *scaleResult) targets() []targetRow {
 	cfg := s.Cfg

@@ -5,11 +5,14 @@
 package faultproxy
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +31,10 @@ const (
 	DropResponse
 	// Refuse cuts the client's connection without forwarding anything.
 	Refuse
+	// Hold keeps the request until the apiserver accepts connections, then
+	// forwards it (at once when it does), as a load balancer queues requests
+	// while its only backend restarts and sends them the moment it listens.
+	Hold
 )
 
 // Rule decides the action for a request; nil means Pass for everything.
@@ -40,10 +47,11 @@ type Proxy struct {
 	target    *url.URL
 	rp        *httputil.ReverseProxy
 
-	mu      sync.Mutex
-	rule    Rule
-	delay   time.Duration
-	dropped atomic.Int64
+	mu        sync.Mutex
+	rule      Rule
+	delay     time.Duration
+	forbidden map[string]int64 // 403s passed on, by User-Agent
+	dropped   atomic.Int64
 }
 
 // New starts a proxy to the apiserver of upstream.
@@ -56,11 +64,19 @@ func New(upstream *rest.Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{transport: rt, target: target}
+	p := &Proxy{transport: rt, target: target, forbidden: map[string]int64{}}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
 		Transport:     rt,
 		FlushInterval: -1, // stream watch events as they come
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode == http.StatusForbidden {
+				p.mu.Lock()
+				p.forbidden[resp.Request.UserAgent()]++
+				p.mu.Unlock()
+			}
+			return nil
+		},
 	}
 	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
 	return p, nil
@@ -88,6 +104,20 @@ func (p *Proxy) SetDelay(d time.Duration) {
 // Dropped counts responses dropped after the apiserver answered.
 func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
 
+// Forbidden counts the 403 answers the proxy passed on to clients whose
+// User-Agent starts with agent.
+func (p *Proxy) Forbidden(agent string) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for ua, c := range p.forbidden {
+		if strings.HasPrefix(ua, agent) {
+			n += c
+		}
+	}
+	return n
+}
+
 // CutConnections cuts every open client connection (a watch in progress
 // too), as a network break would; the proxy keeps serving new ones.
 func (p *Proxy) CutConnections() { p.srv.CloseClientConnections() }
@@ -112,6 +142,11 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	switch action {
 	case Refuse:
 		panic(http.ErrAbortHandler)
+	case Hold:
+		if !p.awaitUpstream(r.Context()) {
+			panic(http.ErrAbortHandler)
+		}
+		p.rp.ServeHTTP(w, r)
 	case DropResponse:
 		out := r.Clone(r.Context())
 		out.RequestURI = ""
@@ -126,5 +161,25 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler) // the client's connection is cut mid-response
 	default:
 		p.rp.ServeHTTP(w, r)
+	}
+}
+
+// awaitUpstream returns once the apiserver accepts a connection, false if ctx
+// ends first.
+func (p *Proxy) awaitUpstream(ctx context.Context) bool {
+	var d net.Dialer
+	for {
+		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		c, err := d.DialContext(dctx, "tcp", p.target.Host)
+		cancel()
+		if err == nil {
+			_ = c.Close()
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(2 * time.Millisecond):
+		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-// The client within the server's queue bounds (issue 13): it asks for no more
+// The client within the server's queue bounds: it asks for no more
 // than spec.maxWaitSeconds and spec.maxWaitersPerUser allow, and writes the pod
 // of its bound token.
 var _ = Describe("queue bounds and pod binding from the client", func() {

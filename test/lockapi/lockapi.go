@@ -1,12 +1,12 @@
 // Package lockapi starts kubelock-apiserver next to a testenv control plane
 // for the suites and the benchmark: the binary built from
-// cmd/kubelock-apiserver, an etcd of its own, and its registration with
-// kube-apiserver (an APIService, a Service and an EndpointSlice pointing at
-// it, and the RBAC a delegating API server needs).
+// cmd/kubelock-apiserver, an etcd of its own (internal/localcluster's), and
+// its registration with kube-apiserver (an APIService, a Service and an
+// EndpointSlice pointing at it, and the RBAC a delegating API server needs).
 //
-// kube-apiserver must run with the aggregation layer (Aggregation's options).
-// It refuses loopback endpoints, so the server listens on HostIP, the
-// machine's first non-loopback IPv4 address.
+// kube-apiserver must run with the aggregation layer (ControlPlane starts
+// it so). It refuses loopback endpoints, so the server listens on HostIP,
+// the machine's first non-loopback IPv4 address.
 package lockapi
 
 import (
@@ -15,11 +15,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/internal/pki"
 	childproc "github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/test/testenv"
@@ -49,47 +49,17 @@ const (
 	User = "kubelock-apiserver"
 	// ControllerUser is the user name the lock apiserver treats as kubelock's controller.
 	ControllerUser = "kubelock-test-controller"
-	// frontProxyUser is the common name of kube-apiserver's proxy client certificate.
-	frontProxyUser = "front-proxy-client"
 )
 
-// Aggregation writes the front proxy's CA and kube-apiserver's proxy client
-// certificate to dir and returns the options that turn on the aggregation
-// layer: proxied requests carry the user in X-Remote-* headers, and go to
-// an APIService's endpoints, not its Service's cluster IP.
-func Aggregation(dir string) ([]testenv.Option, error) {
-	ca, err := pki.New("kubelock-front-proxy-ca")
-	if err != nil {
-		return nil, err
-	}
-	crt, key, err := ca.Client(frontProxyUser)
-	if err != nil {
-		return nil, err
-	}
-	caFile, crtFile, keyFile := filepath.Join(dir, "front-proxy-ca.crt"), filepath.Join(dir, "front-proxy-client.crt"), filepath.Join(dir, "front-proxy-client.key")
-	if err := errors.Join(os.WriteFile(caFile, ca.PEM, 0o600), os.WriteFile(crtFile, crt, 0o600), os.WriteFile(keyFile, key, 0o600)); err != nil {
-		return nil, err
-	}
-	return []testenv.Option{testenv.WithAPIServerArgs(
-		"requestheader-client-ca-file", caFile,
-		"requestheader-allowed-names", frontProxyUser,
-		"requestheader-username-headers", "X-Remote-User",
-		"requestheader-uid-headers", "X-Remote-Uid",
-		"requestheader-group-headers", "X-Remote-Group",
-		"requestheader-extra-headers-prefix", "X-Remote-Extra-",
-		"proxy-client-cert-file", crtFile,
-		"proxy-client-key-file", keyFile,
-		"enable-aggregator-routing", "true",
-	)}, nil
-}
-
-// WithoutLockCRDs keeps the lock CRDs out of the control plane: the group
-// version is served by the APIService.
-func WithoutLockCRDs() testenv.Option {
-	return func(env *envtest.Environment) {
+// ControlPlane starts a control plane for a lock apiserver to serve the
+// lock API to: the aggregation layer on (proxied requests carry the user in
+// X-Remote-* headers and go to an APIService's endpoints), and no lock CRDs
+// (a group version is served by a CRD or by an APIService, never both).
+func ControlPlane(opts ...testenv.Option) (*testenv.Env, error) {
+	return testenv.StartAggregated(append(opts, func(env *envtest.Environment) {
 		env.CRDDirectoryPaths = nil
 		env.ErrorIfCRDPathMissing = false
-	}
+	})...)
 }
 
 // Options say how to run one lock apiserver.
@@ -105,7 +75,7 @@ type Options struct {
 // Server is a running lock apiserver and its etcd.
 type Server struct {
 	Name      string
-	Etcd      *childproc.Child
+	Etcd      *localcluster.Etcd
 	APIServer *childproc.Child
 	// Host and Port are where it listens.
 	Host string
@@ -116,13 +86,7 @@ type Server struct {
 
 // Build builds cmd/kubelock-apiserver into dir and returns the binary's path.
 func Build(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "kubelock-apiserver")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/kubelock-apiserver")
-	cmd.Dir = testenv.RepoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/kubelock-apiserver: %w\n%s", err, out)
-	}
-	return bin, nil
+	return testenv.Build(ctx, dir, "./cmd/kubelock-apiserver")
 }
 
 // Start runs bin (see Build) with an etcd of its own, both with their files
@@ -152,11 +116,12 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 	if err != nil {
 		return s, err
 	}
-	etcdURL, err := s.startEtcd(ctx, filepath.Join(dir, o.Name+"-etcd"))
-	if err != nil {
+	if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(dir, o.Name+"-etcd"), AssetsDir: testenv.AssetsDir()}); err != nil {
 		return s, err
 	}
-	if s.Port, err = freePort(host); err != nil {
+	// Reserved for this process as the control plane's ports are (FreePort
+	// checks loopback; only this server binds the host's address).
+	if s.Port, err = childproc.FreePort(); err != nil {
 		return s, err
 	}
 	certDir := filepath.Join(dir, o.Name+"-serving")
@@ -164,7 +129,7 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 		return s, err
 	}
 	args := append([]string{
-		"--etcd-servers=" + etcdURL,
+		"--etcd-servers=" + strings.Join(s.Etcd.Endpoints(), ","),
 		"--bind-address=" + host,
 		"--secure-port=" + strconv.Itoa(s.Port),
 		"--tls-cert-file=" + filepath.Join(certDir, "tls.crt"),
@@ -204,32 +169,13 @@ func (s *Server) Direct(base *rest.Config) *rest.Config {
 // Stop stops the server, then its etcd.
 func (s *Server) Stop() error {
 	var errs []error
-	for _, c := range []*childproc.Child{s.APIServer, s.Etcd} {
-		if c != nil {
-			errs = append(errs, c.Stop(20*time.Second))
-		}
+	if s.APIServer != nil {
+		errs = append(errs, s.APIServer.Stop(20*time.Second))
+	}
+	if s.Etcd != nil {
+		errs = append(errs, s.Etcd.Stop())
 	}
 	return errors.Join(errs...)
-}
-
-// startEtcd runs the control plane's etcd binary with envtest's flags, so
-// the lock store costs what the cluster's etcd would.
-func (s *Server) startEtcd(ctx context.Context, dataDir string) (string, error) {
-	ports, err := freePorts("127.0.0.1", 2)
-	if err != nil {
-		return "", err
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	s.Etcd, err = childproc.Start(s.Name+"-etcd", filepath.Join(testenv.AssetsDir(), "etcd"), dataDir+".log",
-		"--data-dir="+dataDir, "--listen-client-urls="+url, "--advertise-client-urls="+url,
-		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", ports[1]), "--unsafe-no-fsync=true")
-	if err != nil {
-		return "", err
-	}
-	return url, s.Etcd.WaitFor(ctx, "ready", time.Minute, func(ctx context.Context) error {
-		_, err := childproc.GetOK(ctx, &http.Client{Timeout: time.Second}, url+"/readyz")
-		return err
-	})
 }
 
 // writeServingCert issues the serving certificate kube-apiserver checks: for
@@ -381,32 +327,4 @@ func HostIP() (string, error) {
 		}
 	}
 	return "", errors.New("lockapi: no non-loopback IPv4 address on an interface that is up")
-}
-
-func freePort(host string) (int, error) {
-	ports, err := freePorts(host, 1)
-	if err != nil {
-		return 0, err
-	}
-	return ports[0], nil
-}
-
-// freePorts are n ports nothing listens on now on host.
-func freePorts(host string, n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port) //nolint:errcheck // a TCP listener's address
-	}
-	return ports, nil
 }

@@ -15,6 +15,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -42,12 +43,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	opts, err := lockapi.Aggregation(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if env, err = testenv.Start(append(opts, lockapi.WithoutLockCRDs())...); err != nil {
+	if env, err = lockapi.ControlPlane(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -344,6 +340,54 @@ func TestEachEndpointWritesItsOwnPart(t *testing.T) {
 	got = get(t, ns, "parts")
 	if got.Spec.MaxWaitSeconds != 60 || got.Status.ObservedGeneration != l.Generation || got.Generation != l.Generation+1 {
 		t.Errorf("after a spec write: spec.maxWaitSeconds %d, status.observedGeneration %d, generation %d", got.Spec.MaxWaitSeconds, got.Status.ObservedGeneration, got.Generation)
+	}
+}
+
+// TestTimesGoWritesBackOutOfPatternAreRefused: a time that decodes but that
+// Go writes back out of the CRD's patterns (year 0 at +01:00 is written as
+// year -1) would leave a lock no Go client can read. A MicroTime is refused
+// by the CRD's checks (422), as the CRD refuses it; a condition's
+// lastTransitionTime, which the CRD takes as any date-time, by the rules'
+// time-format denial (403). Neither write changes the lock.
+func TestTimesGoWritesBackOutOfPatternAreRefused(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	alice, cfg, _ := lockClient(t, "alice", ns)
+	held, err := alice.TryAcquire(ctx, "times")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = held.Release(ctx) }()
+	c := userClient(t, cfg)
+	for _, tc := range []struct {
+		name   string
+		set    func(status map[string]any)
+		refuse func(error) bool
+		want   string
+	}{
+		{"a holder's renewTime", func(s map[string]any) {
+			s["holder"].(map[string]any)["renewTime"] = "0000-01-01T00:30:00.000000+01:00" //nolint:errcheck,forcetypeassert // a held lock's
+		}, apierrors.IsInvalid, "status.holder.renewTime"},
+		{"the Held condition's lastTransitionTime", func(s map[string]any) {
+			s["conditions"].([]any)[0].(map[string]any)["lastTransitionTime"] = "0000-01-01T00:30:00+01:00" //nolint:errcheck,forcetypeassert // a held lock's
+		}, apierrors.IsForbidden, "[kubelock:time-format]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(locksv1alpha1.GroupVersion.WithKind("DistributedLock"))
+			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "times"}, u); err != nil {
+				t.Fatal(err)
+			}
+			before := u.GetResourceVersion()
+			tc.set(u.Object["status"].(map[string]any)) //nolint:errcheck,forcetypeassert // a lock's status
+			err := c.Status().Update(ctx, u)
+			if !tc.refuse(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want a refusal naming %s", err, tc.want)
+			}
+			if after := get(t, ns, "times"); after.ResourceVersion != before {
+				t.Errorf("the refused write changed the lock (resourceVersion %s → %s)", before, after.ResourceVersion)
+			}
+		})
 	}
 }
 

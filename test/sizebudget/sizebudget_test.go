@@ -231,14 +231,15 @@ func (w worst) lock() *locksv1alpha1.DistributedLock {
 			MaxWaitersPerUser: ptr.To[int32](locksv1alpha1.MaxWaitersLimit), MaxWaitSeconds: locksv1alpha1.MaxWaitSecondsLimit,
 		},
 	}
-	// A lock user's create: 16 labels and 16 annotations (rules.maxCreateMeta),
-	// keys at their longest (a 253-character prefix and a 63-character name),
-	// label values of 63 characters, annotation values of
-	// rules.MaxCreateAnnotationValue characters of any kind.
+	// A lock user's create: 16 labels (rules.maxCreateMeta), keys at their
+	// longest (a 253-character prefix and a 63-character name) and values of
+	// 63 characters; 16 annotations of rules.MaxCreateAnnotationBytes in all,
+	// keys as short as they come so that the values, of any characters, take
+	// the rest.
 	for i := range 16 {
 		k := dnsName(253) + "/" + unique(strings.Repeat("k", 63), i)
 		l.Labels[k] = strings.Repeat("v", 63)
-		l.Annotations[k] = strings.Repeat("\x00", rules.MaxCreateAnnotationValue)
+		l.Annotations[string(rune('a'+i))] = strings.Repeat("\x00", rules.MaxCreateAnnotationBytes/16-1)
 	}
 	s := &l.Status
 	holder := locksv1alpha1.LockHolder{

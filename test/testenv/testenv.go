@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -63,7 +65,14 @@ type Env struct {
 
 // Start starts etcd and kube-apiserver, installs the CRDs from config/crd/bases
 // and the lock-user ClusterRole. Stop it with Env.Stop.
-func Start(opts ...Option) (*Env, error) {
+func Start(opts ...Option) (*Env, error) { return start(false, opts) }
+
+// StartAggregated is Start with kube-apiserver's aggregation layer on
+// (localcluster's Options.Aggregation): for a control plane an APIService's
+// server serves part of.
+func StartAggregated(opts ...Option) (*Env, error) { return start(true, opts) }
+
+func start(aggregation bool, opts []Option) (*Env, error) {
 	scheme := k8sruntime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err
@@ -85,7 +94,9 @@ func Start(opts ...Option) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	cluster, err := localcluster.Start(context.Background(), clusterOptions(env, dir))
+	o := clusterOptions(env, dir)
+	o.Aggregation = aggregation
+	cluster, err := localcluster.Start(context.Background(), o)
 	if err != nil {
 		// Its logs stay in dir for the error's reader.
 		return nil, fmt.Errorf("starting the control plane from %s (build it with 'make control-plane'): %w", env.BinaryAssetsDirectory, err)
@@ -203,6 +214,18 @@ func WithEtcdArgs(kv ...string) Option {
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Build builds the command pkg (a package path from the repository's root,
+// such as ./cmd/manager) into dir and returns the binary's path.
+func Build(ctx context.Context, dir, pkg string) (string, error) {
+	bin := filepath.Join(dir, path.Base(pkg))
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
+	cmd.Dir = RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
+	}
+	return bin, nil
 }
 
 // AssetsDir is KUBEBUILDER_ASSETS when set, else the newest control-plane build

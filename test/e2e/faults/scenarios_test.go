@@ -5,7 +5,9 @@ package faults
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
@@ -17,11 +19,15 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/faultproxy"
 	"github.com/kubelock/kubelock/test/history"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 func getLock(ctx context.Context, key string) *locksv1alpha1.DistributedLock {
@@ -210,7 +216,7 @@ var _ = Describe("fault scenarios", func() {
 				base.Round(time.Millisecond), one.Round(time.Millisecond), after.Round(time.Millisecond), secs(doneAfter), failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err))}, "s3")
 	})
 
-	It("4: kube-apiserver SIGKILLed and restarted under load", func(ctx SpecContext) {
+	It("4: kube-apiserver SIGKILLed and restarted under load; a release sent across the restart succeeds, a rule's refusal stays final", func(ctx SpecContext) {
 		keys := []string{newLock(ctx, "s4", 3, 2), newLock(ctx, "s4", 3, 2), newLock(ctx, "s4", 3, 2)}
 		var cs []*lockClient
 		for i := range 4 {
@@ -218,13 +224,60 @@ var _ = Describe("fault scenarios", func() {
 			c.do(wire.Command{Cmd: "loop", Keys: keys, N: 2, Wait: 5 * time.Second, Seed: uint64(i)})
 			cs = append(cs, c)
 		}
+		// A holding whose lease outlasts the outage, and a lock the
+		// controller's user is refused by a rule ([kubelock:controller-only]).
+		held, ruled := newLock(ctx, "s4", 30, 2), newLock(ctx, "s4", 3, 2)
+		h := newClient("s4-h")
+		acquireOK(h, held, 10*time.Second)
+		var sent suite.Requests
+		controller, err := lock.New(sent.Count(cp.userConfig(controllerUser, "system:masters")), lock.WithNamespace(namespace), lock.WithIdentity(controllerUser))
+		Expect(err).NotTo(HaveOccurred())
 		Eventually(func() int { return countOK(events("s4")) }).Should(BeNumerically(">=", 20))
+		// The holder's writes sent while the apiserver is down wait at the
+		// proxy and reach the apiserver the moment it listens, before its
+		// authorizer has loaded the RBAC rules that allow them.
+		proxy.SetRule(func(r *http.Request) faultproxy.Action {
+			if r.Method == http.MethodPut && strings.HasPrefix(r.UserAgent(), "s4-h") {
+				return faultproxy.Hold
+			}
+			return faultproxy.Pass
+		})
+		DeferCleanup(func() { proxy.SetRule(nil) })
+		forbiddenBefore := proxy.Forbidden("s4-h")
 		cp.APIServer().Kill()
+		_, released := h.send(wire.Command{Cmd: "release", Key: held})
+		refused := make(chan ruleRefusal, 1)
+		go func() {
+			defer GinkgoRecover()
+			refused <- refuseOnRestart(ctx, controller, &sent, ruled)
+		}()
 		// The apiserver stays down for a scheduled 3s.
 		time.Sleep(3 * time.Second)
 		restart := history.Mono()
 		Expect(cp.APIServer().Start(ctx)).To(Succeed())
 		Expect(cp.ready(ctx)).To(Succeed())
+
+		var rr wire.Reply
+		Eventually(released).WithTimeout(time.Minute).Should(Receive(&rr))
+		Expect(rr.Outcome).To(Equal(history.OK), "the release sent across the restart: %s", rr.Err)
+		releasedAfter := history.Mono() - restart
+		refusedWrites := proxy.Forbidden("s4-h") - forbiddenBefore
+		Expect(refusedWrites).To(BeNumerically(">=", 1), "the restarted apiserver never refused the holder: the release did not cross the window it is tested in")
+		var rf ruleRefusal
+		Eventually(refused).WithTimeout(time.Minute).Should(Receive(&rf))
+		Expect(apierrors.IsForbidden(rf.err)).To(BeTrue(), "the controller's acquire: %v", rf.err)
+		Expect(rf.err.Error()).To(ContainSubstring("[kubelock:controller-only]"))
+		Expect(rf.sent.Refused).To(Equal(1), "the rule's 403 was sent again")
+		Expect(rf.sent.Polls).To(BeZero(), "the rule's 403 was taken for a starting apiserver's")
+		// RBAC's refusal, now that the apiserver is ready, is final too.
+		var stranger suite.Requests
+		sc, err := lock.New(stranger.Count(cp.userConfig("faults-stranger")), lock.WithNamespace(namespace), lock.WithIdentity("faults-stranger"))
+		Expect(err).NotTo(HaveOccurred())
+		_, err = sc.TryAcquire(ctx, ruled)
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "a user without RBAC: %v", err)
+		Expect(err.Error()).To(ContainSubstring(`User "faults-stranger" cannot`))
+		Expect(stranger.Get()).To(Equal(suite.Sent{Refused: 1, Polls: 1}), "what the refused user sent")
+
 		base := countOKAfter(events("s4"), restart)
 		Eventually(func() int { return countOKAfter(events("s4"), restart) }).WithTimeout(2 * time.Minute).Should(BeNumerically(">", base))
 		recovery := firstOKAfter(events("s4"), restart) - restart
@@ -233,9 +286,12 @@ var _ = Describe("fault scenarios", func() {
 			c.do(wire.Command{Cmd: "stop"})
 			c.exit()
 		}
-		unwatch(keys...)
-		check(ctx, result{Scenario: "4 kube-apiserver killed under load", Faults: "SIGKILL of kube-apiserver with 4 looping clients on 3 locks, down 3s, restarted",
-			Recovery: secs(recovery) + " from restart to the next acquisition"}, "s4")
+		h.exit()
+		unwatch(append(keys, held, ruled)...)
+		check(ctx, result{Scenario: "4 kube-apiserver killed under load", Faults: "SIGKILL of kube-apiserver with 4 looping clients on 3 locks, down 3s, restarted; a holder's release sent while it was down",
+			Recovery: secs(recovery) + " from restart to the next acquisition",
+			Notes: fmt.Sprintf("the holder's writes, held at the proxy until the apiserver listened, got %d 403s from the starting apiserver and were sent again: its release succeeded %s after the restart; the controller's acquire, sent the moment the apiserver listened and answered %s, returned after one 403 ([kubelock:controller-only]) and no /readyz poll; a user without RBAC, once ready, after one 403 and one poll",
+				refusedWrites, secs(releasedAfter), rf.when())}, "s4")
 	})
 
 	It("5: the leader manager SIGKILLed mid-expiry: the standby takes over, nothing expires early, expiry resumes", func(ctx SpecContext) {
@@ -278,7 +334,7 @@ var _ = Describe("fault scenarios", func() {
 
 	It("6: with the webhook down every lock write fails closed and nothing changes; back up, service resumes", func(ctx SpecContext) {
 		key, free := newLock(ctx, "s6", 3, 2), newLock(ctx, "s6", 3, 2)
-		h, c := newClient("s6-h"), newClient("s6-c")
+		h, c, w := newClient("s6-h"), newClient("s6-c"), newClient("s6-w")
 		rh := acquireOK(h, key, 10*time.Second)
 		for _, m := range managers {
 			m.supervise(false)
@@ -288,6 +344,22 @@ var _ = Describe("fault scenarios", func() {
 			m.kill()
 		}
 		before, freeBefore := getLock(ctx, key), getLock(ctx, free)
+		// A client blocked in Acquire through the outage, as an application
+		// waits: its writes fail ("failed calling webhook") and it retries,
+		// its back-off at its cap by the restart.
+		var attempts atomic.Int64
+		var restarted atomic.Pointer[timeline]
+		proxy.SetRule(func(r *http.Request) faultproxy.Action {
+			if r.Method == http.MethodPut && strings.HasPrefix(r.UserAgent(), "s6-w") {
+				attempts.Add(1)
+				if tl := restarted.Load(); tl != nil {
+					tl.mark("the waiter's first write after the restart")
+				}
+			}
+			return faultproxy.Pass
+		})
+		DeferCleanup(func() { proxy.SetRule(nil) })
+		_, wch := w.send(wire.Command{Cmd: "acquire", Key: free, Wait: 2 * time.Minute})
 		start := time.Now()
 		r := c.do(wire.Command{Cmd: "acquire", Key: free, Try: true, Wait: 5 * time.Second})
 		failAfter := time.Since(start)
@@ -301,26 +373,51 @@ var _ = Describe("fault scenarios", func() {
 		Expect(getLock(ctx, free).ResourceVersion).To(Equal(freeBefore.ResourceVersion))
 		Expect(after.Status.Holder).NotTo(BeNil())
 		Expect(after.Status.Holder.LeaseID).To(Equal(rh.Lease))
+		Expect(attempts.Load()).To(BeNumerically(">=", 2), "the waiter's writes should be failing at the webhook")
 		upAt := history.Mono()
-		for _, m := range managers {
+		tl := newTimeline(upAt)
+		restarted.Store(tl)
+		wctx, stopWatching := context.WithCancel(ctx)
+		defer stopWatching()
+		for i, m := range managers {
 			m.supervise(true)
 			Expect(m.start()).To(Succeed())
+			tl.mark(m.name + " started")
+			tl.watchListening(wctx, m.name, lb.backends[i])
 		}
+		tl.watchLeader(wctx)
+		var rw wire.Reply
+		select {
+		case rw = <-wch:
+		case <-time.After(2 * time.Minute):
+			Fail("the waiter never acquired the free lock after the webhook came back")
+		}
+		Expect(rw.Outcome).To(Equal(history.OK), rw.Err)
+		tl.mark("the waiter acquired the free lock")
+		Expect(w.do(wire.Command{Cmd: "release", Key: free}).Outcome).To(Equal(history.OK))
+		// The abandoned holding ends only by expiry: a new leader first, then
+		// a full lease and the grace from its takeover.
 		var rc wire.Reply
 		Eventually(func() string {
 			rc = c.do(wire.Command{Cmd: "acquire", Key: key, Try: true, Wait: 5 * time.Second})
 			return rc.Outcome
 		}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Equal(history.OK))
-		recovery := history.Mono() - upAt
+		tl.mark("the abandoned lock acquired")
+		if e, ok := obs.expiries("s6")[rh.Lease]; ok {
+			tl.markAt(e[0], "the abandoned holding seen expired")
+		}
+		tl.log("scenario 6, after the restart")
 		Expect(rc.Token).To(BeNumerically(">", rh.Token))
 		Expect(c.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
 		h.exit()
 		c.exit()
-		unwatch(key)
+		w.exit()
+		unwatch(key, free)
 		check(ctx, result{Scenario: "6 webhook down", Faults: fmt.Sprintf("both operator replicas (the webhook's only backends) SIGKILLed for %s", secs(upAt-downAt)),
-			Recovery: secs(recovery) + " from restart to the next acquisition",
-			Notes: fmt.Sprintf("during the outage: acquire of a free lock failed after %s (%s: %s); renewals failed so the holder's Done fired; its release: %s; both locks' resourceVersion unchanged",
-				failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err), rr.Outcome)}, "s6")
+			Recovery: fmt.Sprintf("%s from restart to the next acquisition (a client blocked in Acquire through the outage); the abandoned holding taken over %s after restart",
+				secs(tl.since("the waiter acquired the free lock")), secs(tl.since("the abandoned lock acquired"))),
+			Notes: fmt.Sprintf("during the outage: acquire of a free lock failed after %s (%s: %s); renewals failed so the holder's Done fired; its release: %s; both locks' resourceVersion unchanged; after the restart: %s",
+				failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err), rr.Outcome, tl)}, "s6")
 	})
 
 	It("7: waiters cancelled and killed while queued: the queue drains in order without a stuck head beyond handoffTimeoutSeconds", func(ctx SpecContext) {
@@ -428,6 +525,65 @@ var _ = Describe("fault scenarios", func() {
 				secs(history.Mono()-jumpedAt), secs(e[1]-d), skew.Round(time.Second))}, "s8")
 	})
 })
+
+// ruleRefusal is how the apiserver answered a write a rule refuses, sent
+// the moment it listened again after a restart.
+type ruleRefusal struct {
+	err  error
+	sent suite.Sent
+	// notReady: /readyz still failed once the answer came.
+	notReady bool
+}
+
+func (r ruleRefusal) when() string {
+	if r.notReady {
+		return "while /readyz failed"
+	}
+	return "once /readyz passed"
+}
+
+// refuseOnRestart waits until the apiserver listens again, then has c, as the
+// controller's user, acquire key, which [kubelock:controller-only] refuses.
+func refuseOnRestart(ctx context.Context, c *lock.Client, sent *suite.Requests, key string) ruleRefusal {
+	u, err := url.Parse(cp.URL())
+	must(err)
+	Expect(awaitListening(ctx, u.Host)).To(Succeed())
+	before := sent.Get()
+	_, err = c.TryAcquire(ctx, key)
+	return ruleRefusal{err: err, sent: sent.Since(before), notReady: !readyzPasses(ctx)}
+}
+
+// readyzPasses reports whether the apiserver's /readyz passes now.
+func readyzPasses(ctx context.Context) bool {
+	hc, err := rest.HTTPClientFor(cp.admin)
+	must(err)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.URL()+"/readyz", nil)
+	must(err)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// awaitListening returns once addr accepts TCP connections, or ctx's error.
+func awaitListening(ctx context.Context, addr string) error {
+	var d net.Dialer
+	for {
+		dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		c, err := d.DialContext(dctx, "tcp", addr)
+		cancel()
+		if err == nil {
+			return c.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
 
 func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {

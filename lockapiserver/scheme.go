@@ -9,7 +9,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/lockapiserver/validation"
+	"github.com/kubelock/kubelock/lockapiserver/validation"
 )
 
 var (

@@ -13,9 +13,9 @@ import (
 	"k8s.io/apiserver/pkg/registry/generic"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/lockapiserver/lockrules"
-	"github.com/kubelock/kubelock/internal/lockapiserver/registry"
-	"github.com/kubelock/kubelock/internal/lockapiserver/validation"
+	"github.com/kubelock/kubelock/lockapiserver/lockrules"
+	"github.com/kubelock/kubelock/lockapiserver/registry"
+	"github.com/kubelock/kubelock/lockapiserver/validation"
 )
 
 type session = *locksv1alpha1.LockSession

@@ -27,10 +27,10 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
-	"github.com/kubelock/kubelock/internal/lockapiserver/lockrules"
-	"github.com/kubelock/kubelock/internal/lockapiserver/openapi"
-	"github.com/kubelock/kubelock/internal/lockapiserver/registry/distributedlock"
-	"github.com/kubelock/kubelock/internal/lockapiserver/registry/locksession"
+	"github.com/kubelock/kubelock/lockapiserver/lockrules"
+	"github.com/kubelock/kubelock/lockapiserver/openapi"
+	"github.com/kubelock/kubelock/lockapiserver/registry/distributedlock"
+	"github.com/kubelock/kubelock/lockapiserver/registry/locksession"
 )
 
 // etcdPrefix is where the lock store keeps its keys in its etcd.
