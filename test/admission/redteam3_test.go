@@ -139,7 +139,7 @@ var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
 			// The webhook reads every session a write newly names, live,
 			// before its rules refuse a write that adds more than one entry:
 			// one denied write of 128 waiters, each naming a session, cost 128
-			// reads of the apiserver (1,024 on a lock an administrator let
+			// reads of the apiserver (1,024 on a lock an earlier release let
 			// queue that many). A write the rules could admit names at most
 			// one new session per entry it may add.
 			It("reads no session for a write that adds more entries than one write may", func(ctx SpecContext) {

@@ -45,7 +45,7 @@ func redteamSharedEntries() []TableEntry {
 		// --- holes: admitted by both engines before the red team ---------------------
 		// bob, the head, takes a permit and stays the head: he takes the
 		// next permit, and the next, while carol (queued behind him) waits;
-		// on an RWMutex he fills 1,024 reader slots past a waiting writer.
+		// on an RWMutex he fills all 64 reader slots past a waiting writer.
 		Entry("red team: the head taking a permit and staying at the head of the queue", hostile{state: sem3Queue, by: "bob",
 			do:   update(keepHead(acquireShared(holder("bob", 1), 0))),
 			want: []string{tag(rules.RuleQueueHead) + msgAcquirerQueued}}),

@@ -2,8 +2,10 @@ package admission
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -33,15 +35,44 @@ const (
 // The CRD's own messages for the shared invariants (api/v1alpha1), which
 // the apiserver gives before either engine runs.
 const (
-	crdBothModes     = "an RWMutex has a writer or readers, never both"
-	crdMutexShared   = "a Mutex has no shared holders"
-	crdSemHolder     = "a Semaphore has no exclusive holder; its permits are shared holdings"
-	crdPermits       = "a Semaphore has at most spec.permits holders, on slots in [0, permits)"
-	crdWaiterMode    = "a Mutex's waiters are Exclusive and a Semaphore's are Shared"
-	crdHolderCount   = "holderCount must equal the number of holdings, exclusive and shared"
-	crdSlotMaximum   = "slot in body should be less than or equal to 1023"
-	crdDuplicateSlot = `Duplicate value: {"slot":1}`
+	crdBothModes        = "an RWMutex has a writer or readers, never both"
+	crdMutexShared      = "a Mutex has no shared holders"
+	crdSemHolder        = "a Semaphore has no exclusive holder; its permits are shared holdings"
+	crdPermits          = "a Semaphore has at most spec.permits holders, on slots in [0, permits)"
+	crdWaiterMode       = "a Mutex's waiters are Exclusive and a Semaphore's are Shared"
+	crdHolderCount      = "holderCount must equal the number of holdings, exclusive and shared"
+	crdSlotMaximum      = "slot in body should be less than or equal to 1023"
+	crdDuplicateSlot    = `Duplicate value: {"slot":1}`
+	crdSharedCap        = "status.sharedHolders must not grow beyond 64 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB"
+	crdWaitersCap       = "status.waiters must not grow beyond 128 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB"
+	crdConditionMessage = "a condition's message is at most 256 characters"
 )
+
+// planted brings the built lock to what fn makes of it straight in etcd,
+// past the CRD and admission: a lock an earlier release stored, within the
+// bounds it had.
+func planted(fn func(*locksv1alpha1.DistributedLock)) func(ctx context.Context, key client.ObjectKey) {
+	return func(ctx context.Context, key client.ObjectKey) {
+		l := &locksv1alpha1.DistributedLock{}
+		Expect(env.Client.Get(ctx, key, l)).To(Succeed())
+		before := l.ResourceVersion
+		fn(l)
+		l.SyncCounts()
+		Expect(env.RewriteStored(ctx, locksv1alpha1.GroupVersion.WithResource("distributedlocks").GroupResource(), key, func(obj map[string]any) {
+			obj["spec"], obj["status"] = asJSON(l.Spec), asJSON(l.Status)
+		})).To(Succeed())
+		Eventually(func() string { return get(ctx, key).ResourceVersion }).ShouldNot(Equal(before), "the apiserver's cache has the planted lock")
+	}
+}
+
+// asJSON is v as encoding/json writes it into a map.
+func asJSON(v any) any {
+	b, err := json.Marshal(v)
+	Expect(err).NotTo(HaveOccurred())
+	var out any
+	Expect(json.Unmarshal(b, &out)).To(Succeed())
+	return out
+}
 
 // sharedHostileEntries are the shared-mode cases of the hostile table; both
 // engines run them (hostileEntries appends them).
@@ -72,7 +103,29 @@ func sharedHostileEntries() []TableEntry {
 		Entry("shared: a slot collision", hostile{state: sem3Two, by: "carol",
 			do: update(acquireShared(holder("carol", 1), 1)), want: []string{crdDuplicateSlot}}),
 		Entry("shared: a reader's slot out of range (1024)", hostile{state: state{spec: rwSpec}, by: "bob",
-			do: update(acquireShared(holder("bob", 1), locksv1alpha1.MaxSharedHolders)), want: []string{crdSlotMaximum}}),
+			do: update(acquireShared(holder("bob", 1), locksv1alpha1.StoredListLimit)), want: []string{crdSlotMaximum}}),
+		// --- the size caps: a lock is one etcd value ----------------------------
+		Entry("shared: a reader on slot 64, past the readers' cap", hostile{state: state{spec: rwSpec}, by: "bob",
+			do:   update(acquireShared(holder("bob", 1), locksv1alpha1.MaxSharedHolders)),
+			want: []string{tag(rules.RuleSlot) + "slot 64 is out of range: a new shared holding takes a free slot in [0, 64)"}}),
+		Entry("shared: a 65th reader beside 64", hostile{state: state{spec: rwSpec}, setup: planted(fillReaders("alice", locksv1alpha1.MaxSharedHolders)), by: "bob",
+			do: update(acquireShared(holder("bob", 1), locksv1alpha1.MaxSharedHolders)), want: []string{crdSharedCap}}),
+		Entry("shared: a permit on slot 70 of a Semaphore stored with 100 permits by an earlier release", hostile{state: state{spec: sem3Spec},
+			setup: planted(func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = int32p(100) }), by: "bob",
+			do:   update(acquireShared(holder("bob", 1), 70)),
+			want: []string{tag(rules.RuleSlot) + "slot 70 is out of range: a new shared holding takes a free slot in [0, 64)"}}),
+		Entry("shared: a 129th waiter on a lock stored with maxWaiters 200 by an earlier release", hostile{state: state{spec: rwSpec},
+			setup: planted(func(l *locksv1alpha1.DistributedLock) {
+				l.Spec.MaxWaiters, l.Spec.MaxWaitersPerUser = int32p(200), int32p(200)
+				for i := range locksv1alpha1.MaxWaitersLimit {
+					l.Status.AppendWaiter(waiter("alice", i))
+				}
+			}), by: "bob",
+			do: update(enqueue(waiter("bob", 1))), want: []string{crdWaitersCap}}),
+		Entry("shared: a condition message of 257 characters by the controller", hostile{state: state{spec: rwSpec, readers: []string{"alice"}}, by: controllerUser,
+			do: update(func(l *locksv1alpha1.DistributedLock) {
+				l.Status.Conditions[0].Message = strings.Repeat("m", locksv1alpha1.MaxConditionMessage+1)
+			}), want: []string{crdConditionMessage}}),
 		Entry("shared: a permit's slot beyond spec.permits", hostile{state: sem3Two, by: "carol",
 			do: update(acquireShared(holder("carol", 1), 7)), want: []string{crdPermits}}),
 		Entry("shared: two readers added in one write", hostile{state: state{spec: rwSpec}, by: "bob",
@@ -208,7 +261,7 @@ func podTakesPermit(ctx context.Context, key client.ObjectKey) {
 }
 
 // sharedSpecs are the shared-mode paths both engines must admit, and the
-// writes at the bound of 1024 shared holders; ns is the engine's namespace.
+// writes at the bound of 64 shared holders; ns is the engine's namespace.
 func sharedSpecs(e engine, ns *string) {
 	It("admits readers beside readers, a writer after them in FIFO order, and each release recorded with its slot", func(ctx SpecContext) {
 		key := state{spec: rwSpec}.build(ctx, *ns)
@@ -285,10 +338,11 @@ func sharedSpecs(e engine, ns *string) {
 	})
 
 	// Both engines compare each write with the stored holdings; the policy's
-	// CEL has a runtime cost budget per request. At the schema's bound (1,024
+	// CEL has a runtime cost budget per request. At the schema's bound (64
 	// shared holders) the writes a protocol makes must fit it, and a hostile
-	// write must be denied by its rule, not by the budget.
-	It("judges writes of an RWMutex with 1,024 readers within CEL's cost budget", func(ctx SpecContext) {
+	// write must be denied by its rule, not by the budget (a lock an earlier
+	// release stored with 1,024 readers: test/policytest's TestCostAtTheBound).
+	It("judges writes of an RWMutex with 64 readers within CEL's cost budget", func(ctx SpecContext) {
 		ssr := &authenticationv1.SelfSubjectReview{}
 		Expect(env.Client.Create(ctx, ssr)).To(Succeed())
 		admin := &user{name: ssr.Status.UserInfo.Username, c: env.Client}
@@ -299,7 +353,7 @@ func sharedSpecs(e engine, ns *string) {
 				activate(ctx, e)
 			}
 		})
-		// 1,023 readers in one write, with no admission engine (as the
+		// 63 readers in one write, with no admission engine (as the
 		// queue's bound is built above); the engine under test then judges
 		// the writes at the bound.
 		activate(ctx, engineNone)
@@ -307,7 +361,7 @@ func sharedSpecs(e engine, ns *string) {
 		// A write's time at this size with no admission, for comparison (a
 		// figure on a shared machine, not an assertion).
 		took := func(e engine, what string, err error, start time.Time) {
-			GinkgoWriter.Printf("1024 readers, %s, %s: %v in %v\n", e, what, err, time.Since(start).Round(time.Millisecond))
+			GinkgoWriter.Printf("64 readers, %s, %s: %v in %v\n", e, what, err, time.Since(start).Round(time.Millisecond))
 		}
 		renewAll := func(l *locksv1alpha1.DistributedLock) {
 			for i := range l.Status.SharedHolders {
@@ -318,17 +372,17 @@ func sharedSpecs(e engine, ns *string) {
 			}
 		}
 		start := time.Now()
-		took(engineNone, "one user renewing its 1,023 entries", write(ctx, admin, key, renewAll), start)
+		took(engineNone, "one user renewing its 63 entries", write(ctx, admin, key, renewAll), start)
 		activate(ctx, e)
 		restored = true
 
 		start = time.Now()
 		err := write(ctx, bob, key, acquireShared(holder("bob", 1), locksv1alpha1.MaxSharedHolders-1))
-		took(e, "the 1,024th reader", err, start)
+		took(e, "the 64th reader", err, start)
 		Expect(err).NotTo(HaveOccurred())
 		start = time.Now()
 		err = write(ctx, admin, key, renewAll)
-		took(e, "one user renewing its 1,023 entries", err, start)
+		took(e, "one user renewing its 63 entries", err, start)
 		Expect(err).NotTo(HaveOccurred())
 		start = time.Now()
 		err = write(ctx, bob, key, renewShared(admin.name, 5))
@@ -336,14 +390,14 @@ func sharedSpecs(e engine, ns *string) {
 		Expect(err).To(MatchError(ContainSubstring(`[kubelock:holder-only] only the holder "` + admin.name + `" may renew`)))
 		start = time.Now()
 		err = write(ctx, admin, key, func(l *locksv1alpha1.DistributedLock) {
-			l.Status.SharedHolders, l.Status.HolderCount = l.Status.SharedHolders[1023:], 1
+			l.Status.SharedHolders, l.Status.HolderCount = l.Status.SharedHolders[locksv1alpha1.MaxSharedHolders-1:], 1
 		})
-		took(e, "removing 1,023 entries unrecorded", err, start)
+		took(e, "removing 63 entries unrecorded", err, start)
 		Expect(err).To(MatchError(ContainSubstring("[kubelock:end-record] one write may end at most 8 holdings")))
 		start = time.Now()
 		err = write(ctx, ctlr, key, func(l *locksv1alpha1.DistributedLock) {
 			for n := range 8 {
-				endShared(admin.name, 100+n, locksv1alpha1.EndReasonExpired, controllerUser)(l)
+				endShared(admin.name, 40+n, locksv1alpha1.EndReasonExpired, controllerUser)(l)
 			}
 		})
 		took(e, "the controller expiring 8 entries", err, start)
