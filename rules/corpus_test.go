@@ -57,6 +57,21 @@ var sharedShapes = []corpusShape{
 		a := w.added()
 		return w.is(locksv1alpha1.RWMutex) && a != nil && (a.Slot < 0 || a.Slot >= locksv1alpha1.MaxSharedHolders)
 	}},
+	// The size caps: a lock is one etcd value.
+	{"a reader on slot 64, past the readers' cap", func(w generatedWrite) bool {
+		a := w.added()
+		return w.is(locksv1alpha1.RWMutex) && a != nil && a.Slot == locksv1alpha1.MaxSharedHolders
+	}},
+	{"a permit past 64 on a Semaphore stored with more permits", func(w generatedWrite) bool {
+		a := w.added()
+		return w.is(locksv1alpha1.Semaphore) && *w.old.Spec.Permits > locksv1alpha1.MaxSharedHolders && a != nil &&
+			a.Slot >= locksv1alpha1.MaxSharedHolders && a.Slot < *w.old.Spec.Permits
+	}},
+	{"admitted: a permit on slot 63 of a Semaphore stored with more permits", func(w generatedWrite) bool {
+		a := w.added()
+		return !w.denied && w.is(locksv1alpha1.Semaphore) && *w.old.Spec.Permits > locksv1alpha1.MaxSharedHolders && a != nil &&
+			a.Slot == locksv1alpha1.MaxSharedHolders-1
+	}},
 	{"a forged token on a new entry", func(w generatedWrite) bool {
 		a := w.added()
 		want, _ := locksv1alpha1.NextFencingToken(w.old.ResourceVersion)

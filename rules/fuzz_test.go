@@ -273,7 +273,7 @@ func (s *bytesource) actor(hint *Actor) Actor {
 var (
 	fuzzTypes       = []locksv1alpha1.LockType{locksv1alpha1.RWMutex, locksv1alpha1.Semaphore, locksv1alpha1.RWMutex, locksv1alpha1.Semaphore, locksv1alpha1.Mutex}
 	fuzzSharedLease = []string{"lease-0000000001", "lease-0000000002", "lease-0000000003", "lease-0000000004", "lease-0000000005", "lease-0000000006", "lease-0000000007"}
-	fuzzSlots       = []int32{0, 1, 2, 3, 0, 1, 1023, 1024, -1}
+	fuzzSlots       = []int32{0, 1, 2, 3, 0, 1, 1023, 1024, -1, 63, 64}
 	fuzzReasons     = []locksv1alpha1.EndReason{locksv1alpha1.EndReasonReleased, locksv1alpha1.EndReasonReleased, locksv1alpha1.EndReasonExpired,
 		locksv1alpha1.EndReasonForceReleased, locksv1alpha1.EndReasonSessionExpired, "Stolen"}
 )
@@ -331,7 +331,8 @@ func (s *bytesource) sharedLock() *locksv1alpha1.DistributedLock {
 	l.Generation = 1
 	l.Spec.Type = pick(s, fuzzTypes...)
 	if l.Spec.Type == locksv1alpha1.Semaphore {
-		p := int32(1 + s.intn(4))
+		// 100: as an earlier release, which allowed 1,024, may have stored it.
+		p := pick(s, int32(1), 2, 3, 4, 100)
 		l.Spec.Permits = &p
 	}
 	if s.intn(6) == 0 {
