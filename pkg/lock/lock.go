@@ -172,7 +172,8 @@ func (l *Lock) Name() string { return l.name }
 func (l *Lock) FencingToken() int64 { return l.token }
 
 // Slot is the permit a shared holding occupies (a Semaphore's in
-// [0, permits), an RWMutex reader's in [0, 1024)); false for an exclusive one.
+// [0, permits), an RWMutex reader's in [0, 64); a lock an earlier release
+// stored with more may have one up to 1023); false for an exclusive one.
 func (l *Lock) Slot() (int32, bool) { return l.slot, l.shared }
 
 // Shared reports whether this is a shared holding (a reader or a permit).
