@@ -47,6 +47,10 @@ var kept = []Rule{
 	{Path: ".status", Message: "waiterCount must equal the number of waiters"},
 	{Path: ".status", Message: "holderCount must equal the number of holdings, exclusive and shared"},
 	{Path: ".status.fencingToken", Message: "fencingToken must not decrease", Transition: true},
+	// The size budget: a lock is one etcd value.
+	{Path: ".status.conditions", Message: "a condition's message is at most 256 characters"},
+	{Path: ".status.sharedHolders", Message: "status.sharedHolders must not grow beyond 64 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB", Transition: true},
+	{Path: ".status.waiters", Message: "status.waiters must not grow beyond 128 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB", Transition: true},
 }
 
 // TestCRDKeepsOnlyWhatMustHoldWithAdmissionOff pins the split between the
@@ -158,30 +162,44 @@ func writes() []write {
 		l.EndHolding(locksv1alpha1.EndReasonReleased, l.Status.Holder.User, t0)
 	})
 
-	waiting := held.DeepCopy()
-	queue(waiting, locksv1alpha1.MaxWaitersLimit, locksv1alpha1.Exclusive)
+	// At the lists' largest: as an earlier release, which allowed 1,024
+	// holdings and waiters, may have stored them (no write grows a list past
+	// this release's caps, 64 and 128).
+	waiting := stored(held)
+	queue(waiting, locksv1alpha1.StoredListLimit, locksv1alpha1.Exclusive)
 	add("Mutex: renew, 1,024 waiters", waiting, func(l *locksv1alpha1.DistributedLock) { renewed(l.Status.Holder) })
 
-	readers := lockOf(locksv1alpha1.RWMutex)
-	for i := range locksv1alpha1.MaxSharedHolders {
+	readers := stored(lockOf(locksv1alpha1.RWMutex))
+	for i := range locksv1alpha1.StoredListLimit {
 		readers.AcquireShared(holding("r", i), int32(i), int64(4000+i))
 	}
 	add("RWMutex: a reader renews, 1,024 readers", readers, func(l *locksv1alpha1.DistributedLock) {
 		renewed(&l.Status.SharedHolders[700].LockHolder)
 	})
 
-	permits := lockOf(locksv1alpha1.Semaphore)
+	permits := stored(lockOf(locksv1alpha1.Semaphore))
 	for i := range locksv1alpha1.MaxSharedHolders - 1 {
 		permits.AcquireShared(holding("p", i), int32(i), int64(3000+i))
 	}
-	queue(permits, locksv1alpha1.MaxWaitersLimit, locksv1alpha1.Shared)
-	add("Semaphore: the 1,024th permit, 1,024 waiters", permits, func(l *locksv1alpha1.DistributedLock) {
+	queue(permits, locksv1alpha1.StoredListLimit, locksv1alpha1.Shared)
+	add("Semaphore: the 64th permit, 1,024 waiters", permits, func(l *locksv1alpha1.DistributedLock) {
 		h := holding("w0", 1)
 		h.User, h.RequestID = "w0", "req-w0"
 		l.Status.RemoveWaiter("req-w0")
 		l.AcquireShared(h, locksv1alpha1.MaxSharedHolders-1, 5001)
 	})
 	return ws
+}
+
+// stored is l as an earlier release may have stored it: 1,024 permits and
+// waiters allowed (the schema ratchets a spec it no longer admits).
+func stored(l *locksv1alpha1.DistributedLock) *locksv1alpha1.DistributedLock {
+	l = l.DeepCopy()
+	l.Spec.MaxWaiters, l.Spec.MaxWaitersPerUser = ptr(int32(locksv1alpha1.StoredListLimit)), ptr(int32(locksv1alpha1.StoredListLimit))
+	if l.Spec.Permits != nil {
+		l.Spec.Permits = ptr(int32(locksv1alpha1.StoredListLimit))
+	}
+	return l
 }
 
 type crd struct {
