@@ -82,13 +82,13 @@ func TestLargestLockFitsEtcd(t *testing.T) {
 
 	// The holdings and the queue, a tenth by each of ten managers; then each
 	// holding renewed by the next manager, so that two own a part of it.
-	full := status.(map[string]any)
-	shared, waiters := full["sharedHolders"].([]any), full["waiters"].([]any)
+	full := as[map[string]any](t, status)
+	shared, waiters := as[[]any](t, full["sharedHolders"]), as[[]any](t, full["waiters"])
 	for m := range updateManagers {
 		part := copyMap(full)
 		part["sharedHolders"] = shared[:len(shared)*(m+1)/updateManagers]
 		part["waiters"] = waiters[:len(waiters)*(m+1)/updateManagers]
-		part["holderCount"], part["waiterCount"] = int64(len(part["sharedHolders"].([]any))), int64(len(part["waiters"].([]any)))
+		part["holderCount"], part["waiterCount"] = int64(len(shared)*(m+1)/updateManagers), int64(len(waiters)*(m+1)/updateManagers)
 		u.Object["status"] = part
 		if err := env.Client.Status().Update(ctx, u, client.FieldOwner(w.manager(m))); err != nil {
 			t.Fatalf("status write %d: %v", m, err)
@@ -98,7 +98,7 @@ func TestLargestLockFitsEtcd(t *testing.T) {
 		renewed := copyMap(full)
 		holders := make([]any, len(shared))
 		for i, h := range shared {
-			h := copyMap(h.(map[string]any))
+			h := copyMap(as[map[string]any](t, h))
 			if i*updateManagers/len(shared) == m {
 				h["renewTime"] = w.renewed()
 			}
@@ -120,7 +120,7 @@ func TestLargestLockFitsEtcd(t *testing.T) {
 			"metadata": map[string]any{"name": key.Name, "namespace": key.Namespace},
 			"status":   full,
 		}}
-		if err := env.Client.Status().Patch(ctx, apply, client.Apply, client.FieldOwner(w.manager(updateManagers+m))); err != nil {
+		if err := env.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner(w.manager(updateManagers+m))); err != nil {
 			t.Fatalf("apply %d: %v", m, err)
 		}
 	}
@@ -292,10 +292,10 @@ func (w worst) unstructured(l *locksv1alpha1.DistributedLock) *unstructured.Unst
 	if err := utiljson.Unmarshal(b, &obj); err != nil {
 		w.t.Fatal(err)
 	}
-	status := obj["status"].(map[string]any)
+	status := as[map[string]any](w.t, obj["status"])
 	for _, list := range []string{"sharedHolders", "waiters", "recentAcquisitions", "conditions"} {
-		for i, e := range status[list].([]any) {
-			e := e.(map[string]any)
+		for i, e := range as[[]any](w.t, status[list]) {
+			e := as[map[string]any](w.t, e)
 			for _, f := range []string{"acquireTime", "renewTime", "enqueueTime", "deadline", "endTime"} {
 				if _, ok := e[f]; ok || list == "sharedHolders" && f == "renewTime" {
 					e[f] = w.microTime(i)
@@ -315,22 +315,22 @@ func (w worst) unstructured(l *locksv1alpha1.DistributedLock) *unstructured.Unst
 // meant to would prove nothing.
 func (w worst) checkBuilt(t *testing.T, obj map[string]any) {
 	t.Helper()
-	status := obj["status"].(map[string]any)
+	status := as[map[string]any](t, obj["status"])
 	for list, want := range map[string]int{
 		"sharedHolders": locksv1alpha1.MaxSharedHolders, "waiters": locksv1alpha1.MaxWaitersLimit,
 		"recentAcquisitions": locksv1alpha1.MaxRecentAcquisitions, "conditions": locksv1alpha1.MaxConditions,
 	} {
-		if got := len(status[list].([]any)); got != want {
+		if got := len(as[[]any](t, status[list])); got != want {
 			t.Errorf("status.%s has %d entries as stored, want %d", list, got, want)
 		}
 	}
-	h := status["sharedHolders"].([]any)[0].(map[string]any)
+	h := as[map[string]any](t, as[[]any](t, status["sharedHolders"])[0])
 	for f, want := range map[string]string{"identity": w.str("status.sharedHolders.identity"), "user": w.str("status.sharedHolders.user"), "renewTime": w.renewed()} {
 		if h[f] != want {
 			t.Errorf("a shared holder's %s was stored as %.40q…, want %.40q…", f, h[f], want)
 		}
 	}
-	t.Logf("managedFields has %d entries as stored", len(obj["metadata"].(map[string]any)["managedFields"].([]any)))
+	t.Logf("managedFields has %d entries as stored", len(as[[]any](t, as[map[string]any](t, obj["metadata"])["managedFields"])))
 }
 
 // stored is a lock as etcd holds it, and the sizes of its parts.
@@ -356,10 +356,21 @@ func parts(t *testing.T, raw []byte) stored {
 		}
 		return len(b)
 	}
-	meta := s.object["metadata"].(map[string]any)
+	meta := as[map[string]any](t, s.object["metadata"])
 	s.status, s.metadata, s.spec = size(s.object["status"]), size(meta), size(s.object["spec"])
 	s.managedFields = size(meta["managedFields"])
 	return s
+}
+
+// as is v as a T, failing t when it is not: the shapes are the ones this
+// test wrote, or the apiserver stored of them.
+func as[T any](t *testing.T, v any) T {
+	t.Helper()
+	x, ok := v.(T)
+	if !ok {
+		t.Fatalf("%T is not a %T", v, x)
+	}
+	return x
 }
 
 func copyMap(m map[string]any) map[string]any {
