@@ -2,6 +2,7 @@ package v1alpha1_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -99,23 +101,19 @@ var _ = Describe("a lock stored above the caps by an earlier release", func() {
 		// release's schema let them be stored.
 		readers(locksv1.MaxSharedHolders)(l)
 		Expect(env.Client.Status().Update(ctx, l)).To(Succeed())
+		Expect(env.Client.Get(ctx, key, l)).To(Succeed())
+		l.Spec.MaxWaiters = ptr.To[int32](locksv1.StoredListLimit)
+		for i := range extra {
+			h := l.Status.SharedHolders[0]
+			h.Slot, h.LeaseID = int32(locksv1.MaxSharedHolders+i), fmt.Sprintf("lease-extra-%08d", i)
+			l.Status.SharedHolders = append(l.Status.SharedHolders, h)
+		}
+		for i := range locksv1.MaxWaitersLimit + extra {
+			l.Status.AppendWaiter(waiter("carol", 1000+i))
+		}
+		l.SyncCounts()
 		Expect(env.RewriteStored(ctx, locksv1.GroupVersion.WithResource("distributedlocks").GroupResource(), key, func(obj map[string]any) {
-			spec, status := obj["spec"].(map[string]any), obj["status"].(map[string]any)
-			spec["maxWaiters"] = int64(locksv1.StoredListLimit)
-			shared := status["sharedHolders"].([]any)
-			for i := range extra {
-				h := copyObject(shared[0])
-				h["slot"], h["leaseID"] = int64(locksv1.MaxSharedHolders+i), fmt.Sprintf("lease-extra-%08d", i)
-				shared = append(shared, h)
-			}
-			status["sharedHolders"], status["holderCount"] = shared, int64(len(shared))
-			var waiters []any
-			for i := range locksv1.MaxWaitersLimit + extra {
-				w := waiter("carol", 1000+i)
-				waiters = append(waiters, map[string]any{"identity": w.Identity, "user": w.User, "requestID": w.RequestID,
-					"enqueueTime": w.EnqueueTime.UTC().Format("2006-01-02T15:04:05.000000Z"), "deadline": w.Deadline.UTC().Format("2006-01-02T15:04:05.000000Z"), "mode": string(w.Mode)})
-			}
-			status["waiters"], status["waiterCount"] = waiters, int64(len(waiters))
+			obj["spec"], obj["status"] = asJSON(l.Spec), asJSON(l.Status)
 		})).To(Succeed())
 	})
 
@@ -163,11 +161,11 @@ var _ = Describe("a lock stored above the caps by an earlier release", func() {
 	})
 })
 
-// copyObject is a shallow copy of a JSON object decoded into maps.
-func copyObject(v any) map[string]any {
-	out := map[string]any{}
-	for k, e := range v.(map[string]any) {
-		out[k] = e
-	}
+// asJSON is v as encoding/json writes it, decoded into maps.
+func asJSON(v any) any {
+	b, err := json.Marshal(v)
+	Expect(err).NotTo(HaveOccurred())
+	var out any
+	Expect(json.Unmarshal(b, &out)).To(Succeed())
 	return out
 }
