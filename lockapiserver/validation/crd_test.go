@@ -11,11 +11,13 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
 	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel/model"
 	structuraldefaulting "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/defaulting"
 	structurallisttype "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/listtype"
 	apiservervalidation "k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/cel/common"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"sigs.k8s.io/yaml"
 
@@ -56,20 +58,20 @@ func loadCRD(t testing.TB, plural string) *crd {
 }
 
 // validate is the CRD's verdict on obj (oldObj nil: a create), both as
-// the apiserver's JSON decoder gives them.
+// the apiserver's JSON decoder gives them. An update ratchets as the
+// apiserver's does: a value the stored object already has is not refused
+// for a bound it no longer meets.
 func (c *crd) validate(obj, oldObj map[string]any) field.ErrorList {
-	var errs field.ErrorList
 	if oldObj == nil {
-		errs = apiservervalidation.ValidateCustomResource(nil, obj, c.schema)
-	} else {
-		errs = apiservervalidation.ValidateCustomResourceUpdate(nil, obj, oldObj, c.schema)
+		errs := apiservervalidation.ValidateCustomResource(nil, obj, c.schema)
+		errs = append(errs, structurallisttype.ValidateListSetsAndMaps(nil, c.structural, obj)...)
+		celErrs, _ := c.cel.Validate(context.Background(), nil, c.structural, obj, nil, celconfig.RuntimeCELCostBudget)
+		return append(errs, celErrs...)
 	}
+	correlated := common.NewCorrelatedObject(obj, oldObj, &model.Structural{Structural: c.structural})
+	errs := apiservervalidation.ValidateCustomResourceUpdate(nil, obj, oldObj, c.schema, apiservervalidation.WithRatcheting(correlated))
 	errs = append(errs, structurallisttype.ValidateListSetsAndMaps(nil, c.structural, obj)...)
-	var old any
-	if oldObj != nil {
-		old = oldObj
-	}
-	celErrs, _ := c.cel.Validate(context.Background(), nil, c.structural, obj, old, celconfig.RuntimeCELCostBudget)
+	celErrs, _ := c.cel.Validate(context.Background(), nil, c.structural, obj, oldObj, celconfig.RuntimeCELCostBudget, cel.WithRatcheting(correlated))
 	return append(errs, celErrs...)
 }
 

@@ -271,6 +271,16 @@ func TestTransitionRulesAgreeWithTheCRD(t *testing.T) {
 		on(locksv1alpha1.RWMutex, "70 readers kept", readers(70)),
 		{"RWMutex: 70 readers, one released", over(readers(70)), func(l *locksv1alpha1.DistributedLock) { dropReader(l) }},
 		{"RWMutex: 70 readers, one more", over(readers(70)), readers(71)},
+		// A spec stored above this release's caps stays valid while unchanged
+		// (the CRD ratchets it): every write of such a lock must go on.
+		{"Semaphore: 100 permits stored, a renewal", storedWith(locksv1alpha1.Semaphore, permits(100)), renewReader},
+		{"Semaphore: 100 permits stored, raised to 101", storedWith(locksv1alpha1.Semaphore, permits(100)), permits(101)},
+		{"Mutex: maxWaiters 1024 stored, a renewal", storedWith(locksv1alpha1.Mutex, maxWaiters(1024)), func(l *locksv1alpha1.DistributedLock) {
+			l.Status.Holder.RenewTime = ptr.To(micro(at.Add(time.Second)))
+		}},
+		{"Mutex: maxWaitersPerUser 1024 stored, lowered to 1000", storedWith(locksv1alpha1.Mutex, func(l *locksv1alpha1.DistributedLock) {
+			l.Spec.MaxWaiters, l.Spec.MaxWaitersPerUser = ptr.To[int32](1024), ptr.To[int32](1024)
+		}), func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaitersPerUser = ptr.To[int32](1000) }},
 	} {
 		oldObj := tc.base()
 		newObj := oldObj.DeepCopy()
@@ -311,6 +321,32 @@ func queue(n int) func(*locksv1alpha1.DistributedLock) {
 
 // over is an RWMutex that mutate took beyond the caps, as an earlier
 // release stored it.
+// storedWith is a lock of typ as mutate leaves it: a Mutex busy with a
+// holder and waiters, or two shared holders.
+func storedWith(typ locksv1alpha1.LockType, mutate func(*locksv1alpha1.DistributedLock)) func() *locksv1alpha1.DistributedLock {
+	return func() *locksv1alpha1.DistributedLock {
+		l := busyMutex()
+		if typ != locksv1alpha1.Mutex {
+			l = sharedLock(typ)
+		}
+		mutate(l)
+		return l
+	}
+}
+
+func permits(n int32) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) { l.Spec.Permits = &n }
+}
+
+func maxWaiters(n int32) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) { l.Spec.MaxWaiters = &n }
+}
+
+// renewReader is a mutate that renews the first shared holding.
+func renewReader(l *locksv1alpha1.DistributedLock) {
+	l.Status.SharedHolders[0].RenewTime = ptr.To(micro(at.Add(time.Second)))
+}
+
 func over(mutate func(*locksv1alpha1.DistributedLock)) func() *locksv1alpha1.DistributedLock {
 	return func() *locksv1alpha1.DistributedLock {
 		l := sharedLock(locksv1alpha1.RWMutex)

@@ -27,7 +27,7 @@ func ValidateLock(l *locksv1alpha1.DistributedLock) field.ErrorList {
 // ValidateLockUpdate is ValidateLock of newObj and the CRD's transition
 // rules (those that compare with oldSelf).
 func ValidateLockUpdate(newObj, oldObj *locksv1alpha1.DistributedLock) field.ErrorList {
-	e := lockErrs(newObj, &oldObj.Status)
+	e := lockErrs(newObj, oldObj)
 	n, o := &newObj.Spec, &oldObj.Spec
 	e.rule(specPath.Child("type"), n.Type == o.Type, n.Type, "spec.type is immutable; create a new lock instead")
 	if n.Permits != nil && o.Permits != nil {
@@ -38,32 +38,36 @@ func ValidateLockUpdate(newObj, oldObj *locksv1alpha1.DistributedLock) field.Err
 	return e.list
 }
 
-// lockErrs checks l against the schema and the object's rules; oldStatus
-// is the stored status of an update, nil for a create.
-func lockErrs(l *locksv1alpha1.DistributedLock, oldStatus *locksv1alpha1.DistributedLockStatus) *errs {
+// lockErrs checks l against the schema and the object's rules; old is the
+// stored object of an update, nil for a create.
+func lockErrs(l, old *locksv1alpha1.DistributedLock) *errs {
 	e := &errs{}
-	e.spec(&l.Spec)
+	var oldSpec *locksv1alpha1.DistributedLockSpec
+	var oldStatus *locksv1alpha1.DistributedLockStatus
+	if old != nil {
+		oldSpec, oldStatus = &old.Spec, &old.Status
+	}
+	e.spec(&l.Spec, oldSpec)
 	e.status(&l.Status)
 	e.lockRules(l)
 	e.caps(&l.Status, oldStatus)
 	return e
 }
 
-func (e *errs) spec(s *locksv1alpha1.DistributedLockSpec) {
+// spec checks s; old is the stored spec of an update, nil for a create.
+func (e *errs) spec(s, old *locksv1alpha1.DistributedLockSpec) {
 	p := specPath
-	e.oneOf(p.Child("type"), string(s.Type), string(locksv1alpha1.Mutex), string(locksv1alpha1.RWMutex), string(locksv1alpha1.Semaphore))
-	if s.Permits != nil {
-		e.between(p.Child("permits"), int64(*s.Permits), 1, locksv1alpha1.MaxSharedHolders)
+	var oldPermits, oldMaxWaiters, oldPerUser *int32
+	if old != nil {
+		oldPermits, oldMaxWaiters, oldPerUser = old.Permits, old.MaxWaiters, old.MaxWaitersPerUser
 	}
+	e.oneOf(p.Child("type"), string(s.Type), string(locksv1alpha1.Mutex), string(locksv1alpha1.RWMutex), string(locksv1alpha1.Semaphore))
+	e.capped(p.Child("permits"), s.Permits, oldPermits, 1, locksv1alpha1.MaxSharedHolders)
 	e.between(p.Child("leaseDurationSeconds"), int64(s.LeaseDurationSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
 	e.between(p.Child("maxLeaseDurationSeconds"), int64(s.MaxLeaseDurationSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
-	if s.MaxWaiters != nil {
-		e.between(p.Child("maxWaiters"), int64(*s.MaxWaiters), 0, locksv1alpha1.MaxWaitersLimit)
-	}
+	e.capped(p.Child("maxWaiters"), s.MaxWaiters, oldMaxWaiters, 0, locksv1alpha1.MaxWaitersLimit)
 	e.between(p.Child("handoffTimeoutSeconds"), int64(s.HandoffTimeoutSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
-	if s.MaxWaitersPerUser != nil {
-		e.between(p.Child("maxWaitersPerUser"), int64(*s.MaxWaitersPerUser), 0, locksv1alpha1.MaxWaitersLimit)
-	}
+	e.capped(p.Child("maxWaitersPerUser"), s.MaxWaitersPerUser, oldPerUser, 0, locksv1alpha1.MaxWaitersLimit)
 	e.between(p.Child("maxWaitSeconds"), int64(s.MaxWaitSeconds), 1, locksv1alpha1.MaxWaitSecondsLimit)
 	e.rule(p.Child("leaseDurationSeconds"), s.LeaseDurationSeconds <= s.MaxLeaseDurationSeconds, s.LeaseDurationSeconds,
 		"spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
@@ -179,6 +183,20 @@ func (e *errs) conditions(p *field.Path, cs []metav1.Condition) {
 		e.text(q.Child("reason"), c.Reason, 1, 1024, condReasonRE)
 		e.text(q.Child("message"), c.Message, 0, 32768, nil)
 	}
+}
+
+// capped checks an optional field whose maximum this release lowered: a
+// value the stored object already has stays valid (the CRD ratchets it), so
+// that a lock an earlier release stored, under its higher maximum, can
+// still be written.
+func (e *errs) capped(p *field.Path, v, old *int32, lo, hi int64) {
+	if v == nil {
+		return
+	}
+	if old != nil && *old == *v {
+		hi = max(hi, int64(*v))
+	}
+	e.between(p, int64(*v), lo, hi)
 }
 
 // caps are the lists' rules: no write grows status.sharedHolders or
