@@ -215,7 +215,8 @@ func plantPods(ctx context.Context, key types.NamespacedName, holderPod string, 
 		for _, e := range waiters {
 			w, ok := e.(map[string]any)
 			Expect(ok).To(BeTrue())
-			if pod, ok := pods[w["requestID"].(string)]; ok {
+			id, _ := w["requestID"].(string) // the schema's: a string
+			if pod, ok := pods[id]; ok {
 				w["podName"], w["podUID"] = pod[0], pod[1]
 			}
 		}

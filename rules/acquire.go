@@ -13,7 +13,7 @@ const (
 	msgMutexShared     = "a Mutex is held only Exclusive: it has no shared holders"
 	msgSemaphoreHolder = "a Semaphore is held only Shared: its permits are status.sharedHolders, never status.holder"
 	msgAcquirerQueued  = "an acquisition takes its own entry out of the wait queue in the same write: its requestID may not stay in status.waiters (or join it)"
-	msgRequestID       = "an acquisition needs a requestID no current holding has: it must differ from the holder's and from every shared holder's"
+	msgRequestID       = "a new holding or queue entry needs a fresh requestID: it must differ from the holder's, from every shared holder's and from every requestID in status.recentAcquisitions"
 	msgLeaseID         = "an acquisition needs a fresh leaseID: it must differ from the current holder's, from every shared holder's and from every leaseID in status.recentAcquisitions"
 	msgTerminating     = "the lock is being deleted (metadata.deletionTimestamp is set): it cannot be acquired and nobody may join its queue"
 )
@@ -90,7 +90,7 @@ func validateAcquisition(oldObj, newObj *locksv1alpha1.DistributedLock, d holdin
 		errs = append(errs, validateNotMoved(acq, d)...)
 	}
 	errs = append(errs, validateFreshLease(o, acq)...)
-	errs = append(errs, validateFreshRequest(o, acq)...)
+	errs = append(errs, validateFreshRequest(o, acq.path, acq.h.RequestID)...)
 	// The head is its requestID and its user: requestIDs are visible in
 	// status, so another user could otherwise copy the head's and jump the
 	// queue. Modes do not matter: a reader arriving while a writer waits
@@ -144,19 +144,6 @@ func validateFreshLease(o *locksv1alpha1.DistributedLockStatus, acq acquisition)
 	}
 	if used {
 		return field.ErrorList{deny(acq.path.Child("leaseID"), RuleLeaseID, msgLeaseID)}
-	}
-	return nil
-}
-
-// validateFreshRequest refuses an acquisition whose requestID a current
-// holding has: a client retrying an acquire finds its holding by requestID
-// (I6), so another user's entry with the same one would answer its retry.
-// Ended holdings' requestIDs are the client's own to recognise (it looks at
-// recentAcquisitions before it writes).
-func validateFreshRequest(o *locksv1alpha1.DistributedLockStatus, acq acquisition) field.ErrorList {
-	id := acq.h.RequestID
-	if holds(o, func(h *locksv1alpha1.LockHolder) bool { return h.RequestID == id }) {
-		return field.ErrorList{deny(acq.path.Child("requestID"), RuleLeaseID, msgRequestID)}
 	}
 	return nil
 }

@@ -124,9 +124,10 @@ func heldInStep(l *locksv1alpha1.DistributedLock) bool {
 }
 
 // printable reports whether s has no control or format characters (terminal
-// escapes, bidi overrides), as the CRD's identity pattern demands of names.
+// escapes, bidi overrides) and no line or paragraph separators (a new line
+// to some viewers), as the CRD's identity pattern demands of names.
 func printable(s string) bool {
-	return !strings.ContainsFunc(s, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf) })
+	return !strings.ContainsFunc(s, func(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) })
 }
 
 // validateTimes checks every decoded time in status as Go will write it back

@@ -61,6 +61,10 @@ func TestBookkeepingRules(t *testing.T) {
 			addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld)(l)
 			l.Status.Conditions[0].Message = strings.Repeat("é", locksv1alpha1.MaxConditionMessage)
 		}, actor: Actor{Username: alice}},
+		{name: "Held with a paragraph separator in its message (red team)", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
+			addCondition(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonNeverHeld)(l)
+			l.Status.Conditions[0].Message = "free\u2029Released by alice"
+		}, actor: Actor{Username: alice}, rule: RuleBookkeeping, msg: msgConditions},
 		{name: "acquire without the Held condition", old: free(), edit: func(l *locksv1alpha1.DistributedLock) {
 			acquireAs(alice, "l1", "r1")(l)
 			l.Status.Conditions = nil

@@ -122,7 +122,11 @@ var sharedShapes = []corpusShape{
 			w.new.Status.WaiterIndex(w.d.acquired[0].h.RequestID) >= 0
 	}},
 	{"a current holding's requestID reused", func(w generatedWrite) bool {
-		return len(w.d.acquired) == 1 && requestUsed(&w.old.Status, w.d.acquired[0].h.RequestID)
+		return len(w.d.acquired) == 1 && holds(&w.old.Status, func(h *locksv1alpha1.LockHolder) bool { return h.RequestID == w.d.acquired[0].h.RequestID })
+	}},
+	// The third red team's.
+	{"an ended holding's requestID reused", func(w generatedWrite) bool {
+		return len(w.d.acquired) == 1 && w.old.Status.FindFinished(w.d.acquired[0].h.RequestID) != nil
 	}},
 	{"admitted: a reader acquiring beside readers", func(w generatedWrite) bool {
 		return !w.denied && w.is(locksv1alpha1.RWMutex) && len(w.old.Status.SharedHolders) > 0 && w.added() != nil
@@ -170,6 +174,14 @@ var statusShapes = []corpusShape{
 	{"a holding whose podUID is no pod's UID", func(w generatedWrite) bool {
 		h := w.acquired()
 		return h != nil && h.PodUID != "" && !podUIDRE.MatchString(h.PodUID)
+	}},
+	// The third red team's: another user's retried acquire would find it.
+	{"a waiter with a requestID a holding or record has", func(w generatedWrite) bool {
+		return slices.ContainsFunc(w.addedWaiters(), func(x locksv1alpha1.Waiter) bool { return requestUsed(&w.old.Status, x.RequestID) })
+	}},
+	{"an acquisition with a requestID a record has", func(w generatedWrite) bool {
+		h := w.acquired()
+		return h != nil && w.old.Status.FindFinished(h.RequestID) != nil
 	}},
 	{"admitted: a pod queueing in its own name", func(w generatedWrite) bool {
 		name, _ := w.actor.pod()

@@ -37,18 +37,30 @@ type FencedLock struct {
 }
 
 // GuardingLock is the name of the lock that guards a write of a fenced
-// object: the old object's fenced-by annotation, else the new one's ("" when
-// neither is fenced). oldObj is nil for CREATE, newObj for DELETE.
+// object: the old object's (oldFence), else the new one's fenced-by
+// annotation ("" when neither is fenced). oldObj is nil for CREATE, newObj
+// for DELETE.
 func GuardingLock(oldObj, newObj metav1.Object) string {
-	if oldObj != nil {
-		if l := oldObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]; l != "" {
-			return l
-		}
+	if l := oldFence(oldObj); l != "" {
+		return l
 	}
 	if newObj != nil {
 		return newObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
 	}
 	return ""
+}
+
+// oldFence is the lock a stored object was fenced by: its fenced-by
+// annotation while it carries the fenced label, "" otherwise. An object
+// without the label is never sent to the fenced-objects webhook, so its
+// annotations were never checked: anyone who may write it could have planted
+// a fenced-by and a token there, and they must not judge the write that
+// fences it (a token "already accepted", a "move" from another lock; red team).
+func oldFence(oldObj metav1.Object) string {
+	if oldObj == nil || oldObj.GetLabels()[locksv1alpha1.FencedLabel] != "true" {
+		return ""
+	}
+	return oldObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
 }
 
 // ValidateFencedWrite checks one write (CREATE, UPDATE or DELETE) of an object
@@ -106,12 +118,11 @@ func namespaceOf(oldObj, newObj metav1.Object) string {
 // URL path, log line or metric unless it can name a lock; and an object
 // fenced by one lock does not move to another in one write.
 func ValidateFencedBy(oldObj, newObj metav1.Object) field.ErrorList {
-	var names [2]string
-	for i, obj := range []metav1.Object{oldObj, newObj} {
-		if obj == nil {
-			continue
-		}
-		names[i] = obj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
+	names := [2]string{oldFence(oldObj)}
+	if newObj != nil {
+		names[1] = newObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation]
+	}
+	for i := range names {
 		if names[i] == "" {
 			continue
 		}
@@ -165,7 +176,7 @@ func fencedToken(op Operation, oldObj, newObj metav1.Object, lock string) (int64
 // checkHighest: the token is at least the highest the object accepted from
 // this lock (stored on the old object).
 func checkHighest(oldObj metav1.Object, lock string, token int64) *field.Error {
-	if oldObj == nil || oldObj.GetAnnotations()[locksv1alpha1.FencedByAnnotation] != lock {
+	if oldFence(oldObj) != lock {
 		return nil
 	}
 	highest, err := strconv.ParseInt(oldObj.GetAnnotations()[locksv1alpha1.FencingTokenAnnotation], 10, 64)

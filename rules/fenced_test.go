@@ -15,13 +15,19 @@ import (
 
 func TestValidateFencedWrite(t *testing.T) {
 	obj := func(ann map[string]string) metav1.Object { return &metav1.ObjectMeta{Annotations: ann} }
-	fencedBy := func(lock, token string) metav1.Object {
+	annotatedBy := func(lock, token string) map[string]string {
 		m := map[string]string{locksv1alpha1.FencedByAnnotation: lock}
 		if token != "" {
 			m[locksv1alpha1.FencingTokenAnnotation] = token
 		}
-		return obj(m)
+		return m
 	}
+	fencedBy := func(lock, token string) metav1.Object {
+		return &metav1.ObjectMeta{Labels: map[string]string{locksv1alpha1.FencedLabel: "true"}, Annotations: annotatedBy(lock, token)}
+	}
+	// unlabelled carries the annotations another writer may have planted on
+	// an object nobody fenced: without the label, the webhook never saw them.
+	unlabelled := func(lock, token string) metav1.Object { return obj(annotatedBy(lock, token)) }
 	fenced := func(token string) metav1.Object { return fencedBy("db", token) }
 	held := FencedLock{Exists: true, Token: 12, HolderUser: "alice"}
 	alice, bob := Actor{Username: "alice"}, Actor{Username: "bob"}
@@ -49,6 +55,10 @@ func TestValidateFencedWrite(t *testing.T) {
 		{name: "holder deletes a stamped object", op: del, old: fenced("12"), lock: held, a: alice},
 		{name: "holder removes the fence with its token", op: update, old: fenced("12"), new: obj(map[string]string{locksv1alpha1.FencingTokenAnnotation: "12"}), lock: held, a: alice},
 		{name: "force-release user with the current token", op: update, old: fenced("12"), new: fenced("12"), lock: FencedLock{Exists: true, Token: 12}, a: breakglass},
+		// Red team: what another writer annotated before the object was fenced.
+		{name: "fencing over a planted token", op: update, old: unlabelled("db", "9223372036854775806"), new: fenced("12"), lock: held, a: alice},
+		{name: "fencing over a planted fence of another lock", op: update, old: unlabelled("other", "1"), new: fenced("12"), lock: held, a: alice},
+		{name: "fencing over a planted fence that names no lock", op: update, old: unlabelled("../x", ""), new: fenced("12"), lock: held, a: alice},
 
 		{name: "stale token below the object's highest", op: update, old: fenced("12"), new: fenced("10"), lock: held, a: alice, rule: RuleStaleToken, want: `stale fencing token 10 for lock "db": this object already accepted token 12`},
 		{name: "token not current (a later holding began)", op: update, old: fenced("10"), new: fenced("10"), lock: held, a: alice, rule: RuleStaleToken, want: `fencing token 10 is not the current token of lock "db"`},

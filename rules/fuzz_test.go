@@ -315,9 +315,10 @@ func leaseUsed(st *locksv1alpha1.DistributedLockStatus, id string) bool {
 	return st.SharedIndex(id) >= 0
 }
 
-// requestUsed reports whether a current holding of st has the requestID id.
+// requestUsed reports whether a retried acquire of id would find it in st:
+// a current holding or a record of recentAcquisitions has it.
 func requestUsed(st *locksv1alpha1.DistributedLockStatus, id string) bool {
-	if st.Holder != nil && st.Holder.RequestID == id {
+	if st.Holder != nil && st.Holder.RequestID == id || st.FindFinished(id) != nil {
 		return true
 	}
 	return slices.ContainsFunc(st.SharedHolders, func(h locksv1alpha1.SharedHolder) bool { return h.RequestID == id })

@@ -212,7 +212,24 @@ func nonDefault(lock *locksv1alpha1.DistributedLock) []string {
 			out = append(out, fmt.Sprintf("metadata.%s (%d, at most %d)", m.what, m.n, limit))
 		}
 	}
+	if n, ok := annotationBytes(lock.Annotations); ok && n > MaxCreateAnnotationBytes {
+		out = append(out, fmt.Sprintf("metadata.annotations (%d bytes, at most %d)", n, MaxCreateAnnotationBytes))
+	}
 	return out
+}
+
+// annotationBytes is the size of annotations, keys and values, when there
+// are at most as many as a lock user's create may carry; ok is false
+// otherwise (their number already refuses the create, and the policy then
+// counts no bytes: CEL's cost grows with every entry).
+func annotationBytes(annotations map[string]string) (n int, ok bool) {
+	if len(annotations) > maxCreateMeta["annotations"] {
+		return 0, false
+	}
+	for k, v := range annotations {
+		n += len(k) + len(v)
+	}
+	return n, true
 }
 
 // nonDefaultSpec lists the spec fields of lock that differ from their
@@ -247,6 +264,14 @@ func nonDefaultSpec(lock *locksv1alpha1.DistributedLock) []string {
 // pkg/lock writes one label and one annotation; the apiserver records one
 // managedFields entry for the creator.
 var maxCreateMeta = map[string]int{"labels": 16, "annotations": 16, "managedFields": 1}
+
+// MaxCreateAnnotationBytes bounds the bytes of the annotations (keys and
+// values) of a lock a lock user creates and of every session. The apiserver
+// takes 256 kB of annotations per object, and the controller caches every
+// lock and session it watches: 250 kB per object of a lock user's quota
+// would be an operator's memory. A client writes one annotation, a key of
+// at most 1,024 bytes.
+const MaxCreateAnnotationBytes = 4096
 
 // specJSON is spec as the apiserver stores it: field name → JSON value.
 func specJSON(spec locksv1alpha1.DistributedLockSpec) (map[string]json.RawMessage, error) {

@@ -131,6 +131,10 @@ func TestValidateCreate(t *testing.T) {
 		{name: "an ownerReference by a lock user", lock: with(autoCreated(), func(l *locksv1alpha1.DistributedLock) {
 			l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "u1"}}
 		}), actor: user, asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
+		{name: "annotations of 4096 bytes by a lock user", lock: with(autoCreated(), keyAnnotationOf(MaxCreateAnnotationBytes)), actor: user},
+		{name: "annotations of 4097 bytes by a lock user (red team)", lock: with(autoCreated(), keyAnnotationOf(MaxCreateAnnotationBytes+1)), actor: user,
+			asks: []string{UpdateVerb}, want: []Rule{RuleCreate}},
+		{name: "annotations of 250 kB by an administrator", lock: with(autoCreated(), keyAnnotationOf(250_000)), actor: admin, asks: []string{UpdateVerb}},
 		{name: "bulk metadata by an administrator", lock: with(autoCreated(), bulk(100, 100, 3)), actor: admin, asks: []string{UpdateVerb}},
 		{name: "any spec and a finalizer by an administrator", lock: with(defaulted(free()), func(l *locksv1alpha1.DistributedLock) {
 			l.Spec.LeaseDurationSeconds, l.Spec.MaxWaiters, l.Finalizers = 3600, ptr(0), []string{finalizer}
@@ -184,6 +188,21 @@ func TestCreateMessageNamesBulkMetadata(t *testing.T) {
 	l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "u1"}}
 	errs := ValidateCreate(l, Actor{Username: alice})
 	want := `; lock l sets metadata.ownerReferences, metadata.labels (17, at most 16), metadata.annotations (18, at most 16), metadata.managedFields (2, at most 1)`
+	if len(errs) != 1 || !strings.HasSuffix(errs[0].Detail, want) {
+		t.Fatalf("got %v\nwant suffix %s", errs.ToAggregate(), want)
+	}
+}
+
+// keyAnnotationOf sets l's annotations to the key annotation, n bytes with its key.
+func keyAnnotationOf(n int) func(*locksv1alpha1.DistributedLock) {
+	return func(l *locksv1alpha1.DistributedLock) {
+		l.Annotations = map[string]string{locksv1alpha1.KeyAnnotation: strings.Repeat("k", n-len(locksv1alpha1.KeyAnnotation))}
+	}
+}
+
+func TestCreateMessageNamesAnnotationBytes(t *testing.T) {
+	errs := ValidateCreate(with(autoCreated(), keyAnnotationOf(250_000)), Actor{Username: alice})
+	want := `; lock l sets metadata.annotations (250000 bytes, at most 4096)`
 	if len(errs) != 1 || !strings.HasSuffix(errs[0].Detail, want) {
 		t.Fatalf("got %v\nwant suffix %s", errs.ToAggregate(), want)
 	}

@@ -138,6 +138,7 @@ func validateJoin(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) field.
 			errs = append(errs, deny(p.Child("deadline"), RuleWaitBound, msgWaitBound))
 		}
 		errs = append(errs, validatePodFields(p, "waiter", w.PodName, w.PodUID, a)...)
+		errs = append(errs, validateFreshRequest(o, p, w.RequestID)...)
 	}
 	return errs
 }

@@ -30,6 +30,10 @@ const (
 	msgSessionRenew        = "a holding in a session is renewed through its session"
 )
 
+// msgSessionAnnotationBytes: the controller caches every session
+// (MaxCreateAnnotationBytes); config/policy's session policy says the same.
+const msgSessionAnnotationBytes = "a session's annotations take at most 4096 bytes, keys and values together"
+
 // maxSessionMeta bounds a session's labels and annotations, as a created lock's (maxCreateMeta).
 const maxSessionMeta = 16
 
@@ -89,6 +93,9 @@ func podOwner(refs []metav1.OwnerReference, name, uid string) bool {
 func validateSessionMeta(s *locksv1alpha1.LockSession) field.ErrorList {
 	if len(s.Labels) > maxSessionMeta || len(s.Annotations) > maxSessionMeta {
 		return field.ErrorList{deny(metadataPath, RuleSession, msgSessionMeta)}
+	}
+	if n, _ := annotationBytes(s.Annotations); n > MaxCreateAnnotationBytes {
+		return field.ErrorList{deny(metadataPath.Child("annotations"), RuleSession, msgSessionAnnotationBytes)}
 	}
 	return nil
 }
@@ -168,16 +175,23 @@ type sessionRef struct {
 }
 
 // newSessionRefs are the session references a lock write adds: the new
-// holding of an acquisition (exclusive or shared) and each added waiter.
+// holding of an acquisition (exclusive or shared) and the added waiter. A
+// write that acquires more than one holding or adds more than one waiter
+// names none: the slot and queue rules refuse it, and each session it named
+// would cost a live read (a write could name 1,024; red team).
 func newSessionRefs(oldObj, newObj *locksv1alpha1.DistributedLock) []sessionRef {
-	var refs []sessionRef
 	o, n := &oldObj.Status, &newObj.Status
-	for _, acq := range diffHoldings(o, n).acquired {
+	acquired, added := diffHoldings(o, n).acquired, addedWaiters(o, n)
+	if len(acquired) > 1 || len(added) > 1 {
+		return nil
+	}
+	var refs []sessionRef
+	for _, acq := range acquired {
 		if acq.h.Session != "" {
 			refs = append(refs, sessionRef{acq.path.Child("session"), acq.h.Session, acq.h.PodUID, true})
 		}
 	}
-	for _, i := range addedWaiters(o, n) {
+	for _, i := range added {
 		if w := n.Waiters[i]; w.Session != "" {
 			refs = append(refs, sessionRef{waitersPath.Index(i).Child("session"), w.Session, w.PodUID, false})
 		}

@@ -61,6 +61,8 @@ func (s *bytesource) mutateSession(n *locksv1alpha1.LockSession) {
 			for i := range s.intn(20) {
 				n.Labels[fmt.Sprint(i)] = ""
 			}
+			// Up to the apiserver's 256 kB: the controller caches every session.
+			n.Annotations = map[string]string{"a": strings.Repeat("v", pick(s, 0, MaxCreateAnnotationBytes-1, MaxCreateAnnotationBytes, 250_000))}
 		}
 	}
 }
@@ -105,6 +107,8 @@ func FuzzValidateSessionRules(f *testing.F) {
 				msg = "an ownerReference without a pod-bound token"
 			case len(newObj.Finalizers) > 0:
 				msg = "a session created with finalizers"
+			case sessionAnnotationBytes(newObj) > MaxCreateAnnotationBytes:
+				msg = "a session created with more annotation bytes than the bound"
 			case uid != "" && strings.HasPrefix(a.Username, "system:serviceaccount:") && !strings.HasPrefix(a.Username, "system:serviceaccount:"+newObj.Namespace+":"):
 				msg = "a pod's session outside its pod's namespace"
 			}
@@ -134,6 +138,8 @@ func FuzzValidateSessionRules(f *testing.F) {
 				msg = "ownerReferences or finalizers changed by the owner"
 			case len(newObj.Labels) > maxSessionMeta:
 				msg = "more labels than the bound"
+			case sessionAnnotationBytes(newObj) > MaxCreateAnnotationBytes:
+				msg = "more annotation bytes than the bound"
 			}
 		case 3:
 			if len(ValidateSessionDelete(oldObj, a)) == 0 && !(user && pod) && !a.IsController && !a.IsGarbageCollector && !mayForce(a) {
@@ -208,4 +214,13 @@ func FuzzValidateSessionRefs(f *testing.F) {
 			}
 		}
 	})
+}
+
+// sessionAnnotationBytes is the size of s's annotations, keys and values.
+func sessionAnnotationBytes(s *locksv1alpha1.LockSession) int {
+	n := 0
+	for k, v := range s.Annotations {
+		n += len(k) + len(v)
+	}
+	return n
 }

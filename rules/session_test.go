@@ -1,6 +1,8 @@
 package rules
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -93,6 +95,13 @@ func TestValidateSessionCreate(t *testing.T) {
 		{name: "17 annotations", s: session(""), edit: func(s *locksv1alpha1.LockSession) { s.Annotations = entries(17) }, actor: Actor{Username: alice}},
 		{name: "16 labels and annotations", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
 			s.Labels, s.Annotations = entries(16), entries(16)
+		}, actor: Actor{Username: alice}, allowed: true},
+		// The controller caches every session (red team).
+		{name: "annotations of 4097 bytes", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
+			s.Annotations = map[string]string{"k": strings.Repeat("v", MaxCreateAnnotationBytes)}
+		}, actor: Actor{Username: alice}},
+		{name: "annotations of 4096 bytes", s: session(""), edit: func(s *locksv1alpha1.LockSession) {
+			s.Annotations = map[string]string{"k": strings.Repeat("v", MaxCreateAnnotationBytes-1)}
 		}, actor: Actor{Username: alice}, allowed: true},
 	}
 	for _, c := range cases {
@@ -254,3 +263,25 @@ func TestValidateSessionRefs(t *testing.T) {
 }
 
 func yes() *bool { b := true; return &b }
+
+// TestSessionsNamedOnlyForAnAdmissibleShape: a write that adds more than one
+// waiter or holding names no session to read, so a denied write costs no
+// live read per entry (red team); one that adds one names its session.
+func TestSessionsNamedOnlyForAnAdmissibleShape(t *testing.T) {
+	old := heldBy(bob)
+	inSession := func(n int) *locksv1alpha1.DistributedLock {
+		l := old.DeepCopy()
+		for i := range n {
+			w := waiter(alice, fmt.Sprint("r", i))
+			w.Session = fmt.Sprint("s", i)
+			l.Status.AppendWaiter(w)
+		}
+		return l
+	}
+	if got := SessionsNamed(old, inSession(1)); !slices.Equal(got, []string{"s0"}) {
+		t.Errorf("one waiter: SessionsNamed = %v, want [s0]", got)
+	}
+	if got := SessionsNamed(old, inSession(128)); len(got) > 0 {
+		t.Errorf("128 waiters: SessionsNamed = %d names, want none", len(got))
+	}
+}

@@ -157,6 +157,9 @@ func queueViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor) stri
 			if msg := podViolation(w.PodName, w.PodUID, a); msg != "" {
 				return msg
 			}
+			if requestUsed(o, w.RequestID) {
+				return "a queue entry with a requestID status knows"
+			}
 		}
 		if w.User == a.Username {
 			mine++
@@ -306,7 +309,7 @@ func newHoldingViolation(oldObj, newObj *locksv1alpha1.DistributedLock, a Actor)
 	case leaseUsed(o, fresh[0].LeaseID):
 		return "an acquisition reusing a lease ID"
 	case requestUsed(o, fresh[0].RequestID):
-		return "an acquisition reusing a current holding's requestID"
+		return "an acquisition reusing a requestID status knows"
 	case n.WaiterIndex(fresh[0].RequestID) >= 0:
 		return "an acquisition whose requestID stays in the queue"
 	case len(o.Waiters) > 0 && (o.Waiters[0].RequestID != fresh[0].RequestID || o.Waiters[0].User != a.Username):

@@ -72,8 +72,9 @@ const (
 	MicroTimePattern = `^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z)$`
 	TimePattern      = `^((000[2-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])|(0001-12-31|9999-01-01)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?Z)$`
 	// IdentityPattern refuses control and format characters (terminal escapes,
-	// bidi overrides) in names people read.
-	IdentityPattern = `^[^\p{Cc}\p{Cf}]+$`
+	// bidi overrides) and line and paragraph separators (a new line to some
+	// viewers) in names people read: what internal/escape escapes.
+	IdentityPattern = `^[^\p{Cc}\p{Cf}\p{Zl}\p{Zp}]+$`
 	// PodNamePattern is a pod's name, a DNS-1123 subdomain, and PodUIDPattern
 	// a pod's UID as the apiserver assigns it, a lower-case UUID: the
 	// controller reads the pod a holding or waiter names, so nothing else is
@@ -199,7 +200,7 @@ type LockHolder struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}\p{Zl}\p{Zp}]+$`
 	Identity string `json:"identity"`
 
 	// user is the authenticated name of the client that acquired the lock.
@@ -289,7 +290,7 @@ type Waiter struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}\p{Zl}\p{Zp}]+$`
 	Identity string `json:"identity"`
 
 	// user is the authenticated name of the client that enqueued.
@@ -369,7 +370,7 @@ type FinishedHolding struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}\p{Zl}\p{Zp}]+$`
 	Identity string `json:"identity"`
 
 	// endTime is when the holding ended, by the clock of whoever ended it.

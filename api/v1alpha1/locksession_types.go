@@ -33,7 +33,7 @@ type LockSessionSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}]+$`
+	// +kubebuilder:validation:Pattern=`^[^\p{Cc}\p{Cf}\p{Zl}\p{Zp}]+$`
 	Identity string `json:"identity"`
 
 	// ttlSeconds is how long the session lives without a renewal.

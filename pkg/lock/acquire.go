@@ -214,6 +214,9 @@ func (a *attempt) turn(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 		return nil, nil, err
 	}
 	pos := st.WaiterIndex(a.cfg.requestID)
+	if pos >= 0 && st.Waiters[pos].User != a.user {
+		return nil, nil, a.requestTaken(st.Waiters[pos].User)
+	}
 	switch {
 	case obj.Admits(mode) && (len(st.Waiters) == 0 || pos == 0):
 		next, sent, err := a.take(ctx, obj, mode)
@@ -255,7 +258,7 @@ func (a *attempt) read(ctx context.Context) (*locksv1alpha1.DistributedLock, err
 	switch {
 	case err == nil:
 		return obj, nil
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, errKeyCollision):
 		return nil, err
 	case definite(err):
 		return nil, a.failed(err)
@@ -337,7 +340,7 @@ func (a *attempt) await(ctx context.Context, obj *locksv1alpha1.DistributedLock)
 // queued ahead. Any other answer (locked, queued, already held) is given only
 // from a fresh read.
 func (a *attempt) writesStraight(obj *locksv1alpha1.DistributedLock) bool {
-	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != a.key {
+	if _, ok := collidingKey(obj, a.key); ok {
 		return false
 	}
 	st := &obj.Status
@@ -384,6 +387,15 @@ func (a *attempt) own(ctx context.Context, obj *locksv1alpha1.DistributedLock) (
 		return nil, true, endedHolding(f)
 	}
 	return nil, false, nil
+}
+
+// requestTaken is the error of a request whose ID another user's queue
+// entry has: requestIDs are visible to every lock user, and one nobody has
+// used yet is anyone's (a predictable one can be taken first). This request
+// never queues while that entry stays, so it fails at once.
+func (a *attempt) requestTaken(user string) error {
+	return fmt.Errorf("kubelock: acquire %q: request ID %s is the queue entry of user %q: request IDs are visible to every lock user, choose one nobody can guess",
+		a.key, a.cfg.requestID, user)
 }
 
 // report tells the WithQueueCallback callback about a changed place in the queue.

@@ -175,9 +175,8 @@ func (c *Client) get(ctx context.Context, key, name string, create bool) (*locks
 	if err != nil {
 		return nil, err
 	}
-	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && k != key {
-		// Whoever created the lock wrote k, up to the apiserver's 256 kB of annotations.
-		return nil, fmt.Errorf("lock %s/%s belongs to key %q, not %q", c.cfg.namespace, name, escape.Clip(k, maxKeyLen), key)
+	if k, ok := collidingKey(obj, key); ok {
+		return nil, fmt.Errorf("%w: lock %s/%s belongs to key %q, not %q", errKeyCollision, c.cfg.namespace, name, escape.Clip(k, maxKeyLen), key)
 	}
 	c.seen.saw(obj)
 	return obj, nil

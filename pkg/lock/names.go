@@ -3,10 +3,13 @@ package lock
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
 const (
@@ -55,4 +58,35 @@ func NameForKey(key string) (string, error) {
 	}
 	sum := sha256.Sum256([]byte(key))
 	return prefix + "-" + hex.EncodeToString(sum[:])[:hashLen], nil
+}
+
+// errKeyCollision: the lock of a key's name is another key's (collidingKey).
+// Reading it again cannot help.
+var errKeyCollision = errors.New("kubelock: two keys map to one lock name")
+
+// KeyOf is the business key obj is the lock of: its key annotation when
+// that key's name is obj's, else its name. Whoever creates a lock writes the
+// annotation, and a lock user may create the lock of someone else's key
+// first naming another key there (no admission engine can tell which key a
+// name comes from: a policy computes no hash), so an annotation of a key of
+// another name says nothing about obj.
+func KeyOf(obj *locksv1alpha1.DistributedLock) string {
+	if k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]; ok && namesTo(k, obj.Name) {
+		return k
+	}
+	return obj.Name
+}
+
+// collidingKey is the key in obj's key annotation when it is another key
+// whose name is obj's too (two keys that map to one name), so that obj is
+// not key's lock. An annotation of a key of another name is ignored (KeyOf).
+func collidingKey(obj *locksv1alpha1.DistributedLock, key string) (string, bool) {
+	k, ok := obj.Annotations[locksv1alpha1.KeyAnnotation]
+	return k, ok && k != key && namesTo(k, obj.Name)
+}
+
+// namesTo reports whether key's lock is called name.
+func namesTo(key, name string) bool {
+	n, err := NameForKey(key)
+	return err == nil && n == name
 }

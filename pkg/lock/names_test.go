@@ -1,15 +1,11 @@
 package lock
 
 import (
-	"context"
-	"fmt"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
@@ -65,22 +61,36 @@ func TestNameForKeyKeepsDistinctKeysApart(t *testing.T) {
 	}
 }
 
-// TestForeignKeyIsClipped: a lock's key annotation is written by whoever
-// created the lock, up to the apiserver's 256 kB of annotations; the error
-// that names it quotes at most maxKeyLen bytes of it.
-func TestForeignKeyIsClipped(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := locksv1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
+// TestKeyAnnotation: a lock is another key's only when its key annotation
+// names a key of the same name, and is shown as that key only then; the
+// annotation of a key of another name (a lock user's create of someone
+// else's key first, red team) or one no key can have says nothing about the
+// lock.
+func TestKeyAnnotation(t *testing.T) {
+	hashed, _ := NameForKey("Orders/42")
+	cases := []struct {
+		name, annotation, key string
+		colliding             bool
+		keyOf                 string
+	}{
+		{name: "orders", annotation: "orders", key: "orders", keyOf: "orders"},
+		{name: "orders", key: "orders", keyOf: "orders"},
+		{name: "orders", annotation: "payments", key: "orders", keyOf: "orders"},
+		{name: "orders", annotation: strings.Repeat("k", 200<<10), key: "orders", keyOf: "orders"},
+		{name: hashed, annotation: "Orders/42", key: "Orders/42", keyOf: "Orders/42"},
+		{name: hashed, annotation: "orders 42", key: "Orders/42", keyOf: hashed},
+		{name: hashed, annotation: "Orders/42", key: "a colliding key", colliding: true, keyOf: "Orders/42"},
 	}
-	squat := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders",
-		Annotations: map[string]string{locksv1alpha1.KeyAnnotation: strings.Repeat("k", 200<<10)}}}
-	c, err := NewFromClient(fake.NewClientBuilder().WithScheme(scheme).WithObjects(squat).Build(), WithIdentity("me"), WithNamespace("default"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.Get(context.Background(), "orders")
-	if err == nil || !strings.Contains(err.Error(), "belongs to key") || len(err.Error()) > 2*maxKeyLen {
-		t.Fatalf("Get of a lock of another key: %.200v (%d bytes), want a 'belongs to key' error under %d bytes", err, len(fmt.Sprint(err)), 2*maxKeyLen)
+	for _, tc := range cases {
+		l := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Name: tc.name}}
+		if tc.annotation != "" {
+			l.Annotations = map[string]string{locksv1alpha1.KeyAnnotation: tc.annotation}
+		}
+		if k, got := collidingKey(l, tc.key); got != tc.colliding || got && k != tc.annotation {
+			t.Errorf("collidingKey(%s with %.20q, %q) = %.20q, %v; want %v", tc.name, tc.annotation, tc.key, k, got, tc.colliding)
+		}
+		if got := KeyOf(l); got != tc.keyOf {
+			t.Errorf("KeyOf(%s with %.20q) = %.20q, want %q", tc.name, tc.annotation, got, tc.keyOf)
+		}
 	}
 }

@@ -90,10 +90,11 @@ var _ = Describe("admission", Ordered, ContinueOnFailure, func() {
 						}
 						return cs
 					}()...),
-					"observedGeneration 99":         patch(types.MergePatchType, map[string]any{"status": map[string]any{"observedGeneration": 99}}),
-					"a lower-case t":                setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "T", "t", 1))),
-					"a waiter without microseconds": addWaiterRaw(rawWaiter("bob", 1, nowRFC3339(), rawTime(time.Minute))),
-					"two waiters at once":           update(enqueue(waiter("bob", 1)), enqueue(waiter("bob", 2))),
+					"observedGeneration 99":           patch(types.MergePatchType, map[string]any{"status": map[string]any{"observedGeneration": 99}}),
+					"a lower-case t":                  setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "T", "t", 1))),
+					"a waiter without microseconds":   addWaiterRaw(rawWaiter("bob", 1, nowRFC3339(), rawTime(time.Minute))),
+					"two waiters at once":             update(enqueue(waiter("bob", 1)), enqueue(waiter("bob", 2))),
+					"a waiter with alice's requestID": update(enqueue(waiterWithRequest(waiter("bob", 1), requestID("alice", 1)))),
 				}
 				before := getRaw(ctx, key)
 				for _, n := range slices.Sorted(maps.Keys(freezers)) {

@@ -281,6 +281,7 @@ func hostileEntries() []TableEntry {
 	entries = append(entries, sharedHostileEntries()...)
 	entries = append(entries, redteamSharedEntries()...)
 	entries = append(entries, movedEntries()...)
+	entries = append(entries, redteam3Entries()...)
 	return append(entries, statusHostileEntries()...)
 }
 

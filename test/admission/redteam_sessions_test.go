@@ -49,6 +49,11 @@ func redteamSessionEntries() []TableEntry {
 		Entry("a token bound to no pod holds in its account's pod session with the pod's UID", sessionHostile{owner: podSA, by: unboundPod,
 			do:   acquireIn(pod0Name, pod0UID),
 			want: []string{tag(rules.RulePodBinding) + `holder.podName "` + pod0Name + `" ` + rules.MsgNoPodToken}, lock: true}),
+		// The controller caches every session: 16 annotations of 16 kB each
+		// cost it 250 kB per session, where a client writes none.
+		Entry("red team 3: a session with 250 kB of annotations", sessionHostile{by: "alice",
+			do:   createSessionAs(func(s *locksv1alpha1.LockSession) { s.Annotations, _ = bigAnnotations(16, 15900) }),
+			want: []string{session + "a session's annotations take at most 4096 bytes, keys and values together"}}),
 	}
 }
 

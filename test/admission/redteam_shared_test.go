@@ -12,10 +12,7 @@ import (
 // instructive attacks that were already denied. Both engines run them
 // (hostileEntries appends them).
 
-const (
-	msgAcquirerQueued = "an acquisition takes its own entry out of the wait queue in the same write: its requestID may not stay in status.waiters (or join it)"
-	msgRequestID      = "an acquisition needs a requestID no current holding has: it must differ from the holder's and from every shared holder's"
-)
+const msgAcquirerQueued = "an acquisition takes its own entry out of the wait queue in the same write: its requestID may not stay in status.waiters (or join it)"
 
 // keepHead puts the old queue's head back at the head after fn acquired
 // with its requestID (which removed it).

@@ -99,6 +99,7 @@ var _ = Describe("red team", Ordered, ContinueOnFailure, func() {
 				Entry("an ownerReference (Kubernetes' garbage collector would delete the lock once free)", func(m *metav1.ObjectMeta) {
 					m.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "mine", UID: "0c0ffee0-0000-0000-0000-000000000000"}}
 				}, "metadata.ownerReferences"),
+				bulkAnnotationEntries(),
 			)
 
 			It("denies a 17th server-side apply entry in managedFields by a lock user (no-op applies under ever new field managers)", func(ctx SpecContext) {

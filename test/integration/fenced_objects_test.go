@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
 
@@ -175,6 +176,47 @@ var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 		refused(rules.RuleFencedWriter, func() error { return bob.c.Delete(ctx, cm) }, "does not hold")
 		Expect(env.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		Expect(bob.c.Delete(ctx, cm)).To(Succeed())
+	})
+
+	// A ConfigMap writer's annotations on an object nobody fenced yet: the
+	// webhook never saw them (objects without the fenced label are not sent to
+	// it), yet the holder's write that fences the object was judged by them: a
+	// planted fencing-token made it "stale" ("this object already accepted token
+	// ..."), a planted fenced-by of another lock made it a move between locks.
+	It("fences an object by the holder's write alone, whatever another writer annotated on it before", func(ctx SpecContext) {
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "db", locksv1alpha1.DistributedLockSpec{})
+		suite.NewLock(ctx, ns, "other", locksv1alpha1.DistributedLockSpec{})
+		malloryCfg, mallory := suite.UserConfig(ctx)
+		bobCfg, bob := suite.UserConfig(ctx)
+		grant(ctx, ns, "configmaps", []string{"", "get", "create", "update", "patch"}, mallory, bob)
+		mc, err := client.New(malloryCfg, client.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		bc, err := client.New(bobCfg, client.Options{Scheme: env.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		lk, err := lock.New(bobCfg, lock.WithNamespace(ns), lock.WithIdentity(bob))
+		Expect(err).NotTo(HaveOccurred())
+		held, err := lk.Acquire(ctx, "db")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = held.Release(context.Background()) })
+		token := strconv.FormatInt(held.FencingToken(), 10)
+
+		for i, planted := range []map[string]string{
+			{locksv1alpha1.FencedByAnnotation: "db", locksv1alpha1.FencingTokenAnnotation: strconv.FormatInt(math.MaxInt64-1, 10)},
+			{locksv1alpha1.FencedByAnnotation: "other", locksv1alpha1.FencingTokenAnnotation: "1"},
+			{locksv1alpha1.FencedByAnnotation: "gone"},
+		} {
+			name := fmt.Sprintf("planted %v", planted)
+			By(name)
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprint("settings-", i), Annotations: planted}}
+			Expect(mc.Create(ctx, cm)).To(Succeed(), "no fenced label: the webhook is not asked")
+			fence := `{"metadata":{"labels":{"` + locksv1alpha1.FencedLabel + `":"true"},"annotations":{"` +
+				locksv1alpha1.FencedByAnnotation + `":"db","` + locksv1alpha1.FencingTokenAnnotation + `":"` + token + `"}}}`
+			Expect(bc.Patch(ctx, cm, client.RawPatch(types.MergePatchType, []byte(fence)))).To(Succeed())
+			By(name + ": fenced now, the other writer is refused")
+			err := mc.Patch(ctx, cm, client.RawPatch(types.MergePatchType, []byte(`{"data":{"mode":"mallory"}}`)))
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "got %v", err)
+		}
 	})
 })
 

@@ -38,7 +38,7 @@ func (f *acquireFlags) add(flags *pflag.FlagSet, defaultWait time.Duration, with
 	flags.StringVar(&f.progress, "progress", "auto", "live waiting line on stderr: auto (only on a terminal), always or never")
 	flags.BoolVar(&f.shared, "shared", false, "hold the lock shared: an RWMutex as one of its readers (a Semaphore's permits are always shared; a Mutex cannot be)")
 	if withRequestID {
-		flags.StringVar(&f.requestID, "request-id", "", "idempotency key: retrying with the same ID returns the same lease instead of a second one (default: random)")
+		flags.StringVar(&f.requestID, "request-id", "", "idempotency key: retrying with the same ID returns the same lease instead of a second one (default: random; every lock user can read it, so choose one nobody can guess, such as a Job's UID)")
 	}
 }
 

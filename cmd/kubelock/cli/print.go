@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/lock"
 )
 
 // scheme knows the built-in types and the kubelock API.
@@ -52,13 +53,9 @@ func withKind(l locksv1alpha1.DistributedLock) locksv1alpha1.DistributedLock {
 	return l
 }
 
-// lockKey is the business key of a lock: its annotation, else its name.
-func lockKey(l *locksv1alpha1.DistributedLock) string {
-	if k := l.Annotations[locksv1alpha1.KeyAnnotation]; k != "" {
-		return k
-	}
-	return l.Name
-}
+// lockKey is the business key of a lock: its annotation when that key's
+// name is the lock's, else its name (lock.KeyOf).
+func lockKey(l *locksv1alpha1.DistributedLock) string { return lock.KeyOf(l) }
 
 // leaseEnd is when the holder's lease runs out by its own renewTime; informational.
 func leaseEnd(h *locksv1alpha1.LockHolder) time.Time {

@@ -51,7 +51,7 @@ func fixtures() []locksv1alpha1.DistributedLock {
 		},
 	}
 	free := locksv1alpha1.DistributedLock{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders-42-1f2e3d4c5b6a",
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders-42-c4dd165f06c3",
 			CreationTimestamp: metav1.NewTime(now.Add(-26 * time.Hour)),
 			Labels:            map[string]string{locksv1alpha1.AutoCreatedLabel: "true"},
 			Annotations:       map[string]string{locksv1alpha1.KeyAnnotation: "orders/42"}},

@@ -315,7 +315,7 @@ var stringFields = []func(l *locksv1alpha1.DistributedLock, s string){
 // lengths (in characters) and patterns must judge it as the CRD does.
 func FuzzStringFieldsAgreeWithTheCRD(f *testing.F) {
 	for i := range stringFields {
-		for _, s := range []string{"", "a", "worker-1", "0123456789abcdef", "a.b-c_d", "é\u200b", "x\x00y", strings.Repeat("ü", 64)} {
+		for _, s := range []string{"", "a", "worker-1", "0123456789abcdef", "a.b-c_d", "é\u200b", "x\x00y", "bob\u2028alice", strings.Repeat("ü", 64)} {
 			f.Add(uint8(i), s)
 		}
 	}
