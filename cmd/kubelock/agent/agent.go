@@ -144,7 +144,21 @@ func (h *holding) state() (live bool, reason string, cause error) {
 func (h *holding) claimEnd(why string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.ending != "" || h.l.Err() != nil {
+	return h.claimLocked(why)
+}
+
+// claimExpiry marks h as expiring when its lease has passed unrenewed;
+// false when it was renewed, or is ending or over. The check and the mark
+// are one step, so that a renewal the app was told of is never expired.
+func (h *holding) claimExpiry() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !time.Now().Before(h.leaseEnd) && h.claimLocked(endExpired)
+}
+
+// claimLocked is claimEnd with h.mu held.
+func (h *holding) claimLocked(why string) bool {
+	if h.endingLocked() {
 		return false
 	}
 	h.ending = why
@@ -152,12 +166,15 @@ func (h *holding) claimEnd(why string) bool {
 	return true
 }
 
+// endingLocked reports, with h.mu held, whether h is ending or over.
+func (h *holding) endingLocked() bool { return h.ending != "" || h.l.Err() != nil }
+
 // renew moves the end of h's lease to a lease from now; false when h is
 // over or ending.
 func (h *holding) renew() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.ending != "" || h.l.Err() != nil {
+	if h.endingLocked() {
 		return false
 	}
 	h.leaseEnd = time.Now().Add(h.lease)
@@ -355,10 +372,7 @@ func (a *Agent) forget(h *holding) {
 
 // expire releases h when its lease ended without a renewal.
 func (a *Agent) expire(h *holding) {
-	h.mu.Lock()
-	due := !time.Now().Before(h.leaseEnd)
-	h.mu.Unlock()
-	if due && h.claimEnd(endExpired) {
+	if h.claimExpiry() {
 		a.logf("releasing %s (token %d, lease %s): not renewed within its lease of %s", shown(h.key), h.l.FencingToken(), h.l.LeaseID(), h.lease)
 		a.release(h)
 	}
@@ -404,8 +418,8 @@ func (a *Agent) lookup(key, leaseID string) *holding {
 	return h
 }
 
-// holdings are the live holdings, by key and lease ID; with key set, only
-// that key's.
+// holdings are the live holdings that match (all with match nil), sorted by
+// key and lease ID.
 func (a *Agent) holdings(match func(*holding) bool) []*holding {
 	a.mu.Lock()
 	var out []*holding

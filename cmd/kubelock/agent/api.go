@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
@@ -46,6 +47,43 @@ func (a *Agent) Handler() http.Handler {
 	return mux
 }
 
+// Server is an HTTP server of Handler with bounds for a peer that may be
+// hostile: headers and bodies read within 10s, headers of at most 64 KiB
+// (the agent's own API takes no body; Dapr's, at most maxDaprBody). A long
+// poll is not bounded by them: it waits after the request is read.
+func (a *Agent) Server() *http.Server {
+	return &http.Server{
+		Handler:           localOnly(a.Handler()),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+// localOnly refuses what only a browser sends: an Origin (a web page's
+// script posting to 127.0.0.1, which needs no preflight for a bodiless POST
+// or a text/plain one) and a Host that is not loopback (DNS rebinding: a
+// page's own name made to resolve to 127.0.0.1). Apps, SDKs and curl send
+// neither.
+func localOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.Host)
+		if err != nil {
+			host = r.Host
+		}
+		ip := net.ParseIP(host)
+		switch {
+		case r.Header.Get("Origin") != "":
+			writeError(w, http.StatusForbidden, reasonNotLocal, "kubelock agent: a request with an Origin comes from a web page: the agent serves the pod's programs only")
+		case host != "localhost" && (ip == nil || !ip.IsLoopback()):
+			writeError(w, http.StatusForbidden, reasonNotLocal, fmt.Sprintf("kubelock agent: Host %s is not a loopback address: call the agent as 127.0.0.1, [::1] or localhost", shown(r.Host)))
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
 // Reasons of the API's errors (the "reason" of the JSON), beside the end
 // reasons of a holding that is over (released, expired, lost).
 const (
@@ -60,6 +98,7 @@ const (
 	reasonUnavailable = "unavailable" // the apiserver is unreachable, or the agent is stopping
 	reasonTooMany     = "too-many"    // Options.MaxLocks reached
 	reasonNoEndpoint  = "no-endpoint"
+	reasonNotLocal    = "not-local" // a browser's request (Origin, or a Host not loopback)
 )
 
 // holdingView is a holding as the API shows it.

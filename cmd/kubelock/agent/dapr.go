@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -64,14 +65,27 @@ type daprRequest struct {
 // maxOwner bounds a lockOwner: the agent keeps it in memory.
 const maxOwner = 1024
 
+// maxDaprBody bounds a request body: three short fields.
+const maxDaprBody = 16 << 10
+
 // daprDecode reads the request and checks it in Dapr's order (for a lock,
 // the expiry first); it writes Dapr's error and returns false when it is
 // malformed.
 func (a *Agent) daprDecode(w http.ResponseWriter, r *http.Request, isLock bool) (daprRequest, bool) {
 	var req daprRequest
 	store := r.PathValue("store")
-	body := http.MaxBytesReader(w, r.Body, 64<<10)
-	if err := json.NewDecoder(body).Decode(&req); err != nil {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxDaprBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeDaprError(w, http.StatusRequestEntityTooLarge, daprMalformed, "the request body is longer than %d bytes", maxDaprBody)
+		return req, false
+	case err != nil:
+		writeDaprError(w, http.StatusBadRequest, daprMalformed, "failed reading HTTP body: %v", err)
+		return req, false
+	}
+	// The whole body, as Dapr reads it: trailing bytes are malformed too.
+	if err := json.Unmarshal(body, &req); err != nil {
 		writeDaprError(w, http.StatusBadRequest, daprMalformed, "failed deserializing HTTP body: %v", err)
 		return req, false
 	}

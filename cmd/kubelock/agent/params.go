@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
@@ -87,10 +89,20 @@ func parseDuration(name, value string, lo, hi time.Duration) (time.Duration, err
 	return d, nil
 }
 
-// checkKey says what is wrong with key, if anything (pkg/lock's rules).
+// checkKey says what is wrong with key, if anything: pkg/lock's rules, and
+// text. A key arrives percent-encoded from any byte; kept in the lock's key
+// annotation, shown by kubectl and in logs, it must be UTF-8 with no control
+// characters (JSON would turn other bytes into U+FFFD, and the annotation
+// would then name another key).
 func checkKey(key string) error {
 	if _, err := lock.NameForKey(key); err != nil {
 		return fmt.Errorf("%w (a key is one path segment: escape / as %%2F)", err)
+	}
+	if !utf8.ValidString(key) {
+		return errors.New("kubelock agent: lock key is not valid UTF-8")
+	}
+	if i := strings.IndexFunc(key, unicode.IsControl); i >= 0 {
+		return fmt.Errorf("kubelock agent: lock key has a control character at byte %d: keys are text", i)
 	}
 	return nil
 }

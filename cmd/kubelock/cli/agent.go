@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"strings"
 	"time"
 
@@ -74,7 +73,7 @@ and on refusals of its session by RBAC or a missing LockSession kind.`,
 		},
 	}
 	flags := cmd.Flags()
-	flags.StringVar(&f.listen, "listen", DefaultListen, "address to serve on (port 0 picks a free one)")
+	flags.StringVar(&f.listen, "listen", DefaultListen, "loopback address to serve on (port 0 picks a free one)")
 	flags.DurationVar(&f.sessionTTL, "session-ttl", lock.DefaultSessionTTL, "TTL of the agent's LockSession: how long its locks outlive the agent's last renewal (whole seconds, 5s..1h)")
 	flags.DurationVar(&f.lease, "lease", agent.DefaultLease, "lease of a holding whose acquire names none: the agent releases a holding the app did not renew for that long")
 	flags.BoolVar(&f.create, "create", true, "create a lock on first use (labelled auto-created; the controller deletes it once idle); false takes only locks that exist")
@@ -84,6 +83,9 @@ and on refusals of its session by RBAC or a missing LockSession kind.`,
 }
 
 func (f *agentFlags) check() error {
+	if err := checkLoopback(f.listen); err != nil {
+		return err
+	}
 	ttl := f.sessionTTL
 	if ttl < locksv1alpha1.MinSessionTTLSeconds*time.Second || ttl > locksv1alpha1.MaxSessionTTLSeconds*time.Second || ttl%time.Second != 0 {
 		return usageErrorf("--session-ttl must be whole seconds within %ds..%ds, got %s", locksv1alpha1.MinSessionTTLSeconds, locksv1alpha1.MaxSessionTTLSeconds, ttl)
@@ -122,7 +124,7 @@ func (o *options) agent(ctx context.Context, f *agentFlags) error {
 	if err != nil {
 		return usageErrorf("--listen %s: %w", f.listen, err)
 	}
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := a.Server()
 	go func() { _ = srv.Serve(ln) }()
 	defer func() { _ = srv.Close() }()
 	logf("serving on http://%s (locks in namespace %s as %s; Dapr lock stores %s)", ln.Addr(), c.Namespace(), c.Identity(), strings.Join(f.stores, ", "))
@@ -136,5 +138,20 @@ func (o *options) agent(ctx context.Context, f *agentFlags) error {
 	}
 	s, _ := interrupted()
 	logf("stopping on %v: released every lock, closed the session", s)
+	return nil
+}
+
+// checkLoopback refuses a --listen address off the loopback interface: the
+// agent checks no credentials, so whoever reaches it takes and releases
+// locks as the pod's identity. Only an IP literal is taken: a name could
+// resolve anywhere.
+func checkLoopback(listen string) error {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return usageErrorf("--listen %q: %v", listen, err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return usageErrorf("--listen %s: the agent serves the pod's own containers and checks no credentials, so it listens on a loopback address only (127.0.0.1:PORT or [::1]:PORT)", listen)
+	}
 	return nil
 }

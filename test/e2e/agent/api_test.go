@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"os/exec"
@@ -167,8 +168,10 @@ var _ = Describe("kubelock agent's own API", func() {
 			_, got := a.call(http.MethodGet, path("invoice-8", "", "leaseID="+h.LeaseID))
 			return got.Reason
 		}, 10*time.Second).Should(Equal("expired"))
-		l := lockNamed(ctx, h.Lock)
-		Expect(l.Status.Holder).To(BeNil())
+		// The agent says "expired" as soon as it decides to release, so that
+		// the app stops at once; the release is written after.
+		var l *locksv1alpha1.DistributedLock
+		Eventually(func() *locksv1alpha1.LockHolder { l = lockNamed(ctx, h.Lock); return l.Status.Holder }).Should(BeNil())
 		last := l.Status.RecentAcquisitions[len(l.Status.RecentAcquisitions)-1]
 		Expect(last.LeaseID).To(Equal(h.LeaseID))
 		Expect(last.EndReason).To(Equal(locksv1alpha1.EndReasonReleased), "the agent released it")
@@ -210,11 +213,13 @@ var _ = Describe("kubelock agent's own API", func() {
 			path("k", "", "wait=1s&wait=2s"):    "parameter wait is given 2 times",
 			path("k", "", "shared=yes"):         `shared must be true or false, got \"yes\"`,
 			path(strings.Repeat("k", 1025), ""): "lock key is 1025 bytes long; the limit is 1024 (a key is one path segment: escape / as %2F)",
+			path("order-\xff", ""):              "lock key is not valid UTF-8",
+			path("order\n42", ""):               "lock key has a control character at byte 5: keys are text",
 		} {
 			code, body := a.raw(http.MethodPost, req, "")
-			Expect(code).To(Equal(http.StatusBadRequest), req)
-			Expect(body).To(ContainSubstring(want), req)
-			Expect(body).To(ContainSubstring(`"reason":"bad-request"`), req)
+			Expect(code).To(Equal(http.StatusBadRequest), "%s", req)
+			Expect(body).To(ContainSubstring(want), "%s", req)
+			Expect(body).To(ContainSubstring(`"reason":"bad-request"`), "%s", req)
 		}
 		code, body := a.raw(http.MethodPost, path("k", ""), `{"wait": "10s"}`)
 		Expect(code).To(Equal(http.StatusBadRequest))
@@ -231,6 +236,27 @@ var _ = Describe("kubelock agent's own API", func() {
 		code, method := a.call(http.MethodPut, path("k", ""))
 		Expect(code).To(Equal(http.StatusMethodNotAllowed))
 		Expect(method.Error).To(ContainSubstring("PUT is not a method of /v1/locks/k"))
+
+		// What a web page can send to 127.0.0.1 without a preflight: a POST
+		// with an Origin, or (DNS rebinding) with its own name as Host.
+		for header, value := range map[string]string{"Origin": "https://attacker.example", "Host": "attacker.example:8477"} {
+			req, err := http.NewRequest(http.MethodPost, a.url+path("k", ""), nil) //nolint:noctx // a local test endpoint
+			Expect(err).NotTo(HaveOccurred())
+			req.Header.Set(header, value)
+			if header == "Host" {
+				req.Host = value
+			}
+			resp, err := http.DefaultClient.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			var refused answer
+			Expect(json.NewDecoder(resp.Body).Decode(&refused)).To(Succeed())
+			Expect(resp.Body.Close()).To(Succeed())
+			Expect(resp.StatusCode).To(Equal(http.StatusForbidden), header)
+			Expect(refused.Reason).To(Equal("not-local"), header)
+		}
+		code, body = a.raw(http.MethodGet, "/v1/locks", "")
+		Expect(code).To(Equal(http.StatusOK))
+		Expect(body).To(MatchJSON(`{"holdings": []}`), "a refused request takes no lock")
 	})
 
 	It("releases every holding and closes its session on SIGTERM", func(ctx SpecContext) {

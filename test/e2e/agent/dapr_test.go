@@ -12,9 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
@@ -193,9 +196,17 @@ var _ = Describe("kubelock agent's Dapr lock API", func() {
 		code, body = a.raw(http.MethodPost, "/v1.0-alpha1/lock/lockstore", lockBody("app-1", 5))
 		Expect(code).To(Equal(http.StatusBadRequest))
 		Expect(body).To(MatchJSON(`{"errorCode": "ERR_LOCK_STORE_NOT_FOUND", "message": "lock store lockstore not found (this agent serves redlock, bluelock)"}`))
-		code, body = a.raw(http.MethodPost, "/v1.0-alpha1/lock/redlock", `{"resourceId": `)
-		Expect(code).To(Equal(http.StatusBadRequest))
-		Expect(body).To(ContainSubstring(`"errorCode":"ERR_MALFORMED_REQUEST"`))
+		for _, malformed := range []string{`{"resourceId": `, lockBody("app-1", 5) + ` {"resourceId": "other"}`} {
+			code, body = a.raw(http.MethodPost, "/v1.0-alpha1/lock/redlock", malformed)
+			Expect(code).To(Equal(http.StatusBadRequest), "%s", malformed)
+			Expect(body).To(ContainSubstring(`"errorCode":"ERR_MALFORMED_REQUEST"`), "%s", malformed)
+		}
+		code, body = a.raw(http.MethodPost, "/v1.0-alpha1/lock/redlock",
+			fmt.Sprintf(`{"resourceId": "x", "lockOwner": "app-1", "expiryInSeconds": 5, "pad": %q}`, strings.Repeat("p", 20<<10)))
+		Expect(code).To(Equal(http.StatusRequestEntityTooLarge))
+		Expect(body).To(MatchJSON(`{"errorCode": "ERR_MALFORMED_REQUEST", "message": "the request body is longer than 16384 bytes"}`))
+		err = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "x"}, &locksv1alpha1.DistributedLock{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a refused request creates no lock: %v", err)
 
 		code, body = a.raw(http.MethodGet, "/v1.0/healthz", "")
 		Expect(code).To(Equal(http.StatusNoContent))
