@@ -113,8 +113,9 @@ $(NODE_BINS) &: hack/build-node.sh hack/lib/build.sh
 	@touch $(NODE_BINS)
 
 .PHONY: test-deps
-test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL server, from Debian's packages).
+test-deps: ## Install what the tests need and the machine lacks, from Debian's packages: the PostgreSQL server; Node.js, npm and Python 3 (the agent's Dapr SDK and Python example tests).
 	hack/install-postgres.sh
+	hack/install-runtimes.sh
 
 # The suites by kind. Unit: every package outside the suites below (pure rules,
 # the library, the CLI; the controller's and the API's own envtest suites too).
@@ -138,7 +139,7 @@ test-integration: manifests generate control-plane test-deps $(HELM) ## Run the 
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
-test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI and kubelock-dev as processes).
+test-e2e: manifests generate control-plane test-deps ## Run the end-to-end suites (the CLI, the agent through Dapr's JavaScript SDK and the Python example, and kubelock-dev as processes).
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(E2E_PKGS)
 
 # The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
