@@ -201,9 +201,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	back := sessionBackoff()
 	for {
 		s, err := a.liveSession(ctx)
-		switch {
-		case ctx.Err() != nil:
+		select {
+		case <-ctx.Done(): // stopping: a failure now is the cancellation's
 			return nil
+		default:
+		}
+		switch {
 		case err != nil && a.o.Fatal != nil && a.o.Fatal(err):
 			return err
 		case err != nil:
@@ -374,7 +377,7 @@ func (a *Agent) forget(h *holding) {
 func (a *Agent) expire(h *holding) {
 	if h.claimExpiry() {
 		a.logf("releasing %s (token %d, lease %s): not renewed within its lease of %s", shown(h.key), h.l.FencingToken(), h.l.LeaseID(), h.lease)
-		a.release(h)
+		_ = a.release(h) // it logs a failure: the holding then ends with the session
 	}
 }
 
