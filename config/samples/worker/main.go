@@ -4,8 +4,8 @@
 // write of the item's work with the lock's token. kubelock-dev --node builds it.
 //
 // It loops over $ITEMS until SIGTERM: for each item it waits for the item's
-// lock (POST /v1/locks/ITEM?wait=), writes $STEPS rows with the token, and
-// releases the lock. With $PG_DSN set the rows go to the table work through
+// lock (POST /v1/locks/ITEM?wait=), writes $STEPS rows with the token,
+// $STEP_SECONDS apart (default 1), and releases the lock. With $PG_DSN set the rows go to the table work through
 // pkg/fencing/postgres, which refuses a token older than one it accepted for
 // the same lock; a refused write ends the item's work (the lock was lost).
 // Without it the writes are only printed.
@@ -58,18 +58,22 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("STEPS: %w", err)
 	}
-	write := printWrite
+	pause, err := strconv.ParseFloat(envOr("STEP_SECONDS", "1"), 64)
+	if err != nil {
+		return fmt.Errorf("STEP_SECONDS: %w", err)
+	}
+	w := worker{steps: steps, pause: time.Duration(pause * float64(time.Second)), write: printWrite}
 	if dsn := os.Getenv("PG_DSN"); dsn != "" {
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = conn.Close(context.Background()) }()
-		write = fencedWrite(postgres.NewGuard(conn))
+		w.write = fencedWrite(postgres.NewGuard(conn))
 	}
 	for ctx.Err() == nil {
 		for _, item := range items {
-			if err := work(ctx, item, steps, write); err != nil && ctx.Err() == nil {
+			if err := w.work(ctx, item); err != nil && ctx.Err() == nil {
 				fmt.Printf("%s: %v\n", item, err)
 				time.Sleep(time.Second) // the agent is not ready, or refused: try again
 			}
@@ -78,21 +82,41 @@ func run() error {
 	return nil
 }
 
-// work takes item's lock, writes steps rows with its token and releases it.
-func work(ctx context.Context, item string, steps int, write writeFunc) error {
-	h, err := call(ctx, http.MethodPost, item, "wait=60s&lease=30s")
+// worker does the work of an item: steps writes, pause apart.
+type worker struct {
+	steps int
+	pause time.Duration
+	write writeFunc
+}
+
+// work takes item's lock, writes w.steps rows with its token and releases it.
+func (w worker) work(ctx context.Context, item string) error {
+	h, err := call(ctx, http.MethodPost, item, "", "wait=60s&lease=30s")
 	if err != nil {
 		return err
 	}
 	fmt.Printf("took %s token %d\n", item, h.FencingToken)
-	for step := range steps {
-		if err := write(ctx, item, h, step); err != nil {
+steps:
+	for step := range w.steps {
+		if err := w.write(ctx, item, h, step); err != nil {
+			fmt.Printf("stopped %s token %d: %v\n", item, h.FencingToken, err)
+			break
+		}
+		if step == w.steps-1 {
+			break // done: release at once
+		}
+		select {
+		case <-ctx.Done():
+			break steps
+		case <-time.After(w.pause):
+		}
+		if _, err := call(ctx, http.MethodPost, item, "/renew", "leaseID="+h.LeaseID); err != nil { // a long item keeps its lease
 			fmt.Printf("stopped %s token %d: %v\n", item, h.FencingToken, err)
 			break
 		}
 	}
 	// Released even when the pod is stopping: the next holder need not wait.
-	_, err = call(context.WithoutCancel(ctx), http.MethodDelete, item, "leaseID="+h.LeaseID)
+	_, err = call(context.WithoutCancel(ctx), http.MethodDelete, item, "", "leaseID="+h.LeaseID)
 	return err
 }
 
@@ -113,10 +137,11 @@ func printWrite(_ context.Context, item string, h holding, step int) error {
 	return nil
 }
 
-// call sends one request about item's lock to the agent.
-func call(ctx context.Context, method, item, query string) (holding, error) {
+// call sends one request about item's lock to the agent: the key is one
+// escaped path segment, action "" or "/renew".
+func call(ctx context.Context, method, item, action, query string) (holding, error) {
 	var h holding
-	u := agent + "/v1/locks/" + url.PathEscape(item) + "?" + query
+	u := agent + "/v1/locks/" + url.PathEscape(item) + action + "?" + query
 	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
 		return h, err
