@@ -76,7 +76,7 @@ func localOnly(next http.Handler) http.Handler {
 		switch {
 		case r.Header.Get("Origin") != "":
 			writeError(w, http.StatusForbidden, reasonNotLocal, "kubelock agent: a request with an Origin comes from a web page: the agent serves the pod's programs only")
-		case host != "localhost" && (ip == nil || !ip.IsLoopback()):
+		case host != "" && host != "localhost" && (ip == nil || !ip.IsLoopback()): // HTTP/1.0 may send none; a browser always does
 			writeError(w, http.StatusForbidden, reasonNotLocal, fmt.Sprintf("kubelock agent: Host %s is not a loopback address: call the agent as 127.0.0.1, [::1] or localhost", shown(r.Host)))
 		default:
 			next.ServeHTTP(w, r)

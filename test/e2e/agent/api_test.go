@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os/exec"
@@ -257,6 +259,15 @@ var _ = Describe("kubelock agent's own API", func() {
 		code, body = a.raw(http.MethodGet, "/v1/locks", "")
 		Expect(code).To(Equal(http.StatusOK))
 		Expect(body).To(MatchJSON(`{"holdings": []}`), "a refused request takes no lock")
+		// A minimal HTTP/1.0 client sends no Host; no browser does that.
+		conn, err := net.Dial("tcp", strings.TrimPrefix(a.url, "http://"))
+		Expect(err).NotTo(HaveOccurred())
+		_, err = conn.Write([]byte("GET /healthz HTTP/1.0\r\n\r\n"))
+		Expect(err).NotTo(HaveOccurred())
+		reply, err := io.ReadAll(conn)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(conn.Close()).To(Succeed())
+		Expect(string(reply)).To(HavePrefix("HTTP/1.0 200 OK"))
 	})
 
 	It("releases every holding and closes its session on SIGTERM", func(ctx SpecContext) {
