@@ -1,8 +1,10 @@
 // Package admission is the hostile-input suite of kubelock's admission: one
-// table of malformed and malicious lock writes that runs twice against a real
-// kube-apiserver, once with the validating webhook (webhook/, served by this
-// process) and once with the ValidatingAdmissionPolicy (config/policy) instead,
-// so the two engines can never drift apart.
+// table of malformed and malicious lock writes that runs against a real
+// kube-apiserver with the validating webhook (webhook/, served by this
+// process), then with the ValidatingAdmissionPolicy (config/policy) instead,
+// and against kubelock-apiserver, which runs the same rules in-process on a
+// control plane of its own (lockapi_test.go), so the engines can never
+// drift apart.
 package admission
 
 import (
