@@ -21,15 +21,26 @@ const etcdPrefix = "/registry"
 // stored as JSON); the write is conditioned on the revision read, and the
 // apiserver's watch delivers the new object to every client.
 func (e *Env) RewriteStored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName, change func(obj map[string]any)) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Cluster.Etcd.Endpoints(), DialTimeout: 10 * time.Second})
+	return RewriteKey(ctx, e.Cluster.Etcd.Endpoints(), StoragePath(etcdPrefix, gr, key), change)
+}
+
+// StoragePath is where an apiserver whose etcd prefix is prefix keeps the
+// object key of gr.
+func StoragePath(prefix string, gr schema.GroupResource, key types.NamespacedName) string {
+	if gr.Group == "" {
+		return fmt.Sprintf("%s/%s/%s/%s", prefix, gr.Resource, key.Namespace, key.Name)
+	}
+	return fmt.Sprintf("%s/%s/%s/%s/%s", prefix, gr.Group, gr.Resource, key.Namespace, key.Name)
+}
+
+// RewriteKey changes the JSON object stored at path in the etcd at
+// endpoints, as RewriteStored does.
+func RewriteKey(ctx context.Context, endpoints []string, path string, change func(obj map[string]any)) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = cli.Close() }()
-	path := fmt.Sprintf("%s/%s/%s/%s/%s", etcdPrefix, gr.Group, gr.Resource, key.Namespace, key.Name)
-	if gr.Group == "" {
-		path = fmt.Sprintf("%s/%s/%s/%s", etcdPrefix, gr.Resource, key.Namespace, key.Name)
-	}
 	got, err := cli.Get(ctx, path)
 	if err != nil {
 		return err
