@@ -223,6 +223,9 @@ func (a *attempt) turn(ctx context.Context, obj *locksv1alpha1.DistributedLock) 
 		if err == nil {
 			return a.hold(next, sent), nil, nil
 		}
+		if pos == 0 && tooLarge(err) {
+			return nil, nil, a.unfit(ctx, err)
+		}
 		next, err = a.retryAfter(ctx, obj, err)
 		return nil, next, err
 	case !a.wait:
@@ -509,7 +512,7 @@ func (a *attempt) enqueue(ctx context.Context, obj *locksv1alpha1.DistributedLoc
 	})
 	if err := a.c.writeStatus(ctx, next); err != nil {
 		if tooLarge(err) {
-			return nil, fmt.Errorf("%w: %w", ErrQueueFull, sizeLimit(err))
+			return nil, fmt.Errorf("%w: %w", ErrQueueFull, sizeLimit(fmt.Sprintf("join the queue of %q", a.key), err))
 		}
 		return nil, err
 	}
@@ -562,14 +565,23 @@ func (a *attempt) giveUp(ctx context.Context) error {
 // failed is the error of an acquire the apiserver refused with err.
 func (a *attempt) failed(err error) error {
 	if tooLarge(err) {
-		return fmt.Errorf("kubelock: acquire %q: %w", a.key, sizeLimit(err))
+		return sizeLimit(fmt.Sprintf("acquire %q", a.key), err)
 	}
 	return fmt.Errorf("kubelock: acquire %q: %w", a.key, err)
 }
 
-// sizeLimit explains a write refused by tooLarge, keeping err.
-func sizeLimit(err error) error {
-	return fmt.Errorf("the lock object would be larger than the apiserver's store takes (etcd's --max-request-bytes): too many or too long holdings and waiters: %w", err)
+// sizeLimit explains what, a write refused by tooLarge, keeping err.
+func sizeLimit(what string, err error) error {
+	return fmt.Errorf("%w: %s: too many or too long holdings and waiters: %w", ErrTooLarge, what, err)
+}
+
+// unfit ends the call of a queue head whose holding does not fit in the lock
+// object (err, refused by tooLarge): the same write fails again until others
+// leave, so it leaves the queue at once, rather than hold back everyone
+// behind it until the controller drops it after handoffTimeoutSeconds.
+func (a *attempt) unfit(ctx context.Context, err error) error {
+	a.leaveQueue(ctx)
+	return fmt.Errorf("%w; left the queue", a.failed(err))
 }
 
 // leaveQueue removes this request's queue entry, if any. It uses its own short

@@ -17,6 +17,11 @@ var (
 	ErrLockLost = errors.New("kubelock: lock lost")
 	// ErrQueueFull means the lock's wait queue is at spec.maxWaiters.
 	ErrQueueFull = errors.New("kubelock: wait queue is full")
+	// ErrTooLarge means the write would make the lock object larger than the
+	// apiserver's store takes (etcd's --max-request-bytes): too many or too
+	// long holdings and waiters. Nothing was written; a queued request that
+	// meets it has left the queue.
+	ErrTooLarge = errors.New("kubelock: the lock object would be larger than the apiserver's store takes (etcd's --max-request-bytes)")
 	// ErrNotFound means the lock object does not exist and auto-creation is off.
 	ErrNotFound = errors.New("kubelock: lock not found")
 	// ErrTimeout means the wait for the lock ran out; it wraps context.DeadlineExceeded.
