@@ -40,7 +40,8 @@ var exitCodesHelp = fmt.Sprintf(`Exit codes:
        --shared on a Mutex), no usable kubeconfig
   %3d  lock or lease not found
   %3d  apiserver unreachable or unavailable
-  %3d  could not acquire: held by another holder, wait timed out, or queue full
+  %3d  could not acquire: held by another holder, wait timed out, queue full, or
+       the lock object too large for the apiserver's store
   %3d  lock lost while held (run: the command was stopped)
   %3d  denied by the apiserver: RBAC, admission (a [kubelock:<rule>] message) or
        the lock's validation rules (e.g. a lease above the lock's maximum)
@@ -86,7 +87,7 @@ func exitCode(err error) int {
 		return ee.code
 	case errors.Is(err, lock.ErrLockLost):
 		return ExitLockLost
-	case errors.Is(err, lock.ErrLocked), errors.Is(err, lock.ErrTimeout), errors.Is(err, lock.ErrQueueFull):
+	case errors.Is(err, lock.ErrLocked), errors.Is(err, lock.ErrTimeout), errors.Is(err, lock.ErrQueueFull), errors.Is(err, lock.ErrTooLarge):
 		return ExitNotAcquired
 	case errors.Is(err, lock.ErrMode):
 		// A mode the lock's type lacks (--shared on a Mutex): the flags' fault.

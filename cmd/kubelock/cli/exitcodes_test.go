@@ -34,6 +34,7 @@ func TestExitCode(t *testing.T) {
 		{"locked", &lock.LockedError{Name: "x"}, ExitNotAcquired},
 		{"timeout", fmt.Errorf("acquire: %w (last error: boom)", lock.ErrTimeout), ExitNotAcquired},
 		{"queue full", lock.ErrQueueFull, ExitNotAcquired},
+		{"the lock object too large for etcd", fmt.Errorf("%w: acquire \"k\": etcdserver: request is too large", lock.ErrTooLarge), ExitNotAcquired},
 		{"mode the type lacks", fmt.Errorf("%w: acquire \"x\": lock x is a Mutex, which cannot be held Shared", lock.ErrMode), ExitUsage},
 		{"not found", fmt.Errorf("%w: default/x", lock.ErrNotFound), ExitNotFound},
 		{"api not found", apierrors.NewNotFound(gr, "x"), ExitNotFound},
