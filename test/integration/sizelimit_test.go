@@ -22,9 +22,9 @@ import (
 
 // etcd refuses a request larger than --max-request-bytes (1.5 MiB by default)
 // and the apiserver passes that on as a 500 with no reason. The schema's
-// bounds keep a lock below the default (test/sizebudget), but a cluster may
-// set a lower limit, so pkg/lock must take that answer as final and say what
-// it means. Here etcd takes 64 KiB, and an annotation leaves room for a
+// bounds let a lock with every list at its maximum outgrow the default, and a
+// cluster may set a lower limit, so pkg/lock must take that answer as final
+// and say what it means. Here etcd takes 64 KiB, and an annotation leaves room for a
 // dozen readers.
 //
 // The readers are not renewed, so each must stay within its lease until the
