@@ -81,9 +81,10 @@ lint: $(GOLANGCI_LINT) $(HELM) ## Run golangci-lint (both modules, with the root
 	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: verify
-verify: manifests generate ## Regenerate code, manifests and the chart's templates from config/; fail on any diff or untracked generated file, untidy go.mod, or a benchmark-only dependency in pkg/lock.
+verify: manifests generate ## Regenerate code, manifests and the chart's templates from config/; fail on any diff or untracked generated file, untidy go.mod, a benchmark-only dependency in pkg/lock, or a merge's conflict markers.
 	@hack/verify-clean.sh api config dist lockapiserver/openapi
 	@hack/verify-modules.sh
+	@hack/verify-no-conflicts.sh
 
 CONTROL_PLANE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,etcd kube-apiserver kube-controller-manager kubectl)
 
