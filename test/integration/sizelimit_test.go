@@ -152,7 +152,9 @@ var _ = Describe("a lock at the size etcd takes", func() {
 			_, err := newClient("head").Acquire(wctx, key.Name, lock.WithRequestID("head"))
 			done <- err
 		}()
-		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, small.Client, key.Namespace, key.Name).Status.Waiters }).
+		Eventually(func() []locksv1alpha1.Waiter {
+			return getLock(ctx, small.Client, key.Namespace, key.Name).Status.Waiters
+		}).
 			Should(ContainElement(HaveField("RequestID", "head")))
 
 		By("an administrator's annotation grows until the lock is as large as etcd takes")
