@@ -81,9 +81,10 @@ lint: $(GOLANGCI_LINT) $(HELM) ## Run golangci-lint (both modules, with the root
 	cd $(BENCH_DIR) && $(GOLANGCI_LINT) run --allow-serial-runners --config $(CURDIR)/.golangci.yml ./...
 
 .PHONY: verify
-verify: manifests generate ## Regenerate code, manifests and the chart's templates from config/; fail on any diff or untracked generated file, untidy go.mod, or a benchmark-only dependency in pkg/lock.
+verify: manifests generate ## Regenerate code, manifests and the chart's templates from config/; fail on any diff or untracked generated file, untidy go.mod, a benchmark-only dependency in pkg/lock, or a merge's conflict markers.
 	@hack/verify-clean.sh api config dist lockapiserver/openapi
 	@hack/verify-modules.sh
+	@hack/verify-no-conflicts.sh
 
 CONTROL_PLANE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,etcd kube-apiserver kube-controller-manager kubectl)
 
@@ -113,8 +114,9 @@ $(NODE_BINS) &: hack/build-node.sh hack/lib/build.sh
 	@touch $(NODE_BINS)
 
 .PHONY: test-deps
-test-deps: ## Install what the tests need and the machine lacks (the PostgreSQL server, from Debian's packages).
+test-deps: ## Install what the tests need and the machine lacks, from Debian's packages: the PostgreSQL server; Node.js, npm and Python 3 (the agent's Dapr SDK and Python example tests).
 	hack/install-postgres.sh
+	hack/install-runtimes.sh
 
 # The suites by kind. Unit: every package outside the suites below (pure rules,
 # the library, the CLI; the controller's and the API's own envtest suites too).
@@ -138,12 +140,12 @@ test-integration: manifests generate control-plane test-deps $(HELM) ## Run the 
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
-test-e2e: manifests generate control-plane ## Run the end-to-end suites (the CLI and kubelock-dev as processes).
+test-e2e: manifests generate control-plane test-deps ## Run the end-to-end suites (the CLI, the agent through Dapr's JavaScript SDK and the Python example, and kubelock-dev as processes).
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(E2E_PKGS)
 
 # The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
 # the operator Deployment, failover, the webhook through its Service, the sidecar
-# sample as pods, the chart electing on kubelock (helm upgrade). Root only: `make
+# and agent samples as pods, the chart electing on kubelock (helm upgrade). Root only: `make
 # test` runs it as root and says NOT RUN otherwise.
 .PHONY: test-cluster
 test-cluster: manifests generate control-plane node $(HELM) ## Run the real-node suite as root (kubelet, containerd, kube-proxy; the operator and the samples as pods).
@@ -236,6 +238,31 @@ install-plugin: kubelock ## Install kubelock as the kubectl plugin kubectl-lock 
 	mkdir -p $(PLUGIN_DIR)
 	ln -sf $(LOCALBIN)/kubelock $(PLUGIN_DIR)/kubectl-lock
 	@echo "installed $(PLUGIN_DIR)/kubectl-lock; with $(PLUGIN_DIR) on PATH, run: kubectl lock --help"
+
+##@ Release
+
+# The kubectl-lock release (hack/release.sh): VERSION defaults to `git describe`.
+RELEASE_DIR ?= $(CURDIR)/release
+KREW_VERSION ?= v0.4.3
+KREW ?= $(LOCALBIN)/krew-$(KREW_VERSION)
+VALIDATE_KREW_MANIFEST ?= $(LOCALBIN)/validate-krew-manifest-$(KREW_VERSION)
+
+.PHONY: release
+release: ## Build the kubectl-lock archives (linux, darwin; amd64, arm64), their sha256 sums and the krew plugin manifest into RELEASE_DIR.
+	RELEASE_DIR=$(RELEASE_DIR) hack/release.sh
+
+.PHONY: test-release
+test-release: release $(KREW) $(VALIDATE_KREW_MANIFEST) $(CONTROL_PLANE_DIR)/kubectl ## Validate the krew manifest with krew's validator, install each archive with `kubectl krew install --manifest --archive` and run `kubectl lock --help` through it.
+	RELEASE_DIR=$(RELEASE_DIR) KREW=$(KREW) VALIDATE_KREW_MANIFEST=$(VALIDATE_KREW_MANIFEST) KUBECTL=$(CONTROL_PLANE_DIR)/kubectl hack/test-krew.sh
+
+# krew and its manifest validator, from krew's Go module.
+$(KREW): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install sigs.k8s.io/krew/cmd/krew@$(KREW_VERSION)
+	mv -f $(LOCALBIN)/krew $@
+
+$(VALIDATE_KREW_MANIFEST): | $(LOCALBIN)
+	GOBIN=$(LOCALBIN) go install sigs.k8s.io/krew/cmd/validate-krew-manifest@$(KREW_VERSION)
+	mv -f $(LOCALBIN)/validate-krew-manifest $@
 
 ##@ Fault injection
 

@@ -12,6 +12,7 @@ package localcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -38,9 +39,10 @@ type Cluster struct {
 	WebhookClientCA     []byte
 	WebhookClientCAFile string
 
-	o     Options
-	auth  *authority
-	admin *rest.Config
+	o         Options
+	webhookCA *pki.CA
+	auth      *authority
+	admin     *rest.Config
 }
 
 // Start starts etcd, the apiservers and, with o.StartControllerManager,
@@ -104,7 +106,7 @@ func (c *Cluster) configureAPIServers(saKey string) error {
 	if err != nil {
 		return err
 	}
-	c.WebhookClientCA, c.WebhookClientCAFile = wca.PEM, filepath.Join(dir, "ca.crt")
+	c.webhookCA, c.WebhookClientCA, c.WebhookClientCAFile = wca, wca.PEM, filepath.Join(dir, "ca.crt")
 	common, err := apiserverFlags(&c.o, c.auth, c.Etcd, saKey, c.URL(), admission)
 	if err != nil {
 		return err
@@ -115,6 +117,17 @@ func (c *Cluster) configureAPIServers(saKey string) error {
 		}
 	}
 	return nil
+}
+
+// WebhookClientCert is a client certificate of the kind the apiservers
+// present to admission webhooks, for a probe of a webhook that requires
+// one: a webhook refuses (and logs) a handshake without it.
+func (c *Cluster) WebhookClientCert() (tls.Certificate, error) {
+	crt, key, err := c.webhookCA.Client(pki.WebhookClientCN)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(crt, key)
 }
 
 // prepareDirs removes etcd's data and the folders also given unless

@@ -36,22 +36,31 @@ var (
 )
 
 // errs collects one object's errors; its methods are the schema's keywords.
+// Each error reads as the CRD's apiserver words it (the OpenAPI validator's
+// "<path> in body should ...", a CEL rule's message without a value), so a
+// client sees the same refusal from either backend.
 type errs struct{ list field.ErrorList }
+
+// schema is a failed schema keyword: the OpenAPI validator names the field
+// again in its detail.
+func (e *errs) schema(p *field.Path, v any, detail string) {
+	e.list = append(e.list, field.Invalid(p, v, p.String()+" in body "+detail))
+}
 
 // between: minimum and maximum.
 func (e *errs) between(p *field.Path, v, lo, hi int64) {
 	switch {
 	case v < lo:
-		e.list = append(e.list, field.Invalid(p, v, fmt.Sprintf("should be greater than or equal to %d", lo)))
+		e.schema(p, v, fmt.Sprintf("should be greater than or equal to %d", lo))
 	case v > hi:
-		e.list = append(e.list, field.Invalid(p, v, fmt.Sprintf("should be less than or equal to %d", hi)))
+		e.schema(p, v, fmt.Sprintf("should be less than or equal to %d", hi))
 	}
 }
 
 // atLeast: a minimum alone.
 func (e *errs) atLeast(p *field.Path, v, lo int64) {
 	if v < lo {
-		e.list = append(e.list, field.Invalid(p, v, fmt.Sprintf("should be greater than or equal to %d", lo)))
+		e.schema(p, v, fmt.Sprintf("should be greater than or equal to %d", lo))
 	}
 }
 
@@ -62,14 +71,12 @@ func (e *errs) text(p *field.Path, v string, lo, hi int, re *regexp.Regexp) {
 	n := utf8.RuneCountInString(v)
 	switch {
 	case v == "" && lo == 0:
-	case v == "":
-		e.list = append(e.list, field.Required(p, ""))
 	case n < lo:
-		e.list = append(e.list, field.Invalid(p, v, fmt.Sprintf("should be at least %d chars long", lo)))
+		e.schema(p, v, fmt.Sprintf("should be at least %d chars long", lo))
 	case n > hi:
 		e.list = append(e.list, field.TooLong(p, "", hi))
 	case re != nil && !re.MatchString(v):
-		e.list = append(e.list, field.Invalid(p, v, "should match '"+re.String()+"'"))
+		e.schema(p, v, "should match '"+re.String()+"'")
 	}
 }
 
@@ -88,7 +95,7 @@ func (e *errs) oneOf(p *field.Path, v string, allowed ...string) {
 func (e *errs) microTime(p *field.Path, t metav1.MicroTime, required bool) {
 	if t.IsZero() {
 		if required {
-			e.list = append(e.list, field.Required(p, ""))
+			e.null(p)
 		}
 		return
 	}
@@ -98,8 +105,13 @@ func (e *errs) microTime(p *field.Path, t metav1.MicroTime, required bool) {
 		err = json.Unmarshal(b, &s)
 	}
 	if err != nil || !microTimeRE.MatchString(s) {
-		e.list = append(e.list, field.Invalid(p, s, "should match '"+locksv1alpha1.MicroTimePattern+"'"))
+		e.schema(p, s, "should match '"+locksv1alpha1.MicroTimePattern+"'")
 	}
+}
+
+// null: a required string that Go writes as null (a zero time).
+func (e *errs) null(p *field.Path) {
+	e.schema(p, "null", `must be of type string: "null"`)
 }
 
 // maxItems: a list's bound.
@@ -109,8 +121,15 @@ func (e *errs) maxItems(p *field.Path, n, hi int) {
 	}
 }
 
-// rule: an x-kubernetes-validations rule that failed, with its message.
-func (e *errs) rule(p *field.Path, ok bool, v any, message string) {
+// rule: an x-kubernetes-validations rule of an object or a list that
+// failed, with its message (the apiserver shows no value for it).
+func (e *errs) rule(p *field.Path, ok bool, message string) {
+	e.valueRule(p, ok, field.OmitValueType{}, message)
+}
+
+// valueRule: a rule of the scalar field at p, whose value v the apiserver
+// shows.
+func (e *errs) valueRule(p *field.Path, ok bool, v any, message string) {
 	if !ok {
 		e.list = append(e.list, field.Invalid(p, v, message))
 	}

@@ -361,7 +361,7 @@ func TestSessionChecksAgreeWithTheCRD(t *testing.T) {
 		s := &locksv1alpha1.LockSession{
 			TypeMeta:   metav1.TypeMeta{APIVersion: locksv1alpha1.GroupVersion.String(), Kind: "LockSession"},
 			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "s"},
-			Spec:       locksv1alpha1.LockSessionSpec{User: "alice", Identity: "worker-0", PodName: "p", PodUID: "u"},
+			Spec:       locksv1alpha1.LockSessionSpec{User: "alice", Identity: "worker-0", PodName: "p", PodUID: "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"},
 			Status:     locksv1alpha1.LockSessionStatus{RenewTime: ptr.To(micro(at)), Locks: 2},
 		}
 		SetSessionDefaults(s)

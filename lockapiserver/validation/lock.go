@@ -29,12 +29,12 @@ func ValidateLock(l *locksv1alpha1.DistributedLock) field.ErrorList {
 func ValidateLockUpdate(newObj, oldObj *locksv1alpha1.DistributedLock) field.ErrorList {
 	e := lockErrs(newObj, oldObj)
 	n, o := &newObj.Spec, &oldObj.Spec
-	e.rule(specPath.Child("type"), n.Type == o.Type, n.Type, "spec.type is immutable; create a new lock instead")
+	e.valueRule(specPath.Child("type"), n.Type == o.Type, n.Type, "spec.type is immutable; create a new lock instead")
 	if n.Permits != nil && o.Permits != nil {
-		e.rule(specPath.Child("permits"), *n.Permits >= *o.Permits, *n.Permits, "spec.permits may grow but never shrink")
+		e.valueRule(specPath.Child("permits"), *n.Permits >= *o.Permits, *n.Permits, "spec.permits may grow but never shrink")
 	}
 	t := newObj.Status.FencingToken
-	e.rule(statusPath.Child("fencingToken"), t >= oldObj.Status.FencingToken, t, "fencingToken must not decrease")
+	e.valueRule(statusPath.Child("fencingToken"), t >= oldObj.Status.FencingToken, t, "fencingToken must not decrease")
 	return e.list
 }
 
@@ -69,9 +69,9 @@ func (e *errs) spec(s, old *locksv1alpha1.DistributedLockSpec) {
 	e.between(p.Child("handoffTimeoutSeconds"), int64(s.HandoffTimeoutSeconds), 1, locksv1alpha1.MaxLeaseDurationSeconds)
 	e.capped(p.Child("maxWaitersPerUser"), s.MaxWaitersPerUser, oldPerUser, 0, locksv1alpha1.MaxWaitersLimit)
 	e.between(p.Child("maxWaitSeconds"), int64(s.MaxWaitSeconds), 1, locksv1alpha1.MaxWaitSecondsLimit)
-	e.rule(p.Child("leaseDurationSeconds"), s.LeaseDurationSeconds <= s.MaxLeaseDurationSeconds, s.LeaseDurationSeconds,
+	e.rule(p.Child("leaseDurationSeconds"), s.LeaseDurationSeconds <= s.MaxLeaseDurationSeconds,
 		"spec.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
-	e.rule(p.Child("permits"), (s.Type == locksv1alpha1.Semaphore) == (s.Permits != nil), s.Permits,
+	e.rule(p.Child("permits"), (s.Type == locksv1alpha1.Semaphore) == (s.Permits != nil),
 		"spec.permits is required for a Semaphore and allowed only for it")
 }
 
@@ -86,7 +86,7 @@ func (e *errs) status(s *locksv1alpha1.DistributedLockStatus) {
 		e.holder(p, &h.LockHolder)
 		e.atLeast(p.Child("fencingToken"), h.FencingToken, 1)
 		e.between(p.Child("slot"), int64(h.Slot), 0, locksv1alpha1.StoredListLimit-1)
-		unique(e, p, slots, h.Slot)
+		unique(e, p, slots, "slot", h.Slot)
 	}
 	e.between(statusPath.Child("holderCount"), int64(s.HolderCount), 0, locksv1alpha1.StoredListLimit)
 	e.atLeast(statusPath.Child("fencingToken"), s.FencingToken, 0)
@@ -95,7 +95,7 @@ func (e *errs) status(s *locksv1alpha1.DistributedLockStatus) {
 	requests := map[string]bool{}
 	for i := range s.Waiters {
 		e.waiter(waitersPath.Index(i), &s.Waiters[i])
-		unique(e, waitersPath.Index(i), requests, s.Waiters[i].RequestID)
+		unique(e, waitersPath.Index(i), requests, "requestID", s.Waiters[i].RequestID)
 	}
 	e.between(statusPath.Child("waiterCount"), int64(s.WaiterCount), 0, locksv1alpha1.StoredListLimit)
 	recent := statusPath.Child("recentAcquisitions")
@@ -105,18 +105,19 @@ func (e *errs) status(s *locksv1alpha1.DistributedLockStatus) {
 	}
 	e.atLeast(statusPath.Child("observedGeneration"), s.ObservedGeneration, 0)
 	e.conditions(statusPath.Child("conditions"), s.Conditions)
-	e.rule(statusPath, len(s.Waiters) == int(s.WaiterCount), s.WaiterCount, "waiterCount must equal the number of waiters")
+	e.rule(statusPath, len(s.Waiters) == int(s.WaiterCount), "waiterCount must equal the number of waiters")
 	holdings := len(s.SharedHolders)
 	if s.Holder != nil {
 		holdings++
 	}
-	e.rule(statusPath, holdings == int(s.HolderCount), s.HolderCount, "holderCount must equal the number of holdings, exclusive and shared")
+	e.rule(statusPath, holdings == int(s.HolderCount), "holderCount must equal the number of holdings, exclusive and shared")
 }
 
-// unique: a list-map key seen before is a duplicate entry.
-func unique[K comparable](e *errs, p *field.Path, seen map[K]bool, key K) {
+// unique: a list-map key seen before is a duplicate entry, shown as the
+// apiserver shows a list map's key ({"name": key}).
+func unique[K comparable](e *errs, p *field.Path, seen map[K]bool, name string, key K) {
 	if seen[key] {
-		e.list = append(e.list, field.Duplicate(p, key))
+		e.list = append(e.list, field.Duplicate(p, map[string]any{name: key}))
 	}
 	seen[key] = true
 }
@@ -169,16 +170,21 @@ func (e *errs) conditions(p *field.Path, cs []metav1.Condition) {
 	e.maxItems(p, len(cs), locksv1alpha1.MaxConditions)
 	e.rule(p, !slices.ContainsFunc(cs, func(c metav1.Condition) bool {
 		return utf8.RuneCountInString(c.Message) > locksv1alpha1.MaxConditionMessage
-	}), len(cs), "a condition's message is at most 256 characters")
+	}), "a condition's message is at most 256 characters")
 	types := map[string]bool{}
 	for i := range cs {
 		c, q := &cs[i], p.Index(i)
-		unique(e, q, types, c.Type)
-		e.text(q.Child("type"), c.Type, 1, 316, condTypeRE)
+		unique(e, q, types, "type", c.Type)
+		// metav1.Condition's type has no minLength: its pattern refuses "".
+		if c.Type == "" {
+			e.schema(q.Child("type"), "", "should match '"+condTypeRE.String()+"'")
+		} else {
+			e.text(q.Child("type"), c.Type, 1, 316, condTypeRE)
+		}
 		e.oneOf(q.Child("status"), string(c.Status), string(metav1.ConditionTrue), string(metav1.ConditionFalse), string(metav1.ConditionUnknown))
 		e.atLeast(q.Child("observedGeneration"), c.ObservedGeneration, 0)
 		if c.LastTransitionTime.IsZero() {
-			e.list = append(e.list, field.Required(q.Child("lastTransitionTime"), ""))
+			e.null(q.Child("lastTransitionTime"))
 		}
 		e.text(q.Child("reason"), c.Reason, 1, 1024, condReasonRE)
 		e.text(q.Child("message"), c.Message, 0, 32768, nil)
@@ -208,10 +214,10 @@ func (e *errs) caps(s, oldStatus *locksv1alpha1.DistributedLockStatus) {
 		oldShared, oldWaiters = len(oldStatus.SharedHolders), len(oldStatus.Waiters)
 	}
 	n := len(s.SharedHolders)
-	e.rule(sharedPath, n <= locksv1alpha1.MaxSharedHolders || n <= oldShared, n,
+	e.rule(sharedPath, n <= locksv1alpha1.MaxSharedHolders || n <= oldShared,
 		"status.sharedHolders must not grow beyond 64 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB")
 	n = len(s.Waiters)
-	e.rule(waitersPath, n <= locksv1alpha1.MaxWaitersLimit || n <= oldWaiters, n,
+	e.rule(waitersPath, n <= locksv1alpha1.MaxWaitersLimit || n <= oldWaiters,
 		"status.waiters must not grow beyond 128 entries: a lock is one etcd value, and etcd refuses one over 1.5 MiB")
 }
 
@@ -220,27 +226,27 @@ func (e *errs) lockRules(l *locksv1alpha1.DistributedLock) {
 	s, spec := &l.Status, &l.Spec
 	maxLease := spec.MaxLeaseDurationSeconds
 	if s.Holder != nil {
-		e.rule(holderPath.Child("leaseDurationSeconds"), s.Holder.LeaseDurationSeconds <= maxLease, s.Holder.LeaseDurationSeconds,
+		e.rule(holderPath.Child("leaseDurationSeconds"), s.Holder.LeaseDurationSeconds <= maxLease,
 			"holder.leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
 	}
 	if len(s.Waiters) > 0 && spec.MaxWaiters != nil {
-		e.rule(waitersPath, len(s.Waiters) <= int(*spec.MaxWaiters), len(s.Waiters), "the wait queue must not be longer than spec.maxWaiters")
+		e.rule(waitersPath, len(s.Waiters) <= int(*spec.MaxWaiters), "the wait queue must not be longer than spec.maxWaiters")
 	}
 	longest, highest := int32(0), int32(-1)
 	for _, h := range s.SharedHolders {
 		longest, highest = max(longest, h.LeaseDurationSeconds), max(highest, h.Slot)
 	}
-	e.rule(sharedPath, longest <= maxLease, longest, "a shared holding's leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
+	e.rule(sharedPath, longest <= maxLease, "a shared holding's leaseDurationSeconds must not exceed spec.maxLeaseDurationSeconds")
 	shared := len(s.SharedHolders) > 0
 	switch spec.Type {
 	case locksv1alpha1.Mutex:
-		e.rule(sharedPath, !shared, len(s.SharedHolders), "a Mutex has no shared holders")
+		e.rule(sharedPath, !shared, "a Mutex has no shared holders")
 	case locksv1alpha1.RWMutex:
-		e.rule(holderPath, s.Holder == nil || !shared, len(s.SharedHolders), "an RWMutex has a writer or readers, never both")
+		e.rule(holderPath, s.Holder == nil || !shared, "an RWMutex has a writer or readers, never both")
 	case locksv1alpha1.Semaphore:
-		e.rule(holderPath, s.Holder == nil, s.Holder != nil, "a Semaphore has no exclusive holder; its permits are shared holdings")
+		e.rule(holderPath, s.Holder == nil, "a Semaphore has no exclusive holder; its permits are shared holdings")
 		if shared && spec.Permits != nil {
-			e.rule(sharedPath, len(s.SharedHolders) <= int(*spec.Permits) && highest < *spec.Permits, len(s.SharedHolders),
+			e.rule(sharedPath, len(s.SharedHolders) <= int(*spec.Permits) && highest < *spec.Permits,
 				"a Semaphore has at most spec.permits holders, on slots in [0, permits)")
 		}
 	}
@@ -249,7 +255,7 @@ func (e *errs) lockRules(l *locksv1alpha1.DistributedLock) {
 		if spec.Type == locksv1alpha1.Mutex {
 			wrong = locksv1alpha1.Shared
 		}
-		e.rule(waitersPath, !slices.ContainsFunc(s.Waiters, func(w locksv1alpha1.Waiter) bool { return w.Mode == wrong }), wrong,
+		e.rule(waitersPath, !slices.ContainsFunc(s.Waiters, func(w locksv1alpha1.Waiter) bool { return w.Mode == wrong }),
 			"a Mutex's waiters are Exclusive and a Semaphore's are Shared")
 	}
 }

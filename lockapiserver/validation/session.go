@@ -27,6 +27,6 @@ func ValidateSession(s *locksv1alpha1.LockSession) field.ErrorList {
 // transition rule: the spec never changes.
 func ValidateSessionUpdate(newObj, oldObj *locksv1alpha1.LockSession) field.ErrorList {
 	e := &errs{list: ValidateSession(newObj)}
-	e.rule(specPath, equality.Semantic.DeepEqual(newObj.Spec, oldObj.Spec), "", "a session's spec is immutable")
+	e.rule(specPath, equality.Semantic.DeepEqual(newObj.Spec, oldObj.Spec), "a session's spec is immutable")
 	return e.list
 }

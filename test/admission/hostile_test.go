@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -31,7 +30,23 @@ type hostile struct {
 	by    string
 	do    func(ctx context.Context, u *user, key client.ObjectKey) error
 	want  []string
+	// decoded, if set, is what the lock apiserver says instead: it decodes a
+	// write into the Go types before any check, so a value they cannot hold
+	// is refused by its decoder (nothing is stored either way).
+	decoded []string
 }
+
+// wantOf is what engine e says to h.
+func (h hostile) wantOf(e engine) []string {
+	if e == engineLockAPI && h.decoded != nil {
+		return h.decoded
+	}
+	return h.want
+}
+
+// goCannotParse is the lock apiserver's refusal of a patch whose result
+// holds a time Go cannot parse: a 422 naming the patched object.
+var goCannotParse = []string{"patch: Invalid value: ", "parsing time "}
 
 // tag is the start of a denial message of an admission rule.
 func tag(r rules.Rule) string { return "[kubelock:" + string(r) + "] " }
@@ -305,7 +320,8 @@ const (
 	pod1Name, pod1UID = "worker-1", "6e1d4b0f-2c3e-4d7f-9081-ab2c3d4e5f60"
 )
 
-var otherPodUser = sync.OnceValue(func() *user { return impersonatedPod(pod1Name, pod1UID) })
+// otherPodUser is podSA bound to worker-1 (setUpUsers makes it when first used).
+var otherPodUser func() *user
 
 // badPod names podSA with impersonated pod extras that are no pod's name
 // and UID (a real token's never are).
@@ -314,12 +330,12 @@ const (
 	badPodName, badPodUID = "../../../../../version", "uid-worker-0"
 )
 
-var badPodUser = sync.OnceValue(func() *user { return impersonatedPod(badPodName, badPodUID) })
+var badPodUser func() *user
 
 // unboundPod names podSA with a token bound to no pod (no pod extra).
 const unboundPod = podSA + "@no-pod"
 
-var unboundPodUser = sync.OnceValue(func() *user { return impersonatedPod("", "") })
+var unboundPodUser func() *user
 
 // impersonatedPod is podSA with a token bound to the pod name and uid, as
 // the suite impersonates one; with neither, a token bound to no pod.
@@ -540,29 +556,29 @@ func statusHostileEntries() []TableEntry {
 		// --- class 1: times Go cannot parse ---------------------------------------------
 		Entry("a Held condition whose lastTransitionTime has a lower-case t", hostile{state: held, by: "alice",
 			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "T", "t", 1))),
-			want: []string{timeFormat + msgTime}}),
+			want: []string{timeFormat + msgTime}, decoded: goCannotParse}),
 		Entry("a Held condition whose lastTransitionTime has a lower-case z", hostile{state: held, by: "alice",
 			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "Z", "z", 1))),
-			want: []string{timeFormat + msgTime}}),
+			want: []string{timeFormat + msgTime}, decoded: goCannotParse}),
 		Entry("a Held condition whose lastTransitionTime has a space for the decimal point", hostile{state: held, by: "alice",
 			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.Replace(nowRFC3339(), "Z", " 5Z", 1))),
-			want: []string{timeFormat + msgTime}}),
+			want: []string{timeFormat + msgTime}, decoded: goCannotParse}),
 		Entry("the controller writing a condition whose lastTransitionTime has a lower-case t", hostile{state: held, by: controllerUser,
 			do: setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, nowRFC3339()),
 				map[string]any{"type": "Stale", "status": "False", "reason": "Checked", "message": "", "lastTransitionTime": strings.Replace(nowRFC3339(), "T", "t", 1)}),
-			want: []string{timeFormat + msgTime}}),
+			want: []string{timeFormat + msgTime}, decoded: goCannotParse}),
 		Entry("a Held condition whose lastTransitionTime has no zone", hostile{state: held, by: "alice",
 			do:   setConditions(heldCond("True", locksv1alpha1.ReasonAcquired, strings.TrimSuffix(nowRFC3339(), "Z"))),
-			want: []string{"lastTransitionTime in body must be of type date-time"}}),
+			want: []string{"lastTransitionTime in body must be of type date-time"}, decoded: goCannotParse}),
 		Entry("a waiter enqueueTime without microseconds", hostile{state: held, by: "bob",
 			do:   addWaiterRaw(rawWaiter("bob", 1, nowRFC3339(), rawTime(time.Minute))),
-			want: []string{"enqueueTime " + microPattern}}),
+			want: []string{"enqueueTime " + microPattern}, decoded: goCannotParse}),
 		Entry("a waiter enqueueTime with a lower-case z", hostile{state: held, by: "bob",
 			do:   addWaiterRaw(rawWaiter("bob", 1, strings.Replace(rawTime(0), "Z", "z", 1), rawTime(time.Minute))),
-			want: []string{"enqueueTime " + microPattern}}),
+			want: []string{"enqueueTime " + microPattern}, decoded: goCannotParse}),
 		Entry("a waiter deadline without a zone", hostile{state: held, by: "bob",
 			do:   addWaiterRaw(rawWaiter("bob", 1, rawTime(0), strings.TrimSuffix(rawTime(time.Minute), "Z"))),
-			want: []string{"deadline " + microPattern}}),
+			want: []string{"deadline " + microPattern}, decoded: goCannotParse}),
 
 		// --- class 3: one user fills the queue ----------------------------------------------
 		Entry("two waiters in one write", hostile{state: held, by: "bob",

@@ -255,145 +255,8 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 		Expect(err).To(MatchError(ContainSubstring(`User "alice" cannot patch resource "distributedlocks"`)))
 	})
 
-	for _, e := range []engine{engineWebhook, enginePolicy} {
-		Context("with the "+string(e)+" engine", func() {
-			var ns string
-			BeforeAll(func(ctx SpecContext) {
-				activate(ctx, e)
-				ns = namespace(ctx, "meta-"+string(e))
-			})
-
-			DescribeTable("rejects a hostile create, metadata write or delete and leaves the lock unchanged",
-				func(ctx SpecContext, h metaHostile) {
-					var key client.ObjectKey
-					var before *locksv1alpha1.DistributedLock
-					var beforeRaw []byte
-					if h.create {
-						key = client.ObjectKey{Namespace: ns, Name: "squat-" + randomSuffix()}
-					} else {
-						key = h.state.build(ctx, ns)
-						if h.setup != nil {
-							h.setup(ctx, key)
-						}
-						before, beforeRaw = get(ctx, key), getRaw(ctx, key)
-					}
-
-					err := h.do(ctx, who(h.by), key)
-					Expect(err).To(HaveOccurred(), "the write was admitted")
-					Expect(isDenial(err)).To(BeTrue(), "not a denial: %v", err)
-					for _, w := range h.want {
-						Expect(err.Error()).To(ContainSubstring(w))
-					}
-					Expect(err.Error()).To(ContainSubstring(denialPrefix(e)), "the engine under test said it")
-					GinkgoWriter.Printf("%s engine: %v\n", e, err)
-					AddReportEntry("message", err.Error(), ReportEntryVisibilityNever)
-					entry := CurrentSpecReport().LeafNodeText
-					if metaMessages[entry] == nil {
-						metaMessages[entry] = map[engine]string{}
-					}
-					metaMessages[entry][e] = metaDenial(err)
-
-					if h.create {
-						err := env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{})
-						Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a denied create stored a lock: %v", err)
-						return
-					}
-					after, afterRaw := get(ctx, key), getRaw(ctx, key)
-					Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
-					Expect(cmp.Diff(before, after)).To(BeEmpty())
-					Expect(string(afterRaw)).To(Equal(string(beforeRaw)))
-				},
-				metaEntries(),
-			)
-
-			It("lets an administrator (update verb) create a lock with any spec and finalizer", func(ctx SpecContext) {
-				key := client.ObjectKey{Namespace: ns, Name: "admin-" + randomSuffix()}
-				spec := locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Semaphore, Permits: int32p(5),
-					LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600, MaxWaiters: int32p(0), HandoffTimeoutSeconds: 3600, MaxWaitersPerUser: int32p(0), MaxWaitSeconds: 60}
-				Expect(createAs(spec, func(m *metav1.ObjectMeta) { m.Finalizers = []string{keepFinalizer} })(ctx, lockadmin, key)).To(Succeed())
-				got := get(ctx, key)
-				Expect(got.Spec).To(Equal(spec))
-				Expect(got.Finalizers).To(Equal([]string{keepFinalizer}))
-			})
-
-			It("lets a lock user create a lock with the default spec, as pkg/lock auto-creates it", func(ctx SpecContext) {
-				key := client.ObjectKey{Namespace: ns, Name: "plain-" + randomSuffix()}
-				Expect(createAs(locksv1alpha1.DistributedLockSpec{}, autoCreateMeta)(ctx, alice, key)).To(Succeed())
-				Expect(get(ctx, key).Labels).To(HaveKeyWithValue(locksv1alpha1.AutoCreatedLabel, "true"))
-				explicit := client.ObjectKey{Namespace: ns, Name: "explicit-" + randomSuffix()}
-				defaults := locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: int32p(128), HandoffTimeoutSeconds: 10}
-				Expect(createAs(defaults, nil)(ctx, bob, explicit)).To(Succeed(), "the defaults written out")
-
-				c, err := lock.New(carol.cfg, lock.WithNamespace(ns), lock.WithAutoCreate(), lock.WithIdentity("carol"))
-				Expect(err).NotTo(HaveOccurred())
-				l, err := c.TryAcquire(ctx, "orders/"+randomSuffix())
-				Expect(err).NotTo(HaveOccurred())
-				Expect(l.Release(ctx)).To(Succeed())
-			})
-
-			It("lets a force-release user add the annotation, after which a deleter may delete the held lock", func(ctx SpecContext) {
-				key := metaHeld.build(ctx, ns)
-				Expect(metaPatch(types.MergePatchType, map[string]any{"metadata": map[string]any{"annotations": map[string]any{
-					locksv1alpha1.ForceDeleteAnnotation: "true",
-				}}})(ctx, operator, key)).To(Succeed())
-				Expect(deleteAs(ctx, mallory, key)).To(Succeed())
-				Expect(apierrors.IsNotFound(env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{}))).To(BeTrue())
-
-				key = metaHeld.build(ctx, ns)
-				Expect(deleteAs(ctx, operator, key)).To(Succeed(), "force-release deletes a held lock directly")
-			})
-
-			It("lets a lock user remove the force-delete annotation, and a finalizer of a free lock", func(ctx SpecContext) {
-				key := state{holder: "alice", annotations: map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}}.build(ctx, ns)
-				Expect(metaPatch(types.JSONPatchType, []map[string]any{{"op": "remove", "path": "/metadata/annotations"}})(ctx, mallory, key)).To(Succeed())
-				Expect(get(ctx, key).Annotations).NotTo(HaveKey(locksv1alpha1.ForceDeleteAnnotation))
-
-				key = state{finalizers: []string{keepFinalizer}}.build(ctx, ns)
-				Expect(deleteAs(ctx, mallory, key)).To(Succeed(), "a free lock")
-				Expect(get(ctx, key).DeletionTimestamp).NotTo(BeNil())
-				Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)).To(Succeed())
-				Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{})) }).Should(BeTrue())
-			})
-
-			It("never lets the finalizer dance end a holding silently", func(ctx SpecContext) {
-				// Put a finalizer on a free lock and delete it: it is Terminating.
-				key := free.build(ctx, ns)
-				Expect(metaPatch(types.MergePatchType, map[string]any{"metadata": map[string]any{"finalizers": []string{keepFinalizer}}})(ctx, mallory, key)).To(Succeed())
-				Expect(deleteAs(ctx, mallory, key)).To(Succeed())
-				Expect(get(ctx, key).DeletionTimestamp).NotTo(BeNil())
-
-				// Someone acquires the Terminating lock. The status rules (rule
-				// `terminating`) deny this; where they
-				// let it pass, the finalizer must stay while the lock is held.
-				if err := write(ctx, alice, key, acquire(holder("alice", 1))); err != nil {
-					Expect(err).To(MatchError(ContainSubstring("[kubelock:terminating]")))
-					Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)).To(Succeed())
-					return
-				}
-				beforeRaw := getRaw(ctx, key)
-				err := metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)
-				Expect(err).To(MatchError(ContainSubstring(heldFinalizerDenied()[1])))
-				Expect(err).To(MatchError(ContainSubstring(denialPrefix(e))))
-				Expect(string(getRaw(ctx, key))).To(Equal(string(beforeRaw)))
-
-				// Once released, the pending delete completes.
-				Expect(write(ctx, alice, key, end(locksv1alpha1.EndReasonReleased, "alice"))).To(Succeed())
-				Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)).To(Succeed())
-				Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{})) }).Should(BeTrue())
-			})
-
-			It("admits spec and label edits of a held lock without asking the webhook", func(ctx SpecContext) {
-				key := metaHeld.build(ctx, ns)
-				before := webhookRequests.Load()
-				Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) {
-					l.Spec.HandoffTimeoutSeconds = 20
-					l.Labels = map[string]string{"team": "orders"}
-					l.Annotations = map[string]string{"note": "resized"}
-				})(ctx, lockadmin, key)).To(Succeed())
-				Expect(webhookRequests.Load()-before).To(BeZero(), "matchConditions keep spec edits away from the webhook")
-				Expect(get(ctx, key).Spec.HandoffTimeoutSeconds).To(Equal(int32(20)))
-			})
-		})
+	for _, e := range crdEngines {
+		metaSpecs(e)
 	}
 
 	It("words each denial the same in both engines", func() {
@@ -412,6 +275,149 @@ var _ = Describe("main-resource admission", Ordered, ContinueOnFailure, func() {
 		Expect(compared).To(BeNumerically(">=", 10), "hostile entries denied by both engines")
 	})
 })
+
+// metaSpecs are the table of creates, metadata writes and deletes, and the
+// admitted ones, with engine e.
+func metaSpecs(e engine) {
+	Context("with the "+string(e)+" engine", func() {
+		var ns string
+		BeforeAll(func(ctx SpecContext) {
+			activate(ctx, e)
+			ns = namespace(ctx, "meta-"+string(e))
+		})
+
+		DescribeTable("rejects a hostile create, metadata write or delete and leaves the lock unchanged",
+			func(ctx SpecContext, h metaHostile) {
+				var key client.ObjectKey
+				var before *locksv1alpha1.DistributedLock
+				var beforeRaw []byte
+				if h.create {
+					key = client.ObjectKey{Namespace: ns, Name: "squat-" + randomSuffix()}
+				} else {
+					key = h.state.build(ctx, ns)
+					if h.setup != nil {
+						h.setup(ctx, key)
+					}
+					before, beforeRaw = get(ctx, key), getRaw(ctx, key)
+				}
+
+				err := h.do(ctx, who(h.by), key)
+				Expect(err).To(HaveOccurred(), "the write was admitted")
+				Expect(isDenial(err)).To(BeTrue(), "not a denial: %v", err)
+				for _, w := range h.want {
+					Expect(err.Error()).To(ContainSubstring(w))
+				}
+				Expect(err.Error()).To(ContainSubstring(denialPrefix(e)), "the engine under test said it")
+				GinkgoWriter.Printf("%s engine: %v\n", e, err)
+				AddReportEntry("message", err.Error(), ReportEntryVisibilityNever)
+				entry := CurrentSpecReport().LeafNodeText
+				if metaMessages[entry] == nil {
+					metaMessages[entry] = map[engine]string{}
+				}
+				metaMessages[entry][e] = metaDenial(err)
+
+				if h.create {
+					err := env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{})
+					Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a denied create stored a lock: %v", err)
+					return
+				}
+				after, afterRaw := get(ctx, key), getRaw(ctx, key)
+				Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
+				Expect(cmp.Diff(before, after)).To(BeEmpty())
+				Expect(string(afterRaw)).To(Equal(string(beforeRaw)))
+			},
+			metaEntries(),
+		)
+
+		It("lets an administrator (update verb) create a lock with any spec and finalizer", func(ctx SpecContext) {
+			key := client.ObjectKey{Namespace: ns, Name: "admin-" + randomSuffix()}
+			spec := locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.Semaphore, Permits: int32p(5),
+				LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600, MaxWaiters: int32p(0), HandoffTimeoutSeconds: 3600, MaxWaitersPerUser: int32p(0), MaxWaitSeconds: 60}
+			Expect(createAs(spec, func(m *metav1.ObjectMeta) { m.Finalizers = []string{keepFinalizer} })(ctx, lockadmin, key)).To(Succeed())
+			got := get(ctx, key)
+			Expect(got.Spec).To(Equal(spec))
+			Expect(got.Finalizers).To(Equal([]string{keepFinalizer}))
+		})
+
+		It("lets a lock user create a lock with the default spec, as pkg/lock auto-creates it", func(ctx SpecContext) {
+			key := client.ObjectKey{Namespace: ns, Name: "plain-" + randomSuffix()}
+			Expect(createAs(locksv1alpha1.DistributedLockSpec{}, autoCreateMeta)(ctx, alice, key)).To(Succeed())
+			Expect(get(ctx, key).Labels).To(HaveKeyWithValue(locksv1alpha1.AutoCreatedLabel, "true"))
+			explicit := client.ObjectKey{Namespace: ns, Name: "explicit-" + randomSuffix()}
+			defaults := locksv1alpha1.DistributedLockSpec{LeaseDurationSeconds: 30, MaxLeaseDurationSeconds: 300, MaxWaiters: int32p(128), HandoffTimeoutSeconds: 10}
+			Expect(createAs(defaults, nil)(ctx, bob, explicit)).To(Succeed(), "the defaults written out")
+
+			c, err := lock.New(carol.cfg, lock.WithNamespace(ns), lock.WithAutoCreate(), lock.WithIdentity("carol"))
+			Expect(err).NotTo(HaveOccurred())
+			l, err := c.TryAcquire(ctx, "orders/"+randomSuffix())
+			Expect(err).NotTo(HaveOccurred())
+			Expect(l.Release(ctx)).To(Succeed())
+		})
+
+		It("lets a force-release user add the annotation, after which a deleter may delete the held lock", func(ctx SpecContext) {
+			key := metaHeld.build(ctx, ns)
+			Expect(metaPatch(types.MergePatchType, map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+				locksv1alpha1.ForceDeleteAnnotation: "true",
+			}}})(ctx, operator, key)).To(Succeed())
+			Expect(deleteAs(ctx, mallory, key)).To(Succeed())
+			Expect(apierrors.IsNotFound(env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{}))).To(BeTrue())
+
+			key = metaHeld.build(ctx, ns)
+			Expect(deleteAs(ctx, operator, key)).To(Succeed(), "force-release deletes a held lock directly")
+		})
+
+		It("lets a lock user remove the force-delete annotation, and a finalizer of a free lock", func(ctx SpecContext) {
+			key := state{holder: "alice", annotations: map[string]string{locksv1alpha1.ForceDeleteAnnotation: "true"}}.build(ctx, ns)
+			Expect(metaPatch(types.JSONPatchType, []map[string]any{{"op": "remove", "path": "/metadata/annotations"}})(ctx, mallory, key)).To(Succeed())
+			Expect(get(ctx, key).Annotations).NotTo(HaveKey(locksv1alpha1.ForceDeleteAnnotation))
+
+			key = state{finalizers: []string{keepFinalizer}}.build(ctx, ns)
+			Expect(deleteAs(ctx, mallory, key)).To(Succeed(), "a free lock")
+			Expect(get(ctx, key).DeletionTimestamp).NotTo(BeNil())
+			Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)).To(Succeed())
+			Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{})) }).Should(BeTrue())
+		})
+
+		It("never lets the finalizer dance end a holding silently", func(ctx SpecContext) {
+			// Put a finalizer on a free lock and delete it: it is Terminating.
+			key := free.build(ctx, ns)
+			Expect(metaPatch(types.MergePatchType, map[string]any{"metadata": map[string]any{"finalizers": []string{keepFinalizer}}})(ctx, mallory, key)).To(Succeed())
+			Expect(deleteAs(ctx, mallory, key)).To(Succeed())
+			Expect(get(ctx, key).DeletionTimestamp).NotTo(BeNil())
+
+			// Someone acquires the Terminating lock. The status rules (rule
+			// `terminating`) deny this; where they
+			// let it pass, the finalizer must stay while the lock is held.
+			if err := write(ctx, alice, key, acquire(holder("alice", 1))); err != nil {
+				Expect(err).To(MatchError(ContainSubstring("[kubelock:terminating]")))
+				Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)).To(Succeed())
+				return
+			}
+			beforeRaw := getRaw(ctx, key)
+			err := metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)
+			Expect(err).To(MatchError(ContainSubstring(heldFinalizerDenied()[1])))
+			Expect(err).To(MatchError(ContainSubstring(denialPrefix(e))))
+			Expect(string(getRaw(ctx, key))).To(Equal(string(beforeRaw)))
+
+			// Once released, the pending delete completes.
+			Expect(write(ctx, alice, key, end(locksv1alpha1.EndReasonReleased, "alice"))).To(Succeed())
+			Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) { l.Finalizers = nil })(ctx, mallory, key)).To(Succeed())
+			Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, key, &locksv1alpha1.DistributedLock{})) }).Should(BeTrue())
+		})
+
+		It("admits spec and label edits of a held lock without asking the webhook", func(ctx SpecContext) {
+			key := metaHeld.build(ctx, ns)
+			before := webhookRequests.Load()
+			Expect(metaUpdate(func(l *locksv1alpha1.DistributedLock) {
+				l.Spec.HandoffTimeoutSeconds = 20
+				l.Labels = map[string]string{"team": "orders"}
+				l.Annotations = map[string]string{"note": "resized"}
+			})(ctx, lockadmin, key)).To(Succeed())
+			Expect(webhookRequests.Load()-before).To(BeZero(), "matchConditions keep spec edits away from the webhook")
+			Expect(get(ctx, key).Spec.HandoffTimeoutSeconds).To(Equal(int32(20)))
+		})
+	})
+}
 
 // randomSuffix is unique within the suite.
 func randomSuffix() string { return fmt.Sprint(lockCounter.Add(1)) }

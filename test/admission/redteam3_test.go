@@ -9,6 +9,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -109,80 +110,91 @@ func bulkAnnotationEntries() []TableEntry {
 }
 
 var _ = Describe("red team 3", Ordered, ContinueOnFailure, func() {
-	for _, e := range []engine{engineWebhook, enginePolicy} {
-		Context("with the "+string(e)+" engine", func() {
-			var ns string
-			BeforeAll(func(ctx SpecContext) {
-				activate(ctx, e)
-				ns = namespace(ctx, "red3-"+string(e))
-			})
-
-			// Neither engine can tell which key a lock's name comes from (a
-			// policy computes no hash), so alice may create the lock of
-			// bob's key first, naming another key in its annotation. The
-			// client refused such a lock ("belongs to key ..."): bob could
-			// never lock his key until an administrator deleted it. The
-			// annotation tells apart two keys of one name; one whose name is
-			// another says nothing about this lock.
-			It("lets a client take its key's lock that another user created naming another key", func(ctx SpecContext) {
-				key := "orders-" + randomSuffix()
-				Expect(createAs(locksv1alpha1.DistributedLockSpec{}, withAnnotations(map[string]string{locksv1alpha1.KeyAnnotation: "payments"}))(
-					ctx, alice, client.ObjectKey{Namespace: ns, Name: key})).To(Succeed(), "both engines admit it")
-				c, err := lock.New(bob.cfg, lock.WithNamespace(ns), lock.WithIdentity("bob"))
-				Expect(err).NotTo(HaveOccurred())
-				l, err := c.TryAcquire(ctx, key)
-				Expect(err).NotTo(HaveOccurred())
-				Expect(get(ctx, client.ObjectKey{Namespace: ns, Name: key}).Status.Holder.User).To(Equal("bob"))
-				Expect(l.Release(ctx)).To(Succeed())
-			})
-
-			// The webhook reads every session a write newly names, live,
-			// before its rules refuse a write that adds more than one entry:
-			// one denied write of 128 waiters, each naming a session, cost 128
-			// reads of the apiserver (1,024 on a lock an earlier release let
-			// queue that many). A write the rules could admit names at most
-			// one new session per entry it may add.
-			It("reads no session for a write that adds more entries than one write may", func(ctx SpecContext) {
-				key := held.build(ctx, ns)
-				before := sessionGets(ctx)
-				err := write(ctx, bob, key, func(l *locksv1alpha1.DistributedLock) {
-					for i := range l.MaxWaiters() {
-						w := waiter("bob", i+1)
-						w.Session = fmt.Sprint("ghost-", i)
-						l.Status.AppendWaiter(w)
-					}
-				})
-				Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleQueue) + "one write may add at most one waiter")))
-				Expect(sessionGets(ctx)-before).To(BeZero(), "GETs of locksessions the write caused")
-			})
-
-			// A requestID nobody used yet is anyone's, so alice may queue
-			// first with the one bob's job retries with (say, its name). bob's
-			// client took her entry for its own: it never queued, reported her
-			// place as its own, and timed out (or was refused at the head).
-			It("tells a client whose request ID another user's queue entry took", func(ctx SpecContext) {
-				key := held.build(ctx, ns)
-				Expect(write(ctx, alice, key, enqueue(waiterWithRequest(waiter("alice", 1), "job-42")))).To(Succeed())
-				c, err := lock.New(bob.cfg, lock.WithNamespace(ns), lock.WithIdentity("bob"))
-				Expect(err).NotTo(HaveOccurred())
-				_, err = c.Acquire(ctx, key.Name, lock.WithRequestID("job-42"), lock.WithWaitTimeout(5*time.Second))
-				Expect(err).To(MatchError(ContainSubstring(`request ID job-42 is the queue entry of user "alice"`)))
-				Expect(get(ctx, key).Status.Waiters).To(HaveLen(1), "bob's client wrote nothing")
-			})
-		})
+	for _, e := range crdEngines {
+		redteam3Specs(e)
 	}
 })
 
-// sessionGets is how many GETs of LockSessions the apiserver has served
-// (apiserver_request_total): the suite runs its specs one at a time, and no
-// controller reads sessions in them.
-func sessionGets(ctx context.Context) int {
-	b, err := raw.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+// redteam3Specs are the third red team's cases, with engine e.
+func redteam3Specs(e engine) {
+	Context("with the "+string(e)+" engine", func() {
+		var ns string
+		BeforeAll(func(ctx SpecContext) {
+			activate(ctx, e)
+			ns = namespace(ctx, "red3-"+string(e))
+		})
+
+		// Neither engine can tell which key a lock's name comes from (a
+		// policy computes no hash), so alice may create the lock of
+		// bob's key first, naming another key in its annotation. The
+		// client refused such a lock ("belongs to key ..."): bob could
+		// never lock his key until an administrator deleted it. The
+		// annotation tells apart two keys of one name; one whose name is
+		// another says nothing about this lock.
+		It("lets a client take its key's lock that another user created naming another key", func(ctx SpecContext) {
+			key := "orders-" + randomSuffix()
+			Expect(createAs(locksv1alpha1.DistributedLockSpec{}, withAnnotations(map[string]string{locksv1alpha1.KeyAnnotation: "payments"}))(
+				ctx, alice, client.ObjectKey{Namespace: ns, Name: key})).To(Succeed(), "both engines admit it")
+			c, err := lock.New(bob.cfg, lock.WithNamespace(ns), lock.WithIdentity("bob"))
+			Expect(err).NotTo(HaveOccurred())
+			l, err := c.TryAcquire(ctx, key)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(get(ctx, client.ObjectKey{Namespace: ns, Name: key}).Status.Holder.User).To(Equal("bob"))
+			Expect(l.Release(ctx)).To(Succeed())
+		})
+
+		// The webhook reads every session a write newly names, live,
+		// before its rules refuse a write that adds more than one entry:
+		// one denied write of 128 waiters, each naming a session, cost 128
+		// reads of the apiserver (1,024 on a lock an earlier release let
+		// queue that many). A write the rules could admit names at most
+		// one new session per entry it may add.
+		It("reads no session for a write that adds more entries than one write may", func(ctx SpecContext) {
+			key := held.build(ctx, ns)
+			before := sessionGets(ctx, e)
+			err := write(ctx, bob, key, func(l *locksv1alpha1.DistributedLock) {
+				for i := range l.MaxWaiters() {
+					w := waiter("bob", i+1)
+					w.Session = fmt.Sprint("ghost-", i)
+					l.Status.AppendWaiter(w)
+				}
+			})
+			Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleQueue) + "one write may add at most one waiter")))
+			Expect(sessionGets(ctx, e)-before).To(BeZero(), "GETs of locksessions the write caused")
+		})
+
+		// A requestID nobody used yet is anyone's, so alice may queue
+		// first with the one bob's job retries with (say, its name). bob's
+		// client took her entry for its own: it never queued, reported her
+		// place as its own, and timed out (or was refused at the head).
+		It("tells a client whose request ID another user's queue entry took", func(ctx SpecContext) {
+			key := held.build(ctx, ns)
+			Expect(write(ctx, alice, key, enqueue(waiterWithRequest(waiter("alice", 1), "job-42")))).To(Succeed())
+			c, err := lock.New(bob.cfg, lock.WithNamespace(ns), lock.WithIdentity("bob"))
+			Expect(err).NotTo(HaveOccurred())
+			_, err = c.Acquire(ctx, key.Name, lock.WithRequestID("job-42"), lock.WithWaitTimeout(5*time.Second))
+			Expect(err).To(MatchError(ContainSubstring(`request ID job-42 is the queue entry of user "alice"`)))
+			Expect(get(ctx, key).Status.Waiters).To(HaveLen(1), "bob's client wrote nothing")
+		})
+	})
+}
+
+// sessionGets is how many times the engine e has read a LockSession: GETs
+// kube-apiserver served (apiserver_request_total), or the lock apiserver's
+// reads of its own store (etcd_requests_total). The suite runs its specs
+// one at a time, and no controller reads sessions in them.
+func sessionGets(ctx context.Context, e engine) int {
+	metrics, prefix, labels := raw.CoreV1().RESTClient(), "apiserver_request_total{", []string{`resource="locksessions"`, `verb="GET"`, `subresource=""`}
+	if e == engineLockAPI {
+		direct, err := kubernetes.NewForConfig(lockServer.Direct(env.Config))
+		Expect(err).NotTo(HaveOccurred())
+		metrics, prefix, labels = direct.CoreV1().RESTClient(), "etcd_requests_total{", []string{`resource="locksessions"`, `operation="get"`}
+	}
+	b, err := metrics.Get().AbsPath("/metrics").DoRaw(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	n := 0
 	for _, line := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(line, "apiserver_request_total{") || !strings.Contains(line, `resource="locksessions"`) ||
-			!strings.Contains(line, `verb="GET"`) || !strings.Contains(line, `subresource=""`) {
+		if !strings.HasPrefix(line, prefix) || !containsAll(line, labels) {
 			continue
 		}
 		var v float64
@@ -191,4 +203,13 @@ func sessionGets(ctx context.Context) int {
 		n += int(v)
 	}
 	return n
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }

@@ -61,18 +61,23 @@ var _ = Describe("session admission, red team", Ordered, ContinueOnFailure, func
 	BeforeAll(func(ctx SpecContext) {
 		Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}))).To(Succeed())
 	})
-	for _, e := range []engine{engineWebhook, enginePolicy} {
-		Context("with the "+string(e)+" engine", func() {
-			var ns string
-			BeforeAll(func(ctx SpecContext) {
-				activate(ctx, e)
-				ns = namespace(ctx, "sessrt-"+string(e))
-			})
-
-			DescribeTable("rejects a hostile session write",
-				func(ctx SpecContext, h sessionHostile) { checkSessionHostile(ctx, e, ns, h) },
-				redteamSessionEntries(),
-			)
-		})
+	for _, e := range crdEngines {
+		redteamSessionSpecs(e)
 	}
 })
+
+// redteamSessionSpecs are the red team's session table, with engine e.
+func redteamSessionSpecs(e engine) {
+	Context("with the "+string(e)+" engine", func() {
+		var ns string
+		BeforeAll(func(ctx SpecContext) {
+			activate(ctx, e)
+			ns = namespace(ctx, "sessrt-"+string(e))
+		})
+
+		DescribeTable("rejects a hostile session write",
+			func(ctx SpecContext, h sessionHostile) { checkSessionHostile(ctx, e, ns, h) },
+			redteamSessionEntries(),
+		)
+	})
+}

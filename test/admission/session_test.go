@@ -353,117 +353,124 @@ func sessionEntries() []TableEntry {
 }
 
 var _ = Describe("session admission", Ordered, ContinueOnFailure, func() {
-	BeforeAll(func(ctx SpecContext) {
-		Expect(env.Client.Create(ctx, &rbacv1.ClusterRole{
-			ObjectMeta: metav1.ObjectMeta{Name: sessionEditorRole},
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1alpha1.GroupVersion.Group},
-				Resources: []string{locksv1alpha1.LockSessionsResource}, Verbs: []string{"update", "patch"}}},
-		})).To(Succeed())
-		Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}))).To(Succeed())
-		eve = newUser(ctx, eveName)
-		bindClusterRole(ctx, sessionEditorRole, rbacv1.UserKind, eveName)
-		cfg, err := env.ControllerConfig(gcName)
-		Expect(err).NotTo(HaveOccurred())
-		cfg.QPS = -1
-		gc = &user{name: gcName, c: newClient(cfg), cfg: cfg}
-	})
-
-	for _, e := range []engine{engineWebhook, enginePolicy} {
-		Context("with the "+string(e)+" engine", func() {
-			var ns string
-			BeforeAll(func(ctx SpecContext) {
-				activate(ctx, e)
-				ns = namespace(ctx, "sess-"+string(e))
-			})
-
-			DescribeTable("rejects a hostile session write and leaves the session unchanged",
-				func(ctx SpecContext, h sessionHostile) { checkSessionHostile(ctx, e, ns, h) },
-				append(sessionEntries(), movedSessionEntries()...),
-			)
-
-			It("admits a session's create, renew and close by its owner, and a pod's from its own pod", func(ctx SpecContext) {
-				for _, by := range []string{"alice", podSA} {
-					u := sessionActor(by)
-					s := sessionOf(ns, by)
-					Expect(u.c.Create(ctx, s)).To(Succeed())
-					Expect(renewSession(ctx, u, s, 0)).To(Succeed())
-					Expect(u.c.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
-					Expect(renewSession(ctx, u, s, time.Second)).To(Succeed())
-					Expect(u.c.Delete(ctx, s)).To(Succeed())
-				}
-			})
-
-			It("admits holding, queueing and releasing in one's own session", func(ctx SpecContext) {
-				for _, by := range []string{"alice", podSA} {
-					u := sessionActor(by)
-					s := sessionOf(ns, by)
-					Expect(u.c.Create(ctx, s)).To(Succeed())
-					l := createLock(ctx, s.Namespace, locksv1alpha1.DistributedLockSpec{})
-					key := client.ObjectKeyFromObject(l)
-					h := holder(u.name, 1)
-					h.Session, h.PodName, h.PodUID = s.Name, s.Spec.PodName, s.Spec.PodUID
-					h.LeaseDurationSeconds = s.Spec.TTLSeconds
-					Expect(write(ctx, u, key, acquire(h))).To(Succeed())
-					Expect(write(ctx, u, key, end(locksv1alpha1.EndReasonReleased, u.name))).To(Succeed())
-					Expect(write(ctx, carol, key, acquire(holder(carol.name, 2)))).To(Succeed())
-					w := waiter(u.name, 3)
-					w.Session, w.PodName, w.PodUID = s.Name, s.Spec.PodName, s.Spec.PodUID
-					Expect(write(ctx, u, key, enqueue(w))).To(Succeed())
-				}
-			})
-
-			It("lets the controller count and end holdings for their session, and delete a lapsed session", func(ctx SpecContext) {
-				s := sessionOf(ns, "alice")
-				Expect(alice.c.Create(ctx, s)).To(Succeed())
-				s.Status.Locks = 3
-				Expect(ctlr.c.Status().Update(ctx, s)).To(Succeed())
-				for _, reason := range []locksv1alpha1.EndReason{locksv1alpha1.EndReasonSessionExpired, locksv1alpha1.EndReasonSessionClosed} {
-					l := createLock(ctx, ns, locksv1alpha1.DistributedLockSpec{})
-					key := client.ObjectKeyFromObject(l)
-					h := holder(alice.name, 1)
-					h.Session = s.Name
-					Expect(write(ctx, alice, key, acquire(h))).To(Succeed())
-					err := write(ctx, alice, key, end(reason, alice.name))
-					Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleControllerOnly) + "only the kubelock controller may end a holding for its session")))
-					Expect(write(ctx, ctlr, key, end(reason, controllerUser))).To(Succeed())
-				}
-				Expect(ctlr.c.Delete(ctx, s)).To(Succeed())
-			})
-
-			It("lets the garbage collector orphan and delete a pod's session, and force-release close anyone's", func(ctx SpecContext) {
-				s := sessionOf(ns, podSA)
-				Expect(podUser.c.Create(ctx, s)).To(Succeed())
-				Expect(gc.c.Patch(ctx, s, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`)))).To(Succeed())
-				Expect(gc.c.Delete(ctx, s)).To(Succeed())
-
-				s = sessionOf(ns, "alice")
-				Expect(alice.c.Create(ctx, s)).To(Succeed())
-				Expect(breakglass.c.Delete(ctx, s)).To(Succeed())
-			})
-
-			It("refuses a renewal from a second pod of the same service account with real bound tokens", func(ctx SpecContext) {
-				pods, saUser := podsWithBoundTokens(ctx, ns, 2)
-				first := pods[0].pod
-				s := &locksv1alpha1.LockSession{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real-pod-session"},
-					Spec:       locksv1alpha1.LockSessionSpec{User: saUser, Identity: first.Name},
-				}
-				podBound(s, first.Name, string(first.UID))
-				Expect(pods[0].user.c.Create(ctx, s)).To(Succeed())
-				Expect(renewSession(ctx, pods[0].user, s, 0)).To(Succeed())
-				Expect(pods[0].user.c.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
-				err := renewSession(ctx, pods[1].user, s, time.Second)
-				Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleSession) + "a session bound to a pod (spec.podUID) is renewed, changed or closed by its user only from that same pod")))
-				Expect(err).To(MatchError(ContainSubstring(sessionDenialPrefix(e))))
-				Expect(pods[1].user.c.Delete(ctx, s)).To(MatchError(ContainSubstring("may not close session")))
-				var got locksv1alpha1.LockSession
-				Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(s), &got)).To(Succeed())
-				Expect(cmp.Diff(s.Status, got.Status)).To(BeEmpty())
-				Expect(pods[0].user.c.Delete(ctx, s)).To(Succeed())
-			})
-		})
+	BeforeAll(sessionUsers)
+	for _, e := range crdEngines {
+		sessionSpecs(e)
 	}
 })
+
+// sessionUsers makes eve, who may update sessions, and the garbage collector.
+func sessionUsers(ctx SpecContext) {
+	Expect(env.Client.Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: sessionEditorRole},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{locksv1alpha1.GroupVersion.Group},
+			Resources: []string{locksv1alpha1.LockSessionsResource}, Verbs: []string{"update", "patch"}}},
+	})).To(Succeed())
+	Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}))).To(Succeed())
+	eve = newUser(ctx, eveName)
+	bindClusterRole(ctx, sessionEditorRole, rbacv1.UserKind, eveName)
+	cfg, err := env.ControllerConfig(gcName)
+	Expect(err).NotTo(HaveOccurred())
+	cfg.QPS = -1
+	gc = &user{name: gcName, c: newClient(cfg), cfg: cfg}
+}
+
+// sessionSpecs are the session table and the admitted session paths, with engine e.
+func sessionSpecs(e engine) {
+	Context("with the "+string(e)+" engine", func() {
+		var ns string
+		BeforeAll(func(ctx SpecContext) {
+			activate(ctx, e)
+			ns = namespace(ctx, "sess-"+string(e))
+		})
+
+		DescribeTable("rejects a hostile session write and leaves the session unchanged",
+			func(ctx SpecContext, h sessionHostile) { checkSessionHostile(ctx, e, ns, h) },
+			append(sessionEntries(), movedSessionEntries()...),
+		)
+
+		It("admits a session's create, renew and close by its owner, and a pod's from its own pod", func(ctx SpecContext) {
+			for _, by := range []string{"alice", podSA} {
+				u := sessionActor(by)
+				s := sessionOf(ns, by)
+				Expect(u.c.Create(ctx, s)).To(Succeed())
+				Expect(renewSession(ctx, u, s, 0)).To(Succeed())
+				Expect(u.c.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
+				Expect(renewSession(ctx, u, s, time.Second)).To(Succeed())
+				Expect(u.c.Delete(ctx, s)).To(Succeed())
+			}
+		})
+
+		It("admits holding, queueing and releasing in one's own session", func(ctx SpecContext) {
+			for _, by := range []string{"alice", podSA} {
+				u := sessionActor(by)
+				s := sessionOf(ns, by)
+				Expect(u.c.Create(ctx, s)).To(Succeed())
+				l := createLock(ctx, s.Namespace, locksv1alpha1.DistributedLockSpec{})
+				key := client.ObjectKeyFromObject(l)
+				h := holder(u.name, 1)
+				h.Session, h.PodName, h.PodUID = s.Name, s.Spec.PodName, s.Spec.PodUID
+				h.LeaseDurationSeconds = s.Spec.TTLSeconds
+				Expect(write(ctx, u, key, acquire(h))).To(Succeed())
+				Expect(write(ctx, u, key, end(locksv1alpha1.EndReasonReleased, u.name))).To(Succeed())
+				Expect(write(ctx, carol, key, acquire(holder(carol.name, 2)))).To(Succeed())
+				w := waiter(u.name, 3)
+				w.Session, w.PodName, w.PodUID = s.Name, s.Spec.PodName, s.Spec.PodUID
+				Expect(write(ctx, u, key, enqueue(w))).To(Succeed())
+			}
+		})
+
+		It("lets the controller count and end holdings for their session, and delete a lapsed session", func(ctx SpecContext) {
+			s := sessionOf(ns, "alice")
+			Expect(alice.c.Create(ctx, s)).To(Succeed())
+			s.Status.Locks = 3
+			Expect(ctlr.c.Status().Update(ctx, s)).To(Succeed())
+			for _, reason := range []locksv1alpha1.EndReason{locksv1alpha1.EndReasonSessionExpired, locksv1alpha1.EndReasonSessionClosed} {
+				l := createLock(ctx, ns, locksv1alpha1.DistributedLockSpec{})
+				key := client.ObjectKeyFromObject(l)
+				h := holder(alice.name, 1)
+				h.Session = s.Name
+				Expect(write(ctx, alice, key, acquire(h))).To(Succeed())
+				err := write(ctx, alice, key, end(reason, alice.name))
+				Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleControllerOnly) + "only the kubelock controller may end a holding for its session")))
+				Expect(write(ctx, ctlr, key, end(reason, controllerUser))).To(Succeed())
+			}
+			Expect(ctlr.c.Delete(ctx, s)).To(Succeed())
+		})
+
+		It("lets the garbage collector orphan and delete a pod's session, and force-release close anyone's", func(ctx SpecContext) {
+			s := sessionOf(ns, podSA)
+			Expect(podUser.c.Create(ctx, s)).To(Succeed())
+			Expect(gc.c.Patch(ctx, s, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`)))).To(Succeed())
+			Expect(gc.c.Delete(ctx, s)).To(Succeed())
+
+			s = sessionOf(ns, "alice")
+			Expect(alice.c.Create(ctx, s)).To(Succeed())
+			Expect(breakglass.c.Delete(ctx, s)).To(Succeed())
+		})
+
+		It("refuses a renewal from a second pod of the same service account with real bound tokens", func(ctx SpecContext) {
+			pods, saUser := podsWithBoundTokens(ctx, ns, 2)
+			first := pods[0].pod
+			s := &locksv1alpha1.LockSession{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real-pod-session"},
+				Spec:       locksv1alpha1.LockSessionSpec{User: saUser, Identity: first.Name},
+			}
+			podBound(s, first.Name, string(first.UID))
+			Expect(pods[0].user.c.Create(ctx, s)).To(Succeed())
+			Expect(renewSession(ctx, pods[0].user, s, 0)).To(Succeed())
+			Expect(pods[0].user.c.Get(ctx, client.ObjectKeyFromObject(s), s)).To(Succeed())
+			err := renewSession(ctx, pods[1].user, s, time.Second)
+			Expect(err).To(MatchError(ContainSubstring(tag(rules.RuleSession) + "a session bound to a pod (spec.podUID) is renewed, changed or closed by its user only from that same pod")))
+			Expect(err).To(MatchError(ContainSubstring(sessionDenialPrefix(e))))
+			Expect(pods[1].user.c.Delete(ctx, s)).To(MatchError(ContainSubstring("may not close session")))
+			var got locksv1alpha1.LockSession
+			Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(s), &got)).To(Succeed())
+			Expect(cmp.Diff(s.Status, got.Status)).To(BeEmpty())
+			Expect(pods[0].user.c.Delete(ctx, s)).To(Succeed())
+		})
+	})
+}
 
 // boundPod is a Pod (Pending: nothing runs it) and its service account
 // authenticated with a token bound to it, as the kubelet mounts one.
@@ -573,8 +580,11 @@ func tokenUser(ctx context.Context, sa *corev1.ServiceAccount, bound *authentica
 }
 
 func sessionDenialPrefix(e engine) string {
-	if e == enginePolicy {
+	switch e {
+	case enginePolicy:
 		return sessionPolicyDenied
+	case engineLockAPI:
+		return lockAPIDenied
 	}
 	return sessionWebhookDenied
 }
@@ -588,13 +598,19 @@ func policyFile(name string) string {
 // while it runs, the collector also deletes the table's sessions whose Pod
 // ownerReferences name pods that never existed.
 var _ = Describe("session admission with the garbage collector", Ordered, func() {
+	sessionGCSpecs(crdEngines...)
+})
+
+// sessionGCSpecs run kube-controller-manager and delete a pod with a
+// session, with each of engines.
+func sessionGCSpecs(engines ...engine) {
 	BeforeAll(func(ctx SpecContext) {
 		kcm, err := env.StartControllerManager(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(kcm.Stop()).To(Succeed()) })
 	})
 
-	for _, e := range []engine{engineWebhook, enginePolicy} {
+	for _, e := range engines {
 		It("lets the garbage collector delete a pod's session when the pod is deleted, with the "+string(e)+" engine", func(ctx SpecContext) {
 			activate(ctx, e)
 			ns := namespace(ctx, "sess-gc-"+string(e))
@@ -612,4 +628,4 @@ var _ = Describe("session admission with the garbage collector", Ordered, func()
 			}).Should(Satisfy(apierrors.IsNotFound), "the garbage collector deleted the session")
 		})
 	}
-})
+}

@@ -1,8 +1,10 @@
 // Package admission is the hostile-input suite of kubelock's admission: one
-// table of malformed and malicious lock writes that runs twice against a real
-// kube-apiserver, once with the validating webhook (webhook/, served by this
-// process) and once with the ValidatingAdmissionPolicy (config/policy) instead,
-// so the two engines can never drift apart.
+// table of malformed and malicious lock writes that runs against a real
+// kube-apiserver with the validating webhook (webhook/, served by this
+// process), then with the ValidatingAdmissionPolicy (config/policy) instead,
+// and against kubelock-apiserver, which runs the same rules in-process on a
+// control plane of its own (lockapi_test.go), so the engines can never
+// drift apart.
 package admission
 
 import (
@@ -14,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -56,6 +59,10 @@ const (
 	// policyDenied names either policy: kubelock-distributedlocks (status) or
 	// kubelock-distributedlocks-metadata (create, update, delete).
 	policyDenied = "ValidatingAdmissionPolicy '" + policyName
+	// lockAPIDenied is how the lock apiserver's rules deny: a 403 of the
+	// resource whose message lists the rules' field errors, each a
+	// "<path>: Forbidden: [kubelock:<rule>] ...".
+	lockAPIDenied = "Forbidden: [kubelock:"
 	// podSA is a service account whose bound token names its pod (impersonated).
 	podSA = "system:serviceaccount:apps:worker"
 )
@@ -104,8 +111,17 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		webhookConfigs = append(webhookConfigs, w.DeepCopy())
 	}
 	Expect(webhookConfigs).To(HaveLen(1), "config/webhook/manifests.yaml (make manifests) holds one ValidatingWebhookConfiguration")
+	setUpUsers(ctx)
+
+	stopWebhook = startWebhookServer()
+	DeferCleanup(func() { stopWebhook() })
+})
+
+// setUpUsers makes the suite's users and roles in env's control plane.
+func setUpUsers(ctx context.Context) {
 	admin := rest.CopyConfig(env.Config)
 	admin.QPS = -1
+	var err error
 	raw, err = kubernetes.NewForConfig(admin)
 	Expect(err).NotTo(HaveOccurred())
 
@@ -143,10 +159,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	// A pod's service account: its bound token carries the pod's name and UID.
 	bindClusterRole(ctx, testenv.LockUserRole, rbacv1.UserKind, podSA)
 	podUser = impersonatedPod(pod0Name, pod0UID)
-
-	stopWebhook = startWebhookServer()
-	DeferCleanup(func() { stopWebhook() })
-})
+	otherPodUser = sync.OnceValue(func() *user { return impersonatedPod(pod1Name, pod1UID) })
+	badPodUser = sync.OnceValue(func() *user { return impersonatedPod(badPodName, badPodUID) })
+	unboundPodUser = sync.OnceValue(func() *user { return impersonatedPod("", "") })
+}
 
 func newClient(cfg *rest.Config) client.Client {
 	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
@@ -209,11 +225,26 @@ const (
 	engineWebhook engine = "webhook"
 	enginePolicy  engine = "policy"
 	engineNone    engine = "none"
+	// engineLockAPI is kubelock-apiserver, which runs the rules in its
+	// registry strategies. It serves the lock API in a control plane of its
+	// own (no lock CRDs), where it is always on.
+	engineLockAPI engine = "lockapi"
 )
 
+// crdEngines take turns on the CRD control plane of BeforeSuite.
+var crdEngines = []engine{engineWebhook, enginePolicy}
+
 // activate installs exactly one admission engine (or none) and waits until the
-// apiserver enforces it.
+// apiserver enforces it. The lock apiserver cannot be switched: activate
+// checks that it is the one that denies.
 func activate(ctx context.Context, e engine) {
+	if e == engineLockAPI {
+		ns := namespace(ctx, "probe")
+		Expect(probe(ctx, ns)).To(Equal(e))
+		Expect(probeMeta(ctx, ns)).To(Equal(e))
+		Expect(probeSession(ctx, ns)).To(Equal(e))
+		return
+	}
 	if e == engineWebhook {
 		for _, w := range webhookConfigs {
 			w = w.DeepCopy()
@@ -317,6 +348,8 @@ func denier(err error) engine {
 		return enginePolicy
 	case strings.Contains(err.Error(), sessionWebhookDenied):
 		return engineWebhook
+	case strings.Contains(err.Error(), lockAPIDenied):
+		return engineLockAPI
 	}
 	return engine("error: " + err.Error())
 }

@@ -27,6 +27,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -47,6 +49,9 @@ const (
 	APIServiceName = "v1alpha1.locks.kubelock.io"
 	// User is the lock apiserver's own user in kube-apiserver.
 	User = "kubelock-apiserver"
+	// etcdPrefix is the server's --etcd-prefix: its stores' keys are under
+	// etcdPrefix/<group>/<resource>.
+	etcdPrefix = "/registry/locks.kubelock.io"
 	// ControllerUser is the user name the lock apiserver treats as kubelock's controller.
 	ControllerUser = "kubelock-test-controller"
 )
@@ -164,6 +169,12 @@ func (s *Server) Direct(base *rest.Config) *rest.Config {
 	c.Host = s.URL()
 	c.CAData, c.CAFile, c.ServerName, c.Insecure = s.CA, "", "", false
 	return c
+}
+
+// RewriteStored changes an object as stored in the server's etcd, behind
+// its back: no rules, no validation (see testenv.Env.RewriteStored).
+func (s *Server) RewriteStored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName, change func(obj map[string]any)) error {
+	return testenv.RewriteKey(ctx, s.Etcd.Endpoints(), testenv.StoragePath(etcdPrefix, gr, key), change)
 }
 
 // Stop stops the server, then its etcd.

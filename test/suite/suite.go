@@ -8,6 +8,7 @@ package suite
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +19,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -138,4 +141,20 @@ func Grant(ctx context.Context, ns, name, user string, rule rbacv1.PolicyRule) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
 	})).To(Succeed())
+}
+
+// WriteKubeconfig writes cfg (server, CA, client certificate or token) as
+// user's kubeconfig file at path, for the processes a suite runs as user; its
+// context's namespace is "default".
+func WriteKubeconfig(path, user string, cfg *rest.Config) {
+	server := cfg.Host
+	if !strings.Contains(server, "://") {
+		server = "https://" + server
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: user, Namespace: "default"}
+	kc.CurrentContext = "e2e"
+	Expect(clientcmd.WriteToFile(*kc, path)).To(Succeed())
 }

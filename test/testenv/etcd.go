@@ -22,12 +22,26 @@ const etcdPrefix = "/registry"
 // stored as JSON); the write is conditioned on the revision read, and the
 // apiserver's watch delivers the new object to every client.
 func (e *Env) RewriteStored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName, change func(obj map[string]any)) error {
-	cli, err := e.etcdClient()
+	return RewriteKey(ctx, e.Cluster.Etcd.Endpoints(), StoragePath(etcdPrefix, gr, key), change)
+}
+
+// StoragePath is where an apiserver whose etcd prefix is prefix keeps the
+// object key of gr.
+func StoragePath(prefix string, gr schema.GroupResource, key types.NamespacedName) string {
+	if gr.Group == "" {
+		return fmt.Sprintf("%s/%s/%s/%s", prefix, gr.Resource, key.Namespace, key.Name)
+	}
+	return fmt.Sprintf("%s/%s/%s/%s/%s", prefix, gr.Group, gr.Resource, key.Namespace, key.Name)
+}
+
+// RewriteKey changes the JSON object stored at path in the etcd at
+// endpoints, as RewriteStored does.
+func RewriteKey(ctx context.Context, endpoints []string, path string, change func(obj map[string]any)) error {
+	cli, err := dialEtcd(endpoints)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = cli.Close() }()
-	path := storagePath(gr, key)
 	kv, err := getStored(ctx, cli, path)
 	if err != nil {
 		return err
@@ -57,28 +71,16 @@ func (e *Env) RewriteStored(ctx context.Context, gr schema.GroupResource, key ty
 // Stored is an object's value as etcd holds it: the bytes the apiserver's
 // write request carried (custom resources are stored as JSON).
 func (e *Env) Stored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName) ([]byte, error) {
-	cli, err := e.etcdClient()
+	cli, err := dialEtcd(e.Cluster.Etcd.Endpoints())
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = cli.Close() }()
-	kv, err := getStored(ctx, cli, storagePath(gr, key))
+	kv, err := getStored(ctx, cli, StoragePath(etcdPrefix, gr, key))
 	if err != nil {
 		return nil, err
 	}
 	return kv.Value, nil
-}
-
-func (e *Env) etcdClient() (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: e.Cluster.Etcd.Endpoints(), DialTimeout: 10 * time.Second})
-}
-
-// storagePath is the etcd key the apiserver stores the object under.
-func storagePath(gr schema.GroupResource, key types.NamespacedName) string {
-	if gr.Group == "" {
-		return fmt.Sprintf("%s/%s/%s/%s", etcdPrefix, gr.Resource, key.Namespace, key.Name)
-	}
-	return fmt.Sprintf("%s/%s/%s/%s/%s", etcdPrefix, gr.Group, gr.Resource, key.Namespace, key.Name)
 }
 
 func getStored(ctx context.Context, cli *clientv3.Client, path string) (*mvccpb.KeyValue, error) {
@@ -90,4 +92,8 @@ func getStored(ctx context.Context, cli *clientv3.Client, path string) (*mvccpb.
 		return nil, fmt.Errorf("testenv: %s is not stored in etcd", path)
 	}
 	return got.Kvs[0], nil
+}
+
+func dialEtcd(endpoints []string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second})
 }

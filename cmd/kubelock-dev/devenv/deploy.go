@@ -31,6 +31,7 @@ const (
 	KubelockImage   = "kubelock:latest"
 	appImage        = "orders-writer:latest"
 	migrationsImage = "orders-migrations:latest"
+	workerImage     = "invoice-worker:latest"
 	// OperatorNamespace and OperatorDeployment are config/default's.
 	OperatorNamespace  = "kubelock-system"
 	OperatorDeployment = "kubelock-controller-manager"
@@ -38,12 +39,13 @@ const (
 	operatorServiceAccount = "kubelock-controller-manager"
 )
 
-// images are what the node imports: the operator, kubelock and the samples' app.
+// images are what the node imports: the operator, kubelock and the samples' apps.
 var images = []node.Image{
 	{Ref: ManagerImage, Packages: []string{"./cmd/manager"}},
 	{Ref: KubelockImage, Packages: []string{"./cmd/kubelock"}},
 	{Ref: appImage, Packages: []string{"./config/samples/app"}},
 	{Ref: migrationsImage, Packages: []string{"./config/samples/app", "./cmd/kubelock"}},
+	{Ref: workerImage, Packages: []string{"./config/samples/worker"}},
 }
 
 // checkNode fails early, in one line, when the node cannot run here (see

@@ -424,21 +424,28 @@ func (e *env) startOperator(ctx context.Context, done chan<- error) error {
 }
 
 // waitOperator returns once the webhook answers TLS with the certificate the
-// dev CA issued, or the operator stopped.
+// dev CA issued, or the operator stopped. It shows the client certificate the
+// apiserver shows: the webhook refuses a handshake without one, and logs it.
 func (e *env) waitOperator(ctx context.Context, done chan error) error {
 	o := &e.o
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(e.cluster.CA.PEM)
+	client, err := e.cluster.WebhookClientCert()
+	if err != nil {
+		return err
+	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.WebhookPort))
 	var last error
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, o.StartTimeout, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, o.StartTimeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case mErr := <-done:
 			done <- mErr
 			return false, fmt.Errorf("operator stopped while starting: %w (log: %s)", mErr, e.operatorLog)
 		default:
 		}
-		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{
+			RootCAs: pool, ServerName: "127.0.0.1", Certificates: []tls.Certificate{client}, MinVersion: tls.VersionTLS12,
+		}}
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if last = err; err == nil {
 			_ = conn.Close()

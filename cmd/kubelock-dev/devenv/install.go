@@ -110,12 +110,18 @@ func (e *env) install(ctx context.Context) error {
 		}
 	}
 
-	// The sample lock-user RBAC, as `kubectl apply -k config/samples/` creates it.
+	// The sample lock-user RBAC, as `kubectl apply -k config/samples/` creates
+	// it: with kubectl's record of what it applied, so that the next step's
+	// apply of the same file changes nothing (and does not warn that the
+	// record is missing).
 	samples, err := readObjects("samples/lock_user_rbac.yaml")
 	if err != nil {
 		return err
 	}
 	for _, s := range samples {
+		if err := recordLastApplied(s); err != nil {
+			return err
+		}
 		if err := apply(ctx, c, s); err != nil {
 			return fmt.Errorf("creating sample %s %s: %w", s.GetKind(), s.GetName(), err)
 		}
@@ -398,6 +404,25 @@ func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 			out = append(out, &unstructured.Unstructured{Object: m})
 		}
 	}
+}
+
+// recordLastApplied sets the annotation in which `kubectl apply` (client-side)
+// keeps the configuration it applied: obj's JSON without that annotation, its
+// other annotations an empty map when there are none, as kubectl encodes it.
+func recordLastApplied(obj *unstructured.Unstructured) error {
+	annotations := obj.GetAnnotations()
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	delete(annotations, corev1.LastAppliedConfigAnnotation)
+	obj.SetAnnotations(annotations)
+	config, err := runtime.Encode(unstructured.UnstructuredJSONScheme, obj)
+	if err != nil {
+		return fmt.Errorf("encoding %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	annotations[corev1.LastAppliedConfigAnnotation] = string(config)
+	obj.SetAnnotations(annotations)
+	return nil
 }
 
 // apply creates or updates obj by server-side apply, as kubelock-dev.

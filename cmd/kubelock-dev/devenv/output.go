@@ -65,7 +65,7 @@ func NextSteps(kubeconfig, binDir string) [][2]string {
 	return [][2]string{
 		{"export KUBECONFIG=" + shellQuote(kubeconfig), ""},
 		{"export PATH=" + shellQuote(binDir) + ":$PATH", "kubectl and the kubectl-lock plugin"},
-		{"kubectl apply -k config/samples/", "from the repository root: sample locks (a Mutex, an RWMutex, a Semaphore), lock-user RBAC, Jobs, a Deployment"},
+		{"kubectl apply -k config/samples/", "from the repository root: sample locks (a Mutex, an RWMutex, a Semaphore), lock-user RBAC, Jobs, Deployments (a sidecar's, an agent's)"},
 		{"kubectl get dlock", "the locks: demo (created for you) and the samples"},
 		{"kubectl lock acquire demo", "as the admin: prints the FENCING TOKEN and LEASE-ID"},
 		{"kubectl lock release demo --lease-id <LEASE-ID>", "only the holder may release"},

@@ -87,6 +87,11 @@ func TestArgumentErrorsNeedNoServer(t *testing.T) {
 		{[]string{"run", "x", "true"}, ExitUsage, "KEY -- CMD"},
 		{[]string{"probe", "ready"}, ExitUsage, "expected readyz or healthz"},
 		{[]string{"probe"}, ExitUsage, "expected readyz or healthz"},
+		{[]string{"agent", "--listen", "0.0.0.0:8477"}, ExitUsage, "listens on a loopback address only"},
+		{[]string{"agent", "--listen", ":8477"}, ExitUsage, "listens on a loopback address only"},
+		{[]string{"agent", "--listen", "localhost:8477"}, ExitUsage, "listens on a loopback address only"},
+		{[]string{"agent", "--listen", "127.0.0.1"}, ExitUsage, "missing port"},
+		{[]string{"agent", "--session-ttl", "3s"}, ExitUsage, "--session-ttl must be whole seconds"},
 		{[]string{"run", "x", "--", "/does/not/exist"}, ExitCommandNotFound, "no such file"},
 		{[]string{"get", "x", "--kubeconfig", filepath.Join(os.TempDir(), "kubelock-missing-kubeconfig")}, ExitUsage, "no usable Kubernetes configuration"},
 	}

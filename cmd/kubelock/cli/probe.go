@@ -9,9 +9,10 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// newProbeCommand is the sidecar's probe for exec probes: the sidecar listens
-// on localhost, which the kubelet's HTTP probes (sent to the pod's IP) cannot
-// reach, and its image has no shell or HTTP client besides kubelock.
+// newProbeCommand is the sidecar's and the agent's probe for exec probes:
+// they listen on localhost, which the kubelet's HTTP probes (sent to the
+// pod's IP) cannot reach, and their image has no shell or HTTP client
+// besides kubelock.
 func newProbeCommand(o *options) *cobra.Command {
 	var (
 		listen  string
@@ -19,7 +20,7 @@ func newProbeCommand(o *options) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "probe readyz|healthz",
-		Short: "Ask a sidecar in the same pod for /readyz or /healthz (for exec probes); exit 0 when it answers 200",
+		Short: "Ask a sidecar or agent in the same pod for /readyz or /healthz (for exec probes); exit 0 when it answers 200",
 		Example: `  readinessProbe:
     exec: {command: ["/kubelock", "probe", "readyz"]}`,
 		Args: exactArgs(1, "readyz or healthz"),
@@ -47,7 +48,7 @@ func newProbeCommand(o *options) *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", DefaultSidecarListen, "the sidecar's --listen address")
+	cmd.Flags().StringVar(&listen, "listen", DefaultListen, "the sidecar's or agent's --listen address")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Second, "how long to wait for the answer")
 	return cmd
 }

@@ -105,7 +105,7 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	root.AddCommand(
 		newGetCommand(o), newListCommand(o), newDescribeCommand(o), newCreateCommand(o),
 		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
-		newSessionsCommand(o), newRunCommand(o), newSidecarCommand(o), newProbeCommand(o), newVersionCommand(o),
+		newSessionsCommand(o), newRunCommand(o), newSidecarCommand(o), newAgentCommand(o), newProbeCommand(o), newVersionCommand(o),
 		newDevCommand(o),
 	)
 	return root

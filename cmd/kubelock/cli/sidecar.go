@@ -24,9 +24,9 @@ import (
 	"github.com/kubelock/kubelock/pkg/lock"
 )
 
-// DefaultSidecarListen is where the sidecar serves; localhost only, since the
-// lock's state is for the pod's own containers and the kubelet's probes.
-const DefaultSidecarListen = "127.0.0.1:8477"
+// DefaultListen is where the sidecar and the agent serve; localhost only:
+// they serve the pod's own containers and its exec probes.
+const DefaultListen = "127.0.0.1:8477"
 
 func newSidecarCommand(o *options) *cobra.Command {
 	var (
@@ -47,7 +47,7 @@ it again whenever it is lost. While held, the fencing token is in --token-file
   GET /healthz   200 while the process runs
   GET /readyz    200 only while the lock is held, else 503 (active/passive pods)
 
-are served on --listen (default ` + DefaultSidecarListen + `: the pod's containers only).
+are served on --listen (default ` + DefaultListen + `: the pod's containers only).
 With --shared it holds an RWMutex as a reader; a Semaphore's permit is always
 shared (the token file then holds that permit's token, /v1/lock its slot). On
 SIGTERM or SIGINT it stops being ready, releases the lock, closes its session
@@ -79,7 +79,7 @@ back-off, as are unreachable apiservers: they change when the lock does.`,
 	f.add(cmd.Flags(), lock.DefaultWaitTimeout, false)
 	_ = cmd.Flags().MarkHidden("wait") // the sidecar waits for as long as it runs
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "where to write the fencing token (default /run/kubelock/<name>/token)")
-	cmd.Flags().StringVar(&listen, "listen", DefaultSidecarListen, "address for /v1/lock, /healthz and /readyz (port 0 picks a free one)")
+	cmd.Flags().StringVar(&listen, "listen", DefaultListen, "address for /v1/lock, /healthz and /readyz (port 0 picks a free one)")
 	addSessionFlag(cmd, &session)
 	return cmd
 }

@@ -84,18 +84,7 @@ func TestRunElectsLeaderAndReconciles(t *testing.T) {
 	if inOwnProcess(t) {
 		return
 	}
-	logs := &syncBuffer{}
-	ctrl.SetLogger(zap.New(zap.WriteTo(logs), zap.UseDevMode(true)))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(logs.String())
-		}
-	})
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := startLogged(t)
 
 	opts := DefaultOptions()
 	opts.MetricsAddr = freeAddr(t) // HTTPS with authn/authz, the default
@@ -260,6 +249,25 @@ func freeAddr(t *testing.T) string {
 }
 
 // syncBuffer keeps the logs, shown only when the test fails.
+// startLogged starts a control plane for t, and sends the manager's logs to
+// t's log when t fails.
+func startLogged(t *testing.T) *testenv.Env {
+	t.Helper()
+	logs := &syncBuffer{}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logs), zap.UseDevMode(true)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	return env
+}
+
 type syncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer

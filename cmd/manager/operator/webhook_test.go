@@ -31,10 +31,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -89,18 +87,7 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 		return
 	}
 	start := time.Now()
-	logs := &syncBuffer{}
-	ctrl.SetLogger(zap.New(zap.WriteTo(logs), zap.UseDevMode(true)))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(logs.String())
-		}
-	})
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := startLogged(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -226,7 +213,7 @@ func TestWebhookServesWithSelfRotatedCertificate(t *testing.T) {
 	// bob releases alice's lock: denied by the manager's webhook.
 	hostile := l.DeepCopy()
 	hostile.EndHolding(locksv1alpha1.EndReasonReleased, "bob", metav1.NewMicroTime(time.Now()))
-	err = bob.Status().Update(ctx, hostile)
+	err := bob.Status().Update(ctx, hostile)
 	if err == nil || !strings.Contains(err.Error(), "[kubelock:holder-only]") || !strings.Contains(err.Error(), `admission webhook "vdistributedlock.kubelock.io" denied`) {
 		t.Fatalf("bob's release of alice's lock: got %v, want a denial by the webhook naming [kubelock:holder-only]", err)
 	}

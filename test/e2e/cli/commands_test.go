@@ -223,7 +223,8 @@ var _ = Describe("config/samples", func() {
 		Eventually(s).Should(gexec.Exit(0))
 		out := string(s.Out.Contents())
 		for _, obj := range []string{"distributedlock.locks.kubelock.io/orders-db", "distributedlock.locks.kubelock.io/indexers",
-			"distributedlock.locks.kubelock.io/catalog", "job.batch/orders-db-migration", "job.batch/indexers", "deployment.apps/orders-writer"} {
+			"distributedlock.locks.kubelock.io/catalog", "job.batch/orders-db-migration", "job.batch/indexers", "deployment.apps/orders-writer",
+			"deployment.apps/invoice-workers"} {
 			Expect(out).To(ContainSubstring(obj+" created (server dry run)"), "%s", out)
 		}
 	})

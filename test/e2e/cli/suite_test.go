@@ -20,8 +20,6 @@ import (
 	"github.com/onsi/gomega/gexec"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -91,19 +89,10 @@ func breakglass(ctx context.Context, ns string) user {
 	return u
 }
 
-// writeKubeconfig writes cfg (server, CA, client certificate) as a kubeconfig file.
+// writeKubeconfig writes cfg as name's kubeconfig file in workDir.
 func writeKubeconfig(name string, cfg *rest.Config) string {
-	server := cfg.Host
-	if !strings.Contains(server, "://") {
-		server = "https://" + server
-	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["e2e"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos[name] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: name, Namespace: "default"}
-	kc.CurrentContext = "e2e"
 	path := filepath.Join(workDir, name+".kubeconfig")
-	Expect(clientcmd.WriteToFile(*kc, path)).To(Succeed())
+	suite.WriteKubeconfig(path, name, cfg)
 	return path
 }
 

@@ -180,7 +180,12 @@ var _ = Describe("kubelock-dev", func() {
 			case strings.Contains(st.cmd, "apply -k config/samples/"):
 				Expect(err).NotTo(HaveOccurred(), out)
 				Expect(out).To(ContainSubstring("distributedlock.locks.kubelock.io/orders-db created"))
-				Expect(out).To(ContainSubstring("rolebinding.rbac.authorization.k8s.io/kubelock-lock-user"))
+				// kubelock-dev created the sample RBAC as this apply would: no
+				// warning about kubectl's missing record, nothing to change.
+				Expect(stderr.String()).To(BeEmpty())
+				for _, obj := range []string{"serviceaccount/kubelock-worker", "role.rbac.authorization.k8s.io/kubelock-lock-user", "rolebinding.rbac.authorization.k8s.io/kubelock-lock-user"} {
+					Expect(out).To(ContainSubstring(obj+" unchanged"), out)
+				}
 			case st.cmd == "kubectl get dlock":
 				Expect(err).NotTo(HaveOccurred(), out)
 				Expect(out).To(And(ContainSubstring("demo"), ContainSubstring("orders-db")))
@@ -247,6 +252,9 @@ var _ = Describe("kubelock-dev", func() {
 		} else {
 			Expect(configs).To(And(ContainElement(lockWebhook), Not(ContainElement(HavePrefix("validatingadmissionpolicy.")))))
 		}
+
+		By("reading kubelock-dev's log: quiet, no refused handshake of its own probes")
+		Expect(string(s.Err.Contents())).NotTo(ContainSubstring("TLS handshake error"))
 
 		By("posting an AdmissionReview to the webhook as anyone but the apiserver")
 		// The apiserver presents a client certificate of its own CA; nobody else gets past TLS.

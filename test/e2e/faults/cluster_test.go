@@ -30,6 +30,7 @@ const (
 	clientUser     = "faults-client"
 	operatorNS     = "kubelock-system"
 	lockUserRole   = "kubelock-faults-lock-user"
+	electionSA     = "kubelock-leader-election"
 )
 
 // controlPlane is three etcd members on loopback behind one kube-apiserver,
@@ -92,6 +93,14 @@ func (cp *controlPlane) install(ctx context.Context, c client.Client, webhookURL
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockUserRole},
 			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: clientUser}},
 		},
+		// The replicas elect their leader on a DistributedLock, as the
+		// chart's default has them, campaigning as this service account.
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: operatorNS, Name: electionSA}},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: operatorNS, Name: electionSA},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: lockUserRole},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: operatorNS, Name: electionSA}},
+		},
 	}
 	b, err := os.ReadFile(filepath.Join(root, "config", "webhook", "manifests.yaml"))
 	if err != nil {
@@ -126,6 +135,22 @@ func newManager(name, bin, kubeconfigPath, certDir, offsetFile string) (*process
 		fmt.Sprintf("--webhook-port=%d", wh), "--webhook-cert-dir="+certDir, "--cert-rotation=false",
 		"--controller-username="+controllerUser, "--webhook-controller-users="+controllerUser,
 	)
+	p.args = append(p.args, electionArgs()...)
 	p.env = []string{operator.WallClockOffsetFileEnv + "=" + offsetFile}
 	return p, wh
+}
+
+// electionArgs are the replicas' election flags FAULTS_ELECTION asks for:
+// none for controller-runtime's Lease (the chart's default), or a
+// DistributedLock campaigned on as electionSA with short timings, which
+// kubelock's election may use safely (a leader stops before its holding can
+// expire).
+func electionArgs() []string {
+	if os.Getenv("FAULTS_ELECTION") != operator.ElectOnKubelock {
+		return nil
+	}
+	return []string{
+		"--leader-election-lock=" + operator.ElectOnKubelock, "--leader-election-service-account=" + electionSA,
+		"--leader-election-lease-duration=6s", "--leader-election-renew-deadline=3s", "--leader-election-retry-period=1s",
+	}
 }

@@ -16,6 +16,9 @@
 //	                run's is always kept. `go run ./test/history/histcheck -prefix s4
 //	                <work dir>/history` says which check fails and where
 //	FAULTS_RACE     build the client and manager binaries with -race
+//	FAULTS_ELECTION the lock the operator's replicas elect on: lease (default, the
+//	                chart's) or kubelock (a DistributedLock with a 6 s lease, 3 s
+//	                renew deadline, 1 s retry: what a faster failover needs)
 package faults
 
 import (
