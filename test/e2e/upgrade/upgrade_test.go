@@ -364,6 +364,6 @@ func renewTime(ctx context.Context, env *testenv.Env, ns string, h *holding) tim
 func freePort() int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	Expect(err).NotTo(HaveOccurred())
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port
 }
