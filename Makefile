@@ -124,8 +124,18 @@ INTEGRATION_PKGS := ./test/admission/... ./test/chart/... ./test/gc/... ./test/i
 E2E_PKGS := ./test/e2e/...
 UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/chart' -e '/test/gc' -e '/test/integration' -e '/test/leaderelection' -e '/test/observability' -e '/test/e2e')
 
+# The release the upgrade suite (test/e2e/upgrade) upgrades from: main as it
+# landed before the reliability work began, built from this clone's history.
+PREVIOUS_RELEASE ?= ff609ba
+PREVIOUS_RELEASE_DIR ?= $(LOCALBIN)/releases/$(PREVIOUS_RELEASE)
+export KUBELOCK_PREVIOUS_RELEASE := $(PREVIOUS_RELEASE_DIR)
+
+.PHONY: previous-release
+previous-release: ## Build the manager and the kubelock CLI of PREVIOUS_RELEASE (a commit of this clone's history), with its CRDs and webhook configuration, into bin/releases: the upgrade suite starts from them.
+	hack/build-previous-release.sh $(PREVIOUS_RELEASE) $(PREVIOUS_RELEASE_DIR)
+
 .PHONY: test
-test: manifests generate control-plane test-deps $(HELM) ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, the benchmark module's, and (as root) the real-node suite.
+test: manifests generate control-plane test-deps previous-release $(HELM) ## Run all tests against a real kube-apiserver and etcd: what test-unit, test-integration and test-e2e run, the benchmark module's, and (as root) the real-node suite.
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 	go -C $(BENCH_DIR) test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) ./...
 	@# The real-node suite needs root; without it, say plainly that it did not run.
@@ -140,7 +150,7 @@ test-integration: manifests generate control-plane test-deps $(HELM) ## Run the 
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
-test-e2e: manifests generate control-plane test-deps ## Run the end-to-end suites (the CLI, the agent through Dapr's JavaScript SDK and the Python example, and kubelock-dev as processes).
+test-e2e: manifests generate control-plane test-deps previous-release ## Run the end-to-end suites (the upgrade from the previous release, the CLI, the agent through Dapr's JavaScript SDK and the Python example, and kubelock-dev as processes).
 	go test $(GO_TEST_FLAGS) -timeout $(GO_TEST_TIMEOUT) $(E2E_PKGS)
 
 # The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
