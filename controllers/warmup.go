@@ -45,9 +45,9 @@ func (*standbyObserver) NeedLeaderElection() bool { return false }
 // Start implements manager.Runnable.
 func (s *standbyObserver) Start(ctx context.Context) error {
 	handlers := map[client.Object]toolscache.ResourceEventHandler{
-		&cachedLock{}:                 s.handler(s.observeLock, s.r.obs.forget),
+		&cachedLock{}:                s.handler(s.observeLock, s.r.obs.forget),
 		&locksv1alpha1.LockSession{}: s.handler(s.observeSession, s.r.sessions.forget),
-		podMetadata():                 nil,
+		podMetadata():                nil,
 	}
 	var stop []func() error
 	for obj, h := range handlers {
