@@ -90,7 +90,7 @@ func DefaultOptions() Options {
 		ProbeAddr:        ":8081",
 		LeaderElect:      true,
 		LeaderElectionID: "kubelock-manager.locks.kubelock.io",
-		// Lease until electing on kubelock is proven in production.
+		// Lease as config/default has it; the chart elects on kubelock.
 		LeaderElectionLock:           ElectOnLease,
 		LeaderElectionServiceAccount: "kubelock-leader-election",
 		LeaseDuration:                15 * time.Second,
