@@ -18,9 +18,11 @@ import (
 // to expiry and queue decisions besides the lock itself: nothing is decided by
 // comparing timestamps written by other components with this clock.
 //
-// Observations live in memory only. A controller that starts, or becomes leader,
-// has none, so it sees every holding, waiter and hand-off as new "now": it can
-// only ever expire later than a controller that watched all along, never earlier.
+// Observations live in memory only. A replica observes from its start, leader
+// or not (warmup.go), so a new leader's lease of a holding runs from the last
+// renewal it saw as a standby; one that starts has none, and sees every
+// holding, waiter and hand-off as new "now". Either way it can only ever expire
+// later than a controller that watched all along, never earlier.
 type observation struct {
 	// uid tells a lock apart from an earlier object of the same name.
 	uid types.UID
@@ -251,6 +253,46 @@ func renewMark(h *locksv1alpha1.LockHolder) int64 {
 type observations struct {
 	mu sync.Mutex
 	m  map[types.NamespacedName]*observation
+	// counted: this replica leads (lead), and the fleet gauges count what it
+	// observes; a standby's observations count nowhere.
+	counted bool
+}
+
+// lead counts every observation in the fleet gauges from now on.
+func (o *observations) lead() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.counted = true
+	for key, obs := range o.m {
+		countLock(key, nil, obs)
+	}
+}
+
+// countLock moves the fleet gauges from before to after (nil: none).
+func countLock(key types.NamespacedName, before, after *observation) {
+	metrics.LockChanged(stateOf(before), stateOf(after))
+	if after == nil {
+		metrics.Hot.Forget(key.Namespace, key.Name)
+		return
+	}
+	metrics.Hot.SetWaiters(key.Namespace, key.Name, len(after.waiters))
+}
+
+// observeStandby folds lock, received at seen, into what was observed of it,
+// as Reconcile does but reporting nothing, unless this replica leads: then
+// its controller folds every version itself, and reports what changed.
+func (o *observations) observeStandby(key types.NamespacedName, lock *locksv1alpha1.DistributedLock, seen time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	prev := o.m[key]
+	if o.counted || isStale(prev, lock) {
+		return
+	}
+	next, _ := observe(prev, lock, seen)
+	if o.m == nil {
+		o.m = make(map[types.NamespacedName]*observation)
+	}
+	o.m[key] = &next
 }
 
 func (o *observations) get(key types.NamespacedName) *observation {
@@ -265,16 +307,18 @@ func (o *observations) put(key types.NamespacedName, obs observation) {
 	if o.m == nil {
 		o.m = make(map[types.NamespacedName]*observation)
 	}
-	metrics.LockChanged(stateOf(o.m[key]), stateOf(&obs))
-	metrics.Hot.SetWaiters(key.Namespace, key.Name, len(obs.waiters))
+	if o.counted {
+		countLock(key, o.m[key], &obs)
+	}
 	o.m[key] = &obs
 }
 
 func (o *observations) forget(key types.NamespacedName) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	metrics.LockChanged(stateOf(o.m[key]), metrics.LockState{})
-	metrics.Hot.Forget(key.Namespace, key.Name)
+	if o.counted {
+		countLock(key, o.m[key], nil)
+	}
 	delete(o.m, key)
 }
 
@@ -282,11 +326,12 @@ func (o *observations) forget(key types.NamespacedName) {
 func (o *observations) clear() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for key, obs := range o.m {
-		metrics.LockChanged(stateOf(obs), metrics.LockState{})
-		metrics.Hot.Forget(key.Namespace, key.Name)
+	if o.counted {
+		for key, obs := range o.m {
+			countLock(key, obs, nil)
+		}
 	}
-	o.m = nil
+	o.m, o.counted = nil, false
 }
 
 // stats summarises the current holdings, exclusive and shared, at now for
@@ -337,6 +382,16 @@ func observeSession(prev *sessionObservation, s *locksv1alpha1.LockSession, now 
 type sessionObservations struct {
 	mu sync.Mutex
 	m  map[types.NamespacedName]sessionObservation
+	// counted: this replica leads, and SessionsObserved counts them.
+	counted bool
+}
+
+// lead counts every observed session from now on.
+func (o *sessionObservations) lead() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.counted = true
+	metrics.SessionsObserved.Add(float64(len(o.m)))
 }
 
 // observe folds s, seen at now, into what was observed of it and returns the result.
@@ -350,7 +405,7 @@ func (o *sessionObservations) observe(s *locksv1alpha1.LockSession, now time.Tim
 	var prev *sessionObservation
 	if p, ok := o.m[key]; ok {
 		prev = &p
-	} else {
+	} else if o.counted {
 		metrics.SessionsObserved.Inc()
 	}
 	next := observeSession(prev, s, now)
@@ -361,16 +416,18 @@ func (o *sessionObservations) observe(s *locksv1alpha1.LockSession, now time.Tim
 func (o *sessionObservations) forget(key types.NamespacedName) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if _, ok := o.m[key]; ok {
+	if _, ok := o.m[key]; ok && o.counted {
 		metrics.SessionsObserved.Dec()
-		delete(o.m, key)
 	}
+	delete(o.m, key)
 }
 
 // clear forgets every session, as a controller that stops leading.
 func (o *sessionObservations) clear() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	metrics.SessionsObserved.Add(float64(-len(o.m)))
-	o.m = nil
+	if o.counted {
+		metrics.SessionsObserved.Add(float64(-len(o.m)))
+	}
+	o.m, o.counted = nil, false
 }

@@ -180,8 +180,8 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The controller's own cache (cache.go), started with leadership as the
-	// controllers are.
+	// The controller's own cache (cache.go), warm on every replica, and the
+	// standby's observations of it (warmup.go).
 	var namespaces map[string]cache.Config
 	for _, ns := range r.namespaces {
 		if namespaces == nil {
@@ -193,7 +193,10 @@ func Setup(mgr ctrl.Manager, opts ...Option) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(c); err != nil {
+	if err := mgr.Add(warmCache{c}); err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(&standbyObserver{cache: c, r: r, elected: mgr.Elected()}); err != nil {
 		return nil, err
 	}
 	r.reader = c
@@ -509,6 +512,8 @@ func (*leaderReporter) NeedLeaderElection() bool { return true }
 
 // Start implements manager.Runnable.
 func (l *leaderReporter) Start(ctx context.Context) error {
+	l.obs.lead()
+	l.sessions.lead()
 	metrics.Leading(true)
 	metrics.SetHoldingSource(func() metrics.HoldingStats { return l.obs.stats(l.clock.Now(), l.grace) })
 	<-ctx.Done()

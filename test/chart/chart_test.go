@@ -46,8 +46,10 @@ type variant struct {
 
 var variants = []variant{
 	{
+		// The chart elects on a DistributedLock by default; config/default
+		// keeps the Lease, and its election-kubelock component switches.
 		name:       "default",
-		components: []string{},
+		components: []string{"election-kubelock"},
 		check: func(t *testing.T, r *rendered) {
 			// The chart's own additions, which the comparison normalises away.
 			crd := r.must(t, "CustomResourceDefinition/distributedlocks.locks.kubelock.io")
@@ -62,12 +64,12 @@ var variants = []variant{
 	{
 		name:       "cert-manager",
 		set:        []string{"certManager.enable=true"},
-		components: []string{"certmanager"},
+		components: []string{"election-kubelock", "certmanager"},
 	},
 	{
 		name:       "fenced-objects+apf+prometheus",
 		set:        []string{"fencedObjects.enable=true", "apf.enable=true", "prometheus.serviceMonitor.enable=true", "prometheus.rule.enable=true"},
-		components: []string{"fenced-objects", "apf", "prometheus"},
+		components: []string{"election-kubelock", "fenced-objects", "apf", "prometheus"},
 		check: func(t *testing.T, r *rendered) {
 			// Prometheus' own template braces reach the PrometheusRule unexpanded.
 			if !strings.Contains(r.text, "{{ $value | humanize }}") {
@@ -76,21 +78,24 @@ var variants = []variant{
 		},
 	},
 	{
-		name: "leader election on kubelock",
-		set:  []string{"manager.leaderElection.lock=kubelock"},
+		// A Lease with client-go's timings: the kubelock election's do not follow it.
+		name:       "leader election on a Lease",
+		set:        []string{"manager.leaderElection.lock=lease"},
+		components: []string{},
 		check: func(t *testing.T, r *rendered) {
-			if flags := managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager")); flags["--leader-election-lock"] != "kubelock" {
-				t.Errorf("manager flags %v: want --leader-election-lock=kubelock", flags)
+			flags := managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager"))
+			checkFlags(t, flags, map[string]string{"--leader-election-lock": "lease"})
+			for _, f := range []string{"--leader-election-lease-duration", "--leader-election-renew-deadline", "--leader-election-retry-period"} {
+				if _, ok := flags[f]; ok {
+					t.Errorf("manager flags %v: %s with a Lease and no timing set", flags, f)
+				}
 			}
-			// The account the replicas campaign as, and its rights on the lock.
-			r.must(t, "ServiceAccount/kubelock-leader-election")
-			r.must(t, "RoleBinding/kubelock-leader-election-candidate")
 		},
 	},
 	{
 		name:       "policy",
 		set:        []string{"admission.engine=policy"},
-		components: []string{"policy"},
+		components: []string{"election-kubelock", "policy"},
 		except: map[string]string{
 			"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration": "the policy engine replaces the lock webhook",
 			"Service/kubelock-webhook-service":                                         "nothing serves a webhook",
@@ -121,7 +126,7 @@ var variants = []variant{
 	{
 		name:       "policy+fenced-objects",
 		set:        []string{"admission.engine=policy", "fencedObjects.enable=true"},
-		components: []string{"policy", "fenced-objects"},
+		components: []string{"election-kubelock", "policy", "fenced-objects"},
 		except: map[string]string{
 			"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration": "the policy engine replaces the lock webhook",
 			"Deployment/kubelock-controller-manager":                                   "the rotated certificate's caBundle goes to the fenced-objects webhook",
@@ -136,7 +141,7 @@ var variants = []variant{
 	{
 		name:       "policy+fenced-objects+cert-manager",
 		set:        []string{"admission.engine=policy", "fencedObjects.enable=true", "certManager.enable=true"},
-		components: []string{"certmanager", "policy", "fenced-objects"},
+		components: []string{"election-kubelock", "certmanager", "policy", "fenced-objects"},
 		except: map[string]string{
 			"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration": "the policy engine replaces the lock webhook",
 			"Deployment/kubelock-controller-manager":                                   "names the fenced-objects webhook (no effect with cert-manager)",

@@ -90,7 +90,7 @@ func DefaultOptions() Options {
 		ProbeAddr:        ":8081",
 		LeaderElect:      true,
 		LeaderElectionID: "kubelock-manager.locks.kubelock.io",
-		// Lease until electing on kubelock is proven in production.
+		// Lease as config/default has it; the chart elects on kubelock.
 		LeaderElectionLock:           ElectOnLease,
 		LeaderElectionServiceAccount: "kubelock-leader-election",
 		LeaseDuration:                15 * time.Second,
@@ -285,7 +285,8 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		RenewDeadline:                       &o.RenewDeadline,
 		RetryPeriod:                         &o.RetryPeriod,
 		// Safe because the process exits right after the manager stops, and a
-		// new leader starts with no observations, so it never expires early.
+		// new leader times every lease from a renewal it saw itself (as a
+		// standby or since), so it never expires early.
 		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {

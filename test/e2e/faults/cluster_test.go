@@ -134,6 +134,8 @@ func newManager(name, bin, kubeconfigPath, certDir, offsetFile string) (*process
 		"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe),
 		fmt.Sprintf("--webhook-port=%d", wh), "--webhook-cert-dir="+certDir, "--cert-rotation=false",
 		"--controller-username="+controllerUser, "--webhook-controller-users="+controllerUser,
+		// Failover timelines (failover_test.go) read the log's times.
+		"--zap-time-encoding=rfc3339nano",
 	)
 	p.args = append(p.args, electionArgs()...)
 	p.env = []string{operator.WallClockOffsetFileEnv + "=" + offsetFile}

@@ -326,6 +326,9 @@ var _ = Describe("fault scenarios", func() {
 			margins = append(margins, secs(e[1]-d))
 		}
 		newLeader := waitLeader()
+		tl := failoverTimeline(newLeader, killedAt)
+		tl.markAt(first, "first expiry observed")
+		tl.log("failover, from the kill of " + old.name)
 		unwatch(keys...)
 		check(ctx, result{Scenario: "5 leader manager killed mid-expiry", Faults: fmt.Sprintf("SIGKILL of the leader (%s) with 3 crashed holders awaiting expiry", old.name),
 			Recovery: fmt.Sprintf("%s from the kill to the first expiry (by %s)", secs(first-killedAt), newLeader.name),

@@ -224,6 +224,9 @@ var _ = Describe("fault scenarios with sessions", func() {
 			sessionDeleted(ctx, s)
 		}
 		newLeader := waitLeader()
+		tl := failoverTimeline(newLeader, killedAt)
+		tl.markAt(first, "first expiry observed")
+		tl.log("failover, from the kill of " + old.name)
 		unwatch(keys...)
 		check(ctx, result{Scenario: "11 leader killed while sessions lapse",
 			Faults:   fmt.Sprintf("SIGKILL of the leader (%s) with 3 crashed session clients (3 locks each, TTL %s) awaiting expiry", old.name, sessionTTL),
