@@ -5,6 +5,9 @@ package faults
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -301,11 +304,20 @@ func names(cs []*lockClient) []string {
 func (ha *haPlane) loopClients(prefix string, n int, keys []string) []*lockClient {
 	var cs []*lockClient
 	for i := range n {
-		c := ha.newClient(fmt.Sprintf("%s-c%d", prefix, i))
-		c.do(wire.Command{Cmd: "loop", Keys: keys, N: 2, Wait: 5 * time.Second, Seed: uint64(i)})
-		cs = append(cs, c)
+		cs = append(cs, ha.newClient(fmt.Sprintf("%s-c%d", prefix, i)))
 	}
+	loop(cs, keys, 5*time.Second, 0)
 	return cs
+}
+
+// loop has each of cs loop on keys (two fenced writes per holding, every
+// apart), each acquire waiting up to wait.
+func loop(cs []*lockClient, keys []string, wait, every time.Duration) {
+	for _, c := range cs {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(c.name))
+		c.do(wire.Command{Cmd: "loop", Keys: keys, N: 2, Wait: wait, Every: every, Seed: h.Sum64()})
+	}
 }
 
 // stopClients stops the clients' loops, makes them exit and returns the
@@ -373,6 +385,8 @@ func reverseProxy(cfg *rest.Config, modify func(*http.Response) error) *httputil
 		Transport:      rt,
 		FlushInterval:  -1,
 		ModifyResponse: modify,
+		// A client's cancelled watch is no error of the proxy's.
+		ErrorLog: log.New(io.Discard, "", 0),
 	}
 }
 
