@@ -125,16 +125,24 @@ var _ = Describe("HA control plane", Ordered, func() {
 		d := newClientVia("ha3-direct", "--server="+direct.url())
 
 		// Hand-offs: the direct client takes and releases the lock through the
-		// up-to-date apiserver; the split client's try right after starts from
-		// what it saw last, which is older, and must win the free lock.
+		// up-to-date apiserver, and the split client tries it right after. Every
+		// other round the split client first sees it held (its try is refused),
+		// so that what it saw last says held when the lock is free: it must read
+		// again rather than answer from it. In the other rounds what it saw last
+		// is its own release, older than the direct client's writes: its write
+		// from it must be refused, and the lock won after.
 		probe := ha.newLock(ctx, "ha3", 3, 2)
 		const handoffs = 10
 		conflicts0 := split.conflicts.Load()
-		for range handoffs {
+		for i := range handoffs {
 			acquireOK(d, probe, 10*time.Second)
+			if i%2 == 1 {
+				r := s0.do(wire.Command{Cmd: "acquire", Key: probe, Try: true, Wait: 10 * time.Second})
+				Expect(r.Outcome).To(Equal(history.Locked), "the split client's try of the held lock: %s", r.Err)
+			}
 			Expect(d.do(wire.Command{Cmd: "release", Key: probe}).Outcome).To(Equal(history.OK))
 			r := s0.do(wire.Command{Cmd: "acquire", Key: probe, Try: true, Wait: 10 * time.Second})
-			Expect(r.Outcome).To(Equal(history.OK), "the split client's try of a free lock: %s", r.Err)
+			Expect(r.Outcome).To(Equal(history.OK), "the split client's try of the free lock: %s", r.Err)
 			Expect(s0.do(wire.Command{Cmd: "release", Key: probe}).Outcome).To(Equal(history.OK))
 		}
 		handoffConflicts := split.conflicts.Load() - conflicts0
@@ -162,7 +170,7 @@ var _ = Describe("HA control plane", Ordered, func() {
 		ha.unwatch(append(keys, probe)...)
 		check(ctx, result{Scenario: "HA 3 writes to one apiserver, reads and watch from a lagging one", Faults: fmt.Sprintf("the lagging apiserver's etcd responses delayed %s (its watch measured %s behind the other's, %s under the load); 2 clients writing through the up-to-date one and reading and watching through the lagging one, 2 others only through the up-to-date one", lag, measured.Round(10*time.Millisecond), underLoad.Round(10*time.Millisecond)),
 			Recovery: "none needed",
-			Notes: fmt.Sprintf("%d hand-offs: the split client's try right after the other's release won the free lock every time, %d of its writes refused for a stale resourceVersion (409); under contention %d acquisitions by the split clients (%d timed out waiting), %d of their %d writes refused with 409",
+			Notes: fmt.Sprintf("%d hand-offs (half of them after the split client saw the lock held): its try right after the other's release won the free lock every time, %d of its writes refused for a stale resourceVersion (409); under contention %d acquisitions by the split clients (%d timed out waiting), %d of their %d writes refused with 409",
 				handoffs, handoffConflicts, splitOK, splitTimeouts, split.conflicts.Load()-conflicts0-handoffConflicts, split.writes.Load())}, "ha3")
 	})
 
