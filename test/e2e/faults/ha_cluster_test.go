@@ -94,7 +94,8 @@ func startHA(ctx context.Context, dir string) (*haPlane, error) {
 	if ha.clientConf, err = c.Kubeconfig("client.kubeconfig", clientUser); err != nil {
 		return ha, err
 	}
-	return ha, ha.startOperator(ctx, dir)
+	err = ha.startOperator(ctx, dir)
+	return ha, err
 }
 
 // startOperator installs kubelock and starts two operator replicas connected
