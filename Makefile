@@ -114,8 +114,9 @@ $(NODE_BINS) &: hack/build-node.sh hack/lib/build.sh
 	@touch $(NODE_BINS)
 
 .PHONY: test-deps
-test-deps: ## Install what the tests need and the machine lacks, from Debian's packages: the PostgreSQL server; Node.js, npm and Python 3 (the agent's Dapr SDK and Python example tests).
+test-deps: ## Install what the tests need and the machine lacks, from Debian's packages: the PostgreSQL server; HAProxy (the HA control plane's balancer); Node.js, npm and Python 3 (the agent's Dapr SDK and Python example tests).
 	hack/install-postgres.sh
+	hack/install-haproxy.sh
 	hack/install-runtimes.sh
 
 # The suites by kind. Unit: every package outside the suites below (pure rules,
@@ -282,7 +283,9 @@ FAULTS_SOAK ?= 10m
 FAULTS_SEED ?=
 
 .PHONY: test-faults
-test-faults: manifests generate control-plane ## Run the fault-injection suite (test/e2e/faults): 3 etcd members, 2 managers, client processes, faults, history checks, soak.
+test-faults: manifests generate control-plane ## Run the fault-injection suite (test/e2e/faults): 3 etcd members, 2 managers, client processes, faults, history checks, soak; the HA control plane's scenarios (2 apiservers behind HAProxy).
+	hack/install-postgres.sh
+	hack/install-haproxy.sh
 	go test -tags faults -race -count=1 -run "TestShiftWall|TestWallOffsetClock" ./cmd/manager/operator/
 	FAULTS_SOAK=$(FAULTS_SOAK) FAULTS_SEED=$(FAULTS_SEED) go test -tags faults -race -count=1 -timeout 90m ./test/e2e/faults/ -v -ginkgo.v
 

@@ -28,6 +28,8 @@ type APIServer struct {
 	// Port is its secure port; URL is https://127.0.0.1:Port.
 	Port int
 	URL  string
+
+	own []string // its entry of Options.APIServerEachArgs
 }
 
 // newAPIServer lays out apiserver i of o: named kube-apiserver when alone,
@@ -46,12 +48,16 @@ func newAPIServer(o *Options, i int) (*APIServer, error) {
 			return nil, err
 		}
 	}
-	return &APIServer{
+	a := &APIServer{
 		Component: &Component{Name: name, Path: filepath.Join(o.AssetsDir, "kube-apiserver"), LogPath: filepath.Join(o.LogDir, name+".log"),
 			Readiness: "ready", StartTimeout: o.StartTimeout},
 		Port: port,
 		URL:  fmt.Sprintf("https://127.0.0.1:%d", port),
-	}, nil
+	}
+	if i < len(o.APIServerEachArgs) {
+		a.own = o.APIServerEachArgs[i]
+	}
+	return a, nil
 }
 
 // apiserverFlags are the flags every apiserver of the cluster shares: its
@@ -143,7 +149,7 @@ func (a *APIServer) configure(o *Options, auth *authority, common []string, admi
 		"--tls-cert-file=" + crt, "--tls-private-key-file=" + key,
 		"--cert-dir=" + certDir,
 	}
-	a.Args = withFlags(append(own, common...), o.APIServerArgs)
+	a.Args = withFlags(withFlags(append(own, common...), o.APIServerArgs), a.own)
 	a.Ready = readyz(a.URL, admin)
 	return nil
 }

@@ -1,6 +1,7 @@
 // Package localcluster starts a local Kubernetes control plane from the
 // binaries `make control-plane` builds: etcd (one member or three),
-// kube-apiservers on it and kube-controller-manager, each a child process
+// kube-apiservers on it (several behind HAProxy, as a highly available
+// control plane has them) and kube-controller-manager, each a child process
 // that dies with its parent, on ports given or chosen, with its data under
 // one folder and certificates from one CA of its own. kubelock-dev, the test
 // environment (test/testenv), the fault-injection suite and the benchmark
@@ -29,6 +30,8 @@ type Cluster struct {
 	Etcd              *Etcd
 	APIServers        []*APIServer
 	ControllerManager *ControllerManager
+	// Balancer is HAProxy in front of the apiservers (Options.Balancer), else nil.
+	Balancer *Balancer
 	// CA signs every serving certificate and every user's client
 	// certificate: the apiservers trust it as --client-ca-file.
 	CA *pki.CA
@@ -84,6 +87,11 @@ func newCluster(o Options) (*Cluster, error) {
 		}
 		c.APIServers = append(c.APIServers, a)
 	}
+	if o.Balancer {
+		if c.Balancer, err = newBalancer(&c.o, c.auth.dir, c.auth.caFile(), c.APIServers); err != nil {
+			return nil, err
+		}
+	}
 	if c.admin, err = c.UserConfig(o.Admin, "system:masters"); err != nil {
 		return nil, err
 	}
@@ -115,6 +123,9 @@ func (c *Cluster) configureAPIServers(saKey string) error {
 		if err := a.configure(&c.o, c.auth, common, c.admin); err != nil {
 			return err
 		}
+	}
+	if c.Balancer != nil {
+		c.Balancer.Ready = readyz(c.Balancer.URL, c.admin)
 	}
 	return nil
 }
@@ -160,6 +171,12 @@ func (c *Cluster) start(ctx context.Context) error {
 		}
 		c.o.Progress("kube-apiserver up on %s", a.URL)
 	}
+	if b := c.Balancer; b != nil {
+		if err := b.Start(ctx); err != nil {
+			return err
+		}
+		c.o.Progress("load balancer (HAProxy) up on %s in front of %d kube-apiservers", b.URL, len(c.APIServers))
+	}
 	if !c.o.StartControllerManager {
 		return nil
 	}
@@ -181,14 +198,23 @@ func (c *Cluster) Components() []*Component {
 	for _, a := range c.APIServers {
 		cs = append(cs, a.Component)
 	}
+	if c.Balancer != nil {
+		cs = append(cs, c.Balancer.Component)
+	}
 	return append(cs, c.ControllerManager.Component)
 }
 
-// APIServer is the first apiserver, the one URL and the configs point at.
+// APIServer is the first apiserver.
 func (c *Cluster) APIServer() *APIServer { return c.APIServers[0] }
 
-// URL is the first apiserver's.
-func (c *Cluster) URL() string { return c.APIServer().URL }
+// URL is what clients connect to, which the configs point at: the
+// balancer's, else the first apiserver's.
+func (c *Cluster) URL() string {
+	if c.Balancer != nil {
+		return c.Balancer.URL
+	}
+	return c.APIServer().URL
+}
 
 // LogDir is where the components' logs are.
 func (c *Cluster) LogDir() string { return c.o.LogDir }
@@ -196,10 +222,10 @@ func (c *Cluster) LogDir() string { return c.o.LogDir }
 // CAFile holds CA's certificate.
 func (c *Cluster) CAFile() string { return c.auth.caFile() }
 
-// AdminConfig is a connection to the first apiserver as Options.Admin.
+// AdminConfig is a connection to URL as Options.Admin.
 func (c *Cluster) AdminConfig() *rest.Config { return rest.CopyConfig(c.admin) }
 
-// UserConfig is a connection to the first apiserver as user in groups: a
+// UserConfig is a connection to URL as user in groups: a
 // client certificate of CA.
 func (c *Cluster) UserConfig(user string, groups ...string) (*rest.Config, error) {
 	return c.auth.userConfig(c.URL(), user, groups...)

@@ -2,6 +2,7 @@ package localcluster_test
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,8 +21,8 @@ import (
 	"github.com/kubelock/kubelock/internal/localcluster"
 )
 
-// TestCluster runs what the fault suite and the coming HA scenarios need:
-// three etcd members, two apiservers with the aggregation layer and
+// TestCluster runs what the fault suite and its HA scenarios need: three
+// etcd members, two apiservers with the aggregation layer behind HAProxy and
 // kube-controller-manager; each part stops and starts on its own.
 func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -30,7 +31,7 @@ func TestCluster(t *testing.T) {
 	c, err := localcluster.Start(ctx, localcluster.Options{
 		Name: "localcluster-test", Dir: dir, AssetsDir: localcluster.AssetsDir(filepath.Join("..", "..")),
 		EtcdMembers: 3, EtcdArgs: []string{"--max-request-bytes=131072"},
-		APIServers: 2, Aggregation: true, StartControllerManager: true,
+		APIServers: 2, Aggregation: true, Balancer: true, StartControllerManager: true,
 		StartTimeout: 2 * time.Minute,
 	})
 	if err != nil {
@@ -39,6 +40,9 @@ func TestCluster(t *testing.T) {
 	defer func() { _ = c.Stop() }()
 	if n, a := len(c.Etcd.Members), len(c.APIServers); n != 3 || a != 2 {
 		t.Fatalf("%d etcd members and %d apiservers, want 3 and 2", n, a)
+	}
+	if c.URL() != c.Balancer.URL || c.AdminConfig().Host != c.Balancer.URL {
+		t.Fatalf("the cluster's URL %s and the admin's %s, want the balancer's %s", c.URL(), c.AdminConfig().Host, c.Balancer.URL)
 	}
 	for _, comp := range c.Components() {
 		if comp.Running() == nil {
@@ -98,6 +102,35 @@ func TestCluster(t *testing.T) {
 		case err := <-a.Failed():
 			t.Errorf("a kill asked for is reported as a failure: %v", err)
 		default:
+		}
+	})
+
+	t.Run("the balancer spreads connections over the apiservers and leaves out a killed one", func(t *testing.T) {
+		for _, a := range c.APIServers { // the one killed above comes back after two checks
+			if err := c.Balancer.WaitUp(ctx, a.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seen := map[string]bool{}
+		for range 4 {
+			_, srv := balancedGet(ctx, t, c, "/version")
+			seen[srv] = true
+		}
+		if !seen["kube-apiserver0"] || !seen["kube-apiserver1"] {
+			t.Errorf("4 connections went to %v, want both apiservers", seen)
+		}
+		a := c.APIServers[0]
+		a.Kill()
+		for range 4 {
+			if code, srv := balancedGet(ctx, t, c, "/readyz"); code != http.StatusOK || srv != "kube-apiserver1" {
+				t.Errorf("with kube-apiserver0 killed: %d from %s, want 200 from kube-apiserver1", code, srv)
+			}
+		}
+		if err := a.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Balancer.WaitUp(ctx, a.Name); err != nil {
+			t.Fatal(err)
 		}
 	})
 
@@ -208,6 +241,41 @@ func clientset(t *testing.T, c *localcluster.Cluster, i int) *kubernetes.Clients
 		t.Fatal(err)
 	}
 	return cs
+}
+
+// balancedGet GETs path through the balancer as the admin on a connection
+// of its own and returns the status and the apiserver that answered, by
+// HAProxy's account of the connection.
+func balancedGet(ctx context.Context, t *testing.T, c *localcluster.Cluster, path string) (int, string) {
+	t.Helper()
+	tlsCfg, err := rest.TLSConfigFor(c.AdminConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{TLSClientConfig: tlsCfg}
+	defer tr.CloseIdleConnections()
+	var local int
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			local = conn.LocalAddr().(*net.TCPAddr).Port //nolint:errcheck // a TCP connection's address
+		}
+		return conn, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	sessions, err := c.Balancer.Sessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, sessions[local]
 }
 
 func createNamespace(ctx context.Context, t *testing.T, c *localcluster.Cluster, name string) {

@@ -43,6 +43,14 @@ type Options struct {
 	APIServerPorts []int
 	// APIServerArgs are extra kube-apiserver flags, as EtcdArgs.
 	APIServerArgs []string
+	// APIServerEachArgs are extra flags of apiserver i (its entry), after
+	// APIServerArgs: one apiserver's --etcd-servers through a proxy, say.
+	APIServerEachArgs [][]string
+	// Balancer puts HAProxy (a Balancer) in front of the apiservers, on
+	// BalancerPort or a free port: URL, the configs and kube-controller-manager
+	// then go through it, and each apiserver stays addressable at its own URL.
+	Balancer     bool
+	BalancerPort int
 	// Aggregation turns on the aggregation layer: the apiservers proxy to
 	// APIServices with a front-proxy client certificate and the user in
 	// X-Remote-* headers, to the APIService's endpoints.

@@ -69,6 +69,13 @@ lock webhook configuration, as the chart leaves it out). Both deny the same
 writes with the same [kubelock:<rule>] tags; "make dev ADMISSION=policy"
 passes it.
 
+With --ha it runs a highly available control plane instead: three etcd members
+(the first on --etcd-port and --etcd-peer-port), two kube-apiservers on free ports
+and HAProxy in front of them on --apiserver-port (TCP, TLS passed through, each
+apiserver's /readyz checked every second), where the kubeconfig points; the
+start-up lines print every endpoint. HAProxy comes from Debian's package ("make
+test-deps" installs it).
+
 With --node (root only; "make dev NODE=1") it also runs a real node: kube-scheduler,
 containerd, kubelet and kube-proxy with pods on a CNI bridge, imports images of the
 operator and kubelock built from the checkout, and deploys the operator from
@@ -103,6 +110,7 @@ kubelet (the pods run on).`,
 	f.IntVar(&d.ProbePort, "probe-port", d.ProbePort, "operator /healthz and /readyz port on 127.0.0.1; 0 turns them off")
 	f.IntVar(&d.MetricsPort, "metrics-port", d.MetricsPort, "operator metrics port on 127.0.0.1; 0 turns them off")
 	f.Var((*admissionFlag)(&d.Admission), "admission", `admission engine of the lock rules, as the chart's admission.engine: "webhook" (the operator's webhook) or "policy" (config/policy's ValidatingAdmissionPolicies)`)
+	f.BoolVar(&d.HA, "ha", d.HA, "run three etcd members and two kube-apiservers behind HAProxy (on --apiserver-port) instead of one of each")
 	f.BoolVar(&d.Node, "node", d.Node, "run a real node as root (kube-scheduler, containerd, kubelet, kube-proxy, which make node builds) and deploy the operator from config/default with images built from the checkout")
 	f.StringVar(&d.NodeDir, "node-dir", d.NodeDir, "folder with containerd, ctr, the runc shim, runc and cni/ (with --node)")
 	f.DurationVar(&d.StartTimeout, "start-timeout", d.StartTimeout, "how long each start-up stage may take")

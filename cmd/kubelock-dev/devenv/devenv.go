@@ -75,6 +75,11 @@ type Options struct {
 	// operator's webhook then serves fenced objects only).
 	Admission string
 
+	// HA runs a highly available control plane: three etcd members (the
+	// first on EtcdPort and EtcdPeerPort), two kube-apiservers on free ports
+	// and HAProxy in front of them on APIServerPort, where the kubeconfig points.
+	HA bool
+
 	// Node runs a real node (root only): kube-scheduler, containerd, kubelet
 	// and kube-proxy, with the operator deployed from config/default instead
 	// of running in this process. NodeDir holds containerd, runc and the CNI
@@ -196,8 +201,9 @@ func Run(ctx context.Context, o Options) (err error) {
 }
 
 // clusterOptions are the control plane kubelock-dev runs: one etcd member and
-// one apiserver on the ports of its flags, its data (and, with --persist, the
-// data and CA of the last run) in Dir.
+// one apiserver on the ports of its flags (with --ha, three members and two
+// apiservers behind HAProxy on the apiserver's port), its data (and, with
+// --persist, the data and CA of the last run) in Dir.
 func (e *env) clusterOptions() localcluster.Options {
 	o := &e.o
 	co := localcluster.Options{
@@ -213,6 +219,10 @@ func (e *env) clusterOptions() localcluster.Options {
 	}
 	if e.node != nil {
 		co.NodeIP = e.node.IP
+	}
+	if o.HA {
+		co.EtcdMembers, co.APIServers, co.APIServerPorts = 3, 2, nil
+		co.Balancer, co.BalancerPort = true, o.APIServerPort
 	}
 	return co
 }
@@ -274,6 +284,9 @@ func (e *env) progress(format string, args ...any) {
 // and with --node when the node cannot run here.
 func (e *env) check() error {
 	o := &e.o
+	if o.HA && o.Node {
+		return errors.New("--ha and --node do not go together: the node's pods reach the apiserver through the kubernetes Service, which names one")
+	}
 	if o.Node {
 		if err := e.checkNode(); err != nil {
 			return err

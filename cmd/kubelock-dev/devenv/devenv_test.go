@@ -43,6 +43,7 @@ func TestCheck(t *testing.T) {
 		{"taken port names its flag", func(o *Options) { o.WebhookPort = taken }, "choose another port with --webhook-port"},
 		{"duplicate ports", func(o *Options) { o.EtcdPort = o.APIServerPort }, "--apiserver-port and --etcd-port are both"},
 		{"port out of range", func(o *Options) { o.EtcdPeerPort = 70000 }, "--etcd-peer-port must be in 1..65535"},
+		{"ha and node", func(o *Options) { o.HA, o.Node = true, true }, "--ha and --node do not go together"},
 		{"empty data dir", func(o *Options) { o.Dir = "" }, "--data-dir must not be empty"},
 		{"unknown admission engine", func(o *Options) { o.Admission = "opa" }, `--admission must be "webhook" or "policy", got "opa"`},
 	} {

@@ -85,7 +85,15 @@ func (e *env) printNextSteps() error {
 	var b strings.Builder
 	fmt.Fprintln(&b, ReadyLine)
 	tw := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "  apiserver\t%s (etcd on 127.0.0.1:%d)\n", e.admin.Host, o.EtcdPort)
+	if c := e.cluster; c.Balancer != nil {
+		var as []string
+		for _, a := range c.APIServers {
+			as = append(as, a.Name+" "+a.URL)
+		}
+		fmt.Fprintf(tw, "  apiserver\t%s: HAProxy in front of %s (etcd members on %s)\n", e.admin.Host, strings.Join(as, ", "), strings.Join(c.Etcd.Endpoints(), ", "))
+	} else {
+		fmt.Fprintf(tw, "  apiserver\t%s (etcd on 127.0.0.1:%d)\n", e.admin.Host, o.EtcdPort)
+	}
 	persist := "fresh at every start; --persist keeps it"
 	if o.Persist {
 		persist = "kept across restarts (--persist)"

@@ -30,11 +30,15 @@ type lockClient struct {
 
 // newClient starts a client process named name (unique in the suite) in the
 // scenario's namespace, talking to the apiserver through the fault proxy.
-func newClient(name string) *lockClient {
+func newClient(name string) *lockClient { return newClientVia(name, "--server="+proxy.Config().Host) }
+
+// newClientVia starts a client process named name connected as conn says
+// (--server=URL, or --kubeconfig=file).
+func newClientVia(name, conn string) *lockClient {
 	hist := filepath.Join(workDir, "history", name+".jsonl")
 	ready := make(chan wire.Reply, 1)
 	c := &lockClient{hist: hist, waiting: map[int64]chan wire.Reply{0: ready}}
-	c.process = newProcess(name, clientBin, "--server="+proxy.Config().Host, "--name="+name, "--namespace="+namespace,
+	c.process = newProcess(name, clientBin, conn, "--name="+name, "--namespace="+namespace,
 		"--history="+hist, "--pg="+pgDSN)
 	c.onStdout = func(line []byte) {
 		var r wire.Reply

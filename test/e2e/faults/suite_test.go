@@ -5,7 +5,9 @@
 // election serving the admission webhook behind a TCP balancer, lock clients
 // as separate processes behind a fault proxy, and a PostgreSQL table guarded
 // by pkg/fencing. Each scenario injects its faults, then checks the recorded
-// histories (test/history). Run it with `make test-faults`.
+// histories (test/history). The "HA control plane" scenarios run on a control
+// plane of their own: two kube-apiservers behind HAProxy (ha_cluster_test.go).
+// Run it with `make test-faults`.
 //
 // Environment:
 //
@@ -175,8 +177,11 @@ var _ = AfterSuite(func() {
 })
 
 // leader is the manager replica whose log says it holds the leader lease since its last start.
-func leader() *process {
-	for _, m := range managers {
+func leader() *process { return leaderOf(managers) }
+
+// leaderOf is the replica of ms whose log says it holds the leader lease since its last start.
+func leaderOf(ms []*process) *process {
+	for _, m := range ms {
 		if !m.running() {
 			continue
 		}
@@ -207,6 +212,11 @@ func newLock(ctx context.Context, prefix string, leaseSeconds, handoffSeconds in
 }
 
 func createLock(ctx context.Context, key string, leaseSeconds, handoffSeconds int32) {
+	createLockWith(ctx, admin, key, leaseSeconds, handoffSeconds)
+}
+
+// createLockWith creates the lock key with c (a control plane's admin).
+func createLockWith(ctx context.Context, c client.Client, key string, leaseSeconds, handoffSeconds int32) {
 	l := &locksv1alpha1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Name: key, Namespace: namespace},
 		Spec: locksv1alpha1.DistributedLockSpec{
@@ -214,5 +224,5 @@ func createLock(ctx context.Context, key string, leaseSeconds, handoffSeconds in
 			MaxWaiters: ptr.To[int32](64), HandoffTimeoutSeconds: handoffSeconds,
 		},
 	}
-	Eventually(func() error { return client.IgnoreAlreadyExists(admin.Create(ctx, l.DeepCopy())) }).Should(Succeed())
+	Eventually(func() error { return client.IgnoreAlreadyExists(c.Create(ctx, l.DeepCopy())) }).Should(Succeed())
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubelock/kubelock/pkg/fencing"
 	"github.com/kubelock/kubelock/pkg/fencing/postgres"
@@ -56,24 +57,31 @@ type proc struct {
 func main() {
 	var (
 		server    = flag.String("server", "", "apiserver URL (the fault proxy)")
+		kubecfg   = flag.String("kubeconfig", "", "kubeconfig to connect with instead of --server (the HA control plane's balancer)")
 		name      = flag.String("name", "", "process name: identity, user agent and history proc")
 		namespace = flag.String("namespace", "default", "namespace of the locks")
 		histPath  = flag.String("history", "", "history file")
 		dsn       = flag.String("pg", "", "PostgreSQL DSN of the protected resource")
 	)
 	flag.Parse()
-	if err := run(*server, *name, *namespace, *histPath, *dsn); err != nil {
+	if err := run(*server, *kubecfg, *name, *namespace, *histPath, *dsn); err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
 		os.Exit(1)
 	}
 }
 
-func run(server, name, namespace, histPath, dsn string) error {
+func run(server, kubeconfig, name, namespace, histPath, dsn string) error {
 	rec, err := history.NewRecorder(histPath, name)
 	if err != nil {
 		return err
 	}
-	cfg := &rest.Config{Host: server, UserAgent: name, QPS: -1}
+	cfg := &rest.Config{Host: server}
+	if kubeconfig != "" {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
+			return err
+		}
+	}
+	cfg.UserAgent, cfg.QPS = name, -1
 	lc, err := lock.New(cfg, lock.WithNamespace(namespace), lock.WithIdentity(name))
 	if err != nil {
 		return err
