@@ -30,11 +30,16 @@ type lockClient struct {
 
 // newClient starts a client process named name (unique in the suite) in the
 // scenario's namespace, talking to the apiserver through the fault proxy.
-func newClient(name string) *lockClient {
+func newClient(name string) *lockClient { return startClient(name, "--server="+proxy.Config().Host) }
+
+// startClient starts a client process named name (unique in the suite) in the
+// scenario's namespace, reaching the apiserver as conn says: --server=<the
+// fault proxy> or --kubeconfig=<file>.
+func startClient(name, conn string) *lockClient {
 	hist := filepath.Join(workDir, "history", name+".jsonl")
 	ready := make(chan wire.Reply, 1)
 	c := &lockClient{hist: hist, waiting: map[int64]chan wire.Reply{0: ready}}
-	c.process = newProcess(name, clientBin, "--server="+proxy.Config().Host, "--name="+name, "--namespace="+namespace,
+	c.process = newProcess(name, clientBin, conn, "--name="+name, "--namespace="+namespace,
 		"--history="+hist, "--pg="+pgDSN)
 	c.onStdout = func(line []byte) {
 		var r wire.Reply

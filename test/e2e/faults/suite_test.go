@@ -207,6 +207,11 @@ func newLock(ctx context.Context, prefix string, leaseSeconds, handoffSeconds in
 }
 
 func createLock(ctx context.Context, key string, leaseSeconds, handoffSeconds int32) {
+	createLockWith(ctx, admin, key, leaseSeconds, handoffSeconds)
+}
+
+// createLockWith creates the lock key with c (a control plane's admin).
+func createLockWith(ctx context.Context, c client.Client, key string, leaseSeconds, handoffSeconds int32) {
 	l := &locksv1alpha1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Name: key, Namespace: namespace},
 		Spec: locksv1alpha1.DistributedLockSpec{
@@ -214,5 +219,5 @@ func createLock(ctx context.Context, key string, leaseSeconds, handoffSeconds in
 			MaxWaiters: ptr.To[int32](64), HandoffTimeoutSeconds: handoffSeconds,
 		},
 	}
-	Eventually(func() error { return client.IgnoreAlreadyExists(admin.Create(ctx, l.DeepCopy())) }).Should(Succeed())
+	Eventually(func() error { return client.IgnoreAlreadyExists(c.Create(ctx, l.DeepCopy())) }).Should(Succeed())
 }
