@@ -8,6 +8,8 @@
 // In session mode (a session command, then acquires with inSession) its locks
 // are held in one LockSession: each lock's safe deadline is the session's, and
 // each lock's loss is recorded, so I5 is checked per lock of the session.
+// The seed commands run the seed mix at a given rate and answer each
+// operation's latency (seed_mix.go).
 package main
 
 import (
@@ -37,6 +39,7 @@ import (
 
 type proc struct {
 	name string
+	cfg  *rest.Config
 	rec  *history.Recorder
 	lc   *lock.Client
 	db   *pgxpool.Pool
@@ -52,36 +55,40 @@ type proc struct {
 	cancels map[int64]context.CancelFunc
 	loops   []func() int64
 	seq     int64
+	// seed is the seed mix under way (seed, seed-stop), nil before.
+	seed *seedMix
 }
 
 func main() {
 	var (
 		server    = flag.String("server", "", "apiserver URL (the fault proxy)")
-		kubecfg   = flag.String("kubeconfig", "", "kubeconfig to connect with instead of --server (the HA control plane's balancer)")
+		kubecfg   = flag.String("kubeconfig", "", "kubeconfig to reach the apiserver by instead of --server (straight, not through the fault proxy)")
 		name      = flag.String("name", "", "process name: identity, user agent and history proc")
 		namespace = flag.String("namespace", "default", "namespace of the locks")
 		histPath  = flag.String("history", "", "history file")
 		dsn       = flag.String("pg", "", "PostgreSQL DSN of the protected resource")
 	)
 	flag.Parse()
-	if err := run(*server, *kubecfg, *name, *namespace, *histPath, *dsn); err != nil {
+	cfg := &rest.Config{Host: *server}
+	if *kubecfg != "" {
+		var err error
+		if cfg, err = clientcmd.BuildConfigFromFlags("", *kubecfg); err != nil {
+			fmt.Fprintln(os.Stderr, "client:", err)
+			os.Exit(1)
+		}
+	}
+	cfg.UserAgent, cfg.QPS = *name, -1
+	if err := run(cfg, *name, *namespace, *histPath, *dsn); err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
 		os.Exit(1)
 	}
 }
 
-func run(server, kubeconfig, name, namespace, histPath, dsn string) error {
+func run(cfg *rest.Config, name, namespace, histPath, dsn string) error {
 	rec, err := history.NewRecorder(histPath, name)
 	if err != nil {
 		return err
 	}
-	cfg := &rest.Config{Host: server}
-	if kubeconfig != "" {
-		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-			return err
-		}
-	}
-	cfg.UserAgent, cfg.QPS = name, -1
 	lc, err := lock.New(cfg, lock.WithNamespace(namespace), lock.WithIdentity(name))
 	if err != nil {
 		return err
@@ -91,7 +98,7 @@ func run(server, kubeconfig, name, namespace, histPath, dsn string) error {
 	if err != nil {
 		return err
 	}
-	p := &proc{name: name, rec: rec, lc: lc, db: db, g: postgres.NewGuard(db), out: bufio.NewWriter(os.Stdout),
+	p := &proc{name: name, cfg: cfg, rec: rec, lc: lc, db: db, g: postgres.NewGuard(db), out: bufio.NewWriter(os.Stdout),
 		held: map[string]*lock.Lock{}, cancels: map[int64]context.CancelFunc{}}
 	if _, err := lc.User(ctx); err != nil { // learn the user once, before any fault
 		return err
@@ -188,6 +195,12 @@ func (p *proc) do(c wire.Command) wire.Reply {
 			n += stop()
 		}
 		return wire.Reply{ID: c.ID, Outcome: history.OK, Ops: n}
+	case "seed-capacity":
+		return p.seedCapacity(c)
+	case "seed":
+		return p.startSeed(c)
+	case "seed-stop":
+		return p.stopSeed(c)
 	}
 	return wire.Reply{ID: c.ID, Outcome: history.Failed, Err: "unknown command " + c.Cmd}
 }
@@ -218,6 +231,19 @@ func errText(err error) string {
 // acquire runs one Acquire or TryAcquire and records it; a holding is watched
 // for its safe deadline and its loss until it ends.
 func (p *proc) acquire(ctx context.Context, c wire.Command) (*lock.Lock, wire.Reply) {
+	l, r := p.take(ctx, p.lc, c)
+	if l == nil {
+		return nil, r
+	}
+	p.mu.Lock()
+	p.held[c.Key] = l
+	p.mu.Unlock()
+	go p.watch(l)
+	return l, r
+}
+
+// take runs one Acquire or TryAcquire with lc and records it, and nothing more.
+func (p *proc) take(ctx context.Context, lc *lock.Client, c wire.Command) (*lock.Lock, wire.Reply) {
 	req := c.Req
 	if req == "" {
 		req = fmt.Sprintf("%s-%d-%d", p.name, time.Now().UnixNano(), rand.Uint64())
@@ -244,10 +270,10 @@ func (p *proc) acquire(ctx context.Context, c wire.Command) (*lock.Lock, wire.Re
 	)
 	if c.Try {
 		tctx, cancel := context.WithTimeout(ctx, wait)
-		l, err = p.lc.TryAcquire(tctx, c.Key, opts...)
+		l, err = lc.TryAcquire(tctx, c.Key, opts...)
 		cancel()
 	} else {
-		l, err = p.lc.Acquire(ctx, c.Key, append(opts, lock.WithWaitTimeout(wait))...)
+		l, err = lc.Acquire(ctx, c.Key, append(opts, lock.WithWaitTimeout(wait))...)
 	}
 	e := history.Event{Op: history.OpAcquire, Phase: history.Return, ID: id, Key: c.Key, Req: req, Outcome: outcome(err), Err: errText(err)}
 	if err == nil {
@@ -257,11 +283,19 @@ func (p *proc) acquire(ctx context.Context, c wire.Command) (*lock.Lock, wire.Re
 	if err != nil {
 		return nil, wire.Reply{Outcome: e.Outcome, Err: e.Err, Req: req}
 	}
-	p.mu.Lock()
-	p.held[c.Key] = l
-	p.mu.Unlock()
-	go p.watch(l)
 	return l, wire.Reply{Outcome: history.OK, Lease: l.LeaseID(), Token: l.FencingToken(), Req: req}
+}
+
+// ended records the loss of l, whose Done fired, and forgets it.
+func (p *proc) ended(l *lock.Lock) {
+	if err := l.Err(); errors.Is(err, lock.ErrLockLost) {
+		p.rec.Record(history.Event{Op: history.OpLost, Phase: history.Point, Key: l.Key(), Lease: l.LeaseID(), Token: l.FencingToken(), Outcome: history.Lost, Err: err.Error(), Deadline: history.MonoAt(l.ExpiresAt())})
+	}
+	p.mu.Lock()
+	if p.held[l.Key()] == l {
+		delete(p.held, l.Key())
+	}
+	p.mu.Unlock()
 }
 
 // watch records every extension of the safe deadline, and the loss.
@@ -272,14 +306,7 @@ func (p *proc) watch(l *lock.Lock) {
 	for {
 		select {
 		case <-l.Done():
-			if err := l.Err(); errors.Is(err, lock.ErrLockLost) {
-				p.rec.Record(history.Event{Op: history.OpLost, Phase: history.Point, Key: l.Key(), Lease: l.LeaseID(), Token: l.FencingToken(), Outcome: history.Lost, Err: err.Error(), Deadline: history.MonoAt(l.ExpiresAt())})
-			}
-			p.mu.Lock()
-			if p.held[l.Key()] == l {
-				delete(p.held, l.Key())
-			}
-			p.mu.Unlock()
+			p.ended(l)
 			return
 		case <-t.C:
 			if d := l.ExpiresAt(); d.After(last) {

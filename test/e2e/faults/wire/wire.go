@@ -10,7 +10,7 @@ import "time"
 // Command is one line of input.
 type Command struct {
 	ID  int64  `json:"id"`
-	Cmd string `json:"cmd"` // session, acquire, release, write, loop, stop, cancel, exit
+	Cmd string `json:"cmd"` // session, acquire, release, write, loop, stop, cancel, exit, seed-capacity, seed, seed-stop
 	Key string `json:"key,omitempty"`
 	Req string `json:"req,omitempty"`
 	Try bool   `json:"try,omitempty"`
@@ -31,6 +31,13 @@ type Command struct {
 	Seed uint64   `json:"seed,omitempty"`
 	// Target is the command ID cancel cancels.
 	Target int64 `json:"target,omitempty"`
+	// Rate is the lock writes/s a seed command offers (acquire, renew and
+	// release one third each); Hold is how long its churn holds a lock.
+	Rate float64       `json:"rate,omitempty"`
+	Hold time.Duration `json:"hold,omitempty"`
+	// Warmup and For are a seed-capacity step's unmeasured and measured time.
+	Warmup time.Duration `json:"warmup,omitempty"`
+	For    time.Duration `json:"for,omitempty"`
 }
 
 // Reply answers a command.
@@ -46,4 +53,20 @@ type Reply struct {
 	Ops      int64  `json:"ops,omitempty"`
 	// Session is the name of the session a session command created.
 	Session string `json:"session,omitempty"`
+	// Errors counts a seed-capacity step's failed lock writes; Lost a seed
+	// run's holdings lost while renewed.
+	Errors int `json:"errors,omitempty"`
+	Lost   int `json:"lost,omitempty"`
+	// Samples are a seed run's timed operations.
+	Samples []Sample `json:"samples,omitempty"`
+}
+
+// Sample is one timed lock operation of a seed run: Op (acquire, renew or
+// release) scheduled at T (CLOCK_MONOTONIC, as histories record) took Lat
+// nanoseconds from then, or failed with Err.
+type Sample struct {
+	Op  string `json:"op"`
+	T   int64  `json:"t"`
+	Lat int64  `json:"lat"`
+	Err string `json:"err,omitempty"`
 }

@@ -1,0 +1,126 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kubelock/kubelock/internal/localcluster"
+	"github.com/kubelock/kubelock/test/history"
+)
+
+// etcdMemberDownCompacted is the seed's fault: one etcd member of three (a
+// follower: the seed asks for a replica down, not for a leader election)
+// stopped for the whole window, and a sixth into it the keyspace compacted
+// to its current revision and each remaining member defragmented in turn, as
+// an operator runs `etcdctl compact` and then `etcdctl defrag` one member at
+// a time. The compaction and both defragmentations must end inside the window.
+func etcdMemberDownCompacted(c *controlPlane) seedFault {
+	return seedFault{
+		Name: "1 of 3 etcd members (a follower) stopped; compaction and defragmentation of the other two inside the window",
+		Inject: func(ctx context.Context, window time.Duration) func(context.Context) string {
+			down, up := etcdFollower(ctx, c.Etcd)
+			from := history.Mono()
+			Expect(down.Stop()).To(Succeed())
+			done := make(chan maintenance, 1)
+			go func() {
+				time.Sleep(window / 6) // the fault's schedule, not synchronisation
+				done <- compactAndDefragment(ctx, up, from)
+			}()
+			return func(ctx context.Context) string {
+				var m maintenance
+				Eventually(done).WithTimeout(2 * time.Minute).Should(Receive(&m))
+				Expect(m.err).NotTo(HaveOccurred(), "compaction and defragmentation: %s", m)
+				Expect(m.end).To(BeNumerically("<", from+int64(window)), "the compaction and defragmentation ran past the window: %s", m)
+				stopped := history.Mono() - from
+				Expect(down.Start(ctx)).To(Succeed())
+				Expect(c.ready(ctx)).To(Succeed())
+				return fmt.Sprintf("%s stopped for %s (restarted, healthy and the apiserver ready %s later, in the after phase); %s",
+					down.Name, secs(stopped), secs(history.Mono()-from-stopped), m)
+			}
+		},
+	}
+}
+
+// etcdFollower is a member that does not lead, and the others.
+func etcdFollower(ctx context.Context, e *localcluster.Etcd) (*localcluster.Member, []*localcluster.Member) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 10 * time.Second})
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = cli.Close() }()
+	for i := len(e.Members) - 1; i >= 0; i-- {
+		st, err := cli.Status(ctx, e.Members[i].ClientURL)
+		Expect(err).NotTo(HaveOccurred())
+		if st.Header.MemberId != st.Leader {
+			others := append([]*localcluster.Member{}, e.Members[:i]...)
+			return e.Members[i], append(others, e.Members[i+1:]...)
+		}
+	}
+	Fail("no etcd member is a follower")
+	return nil, nil
+}
+
+// maintenance is what compactAndDefragment did, with offsets from the
+// window's start.
+type maintenance struct {
+	steps []string
+	end   int64
+	err   error
+}
+
+func (m maintenance) String() string { return strings.Join(m.steps, "; ") }
+
+// compactAndDefragment compacts the keyspace to its current revision
+// (physically: it returns once the members have dropped the old revisions)
+// and then defragments each member of up in turn.
+func compactAndDefragment(ctx context.Context, up []*localcluster.Member, from int64) (m maintenance) {
+	defer func() { m.end = history.Mono() }()
+	at := func() string { return "+" + secs(history.Mono()-from) }
+	var urls []string
+	for _, u := range up {
+		urls = append(urls, u.ClientURL)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: urls, DialTimeout: 10 * time.Second})
+	if err != nil {
+		return maintenance{err: err}
+	}
+	defer func() { _ = cli.Close() }()
+	st, err := cli.Status(ctx, urls[0])
+	if err != nil {
+		return maintenance{err: err}
+	}
+	rev, began, t := st.Header.Revision, at(), time.Now()
+	if _, m.err = cli.Compact(ctx, rev, clientv3.WithCompactPhysical()); m.err != nil {
+		return m
+	}
+	m.steps = append(m.steps, fmt.Sprintf("compacted to revision %d at %s in %s", rev, began, since(t)))
+	for _, u := range up {
+		before, err := cli.Status(ctx, u.ClientURL)
+		if err != nil {
+			m.err = err
+			return m
+		}
+		began, t = at(), time.Now()
+		if _, m.err = cli.Defragment(ctx, u.ClientURL); m.err != nil {
+			return m
+		}
+		took := since(t)
+		after, err := cli.Status(ctx, u.ClientURL)
+		if err != nil {
+			m.err = err
+			return m
+		}
+		m.steps = append(m.steps, fmt.Sprintf("%s defragmented at %s in %s (%s → %s)", u.Name, began, took, mib(before.DbSize), mib(after.DbSize)))
+	}
+	return m
+}
+
+func since(t time.Time) string { return time.Since(t).Round(time.Millisecond).String() }
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
