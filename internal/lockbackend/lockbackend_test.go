@@ -29,7 +29,9 @@ func TestSwitchRefusedErrorSaysWhatToDo(t *testing.T) {
 		{"holding locks", func(e *SwitchRefusedError) { e.Locks, e.Sessions = 2, 1 },
 			"holds 2 DistributedLock(s) and 1 LockSession(s)", "release and delete them, then remove it"},
 		{"holding none", func(*SwitchRefusedError) {}, "holds no locks", "or remove it ("},
-		{"not answering", func(e *SwitchRefusedError) { e.CountErr = errors.New("the server is currently unable to handle the request") },
+		{"not answering", func(e *SwitchRefusedError) {
+			e.CountErr = errors.New("the server is currently unable to handle the request")
+		},
 			"may hold locks (listing them failed: the server is currently unable to handle the request)", "make it serve, release and delete its DistributedLocks and LockSessions, then remove it"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
