@@ -172,10 +172,13 @@ NODE ?=
 # ADMISSION=policy: the lock rules as config/policy's ValidatingAdmissionPolicies
 # instead of the operator's webhook (kubelock-dev --admission; default webhook).
 ADMISSION ?=
+# BACKEND=apiserver: the lock API from kubelock-apiserver and an etcd of its own,
+# behind an APIService, instead of the CRDs (kubelock-dev --backend; default crd).
+BACKEND ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook.
-	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(if $(ADMISSION),--admission $(ADMISSION)) $(DEV_FLAGS)
+dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) $(if $(filter apiserver,$(BACKEND)),kubelock-apiserver) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook; BACKEND=apiserver serves the lock API from kubelock-apiserver.
+	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(if $(ADMISSION),--admission $(ADMISSION)) $(if $(BACKEND),--backend $(BACKEND)) $(DEV_FLAGS)
 
 ##@ Deploy
 
@@ -243,6 +246,10 @@ kubelock: | $(LOCALBIN) ## Build the kubelock CLI (kubectl plugin, run wrapper, 
 .PHONY: kubelock-dev
 kubelock-dev: | $(LOCALBIN) ## Build kubelock-dev (the local environment `make dev` runs; operator code, kept out of kubelock) into ./bin.
 	go build -o $(LOCALBIN)/kubelock-dev ./cmd/kubelock-dev
+
+.PHONY: kubelock-apiserver
+kubelock-apiserver: | $(LOCALBIN) ## Build kubelock-apiserver (the lock API from an etcd of its own, behind an APIService) into ./bin.
+	go build -o $(LOCALBIN)/kubelock-apiserver ./cmd/kubelock-apiserver
 
 .PHONY: install-plugin
 install-plugin: kubelock ## Install kubelock as the kubectl plugin kubectl-lock in PLUGIN_DIR (default ./bin), so `kubectl lock ...` works.

@@ -27,6 +27,7 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/lockbackend"
 	"github.com/kubelock/kubelock/lockapiserver/lockrules"
 	"github.com/kubelock/kubelock/lockapiserver/openapi"
 	"github.com/kubelock/kubelock/lockapiserver/registry/distributedlock"
@@ -47,6 +48,8 @@ type Options struct {
 	ControllerUsers []string
 	// StorageEncoding is json or cbor.
 	StorageEncoding string
+	// CheckBackend refuses to start while the lock CRDs are installed.
+	CheckBackend bool
 }
 
 // NewOptions are the defaults: delegated authentication and authorization,
@@ -59,7 +62,7 @@ func NewOptions() *Options {
 	r.Features.EnablePriorityAndFairness = false
 	r.Etcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(locksv1alpha1.GroupVersion,
 		schema.GroupKind{Group: locksv1alpha1.GroupVersion.Group})
-	return &Options{Recommended: r, StorageEncoding: "json"}
+	return &Options{Recommended: r, StorageEncoding: "json", CheckBackend: true}
 }
 
 // AddFlags adds every flag to fs.
@@ -69,6 +72,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.ControllerUsers, "controller-users", o.ControllerUsers,
 		"User names of kubelock's controller (its service account's), which the rules let expire holdings and drop waiters.")
 	fs.StringVar(&o.StorageEncoding, "storage-encoding", o.StorageEncoding, "How objects are encoded in etcd: json or cbor.")
+	fs.BoolVar(&o.CheckBackend, "check-backend", o.CheckBackend,
+		"Refuse to start while the lock CRDs are installed (read with --authorization-kubeconfig, or in-cluster): the cluster serves the lock API from them, "+
+			"and a switch while they hold locks could let a fencing token go down.")
 }
 
 // Validate reports every flag error.
@@ -83,8 +89,13 @@ func (o *Options) Validate() []error {
 	return errs
 }
 
-// Run serves until ctx ends.
+// Run serves until ctx ends, after the backend check.
 func (o *Options) Run(ctx context.Context) error {
+	if o.CheckBackend {
+		if err := checkBackend(ctx, o.Recommended.Authorization.RemoteKubeConfigFile, lockbackend.APIServer); err != nil {
+			return err
+		}
+	}
 	s, err := o.server()
 	if err != nil {
 		return err
@@ -106,6 +117,12 @@ func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
 	o.Recommended.Etcd.StorageConfig.Codec = codec
 	cfg := genericapiserver.NewRecommendedConfig(Codecs)
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
+	// Open watches (kube-apiserver proxies clients' and the garbage
+	// collector's) would hold a shutdown for the request timeout (60 s):
+	// new requests get a 429 and Retry-After while those in flight drain,
+	// then the watches are told to go (GOAWAY) within 2 s, and their clients
+	// resume on another replica.
+	cfg.ShutdownSendRetryAfter = true
 	namer := endpointsopenapi.NewDefinitionNamer(Scheme)
 	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openapi.GetOpenAPIDefinitions, namer)
 	cfg.OpenAPIConfig.Info.Title = "kubelock"
@@ -153,5 +170,6 @@ func NewCommand(ctx context.Context) *cobra.Command {
 	}
 	cmd.SetContext(ctx)
 	o.AddFlags(cmd.Flags())
+	cmd.AddCommand(newCheckBackendCommand())
 	return cmd
 }

@@ -59,9 +59,12 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
+// bin is kubelock-apiserver, built for the run.
+var bin string
+
 func startServer(ctx context.Context, dir string) (*lockapi.Server, error) {
-	bin, err := lockapi.Build(ctx, dir)
-	if err != nil {
+	var err error
+	if bin, err = lockapi.Build(ctx, dir); err != nil {
 		return nil, err
 	}
 	srv, err := lockapi.Start(ctx, env, bin, dir, lockapi.Options{})

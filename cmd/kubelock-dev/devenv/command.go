@@ -76,6 +76,15 @@ apiserver's /readyz checked every second), where the kubeconfig points; the
 start-up lines print every endpoint. HAProxy comes from Debian's package ("make
 test-deps" installs it).
 
+--backend chooses where the lock API is served from, as the chart's backend:
+"crd" (the default: the lock CRDs in kube-apiserver) or "apiserver"
+(kubelock-apiserver and an etcd of its own as processes, registered by an
+APIService, with kube-apiserver's aggregation layer on; no lock CRDs; the
+lock rules run in kubelock-apiserver, and the operator's webhook serves fenced
+objects only). It refuses to start while the cluster's data (--persist) has
+the other backend installed: a switch while it holds locks could let a
+fencing token go down. "make dev BACKEND=apiserver" passes it.
+
 With --node (root only; "make dev NODE=1") it also runs a real node: kube-scheduler,
 containerd, kubelet and kube-proxy with pods on a CNI bridge, imports images of the
 operator and kubelock built from the checkout, and deploys the operator from
@@ -111,6 +120,7 @@ kubelet (the pods run on).`,
 	f.IntVar(&d.MetricsPort, "metrics-port", d.MetricsPort, "operator metrics port on 127.0.0.1; 0 turns them off")
 	f.Var((*admissionFlag)(&d.Admission), "admission", `admission engine of the lock rules, as the chart's admission.engine: "webhook" (the operator's webhook) or "policy" (config/policy's ValidatingAdmissionPolicies)`)
 	f.BoolVar(&d.HA, "ha", d.HA, "run three etcd members and two kube-apiservers behind HAProxy (on --apiserver-port) instead of one of each")
+	f.StringVar(&d.Backend, "backend", d.Backend, `backend serving the lock API, as the chart's backend: "crd" (the CRDs in kube-apiserver) or "apiserver" (kubelock-apiserver and its etcd as processes, behind an APIService)`)
 	f.BoolVar(&d.Node, "node", d.Node, "run a real node as root (kube-scheduler, containerd, kubelet, kube-proxy, which make node builds) and deploy the operator from config/default with images built from the checkout")
 	f.StringVar(&d.NodeDir, "node-dir", d.NodeDir, "folder with containerd, ctr, the runc shim, runc and cni/ (with --node)")
 	f.DurationVar(&d.StartTimeout, "start-timeout", d.StartTimeout, "how long each start-up stage may take")

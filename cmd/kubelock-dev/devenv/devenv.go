@@ -31,6 +31,7 @@ import (
 	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/internal/localcluster/node"
 	"github.com/kubelock/kubelock/internal/localcluster/node/host"
+	"github.com/kubelock/kubelock/internal/locallockapi"
 )
 
 // Users of the dev cluster. Each has a client certificate signed by the dev CA.
@@ -80,6 +81,11 @@ type Options struct {
 	// and HAProxy in front of them on APIServerPort, where the kubeconfig points.
 	HA bool
 
+	// Backend serves the lock API, as the chart's backend: BackendCRD (the
+	// CRDs in kube-apiserver) or BackendAPIServer (kubelock-apiserver and its
+	// etcd as processes, behind an APIService, no lock CRDs).
+	Backend string
+
 	// Node runs a real node (root only): kube-scheduler, containerd, kubelet
 	// and kube-proxy, with the operator deployed from config/default instead
 	// of running in this process. NodeDir holds containerd, runc and the CNI
@@ -105,6 +111,7 @@ func DefaultOptions() Options {
 		EtcdPeerPort:  12380,
 		WebhookPort:   19443,
 		Admission:     AdmissionWebhook,
+		Backend:       BackendCRD,
 		NodeDir:       node.DefaultBinDir(),
 		StartTimeout:  time.Minute,
 	}
@@ -124,6 +131,10 @@ type env struct {
 	admin    *rest.Config
 
 	operatorLog string
+
+	// The apiserver backend: kubelock-apiserver's binary and the running server.
+	lockAPIBinary string
+	lockAPI       *locallockapi.Server
 
 	// --node: the node (its address names it) and the checkout it deploys from.
 	node *node.Node
@@ -156,6 +167,18 @@ func Run(ctx context.Context, o Options) (err error) {
 	defer func() { err = errors.Join(err, e.cluster.Stop()) }()
 	e.admin = e.cluster.AdminConfig()
 	e.admin.UserAgent = "kubelock-dev"
+	if err := e.refuseSwitch(ctx); err != nil {
+		return err
+	}
+	if o.Backend == BackendAPIServer {
+		e.lockAPI, err = e.startLockAPI(ctx)
+		if e.lockAPI != nil {
+			defer func() { err = errors.Join(err, e.lockAPI.Stop()) }()
+		}
+		if err != nil {
+			return err
+		}
+	}
 	if err := e.install(ctx); err != nil {
 		return err
 	}
@@ -212,6 +235,7 @@ func (e *env) clusterOptions() localcluster.Options {
 		EtcdPorts:      []localcluster.EtcdPorts{{Client: o.EtcdPort, Peer: o.EtcdPeerPort}},
 		APIServerPorts: []int{o.APIServerPort},
 		APIServerArgs:  []string{"--profiling=false"},
+		Aggregation:    o.Backend == BackendAPIServer,
 		// A pod's deletion deletes what it owned and a ResourceQuota counts sessions.
 		StartControllerManager: true,
 		StartTimeout:           o.StartTimeout,
@@ -235,6 +259,11 @@ func (e *env) serve(ctx context.Context, mgrDone chan error) error {
 	components := e.cluster.Components()
 	if e.node != nil {
 		components = append(components, e.node.Components()...)
+	}
+	var lockAPIDone <-chan struct{} // never closes without the apiserver backend
+	if e.lockAPI != nil {
+		components = append(components, e.lockAPI.Etcd.Components()...)
+		lockAPIDone = e.lockAPI.APIServer.Done()
 	}
 	for _, c := range components {
 		go func() {
@@ -260,6 +289,8 @@ func (e *env) serve(ctx context.Context, mgrDone chan error) error {
 			return nil
 		case err := <-failed:
 			return err
+		case <-lockAPIDone:
+			return e.lockAPI.APIServer.Exited()
 		case <-restart:
 			if err := e.node.RestartKubelet(ctx); err != nil {
 				return err
@@ -296,6 +327,9 @@ func (e *env) check() error {
 		return errors.New("--data-dir must not be empty")
 	}
 	if err := checkAdmission(o.Admission); err != nil {
+		return err
+	}
+	if err := checkBackend(o.Backend, o.Node, o.Admission); err != nil {
 		return err
 	}
 	for _, bin := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubectl"} {
@@ -337,8 +371,10 @@ func (e *env) check() error {
 	if err != nil {
 		return err
 	}
-	e.kubelock, err = findKubelock(self)
-	return err
+	if e.kubelock, err = findKubelock(self); err != nil {
+		return err
+	}
+	return e.findLockAPIServer(self)
 }
 
 // checkAdmission fails on an engine kubelock-dev does not know.
@@ -353,14 +389,20 @@ func checkAdmission(engine string) error {
 // plugin: the one next to self (make builds both into bin/), else kubelock on
 // PATH.
 func findKubelock(self string) (string, error) {
-	next := filepath.Join(filepath.Dir(self), "kubelock")
+	return findProgram(self, "kubelock", "the next steps use it as kubectl-lock")
+}
+
+// findProgram is the program name next to self, else on PATH; the error
+// says why it is needed and which make target builds it.
+func findProgram(self, name, why string) (string, error) {
+	next := filepath.Join(filepath.Dir(self), name)
 	if st, err := os.Stat(next); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
 		return next, nil
 	}
-	if p, err := exec.LookPath("kubelock"); err == nil {
+	if p, err := exec.LookPath(name); err == nil {
 		return filepath.Abs(p)
 	}
-	return "", fmt.Errorf("no kubelock binary next to %s or on PATH (the next steps use it as kubectl-lock): build it with `make kubelock`", self)
+	return "", fmt.Errorf("no %s binary next to %s or on PATH (%s): build it with `make %s`", name, self, why, name)
 }
 
 // prepare makes the data folder: fresh unless Persist (only the entries this

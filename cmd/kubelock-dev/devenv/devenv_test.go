@@ -46,6 +46,8 @@ func TestCheck(t *testing.T) {
 		{"ha and node", func(o *Options) { o.HA, o.Node = true, true }, "--ha and --node do not go together"},
 		{"empty data dir", func(o *Options) { o.Dir = "" }, "--data-dir must not be empty"},
 		{"unknown admission engine", func(o *Options) { o.Admission = "opa" }, `--admission must be "webhook" or "policy", got "opa"`},
+		{"unknown backend", func(o *Options) { o.Backend = "redis" }, `--backend must be "crd" or "apiserver", got "redis"`},
+		{"the policy engine on the lock apiserver", func(o *Options) { o.Backend, o.Admission = BackendAPIServer, AdmissionPolicy }, "kubelock-apiserver runs the rules itself"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base()

@@ -54,26 +54,20 @@ func (e *env) client() (client.Client, error) {
 	return client.New(e.admin, client.Options{Scheme: scheme})
 }
 
-// install puts in the CRD, the lock-user and break-glass ClusterRoles, the
-// users' bindings, the sample lock-user RBAC and the demo lock.
+// install puts in the CRDs (on the CRD backend), the lock-user and
+// break-glass ClusterRoles, the users' bindings, the sample lock-user RBAC
+// and the demo lock.
 func (e *env) install(ctx context.Context) error {
 	c, err := e.client()
 	if err != nil {
 		return err
 	}
-	crds, err := readObjects("crd/bases/*.yaml")
-	if err != nil {
-		return err
-	}
-	for _, crd := range crds {
-		if err := apply(ctx, c, crd); err != nil {
-			return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
-		}
-	}
-	for _, crd := range crds {
-		if err := waitEstablished(ctx, c, crd.GetName(), e.o.StartTimeout); err != nil {
+	served := "the lock API from kubelock-apiserver"
+	if e.o.Backend == BackendCRD {
+		if err := e.installCRDs(ctx, c); err != nil {
 			return err
 		}
+		served = "the DistributedLock CRD"
 	}
 
 	roles, err := readObjects("rbac/lock_user_role.yaml", "rbac/breakglass_role.yaml")
@@ -134,7 +128,26 @@ func (e *env) install(ctx context.Context) error {
 	if err := c.Create(ctx, demo); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating lock default/%s: %w", DemoLock, err)
 	}
-	e.progress("installed the DistributedLock CRD, lock users %s, the sample lock-user RBAC and lock default/%s", strings.Join(users, ", "), DemoLock)
+	e.progress("installed %s, lock users %s, the sample lock-user RBAC and lock default/%s", served, strings.Join(users, ", "), DemoLock)
+	return nil
+}
+
+// installCRDs installs config/crd and waits until kube-apiserver serves them.
+func (e *env) installCRDs(ctx context.Context, c client.Client) error {
+	crds, err := readObjects("crd/bases/*.yaml")
+	if err != nil {
+		return err
+	}
+	for _, crd := range crds {
+		if err := apply(ctx, c, crd); err != nil {
+			return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
+		}
+	}
+	for _, crd := range crds {
+		if err := waitEstablished(ctx, c, crd.GetName(), e.o.StartTimeout); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -160,6 +173,9 @@ func (e *env) registerAdmission(ctx context.Context) error {
 	c, err := e.client()
 	if err != nil {
 		return err
+	}
+	if e.o.Backend == BackendAPIServer {
+		return e.waitAdmission(ctx, c, lockAPIServerDenial, "kubelock-apiserver's rules")
 	}
 	if e.o.Admission == AdmissionPolicy {
 		return e.registerPolicy(ctx, c, ControllerUser)

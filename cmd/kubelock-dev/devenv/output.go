@@ -11,6 +11,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/locallockapi"
 )
 
 // AdminContext is the kubeconfig's current context; each user in LockUsers
@@ -105,9 +106,18 @@ func (e *env) printNextSteps() error {
 	} else {
 		fmt.Fprintf(tw, "  operator\tcontroller + webhook in this process (https://127.0.0.1:%d)\n", o.WebhookPort)
 	}
-	if o.Admission == AdmissionPolicy {
-		fmt.Fprintf(tw, "  admission\tpolicy: config/policy's ValidatingAdmissionPolicies in kube-apiserver; no webhook sees lock writes (--admission)\n")
+	if e.lockAPI != nil {
+		fmt.Fprintf(tw, "  backend\tapiserver: kubelock-apiserver on %s (etcd on %s) behind APIService %s; no lock CRDs (--backend)\n",
+			e.lockAPI.URL(), strings.Join(e.lockAPI.Etcd.Endpoints(), ", "), locallockapi.APIServiceName)
+		fmt.Fprintf(tw, "  admission\tin kubelock-apiserver: its stores run the lock rules; no webhook or policy sees lock writes\n")
 	} else {
+		fmt.Fprintf(tw, "  backend\tcrd: the lock CRDs in kube-apiserver (--backend apiserver: kubelock-apiserver and an etcd of its own)\n")
+	}
+	switch {
+	case e.lockAPI != nil:
+	case o.Admission == AdmissionPolicy:
+		fmt.Fprintf(tw, "  admission\tpolicy: config/policy's ValidatingAdmissionPolicies in kube-apiserver; no webhook sees lock writes (--admission)\n")
+	default:
 		fmt.Fprintf(tw, "  admission\twebhook: the operator's validating webhook (--admission policy: the ValidatingAdmissionPolicies instead)\n")
 	}
 	fmt.Fprintf(tw, "  fenced objects\tConfigMaps labelled %s=true: every write needs the current token of the lock named by %s, from its holder (config/samples/fenced_configmap.yaml)\n",

@@ -31,7 +31,8 @@ import (
 	"github.com/kubelock/kubelock/webhook"
 )
 
-// kubelock and kubelockDev are built into one folder, as make builds them into bin/.
+// kubelock, kubelockDev and kubelock-apiserver are built into one folder, as
+// make builds them into bin/.
 var kubelock, kubelockDev string
 
 func TestDev(t *testing.T) {
@@ -44,7 +45,8 @@ var _ = BeforeSuite(func() {
 	}
 	dir := GinkgoT().TempDir()
 	kubelock, kubelockDev = filepath.Join(dir, "kubelock"), filepath.Join(dir, "kubelock-dev")
-	for bin, pkg := range map[string]string{kubelock: "./cmd/kubelock", kubelockDev: "./cmd/kubelock-dev"} {
+	for bin, pkg := range map[string]string{kubelock: "./cmd/kubelock", kubelockDev: "./cmd/kubelock-dev",
+		filepath.Join(dir, "kubelock-apiserver"): "./cmd/kubelock-apiserver"} {
 		build := exec.Command("go", "build", "-o", bin, pkg)
 		build.Dir = testenv.RepoRoot()
 		out, err := build.CombinedOutput()
@@ -109,20 +111,24 @@ func children(pid int) []int {
 // step is one printed next step, without its comment.
 type step struct{ cmd, comment string }
 
+// lockColumns are the printer columns of `kubectl get dlock`, on either backend.
+const lockColumns = `(?m)^NAME\s+TYPE\s+HOLDERS\s+HOLDER\s+TOKEN\s+WAITERS\s+AGE$`
+
 var _ = Describe("kubelock-dev", func() {
-	// deniedBy is how the apiserver's denial names the engine.
-	DescribeTable("starts a local kubelock whose printed next steps work, and leaves nothing behind on SIGTERM", func(admission, deniedBy string) {
+	// deniedBy is how the apiserver's denial names the engine; admissionLine
+	// what kubelock-dev prints of it.
+	DescribeTable("starts a local kubelock whose printed next steps work, and leaves nothing behind on SIGTERM", func(backend, admission, admissionLine, deniedBy string) {
 		dataDir := filepath.Join(GinkgoT().TempDir(), "dev")
 		ports := freePorts(4)
 		started := time.Now()
-		s, err := gexec.Start(devCommand(dataDir, ports, "--admission", admission), GinkgoWriter, GinkgoWriter)
+		s, err := gexec.Start(devCommand(dataDir, ports, "--backend", backend, "--admission", admission), GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { s.Kill().Wait() })
 		Eventually(s.Out, 2*time.Minute).Should(gbytes.Say(`(?m)^` + regexp.QuoteMeta(devenv.ReadyLine) + `$`))
 		GinkgoWriter.Printf("ready after %s\n", time.Since(started))
 		Eventually(s.Out).Should(gbytes.Say(`kubectl lock force-release --session.*\n`))
 		Expect(bytes.Count(s.Out.Contents(), []byte(devenv.ReadyLine))).To(Equal(1))
-		Expect(string(s.Out.Contents())).To(MatchRegexp(`(?m)^  admission\s+` + admission + `: `))
+		Expect(string(s.Out.Contents())).To(And(MatchRegexp(`(?m)^  backend\s+`+backend+`: `), MatchRegexp(`(?m)^  admission\s+`+admissionLine)))
 
 		// The next steps, as printed.
 		var steps []step
@@ -188,7 +194,7 @@ var _ = Describe("kubelock-dev", func() {
 				}
 			case st.cmd == "kubectl get dlock":
 				Expect(err).NotTo(HaveOccurred(), out)
-				Expect(out).To(And(ContainSubstring("demo"), ContainSubstring("orders-db")))
+				Expect(out).To(And(MatchRegexp(lockColumns), ContainSubstring("demo"), ContainSubstring("orders-db")))
 			case strings.Contains(st.cmd, "--session-ttl"):
 				Expect(err).NotTo(HaveOccurred(), out)
 				// NAME TOKEN LEASE-ID EXPIRES-AT EXPIRES-IN SESSION, one row per lock
@@ -212,6 +218,12 @@ var _ = Describe("kubelock-dev", func() {
 				token, _ := strconv.ParseInt(m[1], 10, 64)
 				Expect(token).To(BeNumerically(">", 0))
 				leaseID = m[2]
+				// kubectl prints the holding in the printer columns.
+				get := exec.Command("kubectl", "get", "distributedlocks", "demo")
+				get.Env = env
+				got, err := get.CombinedOutput()
+				Expect(err).NotTo(HaveOccurred(), string(got))
+				Expect(string(got)).To(And(MatchRegexp(lockColumns), MatchRegexp(`(?m)^demo\s+Mutex\s+1\s+\S+\s+`+m[1]+`\s+0\s`)))
 			case strings.Contains(st.cmd, "--context alice") && strings.Contains(st.cmd, "release"):
 				Expect(err).To(HaveOccurred(), out)
 				Expect(cmd.ProcessState.ExitCode()).To(Equal(77), out)
@@ -247,9 +259,15 @@ var _ = Describe("kubelock-dev", func() {
 			"validatingadmissionpolicy.admissionregistration.k8s.io/kubelock-distributedlocks",
 			"validatingadmissionpolicy.admissionregistration.k8s.io/kubelock-distributedlocks-metadata",
 			"validatingadmissionpolicy.admissionregistration.k8s.io/kubelock-locksessions")
-		if admission == devenv.AdmissionPolicy {
+		switch {
+		case backend == "apiserver":
+			Expect(configs).NotTo(Or(ContainElement(lockWebhook), ContainElement(HavePrefix("validatingadmissionpolicy."))))
+			crds, err := exec.Command(filepath.Join(testenv.AssetsDir(), "kubectl"), "--kubeconfig", filepath.Join(dataDir, "kubeconfig"), "get", "crd", "-o", "name").CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), string(crds))
+			Expect(string(crds)).NotTo(ContainSubstring("locks.kubelock.io"), "no lock CRDs")
+		case admission == devenv.AdmissionPolicy:
 			Expect(configs).To(And(policies, Not(ContainElement(lockWebhook))))
-		} else {
+		default:
 			Expect(configs).To(And(ContainElement(lockWebhook), Not(ContainElement(HavePrefix("validatingadmissionpolicy.")))))
 		}
 
@@ -267,7 +285,11 @@ var _ = Describe("kubelock-dev", func() {
 
 		By("SIGTERM")
 		kids := children(s.Command.Process.Pid)
-		Expect(kids).To(HaveLen(3), "etcd, kube-apiserver and kube-controller-manager")
+		if backend == "apiserver" {
+			Expect(kids).To(HaveLen(5), "etcd, kube-apiserver, kube-controller-manager, the lock store's etcd and kubelock-apiserver")
+		} else {
+			Expect(kids).To(HaveLen(3), "etcd, kube-apiserver and kube-controller-manager")
+		}
 		s.Terminate()
 		Eventually(s, time.Minute).Should(gexec.Exit(0))
 		Expect(s.Err).To(gbytes.Say("stopping"))
@@ -283,10 +305,36 @@ var _ = Describe("kubelock-dev", func() {
 			Expect(ln.Close()).To(Succeed())
 		}
 	},
-		Entry("with the admission webhook", devenv.AdmissionWebhook, "admission webhook"),
+		Entry("with the admission webhook", "crd", devenv.AdmissionWebhook, "webhook: ", "admission webhook"),
 		// The chart's admission.engine=policy: no webhook sees lock writes.
-		Entry("with the policy engine", devenv.AdmissionPolicy, "ValidatingAdmissionPolicy"),
+		Entry("with the policy engine", "crd", devenv.AdmissionPolicy, "policy: ", "ValidatingAdmissionPolicy"),
+		// The lock API from kubelock-apiserver, which runs the rules itself.
+		Entry("on the lock apiserver", "apiserver", devenv.AdmissionWebhook, "in kubelock-apiserver: ", "is forbidden: "),
 	)
+
+	It("refuses, in one line, to switch a persisted cluster to the lock apiserver while the CRDs hold locks", func() {
+		dataDir := filepath.Join(GinkgoT().TempDir(), "dev")
+		ports := freePorts(4)
+		// --persist: etcd syncs its writes, slow on a busy disk.
+		s, err := gexec.Start(devCommand(dataDir, ports, "--persist", "--start-timeout", "3m"), GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { s.Kill().Wait() })
+		Eventually(s.Out, 5*time.Minute).Should(gbytes.Say(`(?m)^` + regexp.QuoteMeta(devenv.ReadyLine) + `$`))
+		s.Terminate()
+		Eventually(s, time.Minute).Should(gexec.Exit(0))
+
+		s, err = gexec.Start(devCommand(dataDir, ports, "--persist", "--start-timeout", "3m", "--backend", "apiserver"), GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { s.Kill().Wait() })
+		Eventually(s, 5*time.Minute).Should(gexec.Exit(1))
+		lines := strings.Split(strings.TrimSpace(string(s.Err.Contents())), "\n")
+		// The demo lock is the one lock kubelock-dev created on the CRD backend.
+		Expect(lines[len(lines)-1]).To(Equal("kubelock-dev: refusing to serve locks.kubelock.io/v1alpha1 from the apiserver backend: " +
+			"the crd backend serves it (CRDs distributedlocks.locks.kubelock.io, locksessions.locks.kubelock.io) and holds 1 DistributedLock(s) and 0 LockSession(s); " +
+			"each backend's fencing tokens come from its own etcd's revisions, so locks are never carried across, which could give them lower tokens. " +
+			"Stay on the crd backend, or release and delete them, then remove it (kubectl delete crd distributedlocks.locks.kubelock.io locksessions.locks.kubelock.io) and switch"))
+		Expect(s.Err).NotTo(gbytes.Say("kubelock-apiserver up"), "refused before it starts the lock apiserver")
+	})
 
 	It("says in one line which port is taken", func() {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
