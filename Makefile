@@ -291,6 +291,15 @@ bench-quick: control-plane ## The benchmark's smoke-test preset (< 6 min); figur
 	hack/install-redis.sh
 	go -C $(BENCH_DIR) run . --quick $(BENCH_FLAGS)
 
+# The lock apiserver's scale model: the seed mix on 1, 2 and 3 replicas of
+# kubelock-apiserver, each held to 0.4 core by a cgroup v1 of its own (needs
+# root; reported as not run otherwise), next to raw Lease CAS and the backend
+# through kube-apiserver (~12 min).
+.PHONY: bench-scale-model
+bench-scale-model: control-plane ## Run the lock apiserver's scale model (1, 2, 3 replicas under equal CPU quotas) with raw Lease CAS and the apiserver backend's seed mix; writes /tmp/kubelock-bench-scale-model/report.md.
+	hack/install-redis.sh
+	go -C $(BENCH_DIR) run . --scale-model --locks 20000 --systems lease,apiserver --workloads 1 --out /tmp/kubelock-bench-scale-model/report.md $(BENCH_FLAGS)
+
 # CBOR is alpha in kube-apiserver 1.37 (CBORServingAndStorage, off by default),
 # so kubelock's clients speak JSON and make bench measures JSON; this target runs
 # JSON and CBOR clients side by side on an apiserver with the gate on, with the

@@ -75,11 +75,15 @@ type Options struct {
 	StorageEncoding string
 	// Args are extra flags.
 	Args []string
+	// Store is another server's etcd to serve from, as a replica does; nil:
+	// an etcd of its own.
+	Store *localcluster.Etcd
 }
 
 // Server is a running lock apiserver and its etcd.
 type Server struct {
-	Name      string
+	Name string
+	// Etcd is its own etcd (nil when it serves from Options.Store).
 	Etcd      *localcluster.Etcd
 	APIServer *childproc.Child
 	// Host and Port are where it listens.
@@ -121,8 +125,12 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 	if err != nil {
 		return s, err
 	}
-	if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(dir, o.Name+"-etcd"), AssetsDir: testenv.AssetsDir()}); err != nil {
-		return s, err
+	store := o.Store
+	if store == nil {
+		if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(dir, o.Name+"-etcd"), AssetsDir: testenv.AssetsDir()}); err != nil {
+			return s, err
+		}
+		store = s.Etcd
 	}
 	// Reserved for this process as the control plane's ports are (FreePort
 	// checks loopback; only this server binds the host's address).
@@ -134,7 +142,7 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 		return s, err
 	}
 	args := append([]string{
-		"--etcd-servers=" + strings.Join(s.Etcd.Endpoints(), ","),
+		"--etcd-servers=" + strings.Join(store.Endpoints(), ","),
 		"--bind-address=" + host,
 		"--secure-port=" + strconv.Itoa(s.Port),
 		"--tls-cert-file=" + filepath.Join(certDir, "tls.crt"),
