@@ -282,7 +282,7 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: control-plane ## Benchmark kubelock against raw Leases, leader election, etcd and redsync, and the operator at 100,000 locks (< 20 min on 2 cores); writes docs/benchmarks.md and plots.
+bench: control-plane ## Benchmark kubelock (its CRD's admission engines and the lock apiserver backend) against raw Leases, leader election, etcd and redsync, and the operator at 100,000 locks (~20 min on 2 cores); writes docs/benchmarks.md and plots.
 	hack/install-redis.sh
 	go -C $(BENCH_DIR) run . $(BENCH_FLAGS)
 

@@ -234,10 +234,11 @@ func printUsage(fs *flag.FlagSet) {
 Run from the repository root (test/bench is a Go module of its own); make bench
 and make bench-quick run it this way.
 
-Benchmarks kubelock (webhook, ValidatingAdmissionPolicy and no admission) against
-raw Lease CAS on the same apiserver (the stack's limit), client-go leader election,
-etcd's concurrency.Mutex and redsync, on a control plane and operator it starts
-itself. Needs 'make control-plane' and redis-server (hack/install-redis.sh).
+Benchmarks kubelock (webhook, ValidatingAdmissionPolicy and no admission, and the
+lock apiserver backend on a control plane of its own) against raw Lease CAS on the
+same apiserver (the stack's limit), client-go leader election, etcd's
+concurrency.Mutex and redsync, on a control plane and operator it starts itself.
+Needs 'make control-plane' and redis-server (hack/install-redis.sh).
 Writes a Markdown report (stdout and --out) and PNG plots beside --out.
 
 Flags (defaults shown are for a default run; --quick changes them, see below):
