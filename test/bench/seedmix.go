@@ -180,6 +180,8 @@ type heldLock struct {
 	h    holding
 	stop chan struct{}
 	done chan struct{}
+	// failed: a renewal failed and the holding stopped renewing (prune).
+	failed atomic.Bool
 }
 
 // heldPopulation is the seed mix's held locks, each renewed every lease/3 on
@@ -194,6 +196,7 @@ type heldPopulation struct {
 
 // resize acquires or releases locks until n are held.
 func (p *heldPopulation) resize(ctx context.Context, n int) error {
+	p.prune()
 	if n < len(p.locks) {
 		drop := p.locks[n:]
 		p.locks = p.locks[:n]
@@ -271,9 +274,28 @@ func (p *heldPopulation) renew(ctx context.Context, hl *heldLock) {
 		if r := p.cur.Load(); r != nil {
 			done = r[1].begin(next)
 		}
-		done(hl.h.renew(ctx))
+		err := hl.h.renew(ctx)
+		done(err)
+		if err != nil {
+			hl.failed.Store(true)
+			return
+		}
 		next = next.Add(p.renewEvery)
 	}
+}
+
+// prune drops the holdings whose renewal failed, so that one overloaded
+// step does not fail every step after it with renewals of holdings already
+// lost; resize acquires others in their place. Their locks do not go back
+// to the pool (see giveBack).
+func (p *heldPopulation) prune() {
+	kept := p.locks[:0]
+	for _, hl := range p.locks {
+		if !hl.failed.Load() {
+			kept = append(kept, hl)
+		}
+	}
+	p.locks = kept
 }
 
 // parallel calls f for each item with 32 workers.
