@@ -112,14 +112,16 @@ func (b *benchRun) attach(ctx context.Context, c *cluster) error {
 	return c.activate(ctx, engineWebhook)
 }
 
-// createObjects creates the seed mix's locks and the baselines' objects,
-// when a workload uses them.
+// createObjects creates the seed mix's locks, when a kubelock engine or the
+// scale workload uses them, and the baselines' objects.
 func (b *benchRun) createObjects(ctx context.Context) error {
 	if !b.wl["1"] && !b.wl["2"] && !b.wl["5"] && !b.wl["scale"] {
 		return nil
 	}
-	if err := b.createSeedLocks(ctx); err != nil {
-		return err
+	if b.wl["scale"] || slices.ContainsFunc(kubelockEngines, func(en kubelockEngine) bool { return b.systems[en.key] }) {
+		if err := b.createSeedLocks(ctx); err != nil {
+			return err
+		}
 	}
 	return b.createBaselineObjects(ctx)
 }
