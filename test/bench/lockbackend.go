@@ -8,6 +8,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -165,16 +166,29 @@ func (b *benchRun) lockBackendWorkloads(ctx context.Context, lb *lockBackend) er
 
 // directLocker is pkg/lock with n clients, client i talking straight to
 // servers[i mod len(servers)], as clients spread over a Service's endpoints.
-func directLocker(kube *rest.Config, servers []*lockapi.Server, n int, lease time.Duration) (*kubelockLocker, error) {
+func directLocker(ctx context.Context, kube *rest.Config, servers []*lockapi.Server, n int, lease time.Duration) (*kubelockLocker, error) {
 	k := &kubelockLocker{}
 	for i := range n {
 		c, err := directLockClient(kube, servers[i%len(servers)], lockClientOptions(i, lockNS, lease)...)
 		if err != nil {
 			return nil, err
 		}
+		if err := warm(ctx, c); err != nil {
+			return nil, fmt.Errorf("%s: %w", servers[i%len(servers)].Name, err)
+		}
 		k.clients = append(k.clients, c)
 	}
 	return k, nil
+}
+
+// warm reads a lock with c until it can, so that c has learned the
+// server's API (its first request asks for discovery, which a replica just
+// started may still refuse) before any request is timed.
+func warm(ctx context.Context, c *lock.Client) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Get(ctx, lockName(0))
+		return err == nil, nil
+	})
 }
 
 // directLockClient is a pkg/lock client whose lock requests go straight to

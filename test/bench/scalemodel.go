@@ -53,7 +53,7 @@ func (b *benchRun) scaleModel(ctx context.Context, lb *lockBackend) *replicaScal
 			logf("scale model stopped: %s", res.Skipped)
 			return res
 		}
-		l, err := directLocker(lb.c.user, lb.servers[:n], o.scaleClients, o.lease)
+		l, err := directLocker(ctx, lb.c.user, lb.servers[:n], o.scaleClients, o.lease)
 		if err != nil {
 			res.Skipped = err.Error()
 			return res
