@@ -60,6 +60,11 @@ type Options struct {
 	StorageEncoding string
 	// Args are extra flags.
 	Args []string
+	// Store is another server's etcd to serve from, as a replica does (Stop
+	// leaves it running); nil: an etcd of its own.
+	Store *localcluster.Etcd
+	// EtcdArgs are extra flags of its own etcd.
+	EtcdArgs []string
 	// StartTimeout bounds each start's wait for readiness (2 minutes when 0).
 	StartTimeout time.Duration
 }
@@ -81,7 +86,8 @@ func (o *Options) defaults() {
 
 // Server is a running lock apiserver and its etcd.
 type Server struct {
-	Name      string
+	Name string
+	// Etcd is its own etcd (nil when it serves from Options.Store).
 	Etcd      *localcluster.Etcd
 	APIServer *proc.Child
 	// Host and Port are where it listens.
@@ -118,9 +124,13 @@ func Start(ctx context.Context, cluster *localcluster.Cluster, o Options) (s *Se
 	if err != nil {
 		return s, err
 	}
-	if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(o.Dir, o.Name+"-etcd"),
-		LogDir: o.LogDir, AssetsDir: o.AssetsDir, Persist: o.Persist, StartTimeout: o.StartTimeout}); err != nil {
-		return s, err
+	store := o.Store
+	if store == nil {
+		if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(o.Dir, o.Name+"-etcd"),
+			LogDir: o.LogDir, AssetsDir: o.AssetsDir, Persist: o.Persist, StartTimeout: o.StartTimeout, EtcdArgs: o.EtcdArgs}); err != nil {
+			return s, err
+		}
+		store = s.Etcd
 	}
 	// Reserved for this process as the control plane's ports are (FreePort
 	// checks loopback; only this server binds the host's address).
@@ -132,7 +142,7 @@ func Start(ctx context.Context, cluster *localcluster.Cluster, o Options) (s *Se
 		return s, err
 	}
 	args := append([]string{
-		"--etcd-servers=" + strings.Join(s.Etcd.Endpoints(), ","),
+		"--etcd-servers=" + strings.Join(store.Endpoints(), ","),
 		"--bind-address=" + host,
 		"--secure-port=" + strconv.Itoa(s.Port),
 		"--tls-cert-file=" + filepath.Join(certDir, "tls.crt"),

@@ -24,10 +24,11 @@ type benchRun struct {
 	wl        map[string]bool // the workloads
 	rep       *report
 
-	mix      mixConfig
-	hold     holdConfig
-	uncRate  float64
-	lockPool pool // the seed mix's locks, shared by every kubelock engine
+	mix        mixConfig
+	hold       holdConfig
+	uncRate    float64
+	lockPool   pool      // the seed mix's locks, shared by every kubelock engine
+	scaleRates []float64 // the scale model's seed-mix steps
 
 	c       *cluster
 	mgrProc proc
@@ -41,7 +42,11 @@ func newBenchRun(o options, argv []string) (*benchRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	rates, err := parseRates(o.rates, o.rateScale)
+	rates, err := parseRates("--rates", o.rates, o.rateScale)
+	if err != nil {
+		return nil, err
+	}
+	scaleRates, err := parseRates("--scale-rates", o.scaleRates, o.rateScale)
 	if err != nil {
 		return nil, err
 	}
@@ -55,17 +60,17 @@ func newBenchRun(o options, argv []string) (*benchRun, error) {
 			rates: rates, absTol: o.bisectAbs * o.rateScale, relTol: o.bisectRel, maxSteps: o.maxSteps,
 			p99Limit: o.p99Limit, maxInFlight: o.maxInFlight, profileStep: -1, objects: o.locks},
 		hold:    holdConfig{clients: o.holdClients, perClient: o.holdPerClient, lease: o.lease, measure: max(o.holdMeasure, o.lease/3)},
-		uncRate: o.uncRate * o.rateScale, lockPool: newPool(o.locks),
+		uncRate: o.uncRate * o.rateScale, lockPool: newPool(o.locks), scaleRates: scaleRates,
 	}, nil
 }
 
-// parseRates reads --rates, each scaled.
-func parseRates(s string, scale float64) ([]float64, error) {
+// parseRates reads the rates of flag name, each scaled.
+func parseRates(name, s string, scale float64) ([]float64, error) {
 	var rates []float64
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 		if err != nil {
-			return nil, fmt.Errorf("--rates: %w", err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		rates = append(rates, v*scale)
 	}
@@ -107,14 +112,16 @@ func (b *benchRun) attach(ctx context.Context, c *cluster) error {
 	return c.activate(ctx, engineWebhook)
 }
 
-// createObjects creates the seed mix's locks and the baselines' objects,
-// when a workload uses them.
+// createObjects creates the seed mix's locks, when a kubelock engine or the
+// scale workload uses them, and the baselines' objects.
 func (b *benchRun) createObjects(ctx context.Context) error {
 	if !b.wl["1"] && !b.wl["2"] && !b.wl["5"] && !b.wl["scale"] {
 		return nil
 	}
-	if err := b.createSeedLocks(ctx); err != nil {
-		return err
+	if b.wl["scale"] || slices.ContainsFunc(kubelockEngines, func(en kubelockEngine) bool { return b.systems[en.key] }) {
+		if err := b.createSeedLocks(ctx); err != nil {
+			return err
+		}
 	}
 	return b.createBaselineObjects(ctx)
 }

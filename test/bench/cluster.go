@@ -116,19 +116,14 @@ func startCluster(ctx context.Context, dir string, logf func(string, ...any), cb
 		opts = append(opts, testenv.WithAPIServerArgs("feature-gates", cborGate+"=true"))
 	}
 	logf("control plane: etcd + kube-apiserver from %s (feature gates: %s)", testenv.AssetsDir(), map[bool]string{true: cborGate + "=true", false: "defaults"}[cbor])
-	if c.env, err = testenv.Start(opts...); err != nil {
+	env, err := testenv.Start(opts...)
+	if err != nil {
+		return c, err
+	}
+	if err := c.connect(ctx, env); err != nil {
 		return c, err
 	}
 	c.etcdURL = c.env.Cluster.Etcd.Members[0].ClientURL
-	c.admin = rest.CopyConfig(c.env.Config)
-	c.admin.QPS, c.admin.Burst = -1, 0
-	if c.adminCS, err = kubernetes.NewForConfig(c.admin); err != nil {
-		return c, err
-	}
-	if c.user, err = c.env.UserConfig(ctx, benchUser); err != nil {
-		return c, err
-	}
-	c.user.QPS = -1
 	// The lock-user role has no Lease verbs; the baselines' user may write Leases.
 	role, binding := leaseRBAC()
 	if err := c.env.Client.Create(ctx, role); err != nil {
@@ -137,11 +132,6 @@ func startCluster(ctx context.Context, dir string, logf func(string, ...any), cb
 	if err := c.env.Client.Create(ctx, binding); err != nil {
 		return c, err
 	}
-	for _, ns := range []string{lockNS, leaseNS, workNS} {
-		if err := c.env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			return c, err
-		}
-	}
 	if err := c.startManager(ctx); err != nil {
 		return c, err
 	}
@@ -149,6 +139,29 @@ func startCluster(ctx context.Context, dir string, logf func(string, ...any), cb
 		return c, err
 	}
 	return c, nil
+}
+
+// connect makes env the cluster's control plane: the administrator's and
+// benchUser's connections (no client-side rate limit) and the workloads'
+// namespaces.
+func (c *cluster) connect(ctx context.Context, env *testenv.Env) error {
+	c.env = env
+	c.admin = rest.CopyConfig(env.Config)
+	c.admin.QPS, c.admin.Burst = -1, 0
+	var err error
+	if c.adminCS, err = kubernetes.NewForConfig(c.admin); err != nil {
+		return err
+	}
+	if c.user, err = env.UserConfig(ctx, benchUser); err != nil {
+		return err
+	}
+	c.user.QPS = -1
+	for _, ns := range []string{lockNS, leaseNS, workNS} {
+		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *cluster) stop() {

@@ -186,25 +186,29 @@ func (b *benchRun) recordWire(sets []clientSet) {
 	}
 }
 
-// handoffKubelock runs workload 3 on a lock of its own, checking the order
-// in which the server handed it over.
+// handoffKubelock runs workload 3 with engine en in force.
 func (b *benchRun) handoffKubelock(ctx context.Context, en kubelockEngine) error {
-	key := "handoff-" + string(en.e)
+	return b.handoffOn(ctx, b.c, "handoff-"+string(en.e), en.name)
+}
+
+// handoffOn runs workload 3 as system name on c's lock key, checking the
+// order in which the server handed it over.
+func (b *benchRun) handoffOn(ctx context.Context, c *cluster, key, name string) error {
 	// All K contenders are benchUser: let one user queue K-1 times.
 	perUser := int32(min(b.o.handoffK, locksv1alpha1.MaxWaitersLimit))
-	if err := b.c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key},
+	if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key},
 		Spec: locksv1alpha1.DistributedLockSpec{MaxWaitersPerUser: &perUser}}); err != nil {
 		return err
 	}
-	fifo, err := watchFIFO(ctx, b.c, key)
+	fifo, err := watchFIFO(ctx, c, key)
 	if err != nil {
 		return err
 	}
 	htr := newTrips()
-	st0, _ := b.c.serverTimes(ctx)
-	r := runHandoff(ctx, en.name, b.o.handoffK, b.o.handoffHold, b.o.stepWarmup, b.o.handoffMeasure, kubelockMutex(b.c.user, key, htr))
+	st0, _ := c.serverTimes(ctx)
+	r := runHandoff(ctx, name, b.o.handoffK, b.o.handoffHold, b.o.stepWarmup, b.o.handoffMeasure, kubelockMutex(c.user, key, htr))
 	r.Trips = htr.summary()
-	logServerTimes(ctx, b.c, st0)
+	logServerTimes(ctx, c, st0)
 	r.ServerFIFOViolations, r.ServerFIFOChecked = fifo.result()
 	r.ServerFIFO = true
 	b.addHandoff(r)

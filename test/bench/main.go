@@ -31,6 +31,13 @@
 //     and 20,000 of them held and after a restart that relists them, and how
 //     late leases lapsing meanwhile are expired.
 //
+// The lock apiserver backend (system apiserver) runs workloads 1 to 3 on a
+// control plane of its own: kubelock-apiserver serves the lock API there
+// through an APIService from an etcd of its own (a group version is served
+// by the CRD or by an APIService, never both). With --scale-model the seed
+// mix also runs on 1, 2 and 3 replicas of it, each held to the same CPU
+// quota by a cgroup, clients straight to the replicas (scalemodel.go).
+//
 // With --encoding json,cbor the apiserver runs with the CBORServingAndStorage
 // gate and every kubelock engine runs workloads 1, 2 and 5 twice: with
 // pkg/lock speaking JSON and speaking CBOR (cbor.go).
@@ -75,6 +82,8 @@ const (
 	sysKLE     = "client-go leaderelection on kubelock"
 	sysEtcd    = "etcd Mutex"
 	sysRedis   = "redsync"
+	// sysAPIServer is the lock apiserver backend, through kube-apiserver.
+	sysAPIServer = "kubelock (apiserver)"
 )
 
 type options struct {
@@ -119,6 +128,12 @@ type options struct {
 	scaleHoldRate  float64
 	scaleLapses    int
 	scaleLapse     time.Duration
+	scaleModel     bool
+	scaleQuota     float64
+	scaleReplicas  int
+	scaleClients   int
+	scaleRates     string
+	scaleSteps     int
 }
 
 func defaults(quick bool) options {
@@ -133,9 +148,13 @@ func defaults(quick bool) options {
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
 		holdClients: 10, holdPerClient: 40, holdMeasure: 10 * time.Second, encoding: encJSON,
-		systems: "webhook,policy,none,lease,crd,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
+		systems: "webhook,policy,none,lease,crd,apiserver,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 		scaleHeld: 20000, scaleHoldRate: 150, scaleLapses: 200, scaleLapse: 5 * time.Second,
+		// A replica held to 0.4 core sustains a few hundred writes/s: the
+		// steps start lower and rise by less than the seed mix's, so that
+		// the bisection has fewer steps to go.
+		scaleQuota: 0.4, scaleReplicas: 3, scaleClients: 6, scaleRates: "50,100,200,300,450,650,900,1300", scaleSteps: 8,
 	}
 	if quick {
 		o.locks, o.leaseObjects, o.rates, o.maxSteps, o.holdClients = 5000, 5000, "150,300,600", 4, 5
@@ -143,6 +162,7 @@ func defaults(quick bool) options {
 		o.uncMeasure, o.handoffK, o.handoffMeasure, o.leMeasure = 2500*time.Millisecond, 4, 2500*time.Millisecond, 5*time.Second
 		o.expiryTrials, o.expiryLease = 2, time.Second
 		o.scaleHeld, o.scaleLapses, o.scaleLapse = 400, 40, 2*time.Second
+		o.scaleSteps = 5
 	}
 	return o
 }
@@ -214,10 +234,11 @@ func printUsage(fs *flag.FlagSet) {
 Run from the repository root (test/bench is a Go module of its own); make bench
 and make bench-quick run it this way.
 
-Benchmarks kubelock (webhook, ValidatingAdmissionPolicy and no admission) against
-raw Lease CAS on the same apiserver (the stack's limit), client-go leader election,
-etcd's concurrency.Mutex and redsync, on a control plane and operator it starts
-itself. Needs 'make control-plane' and redis-server (hack/install-redis.sh).
+Benchmarks kubelock (webhook, ValidatingAdmissionPolicy and no admission, and the
+lock apiserver backend on a control plane of its own) against raw Lease CAS on the
+same apiserver (the stack's limit), client-go leader election, etcd's
+concurrency.Mutex and redsync, on a control plane and operator it starts itself.
+Needs 'make control-plane' and redis-server (hack/install-redis.sh).
 Writes a Markdown report (stdout and --out) and PNG plots beside --out.
 
 Flags (defaults shown are for a default run; --quick changes them, see below):
@@ -258,12 +279,18 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&o.holdPerClient, "hold-locks-per-client", o.holdPerClient, "Workload 5: locks each client holds.")
 	fs.DurationVar(&o.holdMeasure, "hold-measure", o.holdMeasure, "Workload 5: measured window (at least lease/3, so every holding renews in it).")
 	fs.StringVar(&o.encoding, "encoding", o.encoding, "Wire encodings of the kubelock clients: json, cbor or json,cbor. With cbor the apiserver runs with --feature-gates=CBORServingAndStorage=true (alpha, off by default) and workloads 1, 2 and 5 run once per encoding; the other workloads use JSON.")
-	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, crd (raw CRD CAS: a custom resource with a Lease's fields, no CEL, no admission: the floor of any CRD-based lock), leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
+	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, crd (raw CRD CAS: a custom resource with a Lease's fields, no CEL, no admission: the floor of any CRD-based lock), apiserver (the lock apiserver backend: kubelock-apiserver on a control plane of its own, pkg/lock through kube-apiserver; workloads 1, 2 and 3), leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
 	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions), scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
 	fs.IntVar(&o.scaleHeld, "scale-held", o.scaleHeld, "Workload scale: locks held (lease 300s, renewed by pkg/lock every 100s) while memory is measured.")
 	fs.Float64Var(&o.scaleHoldRate, "scale-hold-rate", o.scaleHoldRate, "Workload scale: acquisitions/s of the held locks (before --rate-scale).")
 	fs.IntVar(&o.scaleLapses, "scale-lapses", o.scaleLapses, "Workload scale: leases that lapse in each expiry round.")
 	fs.DurationVar(&o.scaleLapse, "scale-lapse-lease", o.scaleLapse, "Workload scale: lease of the lapsing holdings.")
+	fs.BoolVar(&o.scaleModel, "scale-model", o.scaleModel, "Also run the lock apiserver's scale model (last but scale): the seed mix with 1, 2, … --scale-replicas replicas of kubelock-apiserver on one lock store, each in a cgroup v1 of its own held to --scale-quota cores (needs root and /sys/fs/cgroup/cpu; reported as not run otherwise), clients straight to the replicas.")
+	fs.Float64Var(&o.scaleQuota, "scale-quota", o.scaleQuota, "Scale model: CPU quota of each replica, in cores.")
+	fs.IntVar(&o.scaleReplicas, "scale-replicas", o.scaleReplicas, "Scale model: the most replicas.")
+	fs.IntVar(&o.scaleClients, "scale-clients", o.scaleClients, "Scale model: lock clients, spread evenly over the replicas (a multiple of 1, 2 and 3 keeps it even).")
+	fs.StringVar(&o.scaleRates, "scale-rates", o.scaleRates, "Scale model: the seed mix's coarse steps (before --rate-scale).")
+	fs.IntVar(&o.scaleSteps, "scale-max-steps", o.scaleSteps, "Scale model: at most this many seed-mix steps per replica count.")
 	fs.StringVar(&o.out, "out", o.out, "Markdown report; the PNG plots go beside it. Empty: stdout only.")
 	fs.StringVar(&o.workDir, "work-dir", o.workDir, "Folder for logs, certificates and profiles (default: a new temporary folder).")
 	fs.BoolVar(&o.keep, "keep", o.keep, "Keep --work-dir (logs, profiles) after the run.")
@@ -300,6 +327,7 @@ type report struct {
 	cborServer        bool
 	profiles          []string
 	scale             *scaleResult
+	replicas          *replicaScale
 }
 
 type mgrStats struct {
@@ -334,7 +362,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 	}
 	// kubelock with each engine, then the baselines; scale last, as it
 	// restarts the operator.
-	for _, step := range []func(context.Context) error{b.createObjects, b.runKubelock, b.runRawCAS, b.runElections, b.runEtcd, b.runRedis, b.runScale} {
+	for _, step := range []func(context.Context) error{b.createObjects, b.runKubelock, b.runRawCAS, b.runAPIServer, b.runElections, b.runEtcd, b.runRedis, b.runScale} {
 		if err := step(ctx); err != nil {
 			return err
 		}

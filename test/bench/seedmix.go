@@ -131,8 +131,10 @@ type stepResult struct {
 	// Apiserver writes/s (all resources) in the window, and by verb and resource.
 	APIWrites float64
 	APIByKind writeCounts
-	// APICPU is kube-apiserver's CPU seconds per second in the window.
+	// APICPU is kube-apiserver's CPU seconds per second in the window, CPU
+	// every watched process's.
 	APICPU    float64
+	CPU       usage
 	Sustained bool
 	Profiles  []string
 }
@@ -178,6 +180,8 @@ type heldLock struct {
 	h    holding
 	stop chan struct{}
 	done chan struct{}
+	// failed: a renewal failed and the holding stopped renewing (prune).
+	failed atomic.Bool
 }
 
 // heldPopulation is the seed mix's held locks, each renewed every lease/3 on
@@ -192,20 +196,21 @@ type heldPopulation struct {
 
 // resize acquires or releases locks until n are held.
 func (p *heldPopulation) resize(ctx context.Context, n int) error {
+	p.prune()
 	if n < len(p.locks) {
 		drop := p.locks[n:]
 		p.locks = p.locks[:n]
 		parallel(drop, func(hl *heldLock) {
 			close(hl.stop)
 			<-hl.done
-			_ = hl.h.release(ctx)
-			p.free <- hl.idx
+			p.giveBack(hl.idx, hl.h.release(ctx))
 		})
 		return nil
 	}
 	need := n - len(p.locks)
 	var mu sync.Mutex
 	var failed atomic.Int64
+	var first atomic.Pointer[error]
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range 32 {
@@ -218,8 +223,9 @@ func (p *heldPopulation) resize(ctx context.Context, n int) error {
 				}
 				h, err := p.sys.acquire(ctx, lockName(idx))
 				if err != nil {
-					p.free <- idx
+					p.giveBack(idx, err)
 					failed.Add(1)
+					first.CompareAndSwap(nil, &err)
 					continue
 				}
 				hl := &heldLock{idx: idx, h: h, stop: make(chan struct{}), done: make(chan struct{})}
@@ -232,9 +238,23 @@ func (p *heldPopulation) resize(ctx context.Context, n int) error {
 	}
 	wg.Wait()
 	if f := failed.Load(); f > 0 {
-		return fmt.Errorf("%d of %d acquisitions for the held population failed", f, need)
+		err := errors.New("none left in the pool")
+		if e := first.Load(); e != nil {
+			err = *e
+		}
+		return fmt.Errorf("%d of %d acquisitions for the held population failed, the first: %w", f, need, err)
 	}
 	return nil
+}
+
+// giveBack returns lock idx to the pool after a release or a failed
+// acquisition, unless the request failed: then the lock may still be held
+// (a release that did not commit, an acquisition that did though its answer
+// was lost), and where no controller expires it, it would be held for good.
+func (p *heldPopulation) giveBack(idx int, err error) {
+	if err == nil {
+		p.free <- idx
+	}
 }
 
 // renew renews hl every renewEvery from a random phase until it is stopped,
@@ -254,9 +274,28 @@ func (p *heldPopulation) renew(ctx context.Context, hl *heldLock) {
 		if r := p.cur.Load(); r != nil {
 			done = r[1].begin(next)
 		}
-		done(hl.h.renew(ctx))
+		err := hl.h.renew(ctx)
+		done(err)
+		if err != nil {
+			hl.failed.Store(true)
+			return
+		}
 		next = next.Add(p.renewEvery)
 	}
+}
+
+// prune drops the holdings whose renewal failed, so that one overloaded
+// step does not fail every step after it with renewals of holdings already
+// lost; resize acquires others in their place. Their locks do not go back
+// to the pool (see giveBack).
+func (p *heldPopulation) prune() {
+	kept := p.locks[:0]
+	for _, hl := range p.locks {
+		if !hl.failed.Load() {
+			kept = append(kept, hl)
+		}
+	}
+	p.locks = kept
 }
 
 // parallel calls f for each item with 32 workers.
@@ -345,7 +384,7 @@ func (m *mixRunner) window(ctx context.Context, rate float64, profile string) (s
 		h, err := m.sys.acquire(ctx, lockName(idx))
 		recs[0].record(sched, err)
 		if err != nil {
-			m.free <- idx
+			m.held.giveBack(idx, err)
 			return
 		}
 		releases.Go(func() {
@@ -353,7 +392,7 @@ func (m *mixRunner) window(ctx context.Context, rate float64, profile string) (s
 			rs := time.Now()
 			err := h.release(ctx)
 			recs[2].record(rs, err)
-			m.free <- idx
+			m.held.giveBack(idx, err)
 		})
 	}, func(sched time.Time) { recs[0].record(sched, errors.New("client-side in-flight limit reached")) })
 	if d := time.Until(we); d > 0 {
@@ -369,7 +408,8 @@ func (m *mixRunner) window(ctx context.Context, rate float64, profile string) (s
 	m.cur.Store(nil)
 	secs := cfg.measure.Seconds()
 	sr.APIByKind = w1.since(w0, secs)
-	sr.APICPU = cpu1.since(cpu0)["kube-apiserver"] / secs
+	sr.CPU = cpu1.since(cpu0).perSecond(secs)
+	sr.APICPU = sr.CPU["kube-apiserver"]
 	sr.summarize(recs, secs, cfg)
 	return sr, recs
 }

@@ -286,6 +286,29 @@ func (u usage) since(before usage) usage {
 	return d
 }
 
+// perSecond is u over secs: each process's share of one core.
+func (u usage) perSecond(secs float64) usage {
+	d := usage{}
+	for k, v := range u {
+		d[k] = v / secs
+	}
+	return d
+}
+
+// of sums the processes whose names start with one of prefixes.
+func (u usage) of(prefixes ...string) float64 {
+	var t float64
+	for k, v := range u {
+		for _, p := range prefixes {
+			if strings.HasPrefix(k, p) {
+				t += v
+				break
+			}
+		}
+	}
+	return t
+}
+
 func loadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {

@@ -50,13 +50,18 @@ func clientFor(key string, n int) int {
 func newKubelockLocker(newClient lockClientFactory, cfg *rest.Config, ns string, n int, lease time.Duration) (*kubelockLocker, error) {
 	k := &kubelockLocker{}
 	for i := range n {
-		c, err := newClient(cfg, lock.WithNamespace(ns), lock.WithIdentity(fmt.Sprintf("bench-%d", i)), lock.WithoutAutoRenew(), lock.WithLeaseDuration(lease))
+		c, err := newClient(cfg, lockClientOptions(i, ns, lease)...)
 		if err != nil {
 			return nil, err
 		}
 		k.clients = append(k.clients, c)
 	}
 	return k, nil
+}
+
+// lockClientOptions are the options of a locker's client i.
+func lockClientOptions(i int, ns string, lease time.Duration) []lock.Option {
+	return []lock.Option{lock.WithNamespace(ns), lock.WithIdentity(fmt.Sprintf("bench-%d", i)), lock.WithoutAutoRenew(), lock.WithLeaseDuration(lease)}
 }
 
 func (k *kubelockLocker) acquire(ctx context.Context, key string) (holding, error) {

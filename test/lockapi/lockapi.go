@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/internal/locallockapi"
 	"github.com/kubelock/kubelock/test/testenv"
 )
@@ -48,6 +49,11 @@ type Options struct {
 	StorageEncoding string
 	// Args are extra flags.
 	Args []string
+	// Store is another server's etcd to serve from, as a replica does (Stop
+	// leaves it running); nil: an etcd of its own.
+	Store *localcluster.Etcd
+	// EtcdArgs are extra flags of its own etcd.
+	EtcdArgs []string
 }
 
 // Server is a running lock apiserver and its etcd.
@@ -67,7 +73,8 @@ func Build(ctx context.Context, dir string) (string, error) {
 // when nothing), for Stop.
 func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (*Server, error) {
 	s, err := locallockapi.Start(ctx, env.Cluster, locallockapi.Options{Name: o.Name, Binary: bin, Dir: dir, AssetsDir: testenv.AssetsDir(),
-		ControllerUsers: []string{ControllerUser}, StorageEncoding: o.StorageEncoding, Args: o.Args})
+		ControllerUsers: []string{ControllerUser}, StorageEncoding: o.StorageEncoding, Args: o.Args,
+		Store: o.Store, EtcdArgs: o.EtcdArgs})
 	if s == nil {
 		return nil, err
 	}

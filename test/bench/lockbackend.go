@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/lockapi"
+)
+
+// Names of the lock apiserver backend's processes: lockAPIProc starts every
+// replica's (replicaName), lockStoreProc is the lock store, their etcd.
+const (
+	lockAPIProc   = "kubelock-apiserver"
+	lockStoreProc = "lock etcd"
+)
+
+// lockBackend is kubelock's lock apiserver backend as a system of the run: a
+// control plane of its own, because a group version is served by the CRD or
+// by an APIService, never both, so it cannot share the CRD's kube-apiserver;
+// kubelock-apiserver registered there by an APIService, serving from an etcd
+// of its own, and the replicas the scale model adds on that same etcd. No
+// operator runs there: the workloads it runs need none.
+type lockBackend struct {
+	c       *cluster // its kube-apiserver as the workloads see it
+	bin     string
+	servers []*lockapi.Server
+	groups  []*cpuCgroup // the scale model's, one per replica
+	pw      *procWatch   // kube-apiserver, its etcd, the replicas, the lock store
+	objects int          // seed-mix locks created
+	free    pool         // of them, shared by every workload on it
+}
+
+// startLockBackend starts the control plane and the first kubelock-apiserver
+// with its files in dir, registers it and creates n seed-mix locks through
+// kube-apiserver.
+func startLockBackend(ctx context.Context, dir string, n int) (lb *lockBackend, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	lb = &lockBackend{c: &cluster{dir: dir, logf: logf}}
+	defer func() {
+		if err != nil {
+			lb.stop()
+		}
+	}()
+	logf("lock apiserver backend: a control plane of its own (aggregation layer on, no lock CRDs), kubelock-apiserver and its etcd")
+	env, err := lockapi.ControlPlane()
+	if err != nil {
+		return lb, err
+	}
+	if err := lb.c.connect(ctx, env); err != nil {
+		return lb, err
+	}
+	kube := clusterPath(env)
+	lb.pw = &procWatch{procs: []proc{kube[roleKube], kube[roleEtcd]}}
+	if lb.bin, err = lockapi.Build(ctx, dir); err != nil {
+		return lb, err
+	}
+	s, err := lb.addReplica(ctx)
+	if err != nil {
+		return lb, err
+	}
+	if err := s.Register(ctx, env); err != nil {
+		return lb, err
+	}
+	d, err := createLocks(ctx, env.Client, n)
+	if err != nil {
+		return lb, err
+	}
+	lb.objects, lb.free = n, newPool(n)
+	logf("created %d DistributedLocks through the APIService in %s (%.0f/s)", n, d.Round(time.Millisecond), float64(n)/d.Seconds())
+	return lb, nil
+}
+
+// addReplica starts one more kubelock-apiserver: the first with an etcd of
+// its own (the lock store), every other one on that etcd.
+func (lb *lockBackend) addReplica(ctx context.Context) (*lockapi.Server, error) {
+	o := lockapi.Options{Name: replicaName(len(lb.servers) + 1)}
+	if len(lb.servers) > 0 {
+		o.Store = lb.servers[0].Etcd
+	}
+	s, err := lockapi.Start(ctx, lb.c.env, lb.bin, lb.c.dir, o)
+	if err != nil {
+		return nil, err
+	}
+	lb.servers = append(lb.servers, s)
+	lb.pw.procs = append(lb.pw.procs, proc{name: s.Name, pid: s.APIServer.Pid()})
+	if o.Store == nil {
+		lb.pw.procs = append(lb.pw.procs, proc{name: lockStoreProc, pid: s.Etcd.Members[0].Running().Pid()})
+	}
+	logf("  %s: pid %d at %s", s.Name, s.APIServer.Pid(), s.URL())
+	return s, nil
+}
+
+// replicaName is the i-th replica's (from 1), as a process of the report.
+func replicaName(i int) string { return fmt.Sprintf("%s-%d", lockAPIProc, i) }
+
+// stop stops the replicas (the first last: its etcd is everyone's store),
+// then the control plane, and removes the cgroups they ran in.
+func (lb *lockBackend) stop() {
+	for i := len(lb.servers) - 1; i >= 0; i-- {
+		_ = lb.servers[i].Stop()
+	}
+	lb.c.stop()
+	for _, g := range lb.groups {
+		if err := g.remove(); err != nil {
+			logf("removing cgroup %s: %v", g.dir, err)
+		}
+	}
+}
+
+// runAPIServer runs the lock apiserver backend's workloads through
+// kube-apiserver (the seed mix, uncontended acquisitions, hand-off) and,
+// with --scale-model, the scale model.
+func (b *benchRun) runAPIServer(ctx context.Context) error {
+	if (!b.systems["apiserver"] && !b.o.scaleModel) || ctx.Err() != nil {
+		return nil
+	}
+	lb, err := startLockBackend(ctx, filepath.Join(b.c.dir, "lock-backend"), b.o.leaseObjects)
+	if err != nil {
+		return fmt.Errorf("the lock apiserver backend: %w", err)
+	}
+	defer lb.stop()
+	if b.systems["apiserver"] {
+		if err := b.lockBackendWorkloads(ctx, lb); err != nil {
+			return err
+		}
+	}
+	if b.o.scaleModel && ctx.Err() == nil {
+		b.rep.replicas = b.scaleModel(ctx, lb)
+	}
+	return nil
+}
+
+// lockBackendWorkloads runs workloads 1, 2 and 3 with pkg/lock's clients
+// going through kube-apiserver, as a cluster's clients do. Expiry
+// (workload 4) is the controller's, which does not run here.
+func (b *benchRun) lockBackendWorkloads(ctx context.Context, lb *lockBackend) error {
+	tr := newTrips()
+	l, err := newKubelockLocker(lockClients(encJSON, nil), tr.wrap(lb.c.user), lockNS, b.o.clients, b.o.lease)
+	if err != nil {
+		return err
+	}
+	if b.wl["1"] {
+		m := b.mix
+		m.objects = lb.objects
+		b.rep.mixes = append(b.rep.mixes, runSeedMix(ctx, lb.c, l, sysAPIServer, lb.free, m, lb.pw, logf))
+	}
+	if b.wl["2"] {
+		b.rep.uncontended = append(b.rep.uncontended, runUncontendedBoth(ctx, lb.c, l, sysAPIServer, lb.free, b.uncRate, b.o, tr)...)
+	}
+	if b.wl["3"] {
+		return b.handoffOn(ctx, lb.c, "handoff-apiserver", sysAPIServer)
+	}
+	return nil
+}
+
+// directLocker is pkg/lock with n clients, client i talking straight to
+// servers[i mod len(servers)], as clients spread over a Service's endpoints.
+func directLocker(ctx context.Context, kube *rest.Config, servers []*lockapi.Server, n int, lease time.Duration) (*kubelockLocker, error) {
+	k := &kubelockLocker{}
+	for i := range n {
+		c, err := directLockClient(kube, servers[i%len(servers)], lockClientOptions(i, lockNS, lease)...)
+		if err != nil {
+			return nil, err
+		}
+		if err := warm(ctx, c); err != nil {
+			return nil, fmt.Errorf("%s: %w", servers[i%len(servers)].Name, err)
+		}
+		k.clients = append(k.clients, c)
+	}
+	return k, nil
+}
+
+// warm reads a lock with c until it can, so that c has learned the
+// server's API (its first request asks for discovery, which a replica just
+// started may still refuse) before any request is timed.
+func warm(ctx context.Context, c *lock.Client) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Get(ctx, lockName(0))
+		return err == nil, nil
+	})
+}
+
+// directLockClient is a pkg/lock client whose lock requests go straight to
+// s and whose SelfSubjectReview (how pkg/lock learns its user) goes to
+// kube-apiserver, which alone serves it.
+func directLockClient(kube *rest.Config, s *lockapi.Server, opts ...lock.Option) (*lock.Client, error) {
+	scheme, err := lockScheme()
+	if err != nil {
+		return nil, err
+	}
+	direct, err := client.NewWithWatch(s.Direct(kube), client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	viaKube, err := client.New(kube, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	return lock.NewFromClient(selfReviewsVia{WithWatch: direct, kube: viaKube}, opts...)
+}
+
+// selfReviewsVia sends SelfSubjectReviews to kube and everything else to
+// the embedded client.
+type selfReviewsVia struct {
+	client.WithWatch
+	kube client.Client
+}
+
+func (s selfReviewsVia) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if _, ok := obj.(*authenticationv1.SelfSubjectReview); ok {
+		return s.kube.Create(ctx, obj, opts...)
+	}
+	return s.WithWatch.Create(ctx, obj, opts...)
+}
