@@ -75,6 +75,8 @@ type Options struct {
 	StorageEncoding string
 	// Args are extra flags.
 	Args []string
+	// EtcdArgs are extra flags of its etcd (--name=value).
+	EtcdArgs []string
 }
 
 // Server is a running lock apiserver and its etcd.
@@ -121,7 +123,7 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 	if err != nil {
 		return s, err
 	}
-	if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(dir, o.Name+"-etcd"), AssetsDir: testenv.AssetsDir()}); err != nil {
+	if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(dir, o.Name+"-etcd"), AssetsDir: testenv.AssetsDir(), EtcdArgs: o.EtcdArgs}); err != nil {
 		return s, err
 	}
 	// Reserved for this process as the control plane's ports are (FreePort

@@ -53,8 +53,13 @@ func Run(t *testing.T, name string, timeout, polling time.Duration) {
 // admission webhook served by this process, which lets controllerUser expire
 // locks; DeferCleanup stops both.
 func Start(controllerUser string, opts ...testenv.Option) *testenv.Env {
+	return start(testenv.Start, controllerUser, opts)
+}
+
+// start is Start with the control plane startEnv starts.
+func start(startEnv func(...testenv.Option) (*testenv.Env, error), controllerUser string, opts []testenv.Option) *testenv.Env {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
-	env, err := testenv.Start(append([]testenv.Option{testenv.WithWebhook()}, opts...)...)
+	env, err := startEnv(append([]testenv.Option{testenv.WithWebhook()}, opts...)...)
 	Expect(err).NotTo(HaveOccurred())
 	// Cleanups run last-in first-out: the webhook stops before the control plane.
 	DeferCleanup(func() { Expect(env.Stop()).To(Succeed()) })
