@@ -130,8 +130,8 @@ func (c container) runsOn(b backend) bool {
 // Describe declares a top-level container as Ginkgo's Describe does, to be
 // built on the backends it runs on; it returns true for `var _ =`.
 func (m *matrix) Describe(text string, args ...any) bool {
-	at := types.NewCodeLocation(1)
-	c := container{declare: func() { Describe(text, append(args, at)...) }}
+	args = append(args, types.NewCodeLocation(1)) // where it was written, not here
+	c := container{declare: func() { Describe(text, args...) }}
 	for _, a := range args {
 		if l, ok := a.(Labels); ok {
 			c.labels = append(c.labels, l...)

@@ -1,8 +1,9 @@
 // Package suite is what the Ginkgo envtest suites (test/integration,
-// test/observability, test/e2e/cli) share: the control plane with the
-// admission webhook and the expiry controller in this process, as the
-// operator runs them, and fresh namespaces, locks and lock users. Its
-// functions fail the running spec on error.
+// test/observability, test/e2e/cli, test/admission) share: the control plane
+// with the admission webhook and the expiry controller in this process, as
+// the operator runs them, on either backend of the lock API (Start, or
+// StartLockAPI for kubelock-apiserver), and fresh namespaces, locks and lock
+// users. Its functions fail the running spec on error.
 package suite
 
 import (
