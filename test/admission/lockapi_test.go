@@ -3,7 +3,6 @@ package admission
 import (
 	"context"
 	"encoding/json"
-	"os"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -12,6 +11,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/lockapiserver/lockrules"
 	"github.com/kubelock/kubelock/test/lockapi"
+	"github.com/kubelock/kubelock/test/suite"
 )
 
 // lockServer is the running kubelock-apiserver while its container runs.
@@ -27,22 +27,11 @@ var lockServer *lockapi.Server
 var _ = Describe("admission by the lock apiserver", Ordered, ContinueOnFailure, func() {
 	BeforeAll(func(ctx SpecContext) {
 		DeferCleanup(keepWorld())
-		dir, err := os.MkdirTemp("", "kubelock-admission-lockapi-")
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func() { Expect(os.RemoveAll(dir)).To(Succeed()) })
 		cp, err := lockapi.ControlPlane()
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(cp.Stop()).To(Succeed()) })
-		bin, err := lockapi.Build(ctx, dir)
-		Expect(err).NotTo(HaveOccurred())
 		Expect(lockapi.ControllerUser).To(Equal(controllerUser))
-		srv, err := lockapi.Start(ctx, cp, bin, dir, lockapi.Options{})
-		if srv != nil {
-			DeferCleanup(func() { Expect(srv.Stop()).To(Succeed()) })
-		}
-		Expect(err).NotTo(HaveOccurred())
-		Expect(srv.Register(ctx, cp)).To(Succeed())
-		env, lockServer = cp, srv
+		env, lockServer = cp, suite.BuildLockAPI(ctx).Serve(ctx, cp, lockapi.Options{})
 		setUpUsers(ctx)
 	})
 

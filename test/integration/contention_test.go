@@ -29,7 +29,7 @@ type holding struct {
 	releaseLost bool
 }
 
-var _ = Describe("many clients on one lock", Serial, func() {
+var _ = backends.Describe("many clients on one lock", Serial, func() {
 	It("never lets holding intervals overlap (I1) and issues increasing tokens (I2)", func() {
 		ctx := context.Background()
 		ns := suite.Namespace(ctx)

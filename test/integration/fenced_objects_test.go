@@ -22,7 +22,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("Kubernetes objects fenced by a lock", Ordered, func() {
+var _ = backends.Describe("Kubernetes objects fenced by a lock", Ordered, func() {
 	BeforeAll(func(ctx SpecContext) {
 		Expect(env.FencedObjectsWebhook(ctx)).To(Succeed())
 	})

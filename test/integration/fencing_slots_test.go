@@ -19,7 +19,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("fencing per semaphore slot (I7 per permit)", func() {
+var _ = backends.Describe("fencing per semaphore slot (I7 per permit)", func() {
 	It("lets N permit holders each guard their own row, and fences each slot on its own", func(ctx SpecContext) {
 		server, err := pgtest.Start(ctx)
 		Expect(err).NotTo(HaveOccurred())

@@ -24,7 +24,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("fencing at the protected resource (I7)", Ordered, func() {
+var _ = backends.Describe("fencing at the protected resource (I7)", Ordered, func() {
 	var (
 		pool  *pgxpool.Pool
 		guard *postgres.Guard

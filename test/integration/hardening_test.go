@@ -20,7 +20,7 @@ import (
 // The client within the server's queue bounds: it asks for no more
 // than spec.maxWaitSeconds and spec.maxWaitersPerUser allow, and writes the pod
 // of its bound token.
-var _ = Describe("queue bounds and pod binding from the client", func() {
+var _ = backends.Describe("queue bounds and pod binding from the client", func() {
 	ctx := context.Background()
 	var ns string
 	suite.NamespaceEach(&ns)

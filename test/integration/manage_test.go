@@ -12,7 +12,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("release by lease ID and force-release", func() {
+var _ = backends.Describe("release by lease ID and force-release", func() {
 	ctx := context.Background()
 	var ns string
 	suite.NamespaceEach(&ns, "jobs")

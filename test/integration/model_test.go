@@ -46,7 +46,7 @@ import (
 //	KUBELOCK_MODEL_OPS        stop after this many operations (default 2000)
 //	KUBELOCK_MODEL_HISTORY    if set, write the history to a temporary file even when the test passes
 //	KUBELOCK_MODEL_VISUALIZE  if set, write porcupine's visualization even when the history is linearizable
-var _ = Describe("model-based randomized test", Serial, func() {
+var _ = backends.Describe("model-based randomized test", Serial, func() {
 	for _, spec := range []locksv1alpha1.DistributedLockSpec{
 		{Type: locksv1alpha1.Mutex},
 		{Type: locksv1alpha1.RWMutex},

@@ -25,7 +25,7 @@ func multiLockRun() time.Duration {
 	return 60 * time.Second
 }
 
-var _ = Describe("multi-lock (AcquireAll)", func() {
+var _ = backends.Describe("multi-lock (AcquireAll)", func() {
 	ctx := context.Background()
 	var ns string
 	suite.NamespaceEach(&ns, "a", "b")

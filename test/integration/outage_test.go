@@ -14,7 +14,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("apiserver unreachable (I4, I5)", Serial, func() {
+var _ = backends.Describe("apiserver unreachable (I4, I5)", Serial, func() {
 	It("ends the holder's context before the controller, restarted meanwhile, can give the lock to anyone else", func() {
 		ctx := context.Background()
 		ns := suite.Namespace(ctx)

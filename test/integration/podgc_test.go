@@ -28,7 +28,7 @@ import (
 // kube-controller-manager's garbage collector delete the session, and the
 // controller ends its holdings (SessionClosed) and grants the next waiter.
 // Serial: it measures latency, and the collector it starts sees every namespace.
-var _ = Describe("a pod-bound session with the garbage collector running", Serial, func() {
+var _ = backends.Describe("a pod-bound session with the garbage collector running", Serial, func() {
 	It("frees all the locks of a deleted Pod's session for the next waiter within 2 s (10 trials)", func(ctx SpecContext) {
 		const trials, n, ttl = 10, 3, 30 * time.Second
 		kcm, err := env.StartControllerManager(ctx)

@@ -20,7 +20,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("acquire, renew, release", func() {
+var _ = backends.Describe("acquire, renew, release", func() {
 	ctx := context.Background()
 	var ns string
 	suite.NamespaceEach(&ns, "orders")
@@ -223,7 +223,7 @@ var _ = Describe("acquire, renew, release", func() {
 	})
 })
 
-var _ = Describe("idempotent acquire (I6)", func() {
+var _ = backends.Describe("idempotent acquire (I6)", func() {
 	It("returns the same lease when the response to a committed acquire was lost", func() {
 		ctx := context.Background()
 		ns := suite.Namespace(ctx)
@@ -278,7 +278,7 @@ var _ = Describe("idempotent acquire (I6)", func() {
 	})
 })
 
-var _ = Describe("idempotent acquire beyond what status remembers (I6)", func() {
+var _ = backends.Describe("idempotent acquire beyond what status remembers (I6)", func() {
 	It("refuses to guess when the lock changed hands more often than recentAcquisitions records", func() {
 		ctx := context.Background()
 		ns := suite.Namespace(ctx)

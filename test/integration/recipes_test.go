@@ -115,7 +115,7 @@ func queued(ctx context.Context, ns, name, requestID string) bool {
 	return suite.GetLock(ctx, ns, name).Status.WaiterIndex(requestID) >= 0
 }
 
-var _ = Describe("recipes of other lock libraries: RWMutex", func() {
+var _ = backends.Describe("recipes of other lock libraries: RWMutex", func() {
 	var ns string
 	suite.NamespaceEach(&ns)
 
@@ -345,7 +345,7 @@ func countAcquired(l *locksv1alpha1.DistributedLock) int {
 	return n
 }
 
-var _ = Describe("recipes of other lock libraries: Semaphore", func() {
+var _ = backends.Describe("recipes of other lock libraries: Semaphore", func() {
 	var ns string
 	suite.NamespaceEach(&ns)
 

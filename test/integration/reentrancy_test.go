@@ -13,7 +13,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("reentrant holdings (WithReentrancy)", func() {
+var _ = backends.Describe("reentrant holdings (WithReentrancy)", func() {
 	ctx := context.Background()
 	var ns string
 	suite.NamespaceEach(&ns, "orders")

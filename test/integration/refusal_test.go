@@ -17,7 +17,7 @@ import (
 // A client sends again a request a starting apiserver refuses while it is
 // not ready (test/e2e/faults restarts one for that); here the apiserver is
 // ready, and every refusal must be final after one write.
-var _ = Describe("refusals on a ready apiserver", func() {
+var _ = backends.Describe("refusals on a ready apiserver", func() {
 	var ns string
 	suite.NamespaceEach(&ns, "refused")
 
@@ -46,7 +46,7 @@ var _ = Describe("refusals on a ready apiserver", func() {
 	})
 
 	It("returns an admission rule's 403 after one write, without asking /readyz", func(ctx SpecContext) {
-		cfg, err := env.ControllerConfig(suite.ControllerUser)
+		cfg, err := env.ControllerConfig(controllerUser)
 		Expect(err).NotTo(HaveOccurred())
 		var sent suite.Requests
 		c, err := lock.New(sent.Count(cfg), lock.WithNamespace(ns), lock.WithIdentity("the-controller"))

@@ -22,7 +22,7 @@ import (
 	"github.com/kubelock/kubelock/test/suite"
 )
 
-var _ = Describe("sessions", func() {
+var _ = backends.Describe("sessions", func() {
 	ctx := context.Background()
 	var ns string
 	suite.NamespaceEach(&ns)
@@ -194,11 +194,11 @@ var _ = Describe("sessions", func() {
 	})
 })
 
-// renewWrites scrapes the apiserver's apiserver_request_total and sums the
-// PATCH and update (verb="PUT") requests to locksessions and to
-// distributedlocks, any subresource and response code.
+// renewWrites scrapes apiserver_request_total of the server that serves the
+// lock API and sums the PATCH and update (verb="PUT") requests to
+// locksessions and to distributedlocks, any subresource and response code.
 func renewWrites() (sessions, locks float64) {
-	cs, err := kubernetes.NewForConfig(env.Config)
+	cs, err := kubernetes.NewForConfig(env.LockAPIConfig())
 	Expect(err).NotTo(HaveOccurred())
 	body, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	Expect(err).NotTo(HaveOccurred())
@@ -225,7 +225,7 @@ func renewWrites() (sessions, locks float64) {
 
 // Needs the controller to know sessions (h-sctl): it ends the holdings of a
 // lapsed session with SessionExpired.
-var _ = Describe("a session cut off from the apiserver (I5 per session)", Serial, func() {
+var _ = backends.Describe("a session cut off from the apiserver (I5 per session)", Serial, func() {
 	It("ends every lock's context before the controller ends any holding and another client takes it", func() {
 		ctx := context.Background()
 		ns := suite.Namespace(ctx)

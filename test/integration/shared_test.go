@@ -67,7 +67,7 @@ func waiterModes(ctx context.Context, ns, name string) []locksv1alpha1.Mode {
 	return modes
 }
 
-var _ = Describe("shared holdings: Semaphore permits and RWMutex readers", func() {
+var _ = backends.Describe("shared holdings: Semaphore permits and RWMutex readers", func() {
 	ctx := context.Background()
 	var ns string
 	suite.NamespaceEach(&ns)

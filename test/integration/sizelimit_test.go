@@ -17,7 +17,6 @@ import (
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
-	"github.com/kubelock/kubelock/test/testenv"
 )
 
 // etcd refuses a request larger than --max-request-bytes (1.5 MiB by default)
@@ -31,12 +30,10 @@ import (
 // last step releases the first of them: the lock's lease is an hour (the
 // longest allowed), so the spec relies on the whole of it finishing within
 // that hour, not on the machine's speed.
-var _ = Describe("a lock at the size etcd takes", func() {
+var _ = backends.Describe("a lock at the size etcd takes", func() {
 	It("refuses the write that would outgrow it at once, with an error that says so, and still releases", func() {
-		small, err := testenv.Start(testenv.WithEtcdArgs("max-request-bytes", "65536"))
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(small.Stop)
 		ctx := context.Background()
+		small := env.another(ctx, "max-request-bytes", "65536")
 		const ns, name = "default", "big"
 		key := client.ObjectKey{Namespace: ns, Name: name}
 		const readerLease = locksv1alpha1.MaxLeaseDurationSeconds
@@ -123,10 +120,8 @@ var _ = Describe("a lock at the size etcd takes", func() {
 	// until others leave; kept in the queue, it would hold back everyone
 	// behind it until the controller drops it after handoffTimeoutSeconds.
 	It("a queue head whose acquisition does not fit leaves the queue at once, with an error that says so", func() {
-		small, err := testenv.Start(testenv.WithEtcdArgs("max-request-bytes", "65536"))
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(small.Stop)
 		ctx := context.Background()
+		small := env.another(ctx, "max-request-bytes", "65536")
 		key := client.ObjectKey{Namespace: "default", Name: "tight"}
 		Expect(small.Client.Create(ctx, &locksv1alpha1.DistributedLock{
 			ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name},

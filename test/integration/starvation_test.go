@@ -34,7 +34,7 @@ import (
 // may show a reader that is not of it. The readers' own tokens say the same:
 // a reader that acquired after the writer enqueued has a token above the
 // resourceVersion of the enqueue, and below the writer's.
-var _ = Describe("writer starvation", Serial, func() {
+var _ = backends.Describe("writer starvation", Serial, func() {
 	It("a writer behind a continuous stream of readers gets the lock within one generation of readers", func(ctx SpecContext) {
 		const readers, attempts = 4, 8
 		const hold = 300 * time.Millisecond

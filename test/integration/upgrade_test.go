@@ -13,7 +13,7 @@ import (
 // Locks an earlier release stored, read by this one. The controller stops for
 // the spec: it repairs a lock's counts in its next write, and the holder's own
 // writes must not depend on it.
-var _ = Describe("a lock stored before holderCount existed", Serial, func() {
+var _ = backends.Describe("a lock stored before holderCount existed", Serial, func() {
 	It("is renewed and released by its holder, whose writes set the count", func(ctx SpecContext) {
 		ns := suite.Namespace(ctx)
 		suite.NewLock(ctx, ns, "stored-early", locksv1alpha1.DistributedLockSpec{})

@@ -1,8 +1,9 @@
 // Package suite is what the Ginkgo envtest suites (test/integration,
-// test/observability, test/e2e/cli) share: the control plane with the
-// admission webhook and the expiry controller in this process, as the
-// operator runs them, and fresh namespaces, locks and lock users. Its
-// functions fail the running spec on error.
+// test/observability, test/e2e/cli, test/admission) share: the control plane
+// with the admission webhook and the expiry controller in this process, as
+// the operator runs them, on either backend of the lock API (Start, or
+// StartLockAPI for kubelock-apiserver), and fresh namespaces, locks and lock
+// users. Its functions fail the running spec on error.
 package suite
 
 import (
@@ -53,8 +54,13 @@ func Run(t *testing.T, name string, timeout, polling time.Duration) {
 // admission webhook served by this process, which lets controllerUser expire
 // locks; DeferCleanup stops both.
 func Start(controllerUser string, opts ...testenv.Option) *testenv.Env {
+	return start(testenv.Start, controllerUser, opts)
+}
+
+// start is Start with the control plane startEnv starts.
+func start(startEnv func(...testenv.Option) (*testenv.Env, error), controllerUser string, opts []testenv.Option) *testenv.Env {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
-	env, err := testenv.Start(append([]testenv.Option{testenv.WithWebhook()}, opts...)...)
+	env, err := startEnv(append([]testenv.Option{testenv.WithWebhook()}, opts...)...)
 	Expect(err).NotTo(HaveOccurred())
 	// Cleanups run last-in first-out: the webhook stops before the control plane.
 	DeferCleanup(func() { Expect(env.Stop()).To(Succeed()) })
