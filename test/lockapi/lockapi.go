@@ -75,6 +75,9 @@ type Options struct {
 	StorageEncoding string
 	// Args are extra flags.
 	Args []string
+	// Etcd, when set, is the store to serve from instead of an etcd of its
+	// own: replicas of one server share it, and Stop leaves it running.
+	Etcd *localcluster.Etcd
 }
 
 // Server is a running lock apiserver and its etcd.
@@ -87,6 +90,12 @@ type Server struct {
 	Port int
 	// CA signed its serving certificate.
 	CA []byte
+
+	ownEtcd bool
+	// bin, args and logPath start it again (Restart).
+	bin     string
+	args    []string
+	logPath string
 }
 
 // Build builds cmd/kubelock-apiserver into dir and returns the binary's path.
@@ -121,8 +130,11 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 	if err != nil {
 		return s, err
 	}
-	if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(dir, o.Name+"-etcd"), AssetsDir: testenv.AssetsDir()}); err != nil {
-		return s, err
+	if s.Etcd = o.Etcd; s.Etcd == nil {
+		s.ownEtcd = true
+		if s.Etcd, err = localcluster.StartEtcd(ctx, localcluster.Options{Name: o.Name + "-etcd", Dir: filepath.Join(dir, o.Name+"-etcd"), AssetsDir: testenv.AssetsDir()}); err != nil {
+			return s, err
+		}
 	}
 	// Reserved for this process as the control plane's ports are (FreePort
 	// checks loopback; only this server binds the host's address).
@@ -133,7 +145,8 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 	if err := s.writeServingCert(certDir); err != nil {
 		return s, err
 	}
-	args := append([]string{
+	s.bin, s.logPath = bin, filepath.Join(dir, o.Name+".log")
+	s.args = append([]string{
 		"--etcd-servers=" + strings.Join(s.Etcd.Endpoints(), ","),
 		"--bind-address=" + host,
 		"--secure-port=" + strconv.Itoa(s.Port),
@@ -144,18 +157,37 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 		"--controller-users=" + ControllerUser,
 		"--storage-encoding=" + o.StorageEncoding,
 	}, o.Args...)
-	if s.APIServer, err = childproc.Start(o.Name, bin, filepath.Join(dir, o.Name+".log"), args...); err != nil {
-		return s, err
+	return s, s.run(ctx)
+}
+
+// run starts the server's process and waits until it serves.
+func (s *Server) run(ctx context.Context) (err error) {
+	if s.APIServer, err = childproc.Start(s.Name, s.bin, s.logPath, s.args...); err != nil {
+		return err
 	}
+	return s.APIServer.WaitFor(ctx, "ready", 2*time.Minute, s.Ready)
+}
+
+// Ready checks the server's /readyz (its etcd included), as a readiness
+// probe would.
+func (s *Server) Ready(ctx context.Context) error {
 	hc, err := rest.HTTPClientFor(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CAData: s.CA}})
 	if err != nil {
-		return s, err
+		return err
 	}
 	defer hc.CloseIdleConnections()
-	return s, s.APIServer.WaitFor(ctx, "ready", 2*time.Minute, func(ctx context.Context) error {
-		_, err := childproc.GetOK(ctx, hc, s.URL()+"/readyz")
-		return err
-	})
+	_, err = childproc.GetOK(ctx, hc, s.URL()+"/readyz")
+	return err
+}
+
+// Restart starts the server again with the same command line, once its
+// process has ended (killed, as a crash would), as its Deployment would,
+// and waits until it serves.
+func (s *Server) Restart(ctx context.Context) error {
+	if s.APIServer.Exited() == nil {
+		return fmt.Errorf("%s is still running", s.Name)
+	}
+	return s.run(ctx)
 }
 
 // URL is where clients reach it directly.
@@ -183,7 +215,7 @@ func (s *Server) Stop() error {
 	if s.APIServer != nil {
 		errs = append(errs, s.APIServer.Stop(20*time.Second))
 	}
-	if s.Etcd != nil {
+	if s.Etcd != nil && s.ownEtcd {
 		errs = append(errs, s.Etcd.Stop())
 	}
 	return errors.Join(errs...)
@@ -212,7 +244,17 @@ func (s *Server) writeServingCert(dir string) error {
 // EndpointSlice with its address, and waits until kube-apiserver serves the
 // lock API from it.
 func (s *Server) Register(ctx context.Context, env *testenv.Env) error {
-	cl := env.Client
+	return Register(ctx, env, s)
+}
+
+// Register points the APIService at replicas of one server (Started with
+// one Name, each in a folder of its own) behind one Service, as a
+// Deployment's pods are: an EndpointSlice per replica (each listens on its
+// own port), and a caBundle with each replica's CA. It waits until
+// kube-apiserver serves the lock API. With --enable-aggregator-routing,
+// kube-apiserver sends each request to a ready endpoint picked at random.
+func Register(ctx context.Context, env *testenv.Env, replicas ...*Server) error {
+	s, cl := replicas[0], env.Client
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: s.Name},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443, TargetPort: intstr.FromInt(s.Port)}}},
@@ -220,22 +262,19 @@ func (s *Server) Register(ctx context.Context, env *testenv.Env) error {
 	if err := cl.Create(ctx, svc); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: s.Name,
-			Labels: map[string]string{discoveryv1.LabelServiceName: s.Name, discoveryv1.LabelManagedBy: "kubelock-test"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.Host}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To(int32(s.Port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
-	}
-	if err := cl.Create(ctx, slice); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
+	var bundle []byte
+	for _, r := range replicas {
+		if err := cl.Create(ctx, r.endpointSlice(true)); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		bundle = append(bundle, r.CA...)
 	}
 	// Unstructured: the test scheme does not know apiregistration.
 	as := apiService()
 	spec := map[string]any{
 		"group": locksv1alpha1.GroupVersion.Group, "version": locksv1alpha1.GroupVersion.Version,
 		"service":              map[string]any{"namespace": Namespace, "name": s.Name, "port": int64(443)},
-		"caBundle":             base64.StdEncoding.EncodeToString(s.CA),
+		"caBundle":             base64.StdEncoding.EncodeToString(bundle),
 		"groupPriorityMinimum": int64(1000),
 		"versionPriority":      int64(15),
 	}
@@ -256,6 +295,25 @@ func (s *Server) Register(ctx context.Context, env *testenv.Env) error {
 	return s.APIServer.WaitFor(ctx, "served through kube-apiserver", 2*time.Minute, func(ctx context.Context) error {
 		return s.serves(ctx, env)
 	})
+}
+
+// endpointSlice is the replica's endpoint in its Service, ready or not.
+func (s *Server) endpointSlice(ready bool) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: fmt.Sprintf("%s-%d", s.Name, s.Port),
+			Labels: map[string]string{discoveryv1.LabelServiceName: s.Name, discoveryv1.LabelManagedBy: "kubelock-test"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.Host}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To(int32(s.Port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
+	}
+}
+
+// SetReady marks the replica's endpoint ready or not, as the EndpointSlice
+// controller does when its pod's readiness probe passes or fails:
+// kube-apiserver sends requests only to ready endpoints.
+func (s *Server) SetReady(ctx context.Context, env *testenv.Env, ready bool) error {
+	slice := s.endpointSlice(ready)
+	return env.Client.Patch(ctx, slice, client.Merge)
 }
 
 // serves checks that the APIService names s and is available.

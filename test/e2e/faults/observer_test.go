@@ -20,6 +20,7 @@ import (
 // holder's safe deadline), and the holders and finished holdings it sees feed
 // the request-ID check (I6) and the expiry timings.
 type observer struct {
+	c      client.Client
 	rec    *history.Recorder
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -39,13 +40,17 @@ type endSeen struct {
 	key    string
 }
 
-func newObserver() *observer {
-	path := filepath.Join(workDir, "history", "observer.jsonl")
-	rec, err := history.NewRecorder(path, "observer")
+func newObserver() *observer { return newObserverOf("observer", admin) }
+
+// newObserverOf is an observer named name reading through c (a control
+// plane of a Describe's own).
+func newObserverOf(name string, c client.Client) *observer {
+	path := filepath.Join(workDir, "history", name+".jsonl")
+	rec, err := history.NewRecorder(path, name)
 	must(err)
 	histories = append(histories, path)
 	ctx, cancel := context.WithCancel(context.Background())
-	o := &observer{rec: rec, cancel: cancel, done: make(chan struct{}), keys: map[string]bool{}, seen: map[string]bool{},
+	o := &observer{c: c, rec: rec, cancel: cancel, done: make(chan struct{}), keys: map[string]bool{}, seen: map[string]bool{},
 		ended: map[string]endSeen{}, lastHeld: map[string]int64{}}
 	go o.run(ctx)
 	return o
@@ -86,7 +91,7 @@ func (o *observer) read(ctx context.Context, key string) {
 	defer cancel()
 	sent := history.Mono()
 	l := &locksv1alpha1.DistributedLock{}
-	if err := admin.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l); err != nil {
+	if err := o.c.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l); err != nil {
 		return
 	}
 	now := history.Mono()

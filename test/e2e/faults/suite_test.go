@@ -5,7 +5,9 @@
 // election serving the admission webhook behind a TCP balancer, lock clients
 // as separate processes behind a fault proxy, and a PostgreSQL table guarded
 // by pkg/fencing. Each scenario injects its faults, then checks the recorded
-// histories (test/history). Run it with `make test-faults`.
+// histories (test/history). The Describe "lock apiserver backend" runs its
+// scenarios on a control plane of its own, where kubelock-apiserver serves
+// the lock API. Run it with `make test-faults`.
 //
 // Environment:
 //
