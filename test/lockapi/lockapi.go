@@ -157,7 +157,8 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (s
 		"--controller-users=" + ControllerUser,
 		"--storage-encoding=" + o.StorageEncoding,
 	}, o.Args...)
-	return s, s.run(ctx)
+	err = s.run(ctx)
+	return s, err
 }
 
 // run starts the server's process and waits until it serves.
