@@ -131,12 +131,19 @@ var _ = Describe("lock apiserver backend", Ordered, func() {
 		restoredAt := history.Mono()
 		Expect(members[1].Start(ctx)).To(Succeed())
 		Expect(members[2].Start(ctx)).To(Succeed())
+		healthyAfter := history.Mono() - restoredAt
 		var rc wire.Reply
 		Eventually(func() string {
 			rc = c.do(wire.Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
 			return rc.Outcome
 		}).WithTimeout(3 * time.Minute).WithPolling(500 * time.Millisecond).Should(Equal(history.OK))
 		recovery := history.Mono() - restoredAt
+		// Where the recovery went: the lock etcd's start, then the replicas' readiness.
+		Eventually(func() bool { return b.probe.isReady(0) && b.probe.isReady(1) }).Should(BeTrue())
+		inService := "the replicas stayed in the Service"
+		if back := max(b.probe.since(0), b.probe.since(1)); back > lossAt {
+			inService = fmt.Sprintf("both replicas, out of the Service during the outage, back in it %s after the restart began", secs(back-restoredAt))
+		}
 		Expect(rc.Token).To(BeNumerically(">", tokenBefore))
 		Expect(rc.Token).To(BeNumerically(">", rh.Token))
 		// The acquire refused during the outage changed nothing, not even later.
@@ -149,8 +156,9 @@ var _ = Describe("lock apiserver backend", Ordered, func() {
 		unwatch(key, held, free)
 		check(ctx, result{Scenario: "lock apiserver 2 lock-etcd members stopped", Faults: "1 of 3 lock-etcd members stopped; then 2 of 3 (quorum lost); then both restarted",
 			Recovery: fmt.Sprintf("%s from quorum restored to the next acquisition", secs(recovery)),
-			Notes: fmt.Sprintf("acquire+release cycle %s with 3 members, %s with 2, %s after recovery; quorum lost: holder's Done %s after the loss, acquire failed after %s (%s: %s)",
-				base.Round(time.Millisecond), one.Round(time.Millisecond), after.Round(time.Millisecond), secs(doneAfter), failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err))}, "la2")
+			Notes: fmt.Sprintf("acquire+release cycle %s with 3 members, %s with 2, %s after recovery; quorum lost: holder's Done %s after the loss, acquire failed after %s (%s: %s); after the restart began: both members healthy %s, %s",
+				base.Round(time.Millisecond), one.Round(time.Millisecond), after.Round(time.Millisecond), secs(doneAfter), failAfter.Round(time.Millisecond), r.Outcome, firstLine(r.Err),
+				secs(healthyAfter), inService)}, "la2")
 	})
 
 	It("3: kube-apiserver SIGKILLed and restarted under load: the lock store is unaffected, a release sent across the restart succeeds", func(ctx SpecContext) {
