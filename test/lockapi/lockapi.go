@@ -1,8 +1,9 @@
 // Package lockapi starts kubelock-apiserver next to a testenv control plane
 // for the suites and the benchmark: the binary built from
-// cmd/kubelock-apiserver, an etcd of its own (internal/localcluster's), and
-// its registration with kube-apiserver (an APIService, a Service and an
-// EndpointSlice pointing at it, and the RBAC a delegating API server needs).
+// cmd/kubelock-apiserver, an etcd of its own (internal/localcluster's) or one
+// its replicas share, and its registration with kube-apiserver (an
+// APIService, a Service and an EndpointSlice per replica, and the RBAC a
+// delegating API server needs).
 //
 // kube-apiserver must run with the aggregation layer (ControlPlane starts
 // it so). It refuses loopback endpoints, so the server listens on HostIP,
@@ -91,6 +92,7 @@ type Server struct {
 	// CA signed its serving certificate.
 	CA []byte
 
+	// ownEtcd: Start started Etcd for this server alone, and Stop stops it.
 	ownEtcd bool
 	// bin, args and logPath start it again (Restart).
 	bin     string
