@@ -13,6 +13,7 @@ package locallockapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -98,6 +99,12 @@ type Server struct {
 
 	cluster *localcluster.Cluster
 	timeout time.Duration
+	// bin, args and logPath start it again (Restart).
+	bin     string
+	args    []string
+	logPath string
+	// slice names its EndpointSlice once registered.
+	slice string
 }
 
 // Start runs o.Binary with an etcd of its own against cluster's
@@ -152,18 +159,38 @@ func Start(ctx context.Context, cluster *localcluster.Cluster, o Options) (s *Se
 		"--controller-users=" + strings.Join(o.ControllerUsers, ","),
 		"--storage-encoding=" + o.StorageEncoding,
 	}, o.Args...)
-	if s.APIServer, err = proc.Start(o.Name, o.Binary, filepath.Join(o.LogDir, o.Name+".log"), args...); err != nil {
-		return s, err
+	s.bin, s.args, s.logPath = o.Binary, args, filepath.Join(o.LogDir, o.Name+".log")
+	return s, s.run(ctx)
+}
+
+// run starts the server's process and waits until it serves.
+func (s *Server) run(ctx context.Context) (err error) {
+	if s.APIServer, err = proc.Start(s.Name, s.bin, s.logPath, s.args...); err != nil {
+		return err
 	}
+	return s.APIServer.WaitFor(ctx, "ready", s.timeout, s.Ready)
+}
+
+// Ready checks the server's /readyz (its etcd included), as a readiness
+// probe would.
+func (s *Server) Ready(ctx context.Context) error {
 	hc, err := rest.HTTPClientFor(&rest.Config{TLSClientConfig: rest.TLSClientConfig{CAData: s.CA}})
 	if err != nil {
-		return s, err
+		return err
 	}
 	defer hc.CloseIdleConnections()
-	return s, s.APIServer.WaitFor(ctx, "ready", o.StartTimeout, func(ctx context.Context) error {
-		_, err := proc.GetOK(ctx, hc, s.URL()+"/readyz")
-		return err
-	})
+	_, err = proc.GetOK(ctx, hc, s.URL()+"/readyz")
+	return err
+}
+
+// Restart starts the server again with the same command line once its
+// process has ended (killed, as a crash would), as its Deployment would,
+// and waits until it serves.
+func (s *Server) Restart(ctx context.Context) error {
+	if s.APIServer.Exited() == nil {
+		return fmt.Errorf("%s is still running", s.Name)
+	}
+	return s.run(ctx)
 }
 
 // URL is where clients reach it directly.

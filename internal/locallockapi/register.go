@@ -25,7 +25,16 @@ import (
 // EndpointSlice with its address, and waits until kube-apiserver serves the
 // lock API from it. It refuses while the lock CRDs are installed
 // (lockbackend.Check): that would switch the cluster's backend.
-func (s *Server) Register(ctx context.Context) error {
+func (s *Server) Register(ctx context.Context) error { return Register(ctx, s) }
+
+// Register points the APIService at replicas of one server (Started with
+// one Name, each in a folder of its own) behind one Service, as a
+// Deployment's pods are: an EndpointSlice per replica (each listens on a
+// port of its own) and a caBundle with each replica's CA. With
+// --enable-aggregator-routing, kube-apiserver sends each request to a ready
+// endpoint picked at random.
+func Register(ctx context.Context, replicas ...*Server) error {
+	s := replicas[0]
 	cl, err := adminClient(s.cluster)
 	if err != nil {
 		return err
@@ -40,15 +49,23 @@ func (s *Server) Register(ctx context.Context) error {
 	if err := cl.Create(ctx, svc); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	if err := s.point(ctx, cl); err != nil {
-		return err
+	var bundle []byte
+	for i, r := range replicas {
+		r.slice = r.Name
+		if i > 0 {
+			r.slice = fmt.Sprintf("%s-%d", r.Name, i)
+		}
+		if err := r.point(ctx, cl, true); err != nil {
+			return err
+		}
+		bundle = append(bundle, r.CA...)
 	}
 	// Unstructured: client-go's scheme does not know apiregistration.
 	as := apiService()
 	spec := map[string]any{
 		"group": locksv1alpha1.GroupVersion.Group, "version": locksv1alpha1.GroupVersion.Version,
 		"service":              map[string]any{"namespace": Namespace, "name": s.Name, "port": int64(443)},
-		"caBundle":             base64.StdEncoding.EncodeToString(s.CA),
+		"caBundle":             base64.StdEncoding.EncodeToString(bundle),
 		"groupPriorityMinimum": int64(1000),
 		"versionPriority":      int64(15),
 	}
@@ -71,14 +88,25 @@ func (s *Server) Register(ctx context.Context) error {
 	})
 }
 
-// point makes the Service's EndpointSlice name s's address and port, which
-// change at every start.
-func (s *Server) point(ctx context.Context, cl client.Client) error {
+// SetReady marks the replica's endpoint ready or not, as the EndpointSlice
+// controller does when its pod's readiness probe passes or fails:
+// kube-apiserver sends requests only to ready endpoints.
+func (s *Server) SetReady(ctx context.Context, ready bool) error {
+	cl, err := adminClient(s.cluster)
+	if err != nil {
+		return err
+	}
+	return s.point(ctx, cl, ready)
+}
+
+// point makes s's EndpointSlice in the Service name its address and port,
+// which change at every start, ready or not.
+func (s *Server) point(ctx context.Context, cl client.Client, ready bool) error {
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: s.Name,
+		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: s.slice,
 			Labels: map[string]string{discoveryv1.LabelServiceName: s.Name, discoveryv1.LabelManagedBy: "kubelock-local"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.Host}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{s.Host}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To(int32(s.Port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
 	}
 	err := cl.Create(ctx, slice)

@@ -85,6 +85,21 @@ func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (*
 // serves the lock API from it.
 func (s *Server) Register(ctx context.Context, _ *testenv.Env) error { return s.Server.Register(ctx) }
 
+// Register points the APIService at replicas of one server behind one
+// Service (locallockapi.Register).
+func Register(ctx context.Context, _ *testenv.Env, replicas ...*Server) error {
+	rs := make([]*locallockapi.Server, len(replicas))
+	for i, r := range replicas {
+		rs[i] = r.Server
+	}
+	return locallockapi.Register(ctx, rs...)
+}
+
+// SetReady marks the replica's endpoint ready or not (locallockapi's).
+func (s *Server) SetReady(ctx context.Context, _ *testenv.Env, ready bool) error {
+	return s.Server.SetReady(ctx, ready)
+}
+
 // RewriteStored changes an object as stored in the server's etcd, behind
 // its back: no rules, no validation (see testenv.Env.RewriteStored).
 func (s *Server) RewriteStored(ctx context.Context, gr schema.GroupResource, key types.NamespacedName, change func(obj map[string]any)) error {

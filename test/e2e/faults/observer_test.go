@@ -42,7 +42,8 @@ type endSeen struct {
 
 func newObserver() *observer { return newObserverOf("observer", admin) }
 
-// newObserverOf is an observer named name (its history's) reading with c.
+// newObserverOf is an observer named name reading through c (a control
+// plane of a Describe's own).
 func newObserverOf(name string, c client.Client) *observer {
 	path := filepath.Join(workDir, "history", name+".jsonl")
 	rec, err := history.NewRecorder(path, name)

@@ -5,9 +5,10 @@
 // election serving the admission webhook behind a TCP balancer, lock clients
 // as separate processes behind a fault proxy, and a PostgreSQL table guarded
 // by pkg/fencing. Each scenario injects its faults, then checks the recorded
-// histories (test/history). The "HA control plane" scenarios run on a control
-// plane of their own: two kube-apiservers behind HAProxy (ha_cluster_test.go).
-// Run it with `make test-faults`.
+// histories (test/history). Two Describes run their scenarios on control
+// planes of their own: "HA control plane" (two kube-apiservers behind
+// HAProxy, ha_cluster_test.go) and "lock apiserver backend" (kubelock-apiserver
+// serving the lock API, lockapi_cluster_test.go). Run it with `make test-faults`.
 //
 // Environment:
 //
