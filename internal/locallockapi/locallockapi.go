@@ -160,7 +160,8 @@ func Start(ctx context.Context, cluster *localcluster.Cluster, o Options) (s *Se
 		"--storage-encoding=" + o.StorageEncoding,
 	}, o.Args...)
 	s.bin, s.args, s.logPath = o.Binary, args, filepath.Join(o.LogDir, o.Name+".log")
-	return s, s.run(ctx)
+	err = s.run(ctx)
+	return s, err
 }
 
 // run starts the server's process and waits until it serves.
