@@ -101,7 +101,7 @@ $(CONTROL_PLANE_BINS) &: hack/build-control-plane.sh hack/lib/build.sh
 # (seccomp, static; needs Debian's libseccomp-dev) and the CNI plugins into NODE_DIR.
 NODE_DIR ?= $(LOCALBIN)/node
 NODE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,kubelet kube-scheduler kube-proxy) \
-	$(addprefix $(NODE_DIR)/,containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/host-local cni/loopback cni/portmap)
+	$(addprefix $(NODE_DIR)/,containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/host-local cni/loopback cni/portmap etcd)
 
 .PHONY: node
 node: $(NODE_BINS) ## Build what `make dev NODE=1` adds: kubelet, kube-scheduler, kube-proxy, containerd, runc and the CNI plugins, from Go modules into ./bin.
@@ -190,13 +190,18 @@ build: ## Build the manager, the kubelock CLI, kubelock-dev and kubelock-apiserv
 	go build -o $(LOCALBIN)/kubelock ./cmd/kubelock
 	go build -o $(LOCALBIN)/kubelock-dev ./cmd/kubelock-dev
 
-# The images of the Dockerfile's two targets; needs a Docker engine.
+# The images of the Dockerfile's targets; needs a Docker engine. The chart's
+# backend: apiserver runs the last two.
 IMG_KUBELOCK ?= kubelock:latest
+IMG_APISERVER ?= kubelock/apiserver:latest
+IMG_ETCD ?= kubelock/etcd:latest
 
 .PHONY: docker-build
-docker-build: ## Build the operator image (IMG) and the CLI/sidecar image (IMG_KUBELOCK) with Docker.
+docker-build: ## Build the operator image (IMG), the CLI/sidecar image (IMG_KUBELOCK), the lock apiserver's (IMG_APISERVER) and its etcd's (IMG_ETCD) with Docker.
 	docker build --target manager -t $(IMG) .
 	docker build --target kubelock -t $(IMG_KUBELOCK) .
+	docker build --target apiserver -t $(IMG_APISERVER) .
+	docker build --target etcd --build-arg ETCD_VERSION=$(ETCD_VERSION) -t $(IMG_ETCD) .
 
 ##@ Tools
 
