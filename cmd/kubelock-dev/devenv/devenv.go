@@ -75,6 +75,11 @@ type Options struct {
 	// operator's webhook then serves fenced objects only).
 	Admission string
 
+	// Backend serves the lock API, as the chart's backend: BackendCRD (the
+	// CRDs in kube-apiserver) or BackendAPIServer (kubelock-apiserver and its
+	// etcd, behind an APIService, no lock CRDs; with Node only, as pods).
+	Backend string
+
 	// Node runs a real node (root only): kube-scheduler, containerd, kubelet
 	// and kube-proxy, with the operator deployed from config/default instead
 	// of running in this process. NodeDir holds containerd, runc and the CNI
@@ -100,6 +105,7 @@ func DefaultOptions() Options {
 		EtcdPeerPort:  12380,
 		WebhookPort:   19443,
 		Admission:     AdmissionWebhook,
+		Backend:       BackendCRD,
 		NodeDir:       node.DefaultBinDir(),
 		StartTimeout:  time.Minute,
 	}
@@ -206,6 +212,7 @@ func (e *env) clusterOptions() localcluster.Options {
 		EtcdPorts:      []localcluster.EtcdPorts{{Client: o.EtcdPort, Peer: o.EtcdPeerPort}},
 		APIServerPorts: []int{o.APIServerPort},
 		APIServerArgs:  []string{"--profiling=false"},
+		Aggregation:    o.Backend == BackendAPIServer,
 		// A pod's deletion deletes what it owned and a ResourceQuota counts sessions.
 		StartControllerManager: true,
 		StartTimeout:           o.StartTimeout,
@@ -285,6 +292,9 @@ func (e *env) check() error {
 	if err := checkAdmission(o.Admission); err != nil {
 		return err
 	}
+	if err := checkBackend(o.Backend, o.Node, o.Admission); err != nil {
+		return err
+	}
 	for _, bin := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kubectl"} {
 		p := filepath.Join(o.AssetsDir, bin)
 		if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
@@ -326,6 +336,26 @@ func (e *env) check() error {
 	}
 	e.kubelock, err = findKubelock(self)
 	return err
+}
+
+// The backends kubelock-dev runs, as the chart's backend.
+const (
+	BackendCRD       = "crd"
+	BackendAPIServer = "apiserver"
+)
+
+// checkBackend fails on a backend kubelock-dev does not know or cannot run
+// with the other options.
+func checkBackend(backend string, onNode bool, admission string) error {
+	switch {
+	case backend != BackendCRD && backend != BackendAPIServer:
+		return fmt.Errorf("--backend must be %q or %q, got %q", BackendCRD, BackendAPIServer, backend)
+	case backend == BackendAPIServer && !onNode:
+		return fmt.Errorf("--backend %s runs kubelock-apiserver and its etcd as pods: only with --node", backend)
+	case backend == BackendAPIServer && admission != AdmissionWebhook:
+		return fmt.Errorf("--admission %s chooses the CRD backend's engine: kubelock-apiserver runs the rules itself", admission)
+	}
+	return nil
 }
 
 // checkAdmission fails on an engine kubelock-dev does not know.
