@@ -161,10 +161,13 @@ NODE ?=
 # ADMISSION=policy: the lock rules as config/policy's ValidatingAdmissionPolicies
 # instead of the operator's webhook (kubelock-dev --admission; default webhook).
 ADMISSION ?=
+# BACKEND=apiserver: the lock API from kubelock-apiserver and its etcd instead of
+# the CRDs (kubelock-dev --backend; with NODE=1, the chart's pods).
+BACKEND ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook.
-	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(if $(ADMISSION),--admission $(ADMISSION)) $(DEV_FLAGS)
+dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) $(if $(and $(NODE),$(filter apiserver,$(BACKEND))),$(HELM)) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook; NODE=1 BACKEND=apiserver runs the chart's kubelock-apiserver and etcd as pods.
+	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(if $(ADMISSION),--admission $(ADMISSION)) $(if $(BACKEND),--backend $(BACKEND)) $(DEV_FLAGS)
 
 ##@ Deploy
 

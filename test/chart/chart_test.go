@@ -767,8 +767,9 @@ func containerArgs(t *testing.T, o *unstructured.Unstructured) []string {
 		t.Fatalf("%s %s has no containers", o.GetKind(), o.GetName())
 	}
 	c, _ := containers[0].(map[string]any)
+	list, _ := c["args"].([]any)
 	var args []string
-	for _, a := range c["args"].([]any) {
+	for _, a := range list {
 		args = append(args, fmt.Sprint(a))
 	}
 	return args

@@ -129,6 +129,8 @@ type env struct {
 	// --node: the node (its address names it) and the checkout it deploys from.
 	node *node.Node
 	root string
+	// helm installs dist/chart with --backend apiserver.
+	helm string
 }
 
 // Run starts the environment, prints the ready line and next steps to o.Out,

@@ -54,26 +54,20 @@ func (e *env) client() (client.Client, error) {
 	return client.New(e.admin, client.Options{Scheme: scheme})
 }
 
-// install puts in the CRD, the lock-user and break-glass ClusterRoles, the
-// users' bindings, the sample lock-user RBAC and the demo lock.
+// install puts in the CRDs (on the CRD backend), the lock-user and
+// break-glass ClusterRoles, the users' bindings, the sample lock-user RBAC
+// and (on the CRD backend) the demo lock.
 func (e *env) install(ctx context.Context) error {
 	c, err := e.client()
 	if err != nil {
 		return err
 	}
-	crds, err := readObjects("crd/bases/*.yaml")
-	if err != nil {
-		return err
-	}
-	for _, crd := range crds {
-		if err := apply(ctx, c, crd); err != nil {
-			return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
-		}
-	}
-	for _, crd := range crds {
-		if err := waitEstablished(ctx, c, crd.GetName(), e.o.StartTimeout); err != nil {
+	served := "the lock API from kubelock-apiserver"
+	if e.o.Backend == BackendCRD {
+		if err := e.installCRDs(ctx, c); err != nil {
 			return err
 		}
+		served = "the DistributedLock CRD"
 	}
 
 	roles, err := readObjects("rbac/lock_user_role.yaml", "rbac/breakglass_role.yaml")
@@ -127,6 +121,39 @@ func (e *env) install(ctx context.Context) error {
 		}
 	}
 
+	if e.o.Backend == BackendAPIServer {
+		// Served once the chart's pods run: deployChart creates the demo lock.
+		e.progress("installed lock users %s and the sample lock-user RBAC", strings.Join(users, ", "))
+		return nil
+	}
+	if err := createDemoLock(ctx, c); err != nil {
+		return err
+	}
+	e.progress("installed %s, lock users %s, the sample lock-user RBAC and lock default/%s", served, strings.Join(users, ", "), DemoLock)
+	return nil
+}
+
+// installCRDs installs config/crd and waits until kube-apiserver serves them.
+func (e *env) installCRDs(ctx context.Context, c client.Client) error {
+	crds, err := readObjects("crd/bases/*.yaml")
+	if err != nil {
+		return err
+	}
+	for _, crd := range crds {
+		if err := apply(ctx, c, crd); err != nil {
+			return fmt.Errorf("installing CRD %s: %w", crd.GetName(), err)
+		}
+	}
+	for _, crd := range crds {
+		if err := waitEstablished(ctx, c, crd.GetName(), e.o.StartTimeout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createDemoLock creates the lock the next steps use.
+func createDemoLock(ctx context.Context, c client.Client) error {
 	demo := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "default", Name: DemoLock,
 		Annotations: map[string]string{locksv1alpha1.KeyAnnotation: DemoLock},
@@ -134,7 +161,6 @@ func (e *env) install(ctx context.Context) error {
 	if err := c.Create(ctx, demo); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating lock default/%s: %w", DemoLock, err)
 	}
-	e.progress("installed the DistributedLock CRD, lock users %s, the sample lock-user RBAC and lock default/%s", strings.Join(users, ", "), DemoLock)
 	return nil
 }
 
