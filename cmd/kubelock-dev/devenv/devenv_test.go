@@ -45,6 +45,8 @@ func TestCheck(t *testing.T) {
 		{"port out of range", func(o *Options) { o.EtcdPeerPort = 70000 }, "--etcd-peer-port must be in 1..65535"},
 		{"empty data dir", func(o *Options) { o.Dir = "" }, "--data-dir must not be empty"},
 		{"unknown admission engine", func(o *Options) { o.Admission = "opa" }, `--admission must be "webhook" or "policy", got "opa"`},
+		{"unknown backend", func(o *Options) { o.Backend = "etcd" }, `--backend must be "crd" or "apiserver", got "etcd"`},
+		{"apiserver backend without the node", func(o *Options) { o.Backend = BackendAPIServer }, "--backend apiserver runs kubelock-apiserver and its etcd as pods: only with --node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base()
