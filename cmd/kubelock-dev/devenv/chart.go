@@ -40,12 +40,12 @@ func (e *env) checkChart() error {
 	return nil
 }
 
-// chartValues are what the node needs beyond backend=apiserver: the images
-// imported (never pulled), fenced objects (as config/fenced-objects on the
-// CRD backend) and, with no cluster DNS and no volume provisioner, one etcd
+// chartValues are what the node needs beyond backend=apiserver: the
+// namespace helm creates, the images imported (never pulled), fenced objects
+// (as config/fenced-objects on the CRD backend) and, with no cluster DNS and no volume provisioner, one etcd
 // member on its pod IP with its data in an emptyDir.
 var chartValues = []string{
-	"backend=apiserver", "fencedObjects.enable=true",
+	"backend=apiserver", "fencedObjects.enable=true", "namespace.create=false",
 	"manager.image.pullPolicy=Never", "apiserver.image.pullPolicy=Never", "etcd.image.pullPolicy=Never",
 	"etcd.replicas=1", "etcd.clusterDNS=false", "etcd.persistence.enable=false",
 }
@@ -61,6 +61,8 @@ func (e *env) deployChart(ctx context.Context) error {
 	}
 	args := []string{"upgrade", "--install", "kubelock", filepath.Join(e.root, "dist", "chart"),
 		"--kubeconfig", e.o.KubeconfigOut, "--namespace", OperatorNamespace,
+		// Helm keeps the release in the namespace, so it must exist first.
+		"--create-namespace",
 		// install() applied the lock-user and break-glass ClusterRoles.
 		"--take-ownership"}
 	for _, v := range chartValues {
