@@ -202,14 +202,16 @@ var variants = []variant{
 			flags := managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager"))
 			checkFlags(t, flags, map[string]string{"--enable-webhook": "true", "--cert-rotation": "false",
 				"--webhook-config-name": "kubelock-fenced-objects", "--fenced-webhook-config-name": ""})
-			if _, ok := flags["--lock-apiserver-service-name"]; ok {
+			// It waits for the lock API, and rotates no certificate of the lock apiserver's.
+			checkFlags(t, flags, map[string]string{"--lock-apiserver-service-name": "kubelock-apiserver"})
+			if _, ok := flags["--lock-apiserver-cert-secret-name"]; ok {
 				t.Errorf("manager flags %v: the operator rotates the lock apiserver's certificate although cert-manager issues it", flags)
 			}
 		},
 	},
 	{
 		name: "apiserver backend tuned",
-		set: []string{"backend=apiserver", "apiserver.replicas=3", "etcd.replicas=5",
+		set: []string{"backend=apiserver", "certManager.enable=true", "apiserver.replicas=3", "etcd.replicas=5",
 			"etcd.persistence.storageClassName=zonal-ssd", "etcd.persistence.size=20Gi", "etcd.quotaBackendBytes=8589934592"},
 		check: func(t *testing.T, r *rendered) {
 			checkEtcd(t, r, 5, "20Gi", "zonal-ssd")
@@ -220,6 +222,10 @@ var variants = []variant{
 			if args := containerArgs(t, r.must(t, "StatefulSet/kubelock-etcd")); !slices.Contains(args, "--quota-backend-bytes=8589934592") {
 				t.Errorf("etcd args %v lack --quota-backend-bytes=8589934592", args)
 			}
+			// cert-manager without a webhook server: the operator's own
+			// rotation (on by default) must be turned off.
+			checkFlags(t, managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager")),
+				map[string]string{"--enable-webhook": "false", "--cert-rotation": "false", "--lock-apiserver-service-name": "kubelock-apiserver"})
 		},
 	},
 	{

@@ -78,10 +78,11 @@ type Options struct {
 	WebhookConfigName       string
 	FencedWebhookConfigName string
 	CertExtraDNSNames       []string
-	// LockAPIServerServiceName, when set with CertRotation: the Service of
-	// kubelock-apiserver (the apiserver backend), whose serving certificate
-	// the operator also rotates, in the Secret LockAPIServerCertSecretName
-	// (copied to LockAPIServerCertDir), with the APIService's caBundle.
+	// LockAPIServerServiceName: the Service of kubelock-apiserver, which
+	// serves the lock API (the apiserver backend). The operator waits for
+	// the lock API at start and, with CertRotation, rotates kubelock-apiserver's
+	// serving certificate, in the Secret LockAPIServerCertSecretName (copied
+	// to LockAPIServerCertDir), with the APIService's caBundle.
 	LockAPIServerServiceName    string
 	LockAPIServerCertSecretName string
 	LockAPIServerCertDir        string
@@ -155,7 +156,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.WebhookServiceName, "webhook-service-name", o.WebhookServiceName, "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	fs.StringVar(&o.WebhookConfigName, "webhook-config-name", o.WebhookConfigName, "ValidatingWebhookConfiguration whose caBundle --cert-rotation keeps current.")
 	fs.StringVar(&o.FencedWebhookConfigName, "fenced-webhook-config-name", o.FencedWebhookConfigName, "ValidatingWebhookConfiguration of the optional fenced-objects component whose caBundle --cert-rotation also keeps current (logged and skipped while it does not exist); empty means none.")
-	fs.StringVar(&o.LockAPIServerServiceName, "lock-apiserver-service-name", o.LockAPIServerServiceName, "Service of kubelock-apiserver (the apiserver backend): with --cert-rotation the operator also issues and rotates its serving certificate, in --lock-apiserver-cert-secret-name, and keeps the caBundle of the APIService "+LockAPIServiceName+" current; empty means none.")
+	fs.StringVar(&o.LockAPIServerServiceName, "lock-apiserver-service-name", o.LockAPIServerServiceName, "Service of kubelock-apiserver, which serves the lock API (the apiserver backend): the operator waits at start until kube-apiserver serves the lock API, and with --cert-rotation issues and rotates kubelock-apiserver's serving certificate, in --lock-apiserver-cert-secret-name, and keeps the caBundle of the APIService "+LockAPIServiceName+" current; empty means the CRD backend.")
 	fs.StringVar(&o.LockAPIServerCertSecretName, "lock-apiserver-cert-secret-name", o.LockAPIServerCertSecretName, "Secret (in --cert-secret-namespace; existing, may be empty) in which --cert-rotation keeps the lock apiserver's CA and serving certificate; its pods mount it.")
 	fs.StringVar(&o.LockAPIServerCertDir, "lock-apiserver-cert-dir", o.LockAPIServerCertDir, "Directory the operator copies the lock apiserver's rotated certificate to (the rotator checks that it arrives there).")
 	fs.Func("cert-extra-dns-names", "Comma-separated extra DNS names for the self-rotated serving certificate.", setList(&o.CertExtraDNSNames))
@@ -281,6 +282,12 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.LockAPIServerServiceName != "" {
+		ctx, err = lockAPIServerBackend(ctx, cfg, scheme, o, log)
+		if err != nil {
+			return err
+		}
+	}
 	webhookServer, err := newWebhookServer(o)
 	if err != nil {
 		return err
@@ -355,13 +362,15 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 			return err
 		}
 	}
-	if o.CertRotation && o.LockAPIServerServiceName != "" {
-		if err := setupLockAPIServerCert(mgr, o); err != nil {
-			return fmt.Errorf("setting up the lock apiserver's certificate rotation: %w", err)
-		}
-	}
 	log.Info("starting manager", "leaderElection", o.LeaderElect, "electOn", o.LeaderElectionLock, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout, "webhook", o.EnableWebhook)
-	return mgr.Start(ctx)
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	// The lock apiserver's certificate rotation may have ended ctx.
+	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
 }
 
 // DefaultGCPercent is the operator's GC target unless GOGC sets one. Its
