@@ -14,9 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// lockAPIServerDenial is what kubelock-apiserver's denial of a write says (a
-// 403 whose reason starts with the rule's tag).
-const lockAPIServerDenial = "is forbidden: [kubelock:"
+// lockAPIServerDenial is what kubelock-apiserver's denial of a write says: a
+// 403 (`... "demo" is forbidden: status.waiters[0].user: Forbidden:
+// [kubelock:identity] ...`); waitAdmission also wants the rule's tag.
+const lockAPIServerDenial = "is forbidden: "
 
 // checkChart finds what --backend apiserver on the node needs besides the
 // node's binaries: helm (`make helm`) and the static etcd of its image
