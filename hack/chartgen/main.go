@@ -10,7 +10,9 @@
 //
 // Two objects are templates of their own, because values change their
 // content: the Namespace and the Deployment (dist/chart/templates/manager/).
-// test/chart holds the whole chart to `kubectl kustomize config/default`.
+// So is the apiserver backend (dist/chart/templates/apiserver/ and etcd/),
+// which config/ does not deploy. test/chart holds the rest of the chart to
+// `kubectl kustomize config/default`.
 package main
 
 import (
