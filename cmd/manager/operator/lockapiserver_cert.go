@@ -107,7 +107,8 @@ func waitForLockAPI(ctx context.Context, cfg *rest.Config, log logr.Logger) erro
 		return false, nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for %s: %w (last: %v)", gv, err, last)
+		// The cause: a stop (context.Canceled) or the certificate rotation's end.
+		return fmt.Errorf("waiting for %s: %w (last: %v)", gv, context.Cause(ctx), last)
 	}
 	return nil
 }

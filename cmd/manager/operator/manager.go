@@ -284,6 +284,9 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	}
 	if o.LockAPIServerServiceName != "" {
 		ctx, err = lockAPIServerBackend(ctx, cfg, scheme, o, log)
+		if errors.Is(err, context.Canceled) {
+			return nil // stopped while it waited for the lock API
+		}
 		if err != nil {
 			return err
 		}
