@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -108,7 +109,7 @@ func waitForLockAPI(ctx context.Context, cfg *rest.Config, log logr.Logger) erro
 	})
 	if err != nil {
 		// The cause: a stop (context.Canceled) or the certificate rotation's end.
-		return fmt.Errorf("waiting for %s: %w (last: %v)", gv, context.Cause(ctx), last)
+		return fmt.Errorf("waiting for %s: %w", gv, errors.Join(context.Cause(ctx), last))
 	}
 	return nil
 }

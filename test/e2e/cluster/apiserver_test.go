@@ -84,7 +84,7 @@ func TestChartAPIServerBackend(t *testing.T) {
 	key := "served-by-kubelock-apiserver"
 	first := acquireRelease(ctx, t, alice, key)
 
-	// One replica deleted: the other serves while the Deployment replaces it.
+	// One replica deleted: the other serves, and the Deployment replaces it.
 	pods := &corev1.PodList{}
 	if err := c.List(ctx, pods, client.InNamespace(devenv.OperatorNamespace), client.MatchingLabels{"app.kubernetes.io/component": "apiserver"}); err != nil {
 		t.Fatal(err)
@@ -100,7 +100,29 @@ func TestChartAPIServerBackend(t *testing.T) {
 	if second <= first {
 		t.Errorf("fencing token %d after %d: tokens must grow", second, first)
 	}
-	eventually(ctx, t, 200*time.Millisecond, 3*time.Minute, deploymentAvailable(devenv.OperatorNamespace, devenv.APIServerDeployment))
+	deleted := pods.Items[0].Name
+	eventually(ctx, t, 200*time.Millisecond, 3*time.Minute, func(ctx context.Context) (bool, error) {
+		if err := c.List(ctx, pods, client.InNamespace(devenv.OperatorNamespace), client.MatchingLabels{"app.kubernetes.io/component": "apiserver"}); err != nil {
+			return false, err
+		}
+		var ready []string
+		for _, p := range pods.Items {
+			if p.Name != deleted && p.DeletionTimestamp == nil && podReady(&p) {
+				ready = append(ready, p.Name)
+			}
+		}
+		return len(ready) == 2, fmt.Errorf("ready replicas %v (deleted %s)", ready, deleted)
+	})
+}
+
+// podReady says whether the pod's Ready condition is true.
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // lockUser is a pkg/lock client as user (a context of kubelock-dev's
