@@ -101,7 +101,7 @@ $(CONTROL_PLANE_BINS) &: hack/build-control-plane.sh hack/lib/build.sh
 # (seccomp, static; needs Debian's libseccomp-dev) and the CNI plugins into NODE_DIR.
 NODE_DIR ?= $(LOCALBIN)/node
 NODE_BINS := $(addprefix $(CONTROL_PLANE_DIR)/,kubelet kube-scheduler kube-proxy) \
-	$(addprefix $(NODE_DIR)/,containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/host-local cni/loopback cni/portmap)
+	$(addprefix $(NODE_DIR)/,containerd containerd-shim-runc-v2 ctr runc cni/bridge cni/host-local cni/loopback cni/portmap etcd)
 
 .PHONY: node
 node: $(NODE_BINS) ## Build what `make dev NODE=1` adds: kubelet, kube-scheduler, kube-proxy, containerd, runc and the CNI plugins, from Go modules into ./bin.
@@ -173,11 +173,12 @@ NODE ?=
 # instead of the operator's webhook (kubelock-dev --admission; default webhook).
 ADMISSION ?=
 # BACKEND=apiserver: the lock API from kubelock-apiserver and an etcd of its own,
-# behind an APIService, instead of the CRDs (kubelock-dev --backend; default crd).
+# behind an APIService, instead of the CRDs (kubelock-dev --backend; default crd):
+# processes, or with NODE=1 the chart's pods.
 BACKEND ?=
 
 .PHONY: dev
-dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) $(if $(filter apiserver,$(BACKEND)),kubelock-apiserver) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook; BACKEND=apiserver serves the lock API from kubelock-apiserver.
+dev: control-plane install-plugin kubelock-dev $(if $(NODE),node) $(if $(filter apiserver,$(BACKEND)),$(if $(NODE),$(HELM),kubelock-apiserver)) ## Run kubelock locally (bin/kubelock-dev: etcd, kube-apiserver, kube-controller-manager, CRD, operator) until Ctrl-C; prints the next steps. NODE=1 adds a real node (root); ADMISSION=policy enforces the rules with config/policy instead of the webhook; BACKEND=apiserver serves the lock API from kubelock-apiserver (with NODE=1, the chart's pods).
 	$(LOCALBIN)/kubelock-dev $(if $(NODE),--node --node-dir $(NODE_DIR)) $(if $(ADMISSION),--admission $(ADMISSION)) $(if $(BACKEND),--backend $(BACKEND)) $(DEV_FLAGS)
 
 ##@ Deploy
@@ -204,13 +205,18 @@ build: ## Build the manager, the kubelock CLI, kubelock-dev and kubelock-apiserv
 	go build -o $(LOCALBIN)/kubelock ./cmd/kubelock
 	go build -o $(LOCALBIN)/kubelock-dev ./cmd/kubelock-dev
 
-# The images of the Dockerfile's two targets; needs a Docker engine.
+# The images of the Dockerfile's targets; needs a Docker engine. The chart's
+# backend: apiserver runs the last two.
 IMG_KUBELOCK ?= kubelock:latest
+IMG_APISERVER ?= kubelock/apiserver:latest
+IMG_ETCD ?= kubelock/etcd:latest
 
 .PHONY: docker-build
-docker-build: ## Build the operator image (IMG) and the CLI/sidecar image (IMG_KUBELOCK) with Docker.
+docker-build: ## Build the operator image (IMG), the CLI/sidecar image (IMG_KUBELOCK), the lock apiserver's (IMG_APISERVER) and its etcd's (IMG_ETCD) with Docker.
 	docker build --target manager -t $(IMG) .
 	docker build --target kubelock -t $(IMG_KUBELOCK) .
+	docker build --target apiserver -t $(IMG_APISERVER) .
+	docker build --target etcd --build-arg ETCD_VERSION=$(ETCD_VERSION) -t $(IMG_ETCD) .
 
 ##@ Tools
 

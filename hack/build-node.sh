@@ -2,8 +2,8 @@
 # Builds what a real node needs, next to the control plane, from the Go module
 # proxy: kubelet, kube-scheduler and kube-proxy into the control plane's folder
 # (same Kubernetes version), and containerd v2 (with ctr and the runc shim), runc
-# (with seccomp, static) and the CNI plugins kubelock-dev's bridge network uses
-# into bin/node/. Prints the two folders. Pinned and idempotent: a binary that
+# (with seccomp, static), the CNI plugins kubelock-dev's bridge network uses and
+# a static etcd (the lock store's image) into bin/node/. Prints the two folders. Pinned and idempotent: a binary that
 # already is the wanted version is kept; each install is atomic.
 set -euo pipefail
 
@@ -60,5 +60,19 @@ for p in main/bridge ipam/host-local main/loopback meta/portmap; do
   log "building CNI plugin $n $CNI_PLUGINS_VERSION"
   CGO_ENABLED=0 go_install "$cnimod/plugins/$p@$CNI_PLUGINS_VERSION" "cni/$n" -ldflags "-s -w"
 done
+# etcd for the lock store's pods (the chart's backend: apiserver), static for
+# an image with no libc: the control plane's etcd links it.
+if ! { has etcd "${ETCD_VERSION#v}" && [ -z "$(go version -m "$out/etcd" 2>/dev/null | grep -E 'CGO_ENABLED=1')" ]; }; then
+  log "building etcd $ETCD_VERSION (static)"
+  mod=$(mktemp -d)
+  (
+    cd "$mod"
+    go mod init kubelock.local/etcd-build >/dev/null 2>&1
+    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null
+    CGO_ENABLED=0 go build -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
+  )
+  rm -rf "$mod"
+  install_bin "$out/etcd.tmp" etcd
+fi
 echo "$kube_dir"
 echo "$out"

@@ -11,6 +11,8 @@ package lockapiserver
 import (
 	"context"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	endpointsopenapi "k8s.io/apiserver/pkg/endpoints/openapi"
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
@@ -25,6 +28,7 @@ import (
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
 	"k8s.io/apiserver/pkg/util/compatibility"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/klog/v2"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/lockbackend"
@@ -89,8 +93,12 @@ func (o *Options) Validate() []error {
 	return errs
 }
 
-// Run serves until ctx ends, after the backend check.
+// Run serves until ctx ends, once its serving certificate is there and
+// after the backend check.
 func (o *Options) Run(ctx context.Context) error {
+	if err := o.waitServingCert(ctx); err != nil {
+		return err
+	}
 	if o.CheckBackend {
 		if err := checkBackend(ctx, o.Recommended.Authorization.RemoteKubeConfigFile, lockbackend.APIServer); err != nil {
 			return err
@@ -101,6 +109,30 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	return s.PrepareRun().RunWithContext(ctx)
+}
+
+// waitServingCert waits for --tls-cert-file and --tls-private-key-file: in a
+// pod they are a mounted Secret that the operator's rotation or cert-manager
+// fills a moment after the chart creates it, and the server reads them at
+// start (later rotations it reloads by itself).
+func (o *Options) waitServingCert(ctx context.Context) error {
+	pair := o.Recommended.SecureServing.ServerCert.CertKey
+	if pair.CertFile == "" {
+		return nil
+	}
+	logged := false
+	return wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
+		for _, f := range []string{pair.CertFile, pair.KeyFile} {
+			if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+				if !logged {
+					klog.InfoS("waiting for the serving certificate", "file", f)
+					logged = true
+				}
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
 // server builds the generic API server with the lock API installed.

@@ -10,7 +10,9 @@
 //
 // Two objects are templates of their own, because values change their
 // content: the Namespace and the Deployment (dist/chart/templates/manager/).
-// test/chart holds the whole chart to `kubectl kustomize config/default`.
+// So is the apiserver backend (dist/chart/templates/apiserver/ and etcd/),
+// which config/ does not deploy. test/chart holds the rest of the chart to
+// `kubectl kustomize config/default`.
 package main
 
 import (
@@ -51,14 +53,17 @@ type placement struct {
 // in config/ gets a decision here.
 func place(component, kind, name string) (placement, error) {
 	const webhookServer = `include "kubelock.webhookServer" .`
-	switch component {
-	case "certmanager":
+	switch {
+	// The self-signed Issuer also issues kubelock-apiserver's certificate.
+	case component == "certmanager" && kind == "Issuer":
+		return placement{area: component, cond: `and (or (` + webhookServer + `) (include "kubelock.apiserverBackend" .)) .Values.certManager.enable`}, nil
+	case component == "certmanager":
 		return placement{area: component, cond: `and (` + webhookServer + `) .Values.certManager.enable`}, nil
-	case "policy":
+	case component == "policy":
 		return placement{area: component, cond: `eq .Values.admission.engine "policy"`}, nil
-	case "apf":
+	case component == "apf":
 		return placement{area: component, cond: ".Values.apf.enable"}, nil
-	case "fenced-objects":
+	case component == "fenced-objects":
 		return placement{area: component, cond: ".Values.fencedObjects.enable"}, nil
 	}
 	switch kind + "/" + name {
@@ -77,7 +82,7 @@ func place(component, kind, name string) (placement, error) {
 	case "PodDisruptionBudget/kubelock-controller-manager":
 		return placement{area: "manager", cond: ".Values.manager.podDisruptionBudget.enable"}, nil
 	case "ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration":
-		return placement{area: "webhook", cond: `eq .Values.admission.engine "webhook"`}, nil
+		return placement{area: "webhook", cond: `include "kubelock.lockWebhook" .`}, nil
 	case "Service/kubelock-webhook-service":
 		return placement{area: "webhook", cond: webhookServer}, nil
 	// What only the operator's own certificate rotation needs (config/certmanager
@@ -89,8 +94,10 @@ func place(component, kind, name string) (placement, error) {
 	case "PrometheusRule/kubelock-alerts":
 		return placement{area: "prometheus", cond: ".Values.prometheus.rule.enable"}, nil
 	}
+	// kubelock-apiserver serves the lock API instead (a group version is
+	// served by a CRD or by an APIService, never both).
 	if kind == "CustomResourceDefinition" && component == "" {
-		return placement{area: "crd", cond: ".Values.crd.enable"}, nil
+		return placement{area: "crd", cond: `and .Values.crd.enable (eq .Values.backend "crd")`}, nil
 	}
 	return placement{}, fmt.Errorf("%s renders %s %s, which hack/chartgen does not place: add it to place()", source(component), kind, name)
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/kubelock/kubelock/test/lockapi"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -154,6 +155,101 @@ var variants = []variant{
 		},
 	},
 	{
+		// No overlay of config/ has the apiserver backend: each object is checked here.
+		name: "apiserver backend",
+		set:  []string{"backend=apiserver"},
+		check: func(t *testing.T, r *rendered) {
+			for _, gone := range []string{
+				"CustomResourceDefinition/distributedlocks.locks.kubelock.io", "CustomResourceDefinition/locksessions.locks.kubelock.io",
+				"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration", "Service/kubelock-webhook-service",
+				"Certificate/kubelock-apiserver-cert",
+			} {
+				r.mustNot(t, gone)
+			}
+			checkAPIService(t, r, false)
+			checkDelegatedAuth(t, r)
+			checkAPIServerDeployment(t, r, 2, []string{
+				"http://kubelock-etcd-0.kubelock-etcd.kubelock-system.svc:2379",
+				"http://kubelock-etcd-1.kubelock-etcd.kubelock-system.svc:2379",
+				"http://kubelock-etcd-2.kubelock-etcd.kubelock-system.svc:2379",
+			})
+			checkEtcd(t, r, 3, "8Gi", "")
+			r.must(t, "PodDisruptionBudget/kubelock-apiserver")
+			r.must(t, "NetworkPolicy/kubelock-etcd")
+			// The operator rotates the lock apiserver's certificate: no webhook
+			// server of its own, but the Secret, its rights and the flags.
+			r.must(t, "Secret/kubelock-apiserver-cert")
+			r.must(t, "RoleBinding/kubelock-apiserver-cert-rotation")
+			r.must(t, "ClusterRoleBinding/kubelock-apiserver-cert-rotation")
+			checkFlags(t, managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager")), map[string]string{
+				"--enable-webhook": "false", "--cert-rotation": "true", "--cert-secret-namespace": "$(POD_NAMESPACE)",
+				"--lock-apiserver-service-name": "kubelock-apiserver", "--lock-apiserver-cert-secret-name": "kubelock-apiserver-cert",
+				"--lock-apiserver-cert-dir": "/tmp/kubelock-apiserver/serving-certs",
+			})
+		},
+	},
+	{
+		name: "apiserver backend+fenced-objects+cert-manager",
+		set:  []string{"backend=apiserver", "fencedObjects.enable=true", "certManager.enable=true"},
+		check: func(t *testing.T, r *rendered) {
+			r.mustNot(t, "ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration")
+			r.mustNot(t, "Secret/kubelock-apiserver-cert")
+			r.mustNot(t, "ClusterRoleBinding/kubelock-apiserver-cert-rotation")
+			// The webhook serves fenced objects only; cert-manager issues both certificates.
+			r.must(t, "ValidatingWebhookConfiguration/kubelock-fenced-objects")
+			r.must(t, "Issuer/kubelock-selfsigned-issuer")
+			r.must(t, "Certificate/kubelock-serving-cert")
+			cert := r.must(t, "Certificate/kubelock-apiserver-cert")
+			if names, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames"); !slices.Contains(names, "kubelock-apiserver.kubelock-system.svc") {
+				t.Errorf("the lock apiserver's Certificate is for %v, want kubelock-apiserver.kubelock-system.svc", names)
+			}
+			checkAPIService(t, r, true)
+			flags := managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager"))
+			checkFlags(t, flags, map[string]string{"--enable-webhook": "true", "--cert-rotation": "false",
+				"--webhook-config-name": "kubelock-fenced-objects", "--fenced-webhook-config-name": ""})
+			// It waits for the lock API, and rotates no certificate of the lock apiserver's.
+			checkFlags(t, flags, map[string]string{"--lock-apiserver-service-name": "kubelock-apiserver"})
+			if _, ok := flags["--lock-apiserver-cert-secret-name"]; ok {
+				t.Errorf("manager flags %v: the operator rotates the lock apiserver's certificate although cert-manager issues it", flags)
+			}
+		},
+	},
+	{
+		name: "apiserver backend tuned",
+		set: []string{"backend=apiserver", "certManager.enable=true", "apiserver.replicas=3", "etcd.replicas=5",
+			"etcd.persistence.storageClassName=zonal-ssd", "etcd.persistence.size=20Gi", "etcd.quotaBackendBytes=8589934592"},
+		check: func(t *testing.T, r *rendered) {
+			checkEtcd(t, r, 5, "20Gi", "zonal-ssd")
+			d := r.must(t, "Deployment/kubelock-apiserver")
+			if replicas, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas"); replicas != 3 {
+				t.Errorf("kubelock-apiserver has %d replicas, want 3", replicas)
+			}
+			if args := containerArgs(t, r.must(t, "StatefulSet/kubelock-etcd")); !slices.Contains(args, "--quota-backend-bytes=8589934592") {
+				t.Errorf("etcd args %v lack --quota-backend-bytes=8589934592", args)
+			}
+			// cert-manager without a webhook server: the operator's own
+			// rotation (on by default) must be turned off.
+			checkFlags(t, managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager")),
+				map[string]string{"--enable-webhook": "false", "--cert-rotation": "false", "--lock-apiserver-service-name": "kubelock-apiserver"})
+		},
+	},
+	{
+		// A cluster without DNS (kubelock-dev --node): one member on its pod IP.
+		name: "apiserver backend without cluster DNS",
+		set:  []string{"backend=apiserver", "etcd.clusterDNS=false", "etcd.replicas=1", "etcd.persistence.enable=false"},
+		check: func(t *testing.T, r *rendered) {
+			checkAPIServerDeployment(t, r, 2, []string{"http://$(KUBELOCK_ETCD_CLIENT_SERVICE_HOST):2379"})
+			sts := r.must(t, "StatefulSet/kubelock-etcd")
+			if _, found, _ := unstructured.NestedSlice(sts.Object, "spec", "volumeClaimTemplates"); found {
+				t.Error("etcd.persistence.enable=false: the StatefulSet still claims volumes")
+			}
+			if args := containerArgs(t, sts); !slices.Contains(args, "--initial-cluster=$(POD_NAME)=http://$(POD_IP):2380") {
+				t.Errorf("etcd args %v: want the member on its pod IP", args)
+			}
+			r.must(t, "Service/kubelock-etcd-client")
+		},
+	},
+	{
 		// No overlay of config/ has these: each value is checked where it lands.
 		name:      "tuned-in-release-namespace",
 		namespace: "kubelock-tuned",
@@ -216,7 +312,10 @@ func TestChart(t *testing.T) {
 		t.Skip("starts a control plane")
 	}
 	h := newHarness(t)
-	kubectl := startControlPlane(t)
+	kubectl := startControlPlane(t, testenv.Start)
+	// The apiserver backend's own: without the lock CRDs, whose APIService
+	// kube-apiserver would own (a group version is served by one or the other).
+	noCRDs := startControlPlane(t, lockapi.ControlPlane)
 
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
@@ -231,13 +330,18 @@ func TestChart(t *testing.T) {
 			if v.check != nil {
 				v.check(t, r)
 			}
-			dryRun(t, kubectl, r.text, len(r.order))
+			on := kubectl
+			if slices.Contains(v.set, "backend=apiserver") {
+				on = noCRDs
+			}
+			dryRun(t, on, r.text, len(r.order))
 		})
 	}
 }
 
 // TestChartRejectsBadValues: values.schema.json refuses what the templates
-// would turn into a broken operator, and says which value.
+// would turn into a broken operator, and says which value; the templates
+// refuse combinations of values, and say why.
 func TestChartRejectsBadValues(t *testing.T) {
 	h := newHarness(t)
 	for _, c := range []struct{ set, want string }{
@@ -248,6 +352,9 @@ func TestChartRejectsBadValues(t *testing.T) {
 		{"manager.events=none", "/manager/events"},
 		{"manager.replicaz=2", "replicaz"},
 		{"namespace.name=Kubelock_System", "/namespace/name"},
+		{"backend=etcd", "/backend"},
+		{"etcd.persistence.size=lots", "/etcd/persistence/size"},
+		{"apiserver.storageEncoding=protobuf", "/apiserver/storageEncoding"},
 	} {
 		out, err := h.run("lint", "--strict", h.chart, "--set", c.set)
 		if err == nil {
@@ -256,6 +363,25 @@ func TestChartRejectsBadValues(t *testing.T) {
 		}
 		if !strings.Contains(out, c.want) {
 			t.Errorf("helm lint --set %s: the error does not name %s:\n%s", c.set, c.want, out)
+		}
+	}
+}
+
+// TestChartRefusesCombinations: the templates refuse combinations of values
+// the schema cannot see, and say why.
+func TestChartRefusesCombinations(t *testing.T) {
+	h := newHarness(t)
+	for _, c := range []struct{ set, want string }{
+		{"backend=apiserver,admission.engine=policy", "backend=apiserver with admission.engine=policy: kubelock-apiserver runs kubelock's admission rules itself, and ValidatingAdmissionPolicies never see its writes"},
+		{"backend=apiserver,etcd.clusterDNS=false", "etcd.clusterDNS=false with etcd.replicas=3: without cluster DNS the members cannot find each other"},
+	} {
+		out, err := h.run("template", "kubelock", h.chart, "--set", c.set)
+		if err == nil {
+			t.Errorf("helm template --set %s rendered; want it refused", c.set)
+			continue
+		}
+		if !strings.Contains(out, c.want) {
+			t.Errorf("helm template --set %s: the error does not say %q:\n%s", c.set, c.want, out)
 		}
 	}
 }
@@ -540,6 +666,126 @@ func managerFlags(t *testing.T, d *unstructured.Unstructured) map[string]string 
 	return flags
 }
 
+// checkAPIService: the lock API's APIService names kubelock-apiserver's
+// Service and, with cert-manager, has its CA injected; never a skipped TLS check.
+func checkAPIService(t *testing.T, r *rendered, certManager bool) {
+	t.Helper()
+	as := r.must(t, "APIService/v1alpha1.locks.kubelock.io")
+	spec, _, _ := unstructured.NestedMap(as.Object, "spec")
+	svc, _ := spec["service"].(map[string]any)
+	got := fmt.Sprintf("%v/%v %v.%v:%v", spec["group"], spec["version"], svc["name"], svc["namespace"], svc["port"])
+	if want := "locks.kubelock.io/v1alpha1 kubelock-apiserver.kubelock-system:443"; got != want {
+		t.Errorf("APIService serves %s, want %s", got, want)
+	}
+	if skip, _ := spec["insecureSkipTLSVerify"].(bool); skip {
+		t.Error("the APIService skips TLS verification")
+	}
+	inject := as.GetAnnotations()["cert-manager.io/inject-ca-from"]
+	if want := map[bool]string{true: "kubelock-system/kubelock-apiserver-cert"}[certManager]; inject != want {
+		t.Errorf("APIService annotation cert-manager.io/inject-ca-from = %q, want %q", inject, want)
+	}
+}
+
+// checkDelegatedAuth: kubelock-apiserver's account may review tokens and
+// access (system:auth-delegator) and read the front-proxy CA in kube-system.
+func checkDelegatedAuth(t *testing.T, r *rendered) {
+	t.Helper()
+	for key, role := range map[string]string{
+		"ClusterRoleBinding/kubelock-apiserver:system:auth-delegator": "ClusterRole/system:auth-delegator",
+		"RoleBinding/kubelock-apiserver-auth-reader":                  "Role/extension-apiserver-authentication-reader",
+	} {
+		b := r.must(t, key)
+		kind, _, _ := unstructured.NestedString(b.Object, "roleRef", "kind")
+		name, _, _ := unstructured.NestedString(b.Object, "roleRef", "name")
+		subjects, _, _ := unstructured.NestedSlice(b.Object, "subjects")
+		if got := kind + "/" + name; got != role || len(subjects) != 1 || fmt.Sprint(subjects[0]) != "map[kind:ServiceAccount name:kubelock-apiserver namespace:kubelock-system]" {
+			t.Errorf("%s binds %s to %v, want %s to the ServiceAccount kubelock-apiserver", key, got, subjects, role)
+		}
+	}
+	if ns := r.must(t, "RoleBinding/kubelock-apiserver-auth-reader").GetNamespace(); ns != "kube-system" {
+		t.Errorf("the authentication reader's RoleBinding is in %q, want kube-system", ns)
+	}
+}
+
+// checkAPIServerDeployment: replicas spread like the manager's, the etcd
+// members as --etcd-servers, the operator's account as the controller, and
+// the certificate's Secret mounted.
+func checkAPIServerDeployment(t *testing.T, r *rendered, replicas int64, etcd []string) {
+	t.Helper()
+	d := r.must(t, "Deployment/kubelock-apiserver")
+	if got, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas"); got != replicas {
+		t.Errorf("kubelock-apiserver has %d replicas, want %d", got, replicas)
+	}
+	if _, found, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution"); !found {
+		t.Error("kubelock-apiserver's replicas have no anti-affinity")
+	}
+	args := containerArgs(t, d)
+	for _, want := range []string{"--etcd-servers=" + strings.Join(etcd, ","),
+		"--controller-users=system:serviceaccount:kubelock-system:kubelock-controller-manager"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("kubelock-apiserver args %v lack %s", args, want)
+		}
+	}
+	vols, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "volumes")
+	if len(vols) != 1 || !strings.Contains(fmt.Sprint(vols[0]), "secretName:kubelock-apiserver-cert") {
+		t.Errorf("kubelock-apiserver's volumes %v: want the Secret kubelock-apiserver-cert", vols)
+	}
+}
+
+// checkEtcd: members started in parallel behind the headless Service, each
+// with a claim of size (of storageClass, or the default), and a budget that
+// keeps quorum.
+func checkEtcd(t *testing.T, r *rendered, members int64, size, storageClass string) {
+	t.Helper()
+	sts := r.must(t, "StatefulSet/kubelock-etcd")
+	spec, _, _ := unstructured.NestedMap(sts.Object, "spec")
+	if spec["replicas"] != members || spec["podManagementPolicy"] != "Parallel" || spec["serviceName"] != "kubelock-etcd" {
+		t.Errorf("etcd StatefulSet: replicas %v, podManagementPolicy %v, serviceName %v; want %d, Parallel, kubelock-etcd",
+			spec["replicas"], spec["podManagementPolicy"], spec["serviceName"], members)
+	}
+	claims, _, _ := unstructured.NestedSlice(sts.Object, "spec", "volumeClaimTemplates")
+	if len(claims) != 1 {
+		t.Fatalf("etcd StatefulSet claims %v, want one volume", claims)
+	}
+	claim, _ := claims[0].(map[string]any)
+	gotSize, _, _ := unstructured.NestedString(claim, "spec", "resources", "requests", "storage")
+	gotClass, _, _ := unstructured.NestedString(claim, "spec", "storageClassName")
+	if gotSize != size || gotClass != storageClass {
+		t.Errorf("etcd claims %s of class %q, want %s of class %q", gotSize, gotClass, size, storageClass)
+	}
+	var peers string
+	for _, a := range containerArgs(t, sts) {
+		if v, ok := strings.CutPrefix(a, "--initial-cluster="); ok {
+			peers = v
+		}
+	}
+	if n := int64(strings.Count(peers, "=http://")); n != members {
+		t.Errorf("etcd --initial-cluster=%s names %d members, want %d", peers, n, members)
+	}
+	if ip, _, _ := unstructured.NestedString(r.must(t, "Service/kubelock-etcd").Object, "spec", "clusterIP"); ip != "None" {
+		t.Errorf("the members' Service has clusterIP %q, want None (headless)", ip)
+	}
+	if mu, _, _ := unstructured.NestedInt64(r.must(t, "PodDisruptionBudget/kubelock-etcd").Object, "spec", "maxUnavailable"); mu != 1 {
+		t.Errorf("etcd's PodDisruptionBudget allows %d unavailable, want 1", mu)
+	}
+}
+
+// containerArgs are the first container's args.
+func containerArgs(t *testing.T, o *unstructured.Unstructured) []string {
+	t.Helper()
+	containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	if len(containers) == 0 {
+		t.Fatalf("%s %s has no containers", o.GetKind(), o.GetName())
+	}
+	c, _ := containers[0].(map[string]any)
+	list, _ := c["args"].([]any)
+	var args []string
+	for _, a := range list {
+		args = append(args, fmt.Sprint(a))
+	}
+	return args
+}
+
 func checkFlags(t *testing.T, flags, want map[string]string) {
 	t.Helper()
 	for name, value := range want {
@@ -549,12 +795,12 @@ func checkFlags(t *testing.T, flags, want map[string]string) {
 	}
 }
 
-// startControlPlane starts etcd and kube-apiserver with the CRDs the dry runs
-// need, and returns a kubectl for an admin.
-func startControlPlane(t *testing.T) func(args ...string) (string, error) {
+// startControlPlane starts etcd and kube-apiserver with start, adds what the
+// dry runs need, and returns a kubectl for an admin.
+func startControlPlane(t *testing.T, start func(...testenv.Option) (*testenv.Env, error)) func(args ...string) (string, error) {
 	t.Helper()
 	kubectlPath(t) // fails clearly when the control plane lacks kubectl
-	env, err := testenv.Start()
+	env, err := start()
 	if err != nil {
 		t.Fatal(err)
 	}

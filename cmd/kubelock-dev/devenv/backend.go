@@ -11,10 +11,6 @@ import (
 	"github.com/kubelock/kubelock/internal/lockbackend"
 )
 
-// lockAPIServerDenial is what the lock apiserver's denial of a write says
-// first: a 403 (its reasons carry the rules' tags).
-const lockAPIServerDenial = "is forbidden: "
-
 // The backends kubelock-dev runs, as the chart's backend.
 const (
 	BackendCRD       = string(lockbackend.CRD)
@@ -27,8 +23,6 @@ func checkBackend(backend string, onNode bool, admission string) error {
 	switch {
 	case backend != BackendCRD && backend != BackendAPIServer:
 		return fmt.Errorf("--backend must be %q or %q, got %q", BackendCRD, BackendAPIServer, backend)
-	case backend == BackendAPIServer && onNode:
-		return fmt.Errorf("--backend %s runs kubelock-apiserver and its etcd as processes: not with --node yet", backend)
 	case backend == BackendAPIServer && admission != AdmissionWebhook:
 		return fmt.Errorf("--admission %s chooses the CRD backend's engine: kubelock-apiserver runs the rules itself", admission)
 	}
@@ -38,7 +32,7 @@ func checkBackend(backend string, onNode bool, admission string) error {
 // findLockAPIServer finds kubelock-apiserver, and checks that kube-apiserver
 // can reach it, for the apiserver backend as processes.
 func (e *env) findLockAPIServer(self string) error {
-	if e.o.Backend != BackendAPIServer {
+	if e.o.Backend != BackendAPIServer || e.o.Node {
 		return nil
 	}
 	if _, err := locallockapi.HostIP(); err != nil {

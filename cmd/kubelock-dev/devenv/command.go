@@ -90,7 +90,12 @@ containerd, kubelet and kube-proxy with pods on a CNI bridge, imports images of 
 operator and kubelock built from the checkout, and deploys the operator from
 config/default instead of running it in this process. One node per machine; on
 SIGINT or SIGTERM it puts the host back as it found it. SIGUSR1 restarts the
-kubelet (the pods run on).`,
+kubelet (the pods run on).
+
+--backend apiserver (with --node; "make dev NODE=1 BACKEND=apiserver") serves the
+lock API from kubelock-apiserver instead of the CRDs: it installs dist/chart with
+backend=apiserver (helm, from "make helm"), so kubelock-apiserver, its etcd
+and the operator run as pods from images built from the checkout.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usageError{fmt.Errorf("unexpected argument %q: kubelock-dev takes flags only", args[0])}
@@ -120,7 +125,7 @@ kubelet (the pods run on).`,
 	f.IntVar(&d.MetricsPort, "metrics-port", d.MetricsPort, "operator metrics port on 127.0.0.1; 0 turns them off")
 	f.Var((*admissionFlag)(&d.Admission), "admission", `admission engine of the lock rules, as the chart's admission.engine: "webhook" (the operator's webhook) or "policy" (config/policy's ValidatingAdmissionPolicies)`)
 	f.BoolVar(&d.HA, "ha", d.HA, "run three etcd members and two kube-apiservers behind HAProxy (on --apiserver-port) instead of one of each")
-	f.StringVar(&d.Backend, "backend", d.Backend, `backend serving the lock API, as the chart's backend: "crd" (the CRDs in kube-apiserver) or "apiserver" (kubelock-apiserver and its etcd as processes, behind an APIService)`)
+	f.StringVar(&d.Backend, "backend", d.Backend, `backend serving the lock API, as the chart's backend: "crd" (the CRDs in kube-apiserver) or "apiserver" (kubelock-apiserver and its etcd behind an APIService: processes, or with --node the chart's pods)`)
 	f.BoolVar(&d.Node, "node", d.Node, "run a real node as root (kube-scheduler, containerd, kubelet, kube-proxy, which make node builds) and deploy the operator from config/default with images built from the checkout")
 	f.StringVar(&d.NodeDir, "node-dir", d.NodeDir, "folder with containerd, ctr, the runc shim, runc and cni/ (with --node)")
 	f.DurationVar(&d.StartTimeout, "start-timeout", d.StartTimeout, "how long each start-up stage may take")

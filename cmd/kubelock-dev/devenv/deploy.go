@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,14 +28,19 @@ const (
 	// ManagerImage and KubelockImage are the images config/default and the
 	// samples name; they are imported, never pulled (imagePullPolicy: Never,
 	// or IfNotPresent in the samples), as are the samples' app images.
-	ManagerImage    = "kubelock/manager:latest"
-	KubelockImage   = "kubelock:latest"
+	ManagerImage  = "kubelock/manager:latest"
+	KubelockImage = "kubelock:latest"
+	// APIServerImage and EtcdImage are the chart's for backend=apiserver.
+	APIServerImage  = "kubelock/apiserver:latest"
+	EtcdImage       = "kubelock/etcd:latest"
 	appImage        = "orders-writer:latest"
 	migrationsImage = "orders-migrations:latest"
 	workerImage     = "invoice-worker:latest"
-	// OperatorNamespace and OperatorDeployment are config/default's.
-	OperatorNamespace  = "kubelock-system"
-	OperatorDeployment = "kubelock-controller-manager"
+	// OperatorNamespace and OperatorDeployment are config/default's;
+	// APIServerDeployment is the chart's kubelock-apiserver.
+	OperatorNamespace   = "kubelock-system"
+	OperatorDeployment  = "kubelock-controller-manager"
+	APIServerDeployment = "kubelock-apiserver"
 	// operatorServiceAccount is config/default's account of the operator's pods.
 	operatorServiceAccount = "kubelock-controller-manager"
 )
@@ -46,6 +52,17 @@ var images = []node.Image{
 	{Ref: appImage, Packages: []string{"./config/samples/app"}},
 	{Ref: migrationsImage, Packages: []string{"./config/samples/app", "./cmd/kubelock"}},
 	{Ref: workerImage, Packages: []string{"./config/samples/worker"}},
+}
+
+// nodeImages are images, and with the apiserver backend kubelock-apiserver's
+// and its etcd's (the static etcd `make node` builds into NodeDir).
+func (e *env) nodeImages() []node.Image {
+	if e.o.Backend != BackendAPIServer {
+		return images
+	}
+	return append(slices.Clone(images),
+		node.Image{Ref: APIServerImage, Packages: []string{"./cmd/kubelock-apiserver"}},
+		node.Image{Ref: EtcdImage, Binaries: []string{filepath.Join(e.o.NodeDir, "etcd")}})
 }
 
 // checkNode fails early, in one line, when the node cannot run here (see
@@ -63,12 +80,15 @@ func (e *env) checkNode() error {
 		return err
 	}
 	e.node, err = node.New(node.Options{Dir: dir, BinDir: o.NodeDir, AssetsDir: assets, Module: e.root,
-		Images: images, StartTimeout: o.StartTimeout, Progress: e.progress})
+		Images: e.nodeImages(), StartTimeout: o.StartTimeout, Progress: e.progress})
 	if err != nil {
 		return err
 	}
 	if rootErr != nil {
 		return errors.New("--node builds its images from the checkout: run kubelock-dev from the repository (with go on PATH)")
+	}
+	if o.Backend == BackendAPIServer {
+		return e.checkChart()
 	}
 	return nil
 }
@@ -78,6 +98,9 @@ func (e *env) startNode(ctx context.Context) error {
 	ctrl.SetLogger(zap.New(zap.WriteTo(io.Discard))) // this process runs clients only
 	if err := e.node.Start(ctx, e.cluster); err != nil {
 		return err
+	}
+	if e.o.Backend == BackendAPIServer {
+		return e.deployChart(ctx)
 	}
 	return e.deployOperator(ctx)
 }
@@ -125,18 +148,8 @@ func (e *env) deployOperator(ctx context.Context) error {
 			}
 		}
 	}
-	var last error
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
-		d := &appsv1.Deployment{}
-		if last = c.Get(ctx, client.ObjectKey{Namespace: OperatorNamespace, Name: OperatorDeployment}, d); last == nil {
-			if s, want := d.Status, *d.Spec.Replicas; s.AvailableReplicas != want || s.UpdatedReplicas != want {
-				last = fmt.Errorf("%d of %d replicas available", s.AvailableReplicas, want)
-			}
-		}
-		return last == nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("the operator's Deployment %s/%s: %w (kubectl -n %s describe pods; logs in %s)", OperatorNamespace, OperatorDeployment, errors.Join(err, last), OperatorNamespace, e.logDir)
+	if err := e.waitAvailable(ctx, c, OperatorDeployment); err != nil {
+		return err
 	}
 	e.progress("operator Deployment %s/%s available after %s (the node's first pods)", OperatorNamespace, OperatorDeployment, time.Since(started).Round(10*time.Millisecond))
 	service := fmt.Sprintf("Service %s/kubelock-webhook-service", OperatorNamespace)
@@ -152,6 +165,25 @@ func (e *env) deployOperator(ctx context.Context) error {
 		return err
 	}
 	return bindConfigMapWriters(ctx, c)
+}
+
+// waitAvailable returns once the Deployment name in OperatorNamespace has all
+// its replicas updated and available.
+func (e *env) waitAvailable(ctx context.Context, c client.Client, name string) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*e.o.StartTimeout, true, func(ctx context.Context) (bool, error) {
+		d := &appsv1.Deployment{}
+		if last = c.Get(ctx, client.ObjectKey{Namespace: OperatorNamespace, Name: name}, d); last == nil {
+			if s, want := d.Status, *d.Spec.Replicas; s.AvailableReplicas != want || s.UpdatedReplicas != want {
+				last = fmt.Errorf("%d of %d replicas available", s.AvailableReplicas, want)
+			}
+		}
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the Deployment %s/%s: %w (kubectl -n %s describe pods; logs in %s)", OperatorNamespace, name, errors.Join(err, last), OperatorNamespace, e.logDir)
+	}
+	return nil
 }
 
 // fencedWebhookOnly points the manager's certificate rotation at the

@@ -83,7 +83,8 @@ type Options struct {
 
 	// Backend serves the lock API, as the chart's backend: BackendCRD (the
 	// CRDs in kube-apiserver) or BackendAPIServer (kubelock-apiserver and its
-	// etcd as processes, behind an APIService, no lock CRDs).
+	// etcd behind an APIService, no lock CRDs: processes, or with Node the
+	// chart's pods).
 	Backend string
 
 	// Node runs a real node (root only): kube-scheduler, containerd, kubelet
@@ -139,6 +140,8 @@ type env struct {
 	// --node: the node (its address names it) and the checkout it deploys from.
 	node *node.Node
 	root string
+	// helm installs dist/chart with --backend apiserver.
+	helm string
 }
 
 // Run starts the environment, prints the ready line and next steps to o.Out,
@@ -170,7 +173,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	if err := e.refuseSwitch(ctx); err != nil {
 		return err
 	}
-	if o.Backend == BackendAPIServer {
+	if o.Backend == BackendAPIServer && !o.Node {
 		e.lockAPI, err = e.startLockAPI(ctx)
 		if e.lockAPI != nil {
 			defer func() { err = errors.Join(err, e.lockAPI.Stop()) }()

@@ -56,7 +56,7 @@ func (e *env) client() (client.Client, error) {
 
 // install puts in the CRDs (on the CRD backend), the lock-user and
 // break-glass ClusterRoles, the users' bindings, the sample lock-user RBAC
-// and the demo lock.
+// and (on the CRD backend) the demo lock.
 func (e *env) install(ctx context.Context) error {
 	c, err := e.client()
 	if err != nil {
@@ -121,12 +121,13 @@ func (e *env) install(ctx context.Context) error {
 		}
 	}
 
-	demo := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{
-		Namespace: "default", Name: DemoLock,
-		Annotations: map[string]string{locksv1alpha1.KeyAnnotation: DemoLock},
-	}}
-	if err := c.Create(ctx, demo); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating lock default/%s: %w", DemoLock, err)
+	if e.o.Backend == BackendAPIServer && e.o.Node {
+		// Served once the chart's pods run: deployChart creates the demo lock.
+		e.progress("installed lock users %s and the sample lock-user RBAC", strings.Join(users, ", "))
+		return nil
+	}
+	if err := createDemoLock(ctx, c); err != nil {
+		return err
 	}
 	e.progress("installed %s, lock users %s, the sample lock-user RBAC and lock default/%s", served, strings.Join(users, ", "), DemoLock)
 	return nil
@@ -147,6 +148,18 @@ func (e *env) installCRDs(ctx context.Context, c client.Client) error {
 		if err := waitEstablished(ctx, c, crd.GetName(), e.o.StartTimeout); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// createDemoLock creates the lock the next steps use.
+func createDemoLock(ctx context.Context, c client.Client) error {
+	demo := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "default", Name: DemoLock,
+		Annotations: map[string]string{locksv1alpha1.KeyAnnotation: DemoLock},
+	}}
+	if err := c.Create(ctx, demo); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating lock default/%s: %w", DemoLock, err)
 	}
 	return nil
 }

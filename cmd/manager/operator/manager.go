@@ -78,6 +78,14 @@ type Options struct {
 	WebhookConfigName       string
 	FencedWebhookConfigName string
 	CertExtraDNSNames       []string
+	// LockAPIServerServiceName: the Service of kubelock-apiserver, which
+	// serves the lock API (the apiserver backend). The operator waits for
+	// the lock API at start and, with CertRotation, rotates kubelock-apiserver's
+	// serving certificate, in the Secret LockAPIServerCertSecretName (copied
+	// to LockAPIServerCertDir), with the APIService's caBundle.
+	LockAPIServerServiceName    string
+	LockAPIServerCertSecretName string
+	LockAPIServerCertDir        string
 
 	Zap zap.Options
 }
@@ -110,6 +118,9 @@ func DefaultOptions() Options {
 		WebhookServiceName:      "kubelock-webhook-service",
 		WebhookConfigName:       "kubelock-validating-webhook-configuration",
 		FencedWebhookConfigName: "kubelock-fenced-objects",
+
+		LockAPIServerCertSecretName: "kubelock-apiserver-cert",
+		LockAPIServerCertDir:        DefaultLockAPIServerCertDir(),
 	}
 }
 
@@ -145,6 +156,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.WebhookServiceName, "webhook-service-name", o.WebhookServiceName, "Service in front of the webhook; the certificate is issued for <service>.<namespace>.svc.")
 	fs.StringVar(&o.WebhookConfigName, "webhook-config-name", o.WebhookConfigName, "ValidatingWebhookConfiguration whose caBundle --cert-rotation keeps current.")
 	fs.StringVar(&o.FencedWebhookConfigName, "fenced-webhook-config-name", o.FencedWebhookConfigName, "ValidatingWebhookConfiguration of the optional fenced-objects component whose caBundle --cert-rotation also keeps current (logged and skipped while it does not exist); empty means none.")
+	fs.StringVar(&o.LockAPIServerServiceName, "lock-apiserver-service-name", o.LockAPIServerServiceName, "Service of kubelock-apiserver, which serves the lock API (the apiserver backend): the operator waits at start until kube-apiserver serves the lock API, and with --cert-rotation issues and rotates kubelock-apiserver's serving certificate, in --lock-apiserver-cert-secret-name, and keeps the caBundle of the APIService "+LockAPIServiceName+" current; empty means the CRD backend.")
+	fs.StringVar(&o.LockAPIServerCertSecretName, "lock-apiserver-cert-secret-name", o.LockAPIServerCertSecretName, "Secret (in --cert-secret-namespace; existing, may be empty) in which --cert-rotation keeps the lock apiserver's CA and serving certificate; its pods mount it.")
+	fs.StringVar(&o.LockAPIServerCertDir, "lock-apiserver-cert-dir", o.LockAPIServerCertDir, "Directory the operator copies the lock apiserver's rotated certificate to (the rotator checks that it arrives there).")
 	fs.Func("cert-extra-dns-names", "Comma-separated extra DNS names for the self-rotated serving certificate.", setList(&o.CertExtraDNSNames))
 	o.Zap.BindFlags(fs)
 }
@@ -197,6 +211,16 @@ func (o *Options) Validate() error {
 		} {
 			if f.value == "" {
 				errs = append(errs, fmt.Errorf("%s must not be empty with --cert-rotation", f.flag))
+			}
+		}
+	}
+	if o.CertRotation && o.LockAPIServerServiceName != "" {
+		for _, f := range []struct{ flag, value string }{
+			{"--lock-apiserver-cert-secret-name", o.LockAPIServerCertSecretName}, {"--cert-secret-namespace", o.CertSecretNamespace},
+			{"--lock-apiserver-cert-dir", o.LockAPIServerCertDir},
+		} {
+			if f.value == "" {
+				errs = append(errs, fmt.Errorf("%s must not be empty with --cert-rotation and --lock-apiserver-service-name", f.flag))
 			}
 		}
 	}
@@ -257,6 +281,15 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	scheme, err := Scheme()
 	if err != nil {
 		return err
+	}
+	if o.LockAPIServerServiceName != "" {
+		ctx, err = lockAPIServerBackend(ctx, cfg, scheme, o, log)
+		if errors.Is(err, context.Canceled) {
+			return nil // stopped while it waited for the lock API
+		}
+		if err != nil {
+			return err
+		}
 	}
 	webhookServer, err := newWebhookServer(o)
 	if err != nil {
@@ -334,7 +367,14 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		}
 	}
 	log.Info("starting manager", "leaderElection", o.LeaderElect, "electOn", o.LeaderElectionLock, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout, "webhook", o.EnableWebhook)
-	return mgr.Start(ctx)
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	// The lock apiserver's certificate rotation may have ended ctx.
+	if cause := context.Cause(ctx); !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
 }
 
 // DefaultGCPercent is the operator's GC target unless GOGC sets one. Its

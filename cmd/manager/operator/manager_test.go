@@ -44,6 +44,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		"concurrency", "events", "kubeconfig", "zap-log-level",
 		"enable-webhook", "webhook-port", "webhook-cert-dir", "webhook-controller-users", "cert-rotation",
 		"cert-secret-name", "cert-secret-namespace", "webhook-service-name", "webhook-config-name", "fenced-webhook-config-name", "cert-extra-dns-names",
+		"lock-apiserver-service-name", "lock-apiserver-cert-secret-name", "lock-apiserver-cert-dir",
 	} {
 		if !strings.Contains(out.String(), "-"+flag) {
 			t.Errorf("--help does not document --%s:\n%s", flag, out.String())
@@ -67,6 +68,8 @@ func TestInvalidFlagsAreRejectedUpFront(t *testing.T) {
 		{"--webhook-config-name="},
 		{"--leader-election-lock=configmap"},
 		{"--leader-election-lock=kubelock", "--leader-election-lease-duration=12s"},
+		{"--lock-apiserver-service-name=kubelock-apiserver", "--lock-apiserver-cert-secret-name="},
+		{"--lock-apiserver-service-name=kubelock-apiserver", "--lock-apiserver-cert-dir="},
 	} {
 		var out bytes.Buffer
 		if code := Main(args, &out); code != 2 {

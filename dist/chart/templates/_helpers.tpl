@@ -20,11 +20,28 @@ app.kubernetes.io/version: {{ . | trunc 63 | trimSuffix "-" | quote }}
 {{- end }}
 
 {{/*
-"true" when the operator serves its webhook: for the lock rules (admission
-engine webhook), and for fenced objects with either engine.
+"true" when the lock webhook enforces the rules: the CRD backend with the
+webhook engine (kubelock-apiserver runs them in-process).
+*/}}
+{{- define "kubelock.lockWebhook" -}}
+{{- if and (eq .Values.backend "crd") (eq .Values.admission.engine "webhook") -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the operator serves its webhook: for the lock rules (see
+kubelock.lockWebhook), and for fenced objects with either engine or backend.
 */}}
 {{- define "kubelock.webhookServer" -}}
-{{- if or (eq .Values.admission.engine "webhook") .Values.fencedObjects.enable -}}
+{{- if or (include "kubelock.lockWebhook" .) .Values.fencedObjects.enable -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* "true" with the apiserver backend (templates/apiserver). */}}
+{{- define "kubelock.apiserverBackend" -}}
+{{- if eq .Values.backend "apiserver" -}}
 true
 {{- end -}}
 {{- end }}
@@ -32,10 +49,10 @@ true
 {{/*
 The ValidatingWebhookConfiguration whose caBundle the operator keeps current
 (--webhook-config-name): the lock rules', or the fenced objects' when the
-policy engine replaces the lock webhook.
+policy engine or kubelock-apiserver replaces the lock webhook.
 */}}
 {{- define "kubelock.webhookConfigName" -}}
-{{- if eq .Values.admission.engine "webhook" -}}
+{{- if include "kubelock.lockWebhook" . -}}
 kubelock-validating-webhook-configuration
 {{- else -}}
 kubelock-fenced-objects
@@ -58,4 +75,22 @@ its CA injector fills the caBundle (config/certmanager).
 annotations:
   cert-manager.io/inject-ca-from: {{ include "kubelock.namespace" . }}/kubelock-serving-cert
 {{- end }}
+{{- end }}
+
+{{/*
+kubelock-apiserver's --etcd-servers: every member by its DNS name, or without
+cluster DNS the ClusterIP of kubelock-etcd-client, from the environment the
+kubelet gives pods.
+*/}}
+{{- define "kubelock.etcdServers" -}}
+{{- if .Values.etcd.clusterDNS -}}
+{{- $ns := include "kubelock.namespace" . -}}
+{{- $members := list -}}
+{{- range $i := until (int .Values.etcd.replicas) -}}
+{{- $members = append $members (printf "http://kubelock-etcd-%d.kubelock-etcd.%s.svc:2379" $i $ns) -}}
+{{- end -}}
+{{- join "," $members -}}
+{{- else -}}
+http://$(KUBELOCK_ETCD_CLIENT_SERVICE_HOST):2379
+{{- end -}}
 {{- end }}

@@ -45,6 +45,7 @@ func (n *Node) buildImages(ctx context.Context) error {
 		for _, p := range im.Packages {
 			img.Binaries = append(img.Binaries, filepath.Join(dir, path.Base(p))) // go build's name for it
 		}
+		img.Binaries = append(img.Binaries, im.Binaries...)
 		imgs = append(imgs, img)
 	}
 	n.archive = filepath.Join(dir, "images.tar")

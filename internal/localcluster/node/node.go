@@ -62,10 +62,13 @@ type Options struct {
 
 // Image is an image of static binaries built from Options.Module: each of
 // Packages (main packages, as go build names them) becomes /<its last path
-// element>; the first is the entrypoint.
+// element>; the first is the entrypoint. Binaries are static executables
+// built elsewhere (etcd, by hack/build-node.sh), each /<its base name>, after
+// the packages'.
 type Image struct {
 	Ref      string
 	Packages []string
+	Binaries []string
 }
 
 // Node is a node; its components exist once Start has run.

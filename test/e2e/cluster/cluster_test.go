@@ -113,6 +113,9 @@ func startCluster(tmp string) (*exec.Cmd, error) {
 		"--data-dir", dataDir, "--assets-dir", testenv.AssetsDir(),
 		"--apiserver-port", strconv.Itoa(ports[0]), "--etcd-port", strconv.Itoa(ports[1]),
 		"--etcd-peer-port", strconv.Itoa(ports[2]), "--webhook-port", strconv.Itoa(ports[3]))
+	if b := os.Getenv(backendEnv); b != "" {
+		dev.Args = append(dev.Args, "--backend", b)
+	}
 	dev.Dir = testenv.RepoRoot() // it builds its images from the checkout
 	dev.Stderr = os.Stderr
 	out, err := dev.StdoutPipe()

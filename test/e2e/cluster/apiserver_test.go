@@ -1,0 +1,171 @@
+//go:build cluster
+
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv"
+	"github.com/kubelock/kubelock/pkg/lock"
+)
+
+// backendEnv chooses the suite's backend (kubelock-dev --backend):
+// CLUSTER_BACKEND=apiserver runs the whole suite on the chart's
+// kubelock-apiserver and its etcd as pods.
+const backendEnv = "CLUSTER_BACKEND"
+
+// requireAPIServerBackend is requireCluster for the apiserver backend's specs.
+func requireAPIServerBackend(t *testing.T) context.Context {
+	t.Helper()
+	ctx := requireCluster(t)
+	if b := os.Getenv(backendEnv); b != devenv.BackendAPIServer {
+		t.Skipf("SKIPPED, NOT PASSED: the suite runs the %q backend; %s=%s runs this spec", b, backendEnv, devenv.BackendAPIServer)
+	}
+	return ctx
+}
+
+// TestChartAPIServerBackend: kubelock-dev installed the chart with
+// backend=apiserver on the node. No lock CRD exists; kube-apiserver serves
+// the lock API through the APIService, whose caBundle the operator's rotation
+// injected, from kubelock-apiserver's replicas and their etcd, all pods. A
+// lock user acquires and releases a lock through it, and does again while
+// one kubelock-apiserver replica is deleted.
+func TestChartAPIServerBackend(t *testing.T) {
+	ctx := requireAPIServerBackend(t)
+
+	crd := &unstructured.Unstructured{}
+	crd.SetAPIVersion("apiextensions.k8s.io/v1")
+	crd.SetKind("CustomResourceDefinition")
+	if err := c.Get(ctx, client.ObjectKey{Name: "distributedlocks.locks.kubelock.io"}, crd); !apierrors.IsNotFound(err) {
+		t.Errorf("the lock CRD: %v, want NotFound (the APIService serves the group version)", err)
+	}
+	as := &unstructured.Unstructured{}
+	as.SetAPIVersion("apiregistration.k8s.io/v1")
+	as.SetKind("APIService")
+	eventually(ctx, t, 200*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKey{Name: "v1alpha1.locks.kubelock.io"}, as); err != nil {
+			return false, err
+		}
+		svc, _, _ := unstructured.NestedString(as.Object, "spec", "service", "name")
+		ca, _, _ := unstructured.NestedString(as.Object, "spec", "caBundle")
+		conditions, _, _ := unstructured.NestedSlice(as.Object, "status", "conditions")
+		available := false
+		for _, cond := range conditions {
+			if m, ok := cond.(map[string]any); ok && m["type"] == "Available" && m["status"] == "True" {
+				available = true
+			}
+		}
+		return svc == devenv.APIServerDeployment && ca != "" && available,
+			fmt.Errorf("service %q, caBundle of %d bytes, conditions %v", svc, len(ca), conditions)
+	})
+	eventually(ctx, t, 200*time.Millisecond, time.Minute, deploymentAvailable(devenv.OperatorNamespace, devenv.APIServerDeployment))
+	sts := &appsv1.StatefulSet{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: "kubelock-etcd"}, sts); err != nil {
+		t.Fatal(err)
+	}
+	if sts.Status.ReadyReplicas != *sts.Spec.Replicas {
+		t.Errorf("etcd StatefulSet: %d of %d members ready", sts.Status.ReadyReplicas, *sts.Spec.Replicas)
+	}
+
+	alice := lockUser(t, devenv.LockUsers[0])
+	key := "served-by-kubelock-apiserver"
+	first := acquireRelease(ctx, t, alice, key)
+
+	// One replica deleted: the other serves, and the Deployment replaces it.
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods, client.InNamespace(devenv.OperatorNamespace), client.MatchingLabels{"app.kubernetes.io/component": "apiserver"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 2 {
+		t.Fatalf("%d kubelock-apiserver pods, want 2", len(pods.Items))
+	}
+	if err := c.Delete(ctx, &pods.Items[0]); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("deleted kubelock-apiserver pod %s", pods.Items[0].Name)
+	second := acquireRelease(ctx, t, alice, key)
+	if second <= first {
+		t.Errorf("fencing token %d after %d: tokens must grow", second, first)
+	}
+	deleted := pods.Items[0].Name
+	eventually(ctx, t, 200*time.Millisecond, 3*time.Minute, func(ctx context.Context) (bool, error) {
+		if err := c.List(ctx, pods, client.InNamespace(devenv.OperatorNamespace), client.MatchingLabels{"app.kubernetes.io/component": "apiserver"}); err != nil {
+			return false, err
+		}
+		var ready []string
+		for _, p := range pods.Items {
+			if p.Name != deleted && p.DeletionTimestamp == nil && podReady(&p) {
+				ready = append(ready, p.Name)
+			}
+		}
+		return len(ready) == 2, fmt.Errorf("ready replicas %v (deleted %s)", ready, deleted)
+	})
+}
+
+// podReady says whether the pod's Ready condition is true.
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// lockUser is a pkg/lock client as user (a context of kubelock-dev's
+// kubeconfig) in namespace default, creating locks on first use.
+func lockUser(t *testing.T, user string) *lock.Client {
+	t.Helper()
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: filepath.Join(dataDir, "kubeconfig")},
+		&clientcmd.ConfigOverrides{CurrentContext: user}).ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := lock.New(cfg, lock.WithNamespace("default"), lock.WithAutoCreate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// acquireRelease acquires key, checks the lock records the holding, releases
+// it, checks the release is recorded, and returns the holding's token.
+func acquireRelease(ctx context.Context, t *testing.T, cl *lock.Client, key string) int64 {
+	t.Helper()
+	held, err := cl.Acquire(ctx, key, lock.WithLeaseDuration(30*time.Second))
+	if err != nil {
+		t.Fatalf("acquire %s: %v", key, err)
+	}
+	l, err := cl.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := l.Status.Holder; h == nil || h.LeaseID != held.LeaseID() || l.Status.FencingToken != held.FencingToken() {
+		t.Errorf("after acquiring: holder %+v, token %d; want lease %s with token %d", h, l.Status.FencingToken, held.LeaseID(), held.FencingToken())
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("release %s: %v", key, err)
+	}
+	if l, err = cl.Get(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if f := l.Status.FindFinished(held.RequestID()); l.Status.Holder != nil || f == nil || f.EndReason != locksv1alpha1.EndReasonReleased {
+		t.Errorf("after releasing: holder %+v, the holding ended as %+v; want none and Released", l.Status.Holder, f)
+	}
+	t.Logf("%s acquired with token %d and released through kubelock-apiserver", key, held.FencingToken())
+	return held.FencingToken()
+}
