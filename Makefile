@@ -300,7 +300,17 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 	hack/install-postgres.sh
 	hack/install-haproxy.sh
 	go test -tags faults -race -count=1 -run "TestShiftWall|TestWallOffsetClock" ./cmd/manager/operator/
-	FAULTS_SOAK=$(FAULTS_SOAK) FAULTS_SEED=$(FAULTS_SEED) go test -tags faults -race -count=1 -timeout 90m ./test/e2e/faults/ -v -ginkgo.v
+	FAULTS_SOAK=$(FAULTS_SOAK) FAULTS_SEED=$(FAULTS_SEED) go test -tags faults -race -count=1 -timeout 90m ./test/e2e/faults/ -v -ginkgo.v -ginkgo.label-filter '!seed-acceptance'
+
+# The seed's acceptance test times an uncontended acquire (p99 ≤ 200 ms) at 70 %
+# of the rate this machine sustains, with one etcd member stopped and compaction
+# and defragmentation running: a latency bound that holds only where the control
+# plane does not share its cores with the load generator and every other suite,
+# so it runs on its own, never in test-faults.
+.PHONY: test-seed
+test-seed: manifests generate control-plane ## Run the seed's acceptance test alone (test/e2e/faults, label seed-acceptance) on a quiet machine; prints its latency table.
+	hack/install-postgres.sh
+	go test -tags faults -count=1 -timeout 30m ./test/e2e/faults/ -v -ginkgo.v -ginkgo.label-filter seed-acceptance
 
 ##@ Benchmarks
 

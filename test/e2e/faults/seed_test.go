@@ -25,7 +25,11 @@ import (
 // lease of 30 s renewed every 10 s, before, during and after a fault; the
 // uncontended acquire's p99 stays within 200 ms in every phase and every
 // history check passes.
-var _ = Describe("the seed's acceptance test", func() {
+// The seed's acceptance test measures latency at 70 % of what this machine
+// sustains, so it holds its bound only where the control plane has cores of
+// its own: it is labelled seed-acceptance, which `make test-faults` leaves
+// out and `make test-seed` runs (docs/reliability.md).
+var _ = Describe("the seed's acceptance test", Label("seed-acceptance"), func() {
 	It("seed acceptance: p99 of an uncontended acquire ≤ 200 ms before, during and after one etcd member down with compaction and defragmentation, at 70 % of capacity", func(ctx SpecContext) {
 		kc, err := cp.Kubeconfig("seed-client.kubeconfig", clientUser)
 		Expect(err).NotTo(HaveOccurred())
