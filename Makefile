@@ -129,7 +129,9 @@ UNIT_PKGS = $(shell go list ./... | grep -v -e '/test/admission' -e '/test/chart
 # landed before the reliability work began, built from this clone's history.
 PREVIOUS_RELEASE ?= ff609ba
 PREVIOUS_RELEASE_DIR ?= $(LOCALBIN)/releases/$(PREVIOUS_RELEASE)
-export KUBELOCK_PREVIOUS_RELEASE := $(PREVIOUS_RELEASE_DIR)
+# Not KUBELOCK_-prefixed: the CLI suites check that kubelock run passes its
+# command exactly the KUBELOCK_ variables of its holdings.
+export UPGRADE_FROM_BUILD := $(PREVIOUS_RELEASE_DIR)
 
 .PHONY: previous-release
 previous-release: ## Build the manager and the kubelock CLI of PREVIOUS_RELEASE (a commit of this clone's history), with its CRDs and webhook configuration, into bin/releases: the upgrade suite starts from them.

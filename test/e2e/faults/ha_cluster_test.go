@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kubelock/kubelock/test/e2e/faults/wire"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -30,7 +28,9 @@ import (
 
 	"github.com/kubelock/kubelock/cmd/manager/operator"
 	"github.com/kubelock/kubelock/internal/localcluster"
+	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"github.com/kubelock/kubelock/test/faultproxy"
+	"github.com/kubelock/kubelock/test/history"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -134,6 +134,21 @@ func (ha *haPlane) startOperator(ctx context.Context, dir string) error {
 	}
 	ha.obs = newObserverOf("ha-observer", ha.admin)
 	return nil
+}
+
+// waitServing waits until an operator replica leads and a lock write
+// passes: every lock write passes the webhook.
+func (ha *haPlane) waitServing(ctx context.Context) {
+	ha.waitLeader()
+	Eventually(func(g Gomega) {
+		k := ha.newLock(ctx, "ha-warmup", 3, 1)
+		defer ha.unwatch(k)
+		c := ha.newClient("ha-warmup")
+		defer c.exit()
+		r := c.do(wire.Command{Cmd: "acquire", Key: k, Wait: 10 * time.Second})
+		g.Expect(r.Outcome).To(Equal(history.OK), r.Err)
+		g.Expect(c.do(wire.Command{Cmd: "release", Key: k}).Outcome).To(Equal(history.OK))
+	}).WithTimeout(2 * time.Minute).Should(Succeed())
 }
 
 // stop stops everything startHA started.

@@ -28,17 +28,7 @@ var _ = Describe("HA control plane", Ordered, func() {
 		var err error
 		ha, err = startHA(ctx, filepath.Join(workDir, "ha"))
 		Expect(err).NotTo(HaveOccurred())
-		ha.waitLeader()
-		// Every lock write passes the webhook: wait until it answers.
-		Eventually(func(g Gomega) {
-			k := ha.newLock(ctx, "ha-warmup", 3, 1)
-			defer ha.unwatch(k)
-			c := ha.newClient("ha-warmup")
-			defer c.exit()
-			r := c.do(wire.Command{Cmd: "acquire", Key: k, Wait: 10 * time.Second})
-			g.Expect(r.Outcome).To(Equal(history.OK), r.Err)
-			g.Expect(c.do(wire.Command{Cmd: "release", Key: k}).Outcome).To(Equal(history.OK))
-		}).WithTimeout(2 * time.Minute).Should(Succeed())
+		ha.waitServing(ctx)
 	}, NodeTimeout(10*time.Minute))
 
 	AfterAll(func() {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -33,10 +34,42 @@ var _ = Describe("the seed's acceptance test", Label("seed-acceptance"), func() 
 	It("seed acceptance: p99 of an uncontended acquire ≤ 200 ms before, during and after one etcd member down with compaction and defragmentation, at 70 % of capacity", func(ctx SpecContext) {
 		kc, err := cp.Kubeconfig("seed-client.kubeconfig", clientUser)
 		Expect(err).NotTo(HaveOccurred())
-		target := seedTarget{Name: "3 etcd members, 1 kube-apiserver", Admin: admin, Kubeconfig: kc, Metrics: cp.admin, Prefix: "seed"}
+		target := seedTarget{Name: "3 etcd members, 1 kube-apiserver", Admin: admin, Kubeconfig: kc, Metrics: cp.admin, Observer: obs, Prefix: "seed"}
 		seedAcceptance(ctx, target, etcdMemberDownCompacted(cp), seedDefaults)
 	})
+
+	It("seed acceptance on the HA control plane: the same with one of two kube-apiservers down too", func(ctx SpecContext) {
+		ha, err := startHA(ctx, filepath.Join(workDir, "seed-ha"))
+		if ha != nil {
+			DeferCleanup(ha.stop)
+		}
+		Expect(err).NotTo(HaveOccurred())
+		ha.waitServing(ctx)
+		// Metrics: none, each apiserver has its own histograms and one is down.
+		target := seedTarget{Name: "3 etcd members, 2 kube-apiservers behind HAProxy", Admin: ha.admin, Kubeconfig: ha.clientConf, Observer: ha.obs, Prefix: "seed-ha"}
+		seedAcceptance(ctx, target, apiserverDownToo(ha, etcdMemberDownCompacted(ha.controlPlane)), seedDefaults)
+	})
 })
+
+// apiserverDownToo is fault with the second kube-apiserver stopped for the
+// window as well (the first, which fault's restore waits for, stays up):
+// HAProxy sends every client to the one left.
+func apiserverDownToo(ha *haPlane, fault seedFault) seedFault {
+	return seedFault{
+		Name: "kube-apiserver 2 of 2 stopped; " + fault.Name,
+		Inject: func(ctx context.Context, window time.Duration) func(context.Context) string {
+			a := ha.APIServers[len(ha.APIServers)-1]
+			Expect(a.Stop()).To(Succeed())
+			restore := fault.Inject(ctx, window)
+			return func(ctx context.Context) string {
+				notes := restore(ctx)
+				Expect(a.Start(ctx)).To(Succeed())
+				ha.waitBack(ctx, a)
+				return a.Name + " stopped for the window, back behind HAProxy after it; " + notes
+			}
+		},
+	}
+}
 
 // seedTarget is the control plane the seed's acceptance test runs against.
 type seedTarget struct {
@@ -49,6 +82,8 @@ type seedTarget struct {
 	Kubeconfig string
 	// Metrics reads a kube-apiserver's /metrics, to say where the time went.
 	Metrics *rest.Config
+	// Observer reads one of the run's locks.
+	Observer *observer
 	// Prefix names the run's locks, client processes and report row.
 	Prefix string
 }
@@ -99,7 +134,7 @@ func seedAcceptance(ctx context.Context, t seedTarget, fault seedFault, cfg seed
 	// The observer reads one lock (ten quorum reads a second: a seed
 	// client never reads), so the store's own record is checked too.
 	observed := r.keys[0][0]
-	obs.watch(observed)
+	t.Observer.watch(observed)
 
 	capacity := seedCapacity(r.cs, r.keys, cfg)
 	rate := cfg.Share * capacity
@@ -107,7 +142,7 @@ func seedAcceptance(ctx context.Context, t seedTarget, fault seedFault, cfg seed
 	time.Sleep(cfg.Warmup) // the workload's warm-up, not synchronisation
 	phases, scrapes, faultNotes := r.phases(ctx, fault)
 	samples, lost := r.stop()
-	unwatch(observed)
+	t.Observer.unwatch(observed)
 
 	stats := seedStats(phases, samples)
 	table := seedTable(stats)

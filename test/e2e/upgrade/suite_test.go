@@ -5,7 +5,7 @@
 // them, this release's operator started beside the old one, the webhook
 // configuration pointed at it, and the old operator stopped. The previous
 // release is built from git history by hack/build-previous-release.sh
-// (`make previous-release`), into the folder KUBELOCK_PREVIOUS_RELEASE names.
+// (`make previous-release`), into the folder UPGRADE_FROM_BUILD names.
 package upgrade
 
 import (
@@ -22,7 +22,7 @@ import (
 )
 
 // PreviousReleaseEnv names the folder of the previous release's build.
-const PreviousReleaseEnv = "KUBELOCK_PREVIOUS_RELEASE"
+const PreviousReleaseEnv = "UPGRADE_FROM_BUILD"
 
 var (
 	// previous holds the previous release's manager, kubelock and config/.
