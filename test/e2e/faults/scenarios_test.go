@@ -47,6 +47,35 @@ func acquireOK(c *lockClient, key string, wait time.Duration) wire.Reply {
 	return r
 }
 
+// meanCycle is a's mean time to acquire key (free) and release it, over n
+// cycles.
+func meanCycle(a *lockClient, key string, n int) time.Duration {
+	var total time.Duration
+	for range n {
+		start := time.Now()
+		acquireOK(a, key, 20*time.Second)
+		Expect(a.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
+		total += time.Since(start)
+	}
+	return total / time.Duration(n)
+}
+
+// failsClosed checks the store's quorum, lost at lossAt: h's holding
+// (acquired as rh) sees Done fire within its lease, and c's try-acquire of key
+// fails, with an error, within a bounded time. It returns how long each took
+// and the acquire's reply.
+func failsClosed(h *lockClient, rh wire.Reply, c *lockClient, key string, lossAt int64) (doneAfter int64, failAfter time.Duration, r wire.Reply) {
+	Eventually(func() int64 { return lostAt(h, rh.Lease) }).WithTimeout(30 * time.Second).ShouldNot(BeZero())
+	doneAfter = lostAt(h, rh.Lease) - lossAt
+	Expect(doneAfter).To(BeNumerically("<=", int64(3*time.Second)), "Done must fire within the lease")
+	start := time.Now()
+	r = c.do(wire.Command{Cmd: "acquire", Key: key, Try: true, Wait: 5 * time.Second})
+	failAfter = time.Since(start)
+	Expect(r.Outcome).NotTo(Equal(history.OK))
+	Expect(failAfter).To(BeNumerically("<", 15*time.Second))
+	return doneAfter, failAfter, r
+}
+
 // lostAt is the time c recorded that its holding lease was lost, 0 if not.
 func lostAt(c *lockClient, lease string) int64 {
 	evs, err := history.ReadFiles(c.hist)
@@ -162,16 +191,7 @@ var _ = Describe("fault scenarios", func() {
 	It("3: one etcd member of three down keeps locks working; two down fails closed within bounded time; quorum back resumes", func(ctx SpecContext) {
 		key, held := newLock(ctx, "s3", 3, 2), newLock(ctx, "s3", 3, 2)
 		a, h, c := newClient("s3-a"), newClient("s3-h"), newClient("s3-c")
-		cycle := func(n int) time.Duration {
-			var total time.Duration
-			for range n {
-				start := time.Now()
-				acquireOK(a, key, 20*time.Second)
-				Expect(a.do(wire.Command{Cmd: "release", Key: key}).Outcome).To(Equal(history.OK))
-				total += time.Since(start)
-			}
-			return total / time.Duration(n)
-		}
+		cycle := func(n int) time.Duration { return meanCycle(a, key, n) }
 		base := cycle(30)
 		cp.Etcd.Members[2].Stop()
 		one := cycle(30)
@@ -181,16 +201,7 @@ var _ = Describe("fault scenarios", func() {
 		tokenBefore := getLock(ctx, held).Status.FencingToken
 		cp.Etcd.Members[1].Stop() // a graceful stop: quorum is lost once it has exited
 		lossAt := history.Mono()
-		// Holders: Done fires by the safe deadline (lease minus margin after the last renewal).
-		Eventually(func() int64 { return lostAt(h, rh.Lease) }).WithTimeout(30 * time.Second).ShouldNot(BeZero())
-		doneAfter := lostAt(h, rh.Lease) - lossAt
-		Expect(doneAfter).To(BeNumerically("<=", int64(3*time.Second)), "Done must fire within the lease")
-		// Acquires fail, with an error, within a bounded time.
-		start := time.Now()
-		r := c.do(wire.Command{Cmd: "acquire", Key: held, Try: true, Wait: 5 * time.Second})
-		failAfter := time.Since(start)
-		Expect(r.Outcome).NotTo(Equal(history.OK))
-		Expect(failAfter).To(BeNumerically("<", 15*time.Second))
+		doneAfter, failAfter, r := failsClosed(h, rh, c, held, lossAt)
 		GinkgoWriter.Printf("quorum lost: holder's Done after %s; acquire failed after %s with %s: %s\n", secs(doneAfter), failAfter, r.Outcome, r.Err)
 
 		restoredAt := history.Mono()
