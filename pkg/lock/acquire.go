@@ -544,11 +544,9 @@ func (a *attempt) queueRoom(obj *locksv1alpha1.DistributedLock) error {
 	return nil
 }
 
-// giveUp leaves the queue after the wait ended and says why.
+// giveUp withdraws the call after its time ran out, and says why.
 func (a *attempt) giveUp(ctx context.Context) error {
-	if a.wait {
-		a.leaveQueue(ctx)
-	}
+	a.withdraw(ctx)
 	err, last := a.waitErr(ctx), a.last
 	switch {
 	case last == nil:
@@ -580,27 +578,60 @@ func sizeLimit(what string, err error) error {
 // leave, so it leaves the queue at once, rather than hold back everyone
 // behind it until the controller drops it after handoffTimeoutSeconds.
 func (a *attempt) unfit(ctx context.Context, err error) error {
-	a.leaveQueue(ctx)
+	a.withdraw(ctx)
 	return fmt.Errorf("%w; left the queue", a.failed(err))
 }
 
-// leaveQueue removes this request's queue entry, if any. It uses its own short
-// deadline, since ctx is already over; TryAcquire never queues and skips it.
-func (a *attempt) leaveQueue(ctx context.Context) {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+// withdraw takes back what this call may have left in the lock: its queue
+// entry, and the holding an acquire write of unknown outcome may have made
+// (only that write's own lease). The caller never got that holding, so
+// nobody would renew or release it: without this it would block the lock
+// for a lease, or for as long as its session lasts. ctx is already over, so
+// it retries within a short deadline of its own; what it cannot write by
+// then, expiry ends.
+func (a *attempt) withdraw(ctx context.Context) {
+	if !a.wait && a.unknownAt < 0 {
+		return // TryAcquire never queues, and nothing of it may have committed
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	back := retryBackoff()
 	for {
-		obj := &locksv1alpha1.DistributedLock{}
-		if err := a.c.c.Get(lctx, client.ObjectKey{Namespace: a.c.cfg.namespace, Name: a.name}, obj); err != nil {
-			break
+		err := a.withdrawFrom(wctx)
+		switch {
+		case err == nil || definite(err) || apierrors.IsNotFound(err):
+			return
+		case apierrors.IsConflict(err):
+			continue
 		}
-		if !obj.Status.RemoveWaiter(a.cfg.requestID) {
-			break
-		}
-		if err := a.c.writeStatus(lctx, obj); err == nil || !apierrors.IsConflict(err) {
-			break
+		if pause(wctx, &back) != nil {
+			return
 		}
 	}
+}
+
+// withdrawFrom is one try of withdraw: it reads the lock, and writes it
+// without this call's queue entry and its unknown write's holding, if it
+// shows either.
+func (a *attempt) withdrawFrom(ctx context.Context) error {
+	obj := &locksv1alpha1.DistributedLock{}
+	if err := a.c.c.Get(ctx, client.ObjectKey{Namespace: a.c.cfg.namespace, Name: a.name}, obj); err != nil {
+		return err
+	}
+	changed := obj.Status.RemoveWaiter(a.cfg.requestID)
+	if h, ok := findHolding(&obj.Status, a.cfg.requestID); ok && a.unknownAt >= 0 && h.LeaseID == a.leaseID {
+		now := metav1.NewMicroTime(a.c.cfg.clock.Now())
+		if h.shared {
+			obj.EndShared(h.LeaseID, locksv1alpha1.EndReasonReleased, a.user, now)
+		} else {
+			obj.EndHolding(locksv1alpha1.EndReasonReleased, a.user, now)
+		}
+		changed = true
+	}
+	if !changed {
+		return nil
+	}
+	return a.c.writeStatus(ctx, obj)
 }
 
 // keepCause returns err as the last error worth reporting, unless it is only

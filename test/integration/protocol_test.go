@@ -278,6 +278,69 @@ var _ = backends.Describe("idempotent acquire (I6)", func() {
 	})
 })
 
+var _ = backends.Describe("an acquire given up after its answer was lost", func() {
+	// The acquiring write commits, its answer is lost, and the apiserver stays
+	// out of reach until the caller gives up: the caller has no Lock to
+	// release, so the call itself must end the holding its write made, or it
+	// would block the lock until its lease ran out.
+	DescribeTable("ends the holding its write made",
+		func(ctx SpecContext, spec locksv1alpha1.DistributedLockSpec, opts ...lock.AcquireOption) {
+			ns := suite.Namespace(ctx)
+			suite.NewLock(ctx, ns, "orphan", spec)
+			cfg, _ := suite.UserConfig(ctx)
+			proxy, err := faultproxy.New(cfg)
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(proxy.Close)
+
+			// The first status write's answer is dropped; every request after
+			// it is refused until healed.
+			var wrote atomic.Bool
+			healed := make(chan struct{})
+			proxy.SetRule(func(r *http.Request) faultproxy.Action {
+				select {
+				case <-healed:
+					return faultproxy.Pass
+				default:
+				}
+				if wrote.Load() {
+					return faultproxy.Refuse
+				}
+				if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") {
+					wrote.Store(true)
+					return faultproxy.DropResponse
+				}
+				return faultproxy.Pass
+			})
+			c, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("quitter"))
+			Expect(err).NotTo(HaveOccurred())
+
+			callCtx, giveUp := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Acquire(callCtx, "orphan", append(opts, lock.WithRequestID("req-1"))...)
+				done <- err
+			}()
+			Eventually(func(g Gomega) {
+				g.Expect(proxy.Dropped()).To(Equal(int64(1)))
+				g.Expect(suite.GetLock(ctx, ns, "orphan").IsHeld()).To(BeTrue())
+			}).Should(Succeed(), "the acquiring write did not commit")
+			Consistently(done, 200*time.Millisecond).ShouldNot(Receive(), "the call ended while the apiserver was out of reach")
+
+			giveUp()
+			close(healed)
+			Eventually(done).Should(Receive(MatchError(context.Canceled)))
+			stored := suite.GetLock(ctx, ns, "orphan")
+			Expect(stored.IsHeld()).To(BeFalse(), "the holding the call's write made is still there")
+			Expect(stored.Status.Transitions).To(Equal(int64(1)))
+			f := stored.Status.FindFinished("req-1")
+			Expect(f).NotTo(BeNil())
+			Expect(f.EndReason).To(Equal(locksv1alpha1.EndReasonReleased))
+		},
+		Entry("exclusive", locksv1alpha1.DistributedLockSpec{}),
+		Entry("shared", locksv1alpha1.DistributedLockSpec{Type: locksv1alpha1.RWMutex}, lock.WithShared()),
+	)
+})
+
 var _ = backends.Describe("idempotent acquire beyond what status remembers (I6)", func() {
 	It("refuses to guess when the lock changed hands more often than recentAcquisitions records", func() {
 		ctx := context.Background()

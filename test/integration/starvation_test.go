@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -48,40 +49,32 @@ var _ = backends.Describe("writer starvation", Serial, func() {
 			lease string
 			token int64
 		}
+		// The readers stop between holdings, never in the middle of an
+		// acquire: an acquire cut short may have committed a holding that the
+		// count below would miss.
 		var (
-			mu    sync.Mutex
-			acqs  []readerAcq
-			wg    sync.WaitGroup
-			rctx  context.Context
-			rstop context.CancelFunc
+			mu       sync.Mutex
+			acqs     []readerAcq
+			wg       sync.WaitGroup
+			stopping atomic.Bool
 		)
-		rctx, rstop = context.WithCancel(ctx)
-		DeferCleanup(rstop)
+		stop := func() { stopping.Store(true); wg.Wait() }
+		DeferCleanup(stop)
 		for i, c := range recipeClients(ctx, ns, readers) {
 			wg.Add(1)
 			go func() {
 				defer GinkgoRecover()
 				defer wg.Done()
 				// Stagger the readers so that their holdings overlap.
-				select {
-				case <-time.After(time.Duration(i) * hold / readers):
-				case <-rctx.Done():
-					return
-				}
-				for rctx.Err() == nil {
-					l, err := c.Acquire(rctx, "stream", lock.WithShared(), lock.WithWaitTimeout(60*time.Second))
-					if err != nil && rctx.Err() != nil {
-						return // the test is over
-					}
+				time.Sleep(time.Duration(i) * hold / readers)
+				for !stopping.Load() {
+					l, err := c.Acquire(ctx, "stream", lock.WithShared(), lock.WithWaitTimeout(60*time.Second))
 					Expect(err).NotTo(HaveOccurred(), "reader %d", i)
 					mu.Lock()
 					acqs = append(acqs, readerAcq{l.LeaseID(), l.FencingToken()})
 					mu.Unlock()
-					select {
-					case <-time.After(hold): // the reader's work
-					case <-rctx.Done():
-					}
-					Expect(l.Release(context.WithoutCancel(rctx))).To(Succeed())
+					time.Sleep(hold) // the reader's work
+					Expect(l.Release(ctx)).To(Succeed())
 				}
 			}()
 		}
@@ -117,8 +110,7 @@ var _ = backends.Describe("writer starvation", Serial, func() {
 			results = append(results, result{req: req, wait: time.Since(began), token: l.FencingToken(), conflicts: conflicts(writerMetrics) - conflictsBefore})
 			Expect(l.Release(ctx)).To(Succeed())
 		}
-		rstop()
-		wg.Wait()
+		stop()
 
 		// Read the store's record, once the watch has delivered the last
 		// release, and the readers' tokens.
