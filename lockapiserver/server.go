@@ -54,6 +54,9 @@ type Options struct {
 	StorageEncoding string
 	// CheckBackend refuses to start while the lock CRDs are installed.
 	CheckBackend bool
+	// AuthorizeByNamespace asks the authorizer about a user's access to a
+	// namespace's locks before asking about one lock (byNamespace).
+	AuthorizeByNamespace bool
 }
 
 // NewOptions are the defaults: delegated authentication and authorization,
@@ -66,7 +69,7 @@ func NewOptions() *Options {
 	r.Features.EnablePriorityAndFairness = false
 	r.Etcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(locksv1alpha1.GroupVersion,
 		schema.GroupKind{Group: locksv1alpha1.GroupVersion.Group})
-	return &Options{Recommended: r, StorageEncoding: "json", CheckBackend: true}
+	return &Options{Recommended: r, StorageEncoding: "json", CheckBackend: true, AuthorizeByNamespace: true}
 }
 
 // AddFlags adds every flag to fs.
@@ -79,6 +82,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.CheckBackend, "check-backend", o.CheckBackend,
 		"Refuse to start while the lock CRDs are installed (read with --authorization-kubeconfig, or in-cluster): the cluster serves the lock API from them, "+
 			"and a switch while they hold locks could let a fencing token go down.")
+	fs.BoolVar(&o.AuthorizeByNamespace, "authorize-by-namespace", o.AuthorizeByNamespace,
+		"Authorize a request for one lock or session by the user's access to all of them in its namespace when it has that, and by the object's name only when not: "+
+			"one cached SubjectAccessReview answers a user's writes to any of its locks, where asking by name costs kube-apiserver one nearly every lock write. "+
+			"The same answer under RBAC; turn it off for an authorizer that allows a namespace but denies names within it.")
 }
 
 // Validate reports every flag error.
@@ -162,6 +169,9 @@ func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
 	cfg.OpenAPIV3Config.Info.Title = "kubelock"
 	if err := o.Recommended.ApplyTo(cfg); err != nil {
 		return nil, err
+	}
+	if o.AuthorizeByNamespace {
+		cfg.Authorization.Authorizer = byNamespace{cfg.Authorization.Authorizer}
 	}
 	s, err := cfg.Complete().New("kubelock-apiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {

@@ -10,16 +10,19 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
@@ -517,3 +520,100 @@ func (r *requestLog) lockRequests() []string {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// TestLockWritesShareAccessReviews: kubelock-apiserver authorizes a request
+// for one lock by the user's access to the namespace's locks
+// (--authorize-by-namespace), so that a user's writes to many locks share the
+// delegated authorizer's cached answers instead of costing kube-apiserver a
+// SubjectAccessReview each; a user that RBAC limits to some names is still
+// held to them.
+func TestLockWritesShareAccessReviews(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	alice, _, _ := lockClient(t, "alice", ns)
+	const locks = 40
+	before := accessReviews(t)
+	for i := range locks {
+		l, err := alice.TryAcquire(ctx, fmt.Sprintf("lock-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each kind of request asks once (the lock's create, get, and status
+	// update); a few more if the cache's 10 s ran out during the loop.
+	n := accessReviews(t) - before
+	t.Logf("%d lock writes to %d locks: %d SubjectAccessReviews", 2*locks, locks, n)
+	if n > 10 {
+		t.Errorf("%d lock writes to %d locks made kube-apiserver answer %d SubjectAccessReviews, want one per kind of request", 2*locks, locks, n)
+	}
+
+	// dave may write the status of one lock only.
+	for _, name := range []string{"orders", "billing"} {
+		if err := env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, o := range []client.Object{
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dave"}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks"}, Verbs: []string{"get"}},
+			{APIGroups: []string{locksv1alpha1.GroupVersion.Group}, Resources: []string{"distributedlocks/status"}, Verbs: []string{"update"}, ResourceNames: []string{"orders"}},
+		}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dave"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "dave"},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "dave"}}},
+	} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := env.AddUser(envtest.User{Name: "dave"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dave := userClient(t, u.Config())
+	refusedByRBAC := func(err error) bool {
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), `cannot update resource "distributedlocks/status"`)
+	}
+	// RBAC's answer follows the new Role within moments, and the lock
+	// apiserver keeps a denial 10 s.
+	var orders error
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		orders = dave.Status().Update(ctx, get(t, ns, "orders"))
+		return !refusedByRBAC(orders), nil
+	})
+	if refusedByRBAC(orders) {
+		t.Errorf("dave's status write to orders, which his Role names: %v", orders)
+	}
+	billing := dave.Status().Update(ctx, get(t, ns, "billing"))
+	if !refusedByRBAC(billing) {
+		t.Errorf("dave's status write to billing, which his Role does not name: %v, want RBAC's 403", billing)
+	}
+}
+
+// accessReviews is how many SubjectAccessReviews kube-apiserver has answered.
+func accessReviews(t *testing.T) int {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") || !strings.Contains(line, `resource="subjectaccessreviews"`) {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err != nil {
+			t.Fatal(err)
+		}
+		n += int(v)
+	}
+	return n
+}
