@@ -587,8 +587,9 @@ func (a *attempt) unfit(ctx context.Context, err error) error {
 // (only that write's own lease). The caller never got that holding, so
 // nobody would renew or release it: without this it would block the lock
 // for a lease, or for as long as its session lasts. ctx is already over, so
-// it retries within a short deadline of its own; what it cannot write by
-// then, expiry ends.
+// it works within a short deadline of its own. Only such a holding is worth
+// retrying for: a queue entry carries the call's deadline, and the
+// controller drops it then anyway. What it cannot write, expiry ends.
 func (a *attempt) withdraw(ctx context.Context) {
 	if !a.wait && a.unknownAt < 0 {
 		return // TryAcquire never queues, and nothing of it may have committed
@@ -604,7 +605,7 @@ func (a *attempt) withdraw(ctx context.Context) {
 		case apierrors.IsConflict(err):
 			continue
 		}
-		if pause(wctx, &back) != nil {
+		if a.unknownAt < 0 || pause(wctx, &back) != nil {
 			return
 		}
 	}
