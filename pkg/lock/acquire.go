@@ -20,7 +20,11 @@ import (
 // caller's turn, ctx ends or the wait timeout passes (ErrTimeout). It takes
 // the lock exclusively unless asked WithShared, or the lock is a Semaphore. A
 // holding that waited keeps watching the lock while it lasts and ctx has not
-// ended, so that its renewals and release rarely meet a conflict.
+// ended, so that its renewals and release rarely meet a conflict. When ctx
+// ends or the wait times out first, Acquire takes back what it wrote: its
+// queue entry, and a holding whose answer was lost on the way (as etcd's
+// concurrency.Mutex deletes its key when Lock fails); a later call with the
+// same request ID then learns that holding ended.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	return c.acquire(ctx, key, true, opts)
 }

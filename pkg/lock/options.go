@@ -194,7 +194,9 @@ func WithSession(s *Session) DefaultOption {
 // call. A retry from another call or process is recognised while its holding
 // is among the last MaxRecentAcquisitions the lock remembers; within one
 // call, Acquire refuses (ErrLockLost) rather than guess once the lock changed
-// hands more often. Every lock user of the namespace reads request IDs in
+// hands more often. A call that gives up (its ctx ended, or its wait timed
+// out) ends a holding of its own whose answer it lost, so a retry after
+// that reports it ended. Every lock user of the namespace reads request IDs in
 // the lock's status, and one nobody has used yet is anyone's: choose one
 // nobody can guess (a Job's UID rather than its name), or another user may
 // take it first.

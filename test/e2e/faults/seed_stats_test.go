@@ -109,3 +109,33 @@ func seedTable(stats []phaseStats) string {
 	}
 	return b.String()
 }
+
+// seedTimeline is each phase's acquires in spans of step: how many, their
+// p99 and the slowest, so that a phase's p99 shows whether a burst (a
+// member's catch-up) or the whole phase carried it.
+func seedTimeline(phases []seedPhase, samples []wire.Sample, step time.Duration) string {
+	var b strings.Builder
+	for _, ph := range phases {
+		fmt.Fprintf(&b, "%s:", ph.Name)
+		for from := ph.From; from < ph.To; from += int64(step) {
+			var ds []time.Duration
+			for _, s := range samples {
+				if s.Op == "acquire" && s.T >= from && s.T < min(from+int64(step), ph.To) {
+					ds = append(ds, cmp.Or(failedIf(s.Err), time.Duration(s.Lat)))
+				}
+			}
+			slices.Sort(ds)
+			fmt.Fprintf(&b, " [+%.0fs n=%d p99 %s max %s]", time.Duration(from-ph.From).Seconds(), len(ds), fmtP(quantile(ds, 0.99)), fmtP(quantile(ds, 1)))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// failedIf is failed for an operation that failed (err), else 0.
+func failedIf(err string) time.Duration {
+	if err != "" {
+		return failed
+	}
+	return 0
+}

@@ -148,7 +148,7 @@ func seedAcceptance(ctx context.Context, t seedTarget, fault seedFault, cfg seed
 	table := seedTable(stats)
 	title := fmt.Sprintf("seed's acceptance test on %s, fault: %s; capacity %.1f lock writes/s, offered %.1f (%.0f %%), lease %s renewed every %s",
 		t.Name, fault.Name, capacity, rate, 100*cfg.Share, cfg.Lease, cfg.Lease/3)
-	seedLog("\n%s\n%s\nfault: %s", title, table, faultNotes)
+	seedLog("\n%s\n%s\nfault: %s\nacquires by 5 s span:\n%s", title, table, faultNotes, seedTimeline(phases, samples, 5*time.Second))
 	AddReportEntry(title, table)
 	if t.Metrics != nil {
 		seedLog("where the time went (kube-apiserver's histograms over each phase, interpolated within their buckets; in brackets how many requests):\n%s", seedBreakdown(stats, scrapes))
