@@ -280,9 +280,10 @@ func (r *seedRun) stopMix() ([]wire.Sample, int) {
 // offered 70 % of it, the mix fell behind and its latency climbed for the
 // whole run). Each probe offers a rate for the warm-up and 15 s more; it is
 // sustained when every operation succeeded, their p99 is within the bound
-// and 99 % of the offered rate completed. The search steps by 15 %: up while
-// probes are sustained, down until one is; the answer is always a rate a
-// probe sustained, and no sustained probe fails the spec.
+// and 95 % of the offered rate completed (a backlog shows in the p99). The
+// search steps by 15 %: up while probes are sustained, down until one is;
+// the answer is always a rate a probe sustained, and no sustained probe
+// fails the spec.
 func (r *seedRun) sustained(ctx context.Context, estimate float64) float64 {
 	const probes, measure, step = 7, 15 * time.Second, 1.15
 	rate, best := 0.6*estimate, 0.0
@@ -306,14 +307,17 @@ func (r *seedRun) sustained(ctx context.Context, estimate float64) float64 {
 func (r *seedRun) probe(ctx context.Context, i int, rate float64, measure time.Duration) bool {
 	r.startMix(ctx, rate)
 	from := history.Mono() + int64(r.cfg.Warmup)
-	time.Sleep(r.cfg.Warmup + measure) // the probe's length, not synchronisation
+	// The probe's length, and a second for the operations scheduled at its
+	// end to finish (stopping the mix cuts those in flight): not
+	// synchronisation.
+	time.Sleep(r.cfg.Warmup + measure + time.Second)
 	samples, _ := r.stopMix()
 	st := seedStats([]seedPhase{{Name: "probe", From: from, To: from + int64(measure)}}, samples)[0]
 	worst, errs := time.Duration(0), 0
 	for _, op := range seedOps {
 		worst, errs = max(worst, st.Ops[op].P99), errs+st.Ops[op].Errors
 	}
-	ok := errs == 0 && worst <= r.cfg.Bound && st.Achieved >= 0.99*rate
+	ok := errs == 0 && worst <= r.cfg.Bound && st.Achieved >= 0.95*rate
 	seedLog("seed mix: probe %d at %.1f lock writes/s: achieved %.1f, p99 %s, %d errors: sustained %v", i+1, rate, st.Achieved, fmtP(worst), errs, ok)
 	return ok
 }
