@@ -294,23 +294,7 @@ var _ = backends.Describe("an acquire given up after its answer was lost", func(
 
 			// The first status write's answer is dropped; every request after
 			// it is refused until healed.
-			var wrote atomic.Bool
-			healed := make(chan struct{})
-			proxy.SetRule(func(r *http.Request) faultproxy.Action {
-				select {
-				case <-healed:
-					return faultproxy.Pass
-				default:
-				}
-				if wrote.Load() {
-					return faultproxy.Refuse
-				}
-				if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") {
-					wrote.Store(true)
-					return faultproxy.DropResponse
-				}
-				return faultproxy.Pass
-			})
+			healed := loseFirstWriteThenCutOff(proxy)
 			c, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("quitter"))
 			Expect(err).NotTo(HaveOccurred())
 
@@ -353,22 +337,7 @@ var _ = backends.Describe("idempotent acquire beyond what status remembers (I6)"
 
 		// The acquire commits but its answer is lost; then the client is cut
 		// off while the lock changes hands nine times.
-		var dropped atomic.Bool
-		healed := make(chan struct{})
-		proxy.SetRule(func(r *http.Request) faultproxy.Action {
-			select {
-			case <-healed:
-				return faultproxy.Pass
-			default:
-			}
-			if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") && dropped.CompareAndSwap(false, true) {
-				return faultproxy.DropResponse
-			}
-			if dropped.Load() {
-				return faultproxy.Refuse
-			}
-			return faultproxy.Pass
-		})
+		healed := loseFirstWriteThenCutOff(proxy)
 		c, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("cut-off"))
 		Expect(err).NotTo(HaveOccurred())
 		result := make(chan error, 1)
@@ -405,3 +374,26 @@ var _ = backends.Describe("idempotent acquire beyond what status remembers (I6)"
 		Expect(suite.GetLock(ctx, ns, "busy").Status.Transitions).To(Equal(transitions), "no second holding")
 	})
 })
+
+// loseFirstWriteThenCutOff makes proxy pass requests until the first status
+// write, drop that write's answer (it commits, the client cannot know) and
+// refuse every request after it until the returned channel is closed.
+func loseFirstWriteThenCutOff(proxy *faultproxy.Proxy) (healed chan struct{}) {
+	var dropped atomic.Bool
+	healed = make(chan struct{})
+	proxy.SetRule(func(r *http.Request) faultproxy.Action {
+		select {
+		case <-healed:
+			return faultproxy.Pass
+		default:
+		}
+		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") && dropped.CompareAndSwap(false, true) {
+			return faultproxy.DropResponse
+		}
+		if dropped.Load() {
+			return faultproxy.Refuse
+		}
+		return faultproxy.Pass
+	})
+	return healed
+}
