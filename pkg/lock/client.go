@@ -31,6 +31,8 @@ import (
 type Client struct {
 	c   client.WithWatch
 	cfg config
+	// who answers the SelfSubjectReview: c, except for NewDirect's.
+	who client.Client
 
 	userMu sync.Mutex
 	user   string
@@ -58,6 +60,41 @@ type Client struct {
 // apiserver answers 403 until its RBAC rules are loaded) is sent again within
 // its context, for up to 30 s; every other refusal is final at once.
 func New(cfg *rest.Config, opts ...Option) (*Client, error) {
+	c, err := newKubeClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return NewFromClient(c, opts...)
+}
+
+// NewDirect returns a client whose lock requests go straight to lockAPI, the
+// lock apiserver backend's kubelock-apiserver (its Service), instead of
+// through kube-apiserver, which would proxy them; its one other request, the
+// SelfSubjectReview that learns its user, goes to kube, which alone serves
+// it. Both configs must authenticate the same user: kubelock-apiserver checks
+// a token with kube-apiserver (a TokenReview, cached) and a client
+// certificate against kube-apiserver's client CA. Requests are retried as
+// New's are.
+func NewDirect(kube, lockAPI *rest.Config, opts ...Option) (*Client, error) {
+	who, err := newKubeClient(kube)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newKubeClient(lockAPI)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := NewFromClient(c, opts...)
+	if err != nil {
+		return nil, err
+	}
+	cl.who = who
+	return cl, nil
+}
+
+// newKubeClient is a controller-runtime client of cfg for locks and
+// kube-apiserver's own kinds, with New's retry of a not-ready authorizer.
+func newKubeClient(cfg *rest.Config) (client.WithWatch, error) {
 	if cfg == nil {
 		return nil, errors.New("kubelock: rest config is nil")
 	}
@@ -82,7 +119,7 @@ func New(cfg *rest.Config, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubelock: building a client: %w", err)
 	}
-	return NewFromClient(c, opts...)
+	return c, nil
 }
 
 // NewFromClient returns a client on top of an existing controller-runtime
@@ -100,7 +137,7 @@ func NewFromClient(c client.WithWatch, opts ...Option) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cl := &Client{c: c, cfg: cfg, slots: slots{m: map[string]*slot{}}, gates: slots{m: map[string]*slot{}}, held: map[string]*Lock{}, seen: newSeenLocks(seenLocksLimit)}
+	cl := &Client{c: c, who: c, cfg: cfg, slots: slots{m: map[string]*slot{}}, gates: slots{m: map[string]*slot{}}, held: map[string]*Lock{}, seen: newSeenLocks(seenLocksLimit)}
 	if cfg.registerer != nil {
 		m, err := newMetrics(cfg.registerer)
 		if err != nil {
@@ -125,7 +162,7 @@ func (c *Client) User(ctx context.Context) (string, error) {
 	if c.user != "" {
 		return c.user, nil
 	}
-	info, err := whoami.New(c.c).UserInfo(ctx)
+	info, err := whoami.New(c.who).UserInfo(ctx)
 	if err != nil {
 		return "", err
 	}

@@ -188,12 +188,12 @@ func (b *benchRun) recordWire(sets []clientSet) {
 
 // handoffKubelock runs workload 3 with engine en in force.
 func (b *benchRun) handoffKubelock(ctx context.Context, en kubelockEngine) error {
-	return b.handoffOn(ctx, b.c, "handoff-"+string(en.e), en.name)
+	return b.handoffOn(ctx, b.c, "handoff-"+string(en.e), en.name, lockClients(encJSON, nil))
 }
 
-// handoffOn runs workload 3 as system name on c's lock key, checking the
-// order in which the server handed it over.
-func (b *benchRun) handoffOn(ctx context.Context, c *cluster, key, name string) error {
+// handoffOn runs workload 3 as system name on c's lock key with clients
+// from newClient, checking the order in which the server handed it over.
+func (b *benchRun) handoffOn(ctx context.Context, c *cluster, key, name string, newClient lockClientFactory) error {
 	// All K contenders are benchUser: let one user queue K-1 times.
 	perUser := int32(min(b.o.handoffK, locksv1alpha1.MaxWaitersLimit))
 	if err := c.env.Client.Create(ctx, &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Namespace: workNS, Name: key},
@@ -206,7 +206,7 @@ func (b *benchRun) handoffOn(ctx context.Context, c *cluster, key, name string) 
 	}
 	htr := newTrips()
 	st0, _ := c.serverTimes(ctx)
-	r := runHandoff(ctx, name, b.o.handoffK, b.o.handoffHold, b.o.stepWarmup, b.o.handoffMeasure, kubelockMutex(c.user, key, htr))
+	r := runHandoff(ctx, name, b.o.handoffK, b.o.handoffHold, b.o.stepWarmup, b.o.handoffMeasure, kubelockMutex(newClient, c.user, key, htr))
 	r.Trips = htr.summary()
 	logServerTimes(ctx, c, st0)
 	r.ServerFIFOViolations, r.ServerFIFOChecked = fifo.result()

@@ -7,10 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/lockapi"
@@ -118,11 +116,28 @@ func (lb *lockBackend) stop() {
 	}
 }
 
-// runAPIServer runs the lock apiserver backend's workloads through
-// kube-apiserver (the seed mix, uncontended acquisitions, hand-off) and,
-// with --scale-model, the scale model.
+// lockPath is one way pkg/lock's clients reach the lock apiserver backend:
+// as a system of the run, with the clients it builds.
+type lockPath struct {
+	key, name string
+	clients   lockClientFactory
+}
+
+// paths are the backend's systems: through kube-apiserver, which proxies
+// to the APIService, and straight to its first replica, as a client of the
+// Service would.
+func (lb *lockBackend) paths() []lockPath {
+	return []lockPath{
+		{"apiserver", sysAPIServer, lockClients(encJSON, nil)},
+		{"apiserver-direct", sysAPIServerDirect, directClients(lb.servers[0])},
+	}
+}
+
+// runAPIServer runs the lock apiserver backend's workloads (the seed mix,
+// uncontended acquisitions, hand-off) on each selected path and, with
+// --scale-model, the scale model.
 func (b *benchRun) runAPIServer(ctx context.Context) error {
-	if (!b.systems["apiserver"] && !b.o.scaleModel) || ctx.Err() != nil {
+	if (!b.systems["apiserver"] && !b.systems["apiserver-direct"] && !b.o.scaleModel) || ctx.Err() != nil {
 		return nil
 	}
 	lb, err := startLockBackend(ctx, filepath.Join(b.c.dir, "lock-backend"), b.o.leaseObjects)
@@ -130,9 +145,12 @@ func (b *benchRun) runAPIServer(ctx context.Context) error {
 		return fmt.Errorf("the lock apiserver backend: %w", err)
 	}
 	defer lb.stop()
-	if b.systems["apiserver"] {
-		if err := b.lockBackendWorkloads(ctx, lb); err != nil {
-			return err
+	for _, p := range lb.paths() {
+		if !b.systems[p.key] || ctx.Err() != nil {
+			continue
+		}
+		if err := b.lockBackendWorkloads(ctx, lb, p); err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
 		}
 	}
 	if b.o.scaleModel && ctx.Err() == nil {
@@ -142,24 +160,24 @@ func (b *benchRun) runAPIServer(ctx context.Context) error {
 }
 
 // lockBackendWorkloads runs workloads 1, 2 and 3 with pkg/lock's clients
-// going through kube-apiserver, as a cluster's clients do. Expiry
-// (workload 4) is the controller's, which does not run here.
-func (b *benchRun) lockBackendWorkloads(ctx context.Context, lb *lockBackend) error {
+// on path p. Expiry (workload 4) is the controller's, which does not run
+// here.
+func (b *benchRun) lockBackendWorkloads(ctx context.Context, lb *lockBackend, p lockPath) error {
 	tr := newTrips()
-	l, err := newKubelockLocker(lockClients(encJSON, nil), tr.wrap(lb.c.user), lockNS, b.o.clients, b.o.lease)
+	l, err := newKubelockLocker(p.clients, tr.wrap(lb.c.user), lockNS, b.o.clients, b.o.lease)
 	if err != nil {
 		return err
 	}
 	if b.wl["1"] {
 		m := b.mix
 		m.objects = lb.objects
-		b.rep.mixes = append(b.rep.mixes, runSeedMix(ctx, lb.c, l, sysAPIServer, lb.free, m, lb.pw, logf))
+		b.rep.mixes = append(b.rep.mixes, runSeedMix(ctx, lb.c, l, p.name, lb.free, m, lb.pw, logf))
 	}
 	if b.wl["2"] {
-		b.rep.uncontended = append(b.rep.uncontended, runUncontendedBoth(ctx, lb.c, l, sysAPIServer, lb.free, b.uncRate, b.o, tr)...)
+		b.rep.uncontended = append(b.rep.uncontended, runUncontendedBoth(ctx, lb.c, l, p.name, lb.free, b.uncRate, b.o, tr)...)
 	}
 	if b.wl["3"] {
-		return b.handoffOn(ctx, lb.c, "handoff-apiserver", sysAPIServer)
+		return b.handoffOn(ctx, lb.c, "handoff-"+p.key, p.name, p.clients)
 	}
 	return nil
 }
@@ -181,6 +199,14 @@ func directLocker(ctx context.Context, kube *rest.Config, servers []*lockapi.Ser
 	return k, nil
 }
 
+// directClients builds pkg/lock clients that talk straight to s, from the
+// configuration of kube-apiserver's user.
+func directClients(s *lockapi.Server) lockClientFactory {
+	return func(kube *rest.Config, opts ...lock.Option) (*lock.Client, error) {
+		return directLockClient(kube, s, opts...)
+	}
+}
+
 // warm reads a lock with c until it can, so that c has learned the
 // server's API (its first request asks for discovery, which a replica just
 // started may still refuse) before any request is timed.
@@ -192,34 +218,7 @@ func warm(ctx context.Context, c *lock.Client) error {
 }
 
 // directLockClient is a pkg/lock client whose lock requests go straight to
-// s and whose SelfSubjectReview (how pkg/lock learns its user) goes to
-// kube-apiserver, which alone serves it.
+// s (lock.NewDirect).
 func directLockClient(kube *rest.Config, s *lockapi.Server, opts ...lock.Option) (*lock.Client, error) {
-	scheme, err := lockScheme()
-	if err != nil {
-		return nil, err
-	}
-	direct, err := client.NewWithWatch(s.Direct(kube), client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, err
-	}
-	viaKube, err := client.New(kube, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, err
-	}
-	return lock.NewFromClient(selfReviewsVia{WithWatch: direct, kube: viaKube}, opts...)
-}
-
-// selfReviewsVia sends SelfSubjectReviews to kube and everything else to
-// the embedded client.
-type selfReviewsVia struct {
-	client.WithWatch
-	kube client.Client
-}
-
-func (s selfReviewsVia) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
-	if _, ok := obj.(*authenticationv1.SelfSubjectReview); ok {
-		return s.kube.Create(ctx, obj, opts...)
-	}
-	return s.WithWatch.Create(ctx, obj, opts...)
+	return lock.NewDirect(kube, s.Direct(kube), opts...)
 }

@@ -82,8 +82,11 @@ const (
 	sysKLE     = "client-go leaderelection on kubelock"
 	sysEtcd    = "etcd Mutex"
 	sysRedis   = "redsync"
-	// sysAPIServer is the lock apiserver backend, through kube-apiserver.
-	sysAPIServer = "kubelock (apiserver)"
+	// sysAPIServer is the lock apiserver backend, through kube-apiserver;
+	// sysAPIServerDirect the same with its clients talking straight to
+	// kubelock-apiserver (as through its Service).
+	sysAPIServer       = "kubelock (apiserver)"
+	sysAPIServerDirect = "kubelock (apiserver, direct)"
 )
 
 type options struct {
@@ -148,7 +151,7 @@ func defaults(quick bool) options {
 		handoffK: 8, handoffHold: 10 * time.Millisecond, handoffMeasure: 10 * time.Second, leMeasure: 30 * time.Second,
 		expiryTrials: 3, expiryLease: 3 * time.Second,
 		holdClients: 10, holdPerClient: 40, holdMeasure: 10 * time.Second, encoding: encJSON,
-		systems: "webhook,policy,none,lease,crd,apiserver,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
+		systems: "webhook,policy,none,lease,crd,apiserver,apiserver-direct,leaderelection,kubelock-le,etcd,redis", workloads: "1,2,3,4,5,scale",
 		out: "docs/benchmarks.md", profile: true, profileStep: 0, maxInFlight: 4000, clients: 4,
 		scaleHeld: 20000, scaleHoldRate: 150, scaleLapses: 200, scaleLapse: 5 * time.Second,
 		// A replica held to 0.4 core sustains a few hundred writes/s: the
@@ -279,7 +282,7 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&o.holdPerClient, "hold-locks-per-client", o.holdPerClient, "Workload 5: locks each client holds.")
 	fs.DurationVar(&o.holdMeasure, "hold-measure", o.holdMeasure, "Workload 5: measured window (at least lease/3, so every holding renews in it).")
 	fs.StringVar(&o.encoding, "encoding", o.encoding, "Wire encodings of the kubelock clients: json, cbor or json,cbor. With cbor the apiserver runs with --feature-gates=CBORServingAndStorage=true (alpha, off by default) and workloads 1, 2 and 5 run once per encoding; the other workloads use JSON.")
-	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, crd (raw CRD CAS: a custom resource with a Lease's fields, no CEL, no admission: the floor of any CRD-based lock), apiserver (the lock apiserver backend: kubelock-apiserver on a control plane of its own, pkg/lock through kube-apiserver; workloads 1, 2 and 3), leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
+	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, crd (raw CRD CAS: a custom resource with a Lease's fields, no CEL, no admission: the floor of any CRD-based lock), apiserver (the lock apiserver backend: kubelock-apiserver on a control plane of its own, pkg/lock through kube-apiserver; workloads 1, 2 and 3), apiserver-direct (the same backend, pkg/lock talking straight to kubelock-apiserver, as through its Service), leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
 	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions), scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
 	fs.IntVar(&o.scaleHeld, "scale-held", o.scaleHeld, "Workload scale: locks held (lease 300s, renewed by pkg/lock every 100s) while memory is measured.")
 	fs.Float64Var(&o.scaleHoldRate, "scale-hold-rate", o.scaleHoldRate, "Workload scale: acquisitions/s of the held locks (before --rate-scale).")

@@ -323,9 +323,9 @@ func sortEvents(ev []holdEvent) {
 }
 
 // kubelockMutex: tr counts the requests of acquire and release.
-func kubelockMutex(cfg *rest.Config, key string, tr *trips) func(i int) (mutexFn, error) {
+func kubelockMutex(newClient lockClientFactory, cfg *rest.Config, key string, tr *trips) func(i int) (mutexFn, error) {
 	return func(i int) (mutexFn, error) {
-		c, err := lock.New(tr.wrap(cfg), lock.WithNamespace(workNS), lock.WithIdentity(fmt.Sprintf("contender-%d", i)))
+		c, err := newClient(tr.wrap(cfg), lock.WithNamespace(workNS), lock.WithIdentity(fmt.Sprintf("contender-%d", i)))
 		if err != nil {
 			return nil, err
 		}

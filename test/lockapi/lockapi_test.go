@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/pkg/lock"
@@ -40,6 +42,8 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	ctx := context.Background()
+	// Quiet the clients TestCLIWithLockServer's commands build.
+	ctrllog.SetLogger(logr.Discard())
 	dir, err := os.MkdirTemp("", "kubelock-lockapi-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -52,6 +56,7 @@ func run(m *testing.M) int {
 	}
 	defer func() { _ = env.Stop() }()
 	srv, err := startServer(ctx, dir)
+	server = srv
 	if srv != nil {
 		defer func() { _ = srv.Stop() }()
 	}
@@ -62,8 +67,11 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// bin is kubelock-apiserver, built for the run.
-var bin string
+// bin is kubelock-apiserver, built for the run; server is the one serving.
+var (
+	bin    string
+	server *lockapi.Server
+)
 
 func startServer(ctx context.Context, dir string) (*lockapi.Server, error) {
 	var err error
@@ -502,6 +510,13 @@ func (r *requestLog) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seen = nil
+}
+
+// all are the requests so far.
+func (r *requestLog) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.seen)
 }
 
 // lockRequests are the requests to the lock API.

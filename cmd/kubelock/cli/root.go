@@ -71,6 +71,9 @@ type options struct {
 	config   *genericclioptions.ConfigFlags
 	output   string
 	identity string
+	// lockServer and lockServerCA send lock requests straight to a lock
+	// apiserver (lock.NewDirect).
+	lockServer, lockServerCA string
 	// now is the clock for relative times in tables (tests fix it).
 	now func() time.Time
 }
@@ -102,6 +105,8 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	klog.SetOutput(io.Discard)
 	klog.LogToStderr(false)
 	flags.StringVar(&o.identity, "identity", "", "holder identity written into the lock (default: $POD_NAME, else the hostname)")
+	flags.StringVar(&o.lockServer, "lock-server", "", "URL of kubelock-apiserver (the lock apiserver backend's Service, e.g. https://kubelock-apiserver.kubelock-system.svc) to send acquisitions, renewals and releases to directly rather than through kube-apiserver, with the same credentials")
+	flags.StringVar(&o.lockServerCA, "lock-server-ca", "", "PEM file of the CA that signed --lock-server's serving certificate (default: the system's roots)")
 	root.AddCommand(
 		newGetCommand(o), newListCommand(o), newDescribeCommand(o), newCreateCommand(o),
 		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
@@ -154,11 +159,28 @@ func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
 	if o.identity != "" {
 		opts = append(opts, lock.WithIdentity(o.identity))
 	}
-	c, err := lock.New(cfg, append(opts, extra...)...)
+	opts = append(opts, extra...)
+	var c *lock.Client
+	if o.lockServer != "" {
+		c, err = lock.NewDirect(cfg, direct(cfg, o.lockServer, o.lockServerCA), opts...)
+	} else {
+		c, err = lock.New(cfg, opts...)
+	}
 	if err != nil {
 		return nil, withCode(ExitUsage, err)
 	}
 	return c, nil
+}
+
+// direct is cfg's user at the lock apiserver at url, whose serving
+// certificate ca signed (the system's roots when empty).
+func direct(cfg *rest.Config, url, ca string) *rest.Config {
+	d := rest.CopyConfig(cfg)
+	d.Host, d.APIPath = url, ""
+	// The kubeconfig's trust (its CA, or insecure-skip-tls-verify) is
+	// kube-apiserver's, never the lock server's.
+	d.CAFile, d.CAData, d.ServerName, d.Insecure = ca, nil, "", false
+	return d
 }
 
 // readClient is a plain client for listing locks, sessions and events, and
