@@ -23,6 +23,11 @@
 //	c, err := lock.New(cfg, lock.WithLeaseDuration(30*time.Second))          // every call's lease
 //	l, err := c.Acquire(ctx, "report", lock.WithLeaseDuration(2*time.Minute)) // this call's
 //
+// On a cluster that serves locks from kubelock-apiserver, NewDirect sends
+// lock requests straight to its Service instead of through kube-apiserver's
+// proxy, which costs the control plane about two thirds of a Lease write per
+// request.
+//
 // A held lock is renewed in the background every lease/3. When renewals fail
 // until the client's safe deadline (the time the last successful renewal was
 // sent, plus the lease, minus SafetyMargin), the lock's context is cancelled

