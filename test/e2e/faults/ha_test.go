@@ -62,18 +62,22 @@ var _ = Describe("HA control plane", Ordered, func() {
 		failover := firstOKOf(on, "ha1", stoppedAt)
 		Expect(failover).To(BeNumerically(">", 0), "the stopped apiserver's clients never acquired again")
 		Expect(failover).To(BeNumerically("<", resumedAt), "the stopped apiserver's clients acquired again only once it resumed: they did not fail over")
-		// The crashed holder's lease expires, never before its safe deadline.
+		// The crashed holder's lease expires, never before its safe deadline:
+		// no read that returned before it saw the holding ended. (The last
+		// read that saw it held may precede the deadline: the observer's
+		// connection through HAProxy can be on the stopped apiserver, and
+		// then it reads nothing until the stop ends.)
 		Eventually(func() map[string][2]int64 { return ha.obs.expiries("ha1") }).WithTimeout(time.Minute).Should(HaveKey(rx.Lease))
 		e := ha.obs.expiries("ha1")[rx.Lease]
 		d := lastDeadline(x, rx.Lease)
-		Expect(e[1]).To(BeNumerically(">=", d), "the crashed holder's lease expired before its safe deadline")
+		Expect(e[0]).To(BeNumerically(">=", d), "the crashed holder's lease was seen expired before its safe deadline")
 		base := countOKAfter(events("ha1"), resumedAt)
 		Eventually(func() int { return countOKAfter(events("ha1"), resumedAt) }).Should(BeNumerically(">=", base+5))
 		stopClients(cs)
 		ha.unwatch(append(keys, crashed)...)
 		check(ctx, result{Scenario: "HA 1 apiserver SIGSTOPped past a lease", Faults: fmt.Sprintf("SIGSTOP of %s for %s (leases 3s) with the leader replica's watch and %d of 4 looping clients (%v) on it; a crashed holder awaiting expiry", target, secs(resumedAt-stoppedAt), len(on), names(on)),
 			Recovery: fmt.Sprintf("its clients acquired again %s after the stop, through the other apiserver", secs(failover-stoppedAt)),
-			Notes:    fmt.Sprintf("the crashed holder's lease seen expired %s after the stop, and still seen held %s after its safe deadline", secs(e[0]-stoppedAt), secs(e[1]-d))}, "ha1")
+			Notes:    fmt.Sprintf("the crashed holder's lease seen expired %s after the stop and %s after its safe deadline, last seen held %s after it", secs(e[0]-stoppedAt), secs(e[0]-d), secs(e[1]-d))}, "ha1")
 	})
 
 	It("2: an apiserver SIGKILLed under load: its clients fail over to the other and service goes on", func(ctx SpecContext) {
