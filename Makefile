@@ -311,13 +311,11 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 # detector, which would time the detector rather than the locks. It stays out
 # of test-faults (and CI): in two rehearsals of .ci/run on two cores each spec
 # missed the bound once (docs/reliability.md).
-SEED_TEST = go test -tags faults -count=1 -timeout 30m ./test/e2e/faults/ -v -ginkgo.v -ginkgo.label-filter
-
 .PHONY: test-seed
 test-seed: manifests generate control-plane ## Run the seed's acceptance test alone (test/e2e/faults, label seed-acceptance); prints its latency table.
 	hack/install-postgres.sh
 	hack/install-haproxy.sh
-	$(SEED_TEST) seed-acceptance
+	go test -tags faults -count=1 -timeout 30m ./test/e2e/faults/ -v -ginkgo.v -ginkgo.label-filter seed-acceptance
 
 ##@ Benchmarks
 

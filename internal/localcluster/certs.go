@@ -129,7 +129,7 @@ func (a *authority) kubeconfig(host, file, user string, groups ...string) (strin
 		return "", err
 	}
 	path := filepath.Join(a.dir, file)
-	return path, writeKubeconfig(path, cfg)
+	return path, WriteKubeconfig(path, cfg)
 }
 
 // servingCert writes a serving certificate for 127.0.0.1, localhost and
@@ -142,12 +142,12 @@ func (a *authority) servingCert(dir, name string, hosts ...string) (crtPath, key
 	return writePair(dir, "tls.crt", "tls.key", crt, key)
 }
 
-// writeKubeconfig writes cfg (a client certificate's connection) as a
-// kubeconfig file.
-func writeKubeconfig(path string, cfg *rest.Config) error {
+// WriteKubeconfig writes cfg (its server, CA and client certificate or
+// token) as a kubeconfig file at path.
+func WriteKubeconfig(path string, cfg *rest.Config) error {
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
 	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "user"}
 	kc.CurrentContext = "local"
 	return clientcmd.WriteToFile(*kc, path)

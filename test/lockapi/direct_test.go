@@ -20,11 +20,10 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kubelock/kubelock/cmd/kubelock/cli"
+	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/testenv"
 )
@@ -129,7 +128,9 @@ func TestCLIWithLockServer(t *testing.T) {
 	}
 	dir := t.TempDir()
 	kubeconfig, ca := filepath.Join(dir, "alice.kubeconfig"), filepath.Join(dir, "lock-server-ca.pem")
-	writeKubeconfig(t, kubeconfig, "alice", cfg)
+	if err := localcluster.WriteKubeconfig(kubeconfig, cfg); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(ca, server.CA, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -173,19 +174,5 @@ func TestCLIWithLockServer(t *testing.T) {
 	}
 	if h := get(t, ns, "cli").Status.Holder; h != nil {
 		t.Errorf("holder after the release: %+v", h)
-	}
-}
-
-// writeKubeconfig writes cfg (server, CA, client certificate) as user's
-// kubeconfig file at path.
-func writeKubeconfig(t *testing.T, path, user string, cfg *rest.Config) {
-	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: user}
-	kc.CurrentContext = "test"
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		t.Fatal(err)
 	}
 }
