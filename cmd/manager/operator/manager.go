@@ -367,7 +367,10 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		}
 	}
 	log.Info("starting manager", "leaderElection", o.LeaderElect, "electOn", o.LeaderElectionLock, "expiryGrace", o.ExpiryGrace, "idleTimeout", o.IdleTimeout, "webhook", o.EnableWebhook)
-	if err := mgr.Start(ctx); err != nil {
+	err = mgr.Start(ctx)
+	// The webhook served on through the stop, the election's release included.
+	webhookServer.Drain()
+	if err != nil {
 		return err
 	}
 	// The lock apiserver's certificate rotation may have ended ctx.

@@ -165,6 +165,14 @@ func webhookControllerUsers(ctx context.Context, r *controllers.Reconciler, o Op
 // files exist: cert-controller writes the Secret a moment after start, and a
 // mounted cert-manager Secret may still be empty. Until then /readyz fails.
 //
+// It serves until Drain, not until the manager stops it. controller-runtime
+// stops webhooks before it releases the leader election, and a replica that
+// stops is still among the webhook Service's endpoints for a moment: the
+// apiserver keeps sending it admission requests, the release of the
+// election's own lock among them. A server stopped that early failed those
+// requests, and a release that failed for its whole deadline left the lock to
+// expire (lease plus grace) instead of handing it over at once.
+//
 // The server speaks TLS only (controller-runtime listens with tls.Listen; a
 // plain-HTTP request gets Go's fixed "400 Client sent an HTTP request to an
 // HTTPS server" and never reaches a handler). With a client CA it also
@@ -176,6 +184,12 @@ type certWaitingServer struct {
 	clientAuth bool
 	// serving is set once the certificate exists and the server starts.
 	serving atomic.Bool
+
+	// stop ends serving; stopped is closed once the server returned. Both
+	// are set when serving starts, under mu.
+	mu      sync.Mutex
+	stop    context.CancelFunc
+	stopped chan struct{}
 }
 
 func newWebhookServer(o Options) (*certWaitingServer, error) {
@@ -252,11 +266,47 @@ func (s *certWaitingServer) Start(ctx context.Context) error {
 		return false, nil
 	})
 	if err != nil {
-		return nil // stopped before the certificate came
+		return nil //nolint:nilerr // stopped before the certificate came: no failure
 	}
 	s.serving.Store(true)
-	defer s.serving.Store(false)
-	return s.Server.Start(ctx)
+	serveCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	stopped := make(chan struct{})
+	s.mu.Lock()
+	s.stop, s.stopped = stop, stopped
+	s.mu.Unlock()
+	failed := make(chan error, 1)
+	go func() {
+		defer close(stopped)
+		defer s.serving.Store(false)
+		failed <- s.Server.Start(serveCtx)
+	}()
+	select {
+	case err := <-failed:
+		return err
+	case <-ctx.Done():
+		return nil // serving on until Drain
+	}
+}
+
+// drainTimeout bounds Drain: in-flight admission requests take at most the
+// webhook configuration's timeoutSeconds (5).
+const drainTimeout = 10 * time.Second
+
+// Drain stops serving, once the manager stopped: in-flight requests finish
+// (within drainTimeout), new ones are refused.
+func (s *certWaitingServer) Drain() {
+	s.mu.Lock()
+	stop, stopped := s.stop, s.stopped
+	s.mu.Unlock()
+	if stop == nil {
+		return // never served
+	}
+	stop()
+	select {
+	case <-stopped:
+	case <-time.After(drainTimeout):
+		ctrl.Log.WithName("webhook").Info("the webhook server did not stop within its drain timeout; exiting anyway", "timeout", drainTimeout)
+	}
 }
 
 // secretToFiles keeps tls.crt and tls.key in dir equal to the rotated Secret's,

@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -488,5 +489,68 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWebhookServesUntilDrained: the webhook server keeps serving after the
+// manager stopped it, until Drain. controller-runtime stops webhooks before it
+// releases the leader election, and the release's own admission request may be
+// sent to this replica while it is still among the Service's endpoints.
+func TestWebhookServesUntilDrained(t *testing.T) {
+	dir := t.TempDir()
+	crt, key, err := certutil.GenerateSelfSignedCertKey("localhost", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{certName: crt, keyName: key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := freeAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	o := DefaultOptions()
+	o.WebhookHost, o.WebhookCertDir = host, dir
+	if o.WebhookPort, err = strconv.Atoi(port); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := newWebhookServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handshake := func() error {
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a handshake is all this checks
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	returned := make(chan error, 1)
+	go func() { returned <- srv.Start(ctx) }()
+	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return handshake() == nil, nil
+	}); err != nil {
+		t.Fatalf("the webhook server never served: %v", handshake())
+	}
+
+	cancel() // the manager stops its runnables
+	select {
+	case err := <-returned:
+		if err != nil {
+			t.Fatalf("Start returned %v when its context ended, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start did not return when its context ended: the manager's stop would wait for it")
+	}
+	if err := handshake(); err != nil {
+		t.Fatalf("after the manager's stop, before Drain: %v; want the server still serving", err)
+	}
+
+	srv.Drain()
+	if err := handshake(); err == nil {
+		t.Fatal("after Drain the server still completes handshakes")
 	}
 }

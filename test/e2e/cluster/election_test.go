@@ -3,6 +3,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,13 +12,17 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -74,6 +79,8 @@ func TestChartElectsOnKubelock(t *testing.T) {
 
 	// Deleting the leader's pod: it releases on SIGTERM and the standby,
 	// at the head of the queue, takes the lock.
+	leaderLog := followLog(ctx, t, leader)
+	unreached := webhookCallErrors(ctx, t)
 	deleted := time.Now()
 	if err := c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: devenv.OperatorNamespace, Name: leader}}); err != nil {
 		t.Fatal(err)
@@ -85,10 +92,12 @@ func TestChartElectsOnKubelock(t *testing.T) {
 		h := l.Status.Holder
 		return h != nil && h.Identity == standby, fmt.Errorf("holder %+v", h)
 	})
-	t.Logf("leader pod %s deleted; %s leads %s later with token %d", leader, standby, time.Since(deleted).Round(time.Millisecond), l.Status.FencingToken)
+	t.Logf("leader pod %s deleted; %s leads %s later with token %d; %d admission requests failed to reach a webhook meanwhile",
+		leader, standby, time.Since(deleted).Round(time.Millisecond), l.Status.FencingToken, webhookCallErrors(ctx, t)-unreached)
 	ended := l.Status.FindFinished(first.RequestID)
 	if ended == nil || ended.LeaseID != first.LeaseID || ended.EndReason != locksv1alpha1.EndReasonReleased || ended.EndedBy != electionUser {
-		t.Errorf("the deleted leader's holding ended as %+v, want Released by %s", ended, electionUser)
+		t.Errorf("the deleted leader's holding ended as %+v, want Released by %s; the deleted leader's last log lines:\n%s",
+			ended, electionUser, lastLines(leaderLog(), 40))
 	}
 	eventually(ctx, t, 200*time.Millisecond, 2*time.Minute, deploymentAvailable(devenv.OperatorNamespace, devenv.OperatorDeployment))
 
@@ -195,6 +204,51 @@ func lapse(ctx context.Context, t *testing.T) string {
 // podLog is the log of the pod's manager container, through the kubelet.
 func podLog(ctx context.Context, t *testing.T, pod string) string {
 	t.Helper()
+	out, err := clientset(t).CoreV1().Pods(devenv.OperatorNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "manager"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("logs of %s: %v", pod, err)
+	}
+	return string(out)
+}
+
+// followLog streams the manager's log of an operator pod from now on, so that
+// what a pod logs while it stops is kept after the pod is gone; the returned
+// function gives what arrived so far.
+func followLog(ctx context.Context, t *testing.T, pod string) func() string {
+	t.Helper()
+	var (
+		mu  sync.Mutex
+		buf strings.Builder
+	)
+	stream, err := clientset(t).CoreV1().Pods(devenv.OperatorNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "manager", Follow: true, TailLines: ptr.To[int64](0)}).Stream(ctx)
+	if err != nil {
+		t.Fatalf("following the logs of %s: %v", pod, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer stream.Close()
+		b := make([]byte, 32<<10)
+		for {
+			n, err := stream.Read(b)
+			mu.Lock()
+			buf.Write(b[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { stream.Close(); <-done })
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
+}
+
+func clientset(t *testing.T) kubernetes.Interface {
+	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dataDir, "kubeconfig"))
 	if err != nil {
 		t.Fatal(err)
@@ -203,14 +257,36 @@ func podLog(ctx context.Context, t *testing.T, pod string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := cs.CoreV1().Pods(devenv.OperatorNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "manager"}).DoRaw(ctx)
-	if err != nil {
-		t.Fatalf("logs of %s: %v", pod, err)
-	}
-	return string(out)
+	return cs
 }
 
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// webhookCallErrors is the number of admission requests for which
+// kube-apiserver could not call a webhook so far (its
+// apiserver_admission_webhook_rejection_count with error_type
+// calling_webhook_error, summed).
+func webhookCallErrors(ctx context.Context, t *testing.T) int {
+	t.Helper()
+	raw, err := clientset(t).CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("kube-apiserver's metrics: %v", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("kube-apiserver's metrics: %v", err)
+	}
+	n := 0
+	for _, m := range families["apiserver_admission_webhook_rejection_count"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "error_type" && l.GetValue() == "calling_webhook_error" {
+				n += int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return n
 }
