@@ -45,6 +45,9 @@ var nsCount, userCount atomic.Int64
 func Run(t *testing.T, name string, timeout, polling time.Duration) {
 	t.Helper()
 	RegisterFailHandler(Fail)
+	// controller-runtime's clients log through it (shown for a failed spec);
+	// unset, it prints a "log.SetLogger(...) was never called" stack.
+	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	SetDefaultEventuallyTimeout(timeout)
 	SetDefaultEventuallyPollingInterval(polling)
 	RunSpecs(t, name)
@@ -59,7 +62,6 @@ func Start(controllerUser string, opts ...testenv.Option) *testenv.Env {
 
 // start is Start with the control plane startEnv starts.
 func start(startEnv func(...testenv.Option) (*testenv.Env, error), controllerUser string, opts []testenv.Option) *testenv.Env {
-	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	env, err := startEnv(append([]testenv.Option{testenv.WithWebhook()}, opts...)...)
 	Expect(err).NotTo(HaveOccurred())
 	// Cleanups run last-in first-out: the webhook stops before the control plane.

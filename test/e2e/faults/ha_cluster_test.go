@@ -132,7 +132,19 @@ func (ha *haPlane) startOperator(ctx context.Context, dir string) error {
 			return err
 		}
 	}
-	ha.obs = newObserverOf("ha-observer", ha.admin)
+	// Through HAProxy as the clients, and each apiserver directly: when one
+	// is stopped, the connection HAProxy gave the observer may be on it.
+	var direct []client.Client
+	for _, a := range ha.APIServers {
+		cfg := rest.CopyConfig(ha.controlPlane.admin)
+		cfg.Host = a.URL
+		c, err := client.New(cfg, client.Options{Scheme: ha.admin.Scheme()})
+		if err != nil {
+			return err
+		}
+		direct = append(direct, c)
+	}
+	ha.obs = newObserverOf("ha-observer", ha.admin, direct...)
 	return nil
 }
 

@@ -63,14 +63,14 @@ var _ = Describe("HA control plane", Ordered, func() {
 		Expect(failover).To(BeNumerically(">", 0), "the stopped apiserver's clients never acquired again")
 		Expect(failover).To(BeNumerically("<", resumedAt), "the stopped apiserver's clients acquired again only once it resumed: they did not fail over")
 		// The crashed holder's lease expires, never before its safe deadline:
-		// no read that returned before it saw the holding ended. (The last
-		// read that saw it held may precede the deadline: the observer's
-		// connection through HAProxy can be on the stopped apiserver, and
-		// then it reads nothing until the stop ends.)
+		// no read that returned before it saw the holding ended, and a read
+		// sent at or after it still saw it held (the observer reads through
+		// each apiserver too, so the stopped one does not blind it).
 		Eventually(func() map[string][2]int64 { return ha.obs.expiries("ha1") }).WithTimeout(time.Minute).Should(HaveKey(rx.Lease))
 		e := ha.obs.expiries("ha1")[rx.Lease]
 		d := lastDeadline(x, rx.Lease)
 		Expect(e[0]).To(BeNumerically(">=", d), "the crashed holder's lease was seen expired before its safe deadline")
+		Expect(e[1]).To(BeNumerically(">=", d), "no read sent at or after the crashed holder's safe deadline saw it still held (last seen held %s before it)", secs(d-e[1]))
 		base := countOKAfter(events("ha1"), resumedAt)
 		Eventually(func() int { return countOKAfter(events("ha1"), resumedAt) }).Should(BeNumerically(">=", base+5))
 		stopClients(cs)

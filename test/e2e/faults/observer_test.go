@@ -4,6 +4,7 @@ package faults
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"time"
@@ -18,20 +19,28 @@ import (
 // not through the fault proxy) every 100ms. Each read is a porcupine
 // operation (an early expiry shows up as a read of a free lock before its
 // holder's safe deadline), and the holders and finished holdings it sees feed
-// the request-ID check (I6) and the expiry timings.
+// the request-ID check (I6) and the expiry timings. With several readers
+// (an HA control plane's apiservers, each directly) each polls on its own, so
+// a stopped apiserver blinds only its own reader.
 type observer struct {
-	c      client.Client
-	rec    *history.Recorder
-	cancel context.CancelFunc
-	done   chan struct{}
+	readers []reader
+	cancel  context.CancelFunc
+	done    chan struct{}
 
 	mu   sync.Mutex
 	keys map[string]bool
 	seen map[string]bool
 	// ended maps a lease to when it was first seen finished, and why.
 	ended map[string]endSeen
-	// lastHeld maps a lease to the send time of the last read that saw it held.
+	// lastHeld maps a lease to the latest send time of a read that saw it held.
 	lastHeld map[string]int64
+}
+
+// reader is one of an observer's connections, with a history process of its
+// own: one reader's reads of a key are sequential, as a process's are.
+type reader struct {
+	c   client.Client
+	rec *history.Recorder
 }
 
 type endSeen struct {
@@ -43,15 +52,23 @@ type endSeen struct {
 func newObserver() *observer { return newObserverOf("observer", admin) }
 
 // newObserverOf is an observer named name reading through c (a control
-// plane of a Describe's own).
-func newObserverOf(name string, c client.Client) *observer {
-	path := filepath.Join(workDir, "history", name+".jsonl")
-	rec, err := history.NewRecorder(path, name)
-	must(err)
-	histories = append(histories, path)
+// plane of a Describe's own), and through each of more, whose reads are
+// recorded as name-1, name-2...
+func newObserverOf(name string, c client.Client, more ...client.Client) *observer {
 	ctx, cancel := context.WithCancel(context.Background())
-	o := &observer{c: c, rec: rec, cancel: cancel, done: make(chan struct{}), keys: map[string]bool{}, seen: map[string]bool{},
+	o := &observer{cancel: cancel, done: make(chan struct{}), keys: map[string]bool{}, seen: map[string]bool{},
 		ended: map[string]endSeen{}, lastHeld: map[string]int64{}}
+	for i, c := range append([]client.Client{c}, more...) {
+		proc := name
+		if i > 0 {
+			proc = fmt.Sprintf("%s-%d", name, i)
+		}
+		path := filepath.Join(workDir, "history", proc+".jsonl")
+		rec, err := history.NewRecorder(path, proc)
+		must(err)
+		histories = append(histories, path)
+		o.readers = append(o.readers, reader{c: c, rec: rec})
+	}
 	go o.run(ctx)
 	return o
 }
@@ -63,6 +80,16 @@ func (o *observer) stop() { o.cancel(); <-o.done }
 
 func (o *observer) run(ctx context.Context) {
 	defer close(o.done)
+	var wg sync.WaitGroup
+	for _, r := range o.readers {
+		wg.Add(1)
+		go func() { defer wg.Done(); o.poll(ctx, r) }()
+	}
+	wg.Wait()
+}
+
+// poll reads every watched key through r every 100ms.
+func (o *observer) poll(ctx context.Context, r reader) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -80,18 +107,18 @@ func (o *observer) run(ctx context.Context) {
 		var wg sync.WaitGroup
 		for _, k := range keys {
 			wg.Add(1)
-			go func() { defer wg.Done(); o.read(ctx, k) }()
+			go func() { defer wg.Done(); o.read(ctx, r, k) }()
 		}
 		wg.Wait()
 	}
 }
 
-func (o *observer) read(ctx context.Context, key string) {
+func (o *observer) read(ctx context.Context, r reader, key string) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	sent := history.Mono()
 	l := &locksv1alpha1.DistributedLock{}
-	if err := o.c.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l); err != nil {
+	if err := r.c.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l); err != nil {
 		return
 	}
 	now := history.Mono()
@@ -101,16 +128,16 @@ func (o *observer) read(ctx context.Context, key string) {
 	defer o.mu.Unlock()
 	if h := s.Holder; h != nil {
 		e.Lease, e.Req = h.LeaseID, h.RequestID
-		o.lastHeld[h.LeaseID] = sent
+		o.lastHeld[h.LeaseID] = max(o.lastHeld[h.LeaseID], sent)
 	}
-	o.rec.Record(e)
+	r.rec.Record(e)
 	for _, f := range s.RecentAcquisitions {
 		if o.seen[f.LeaseID] {
 			continue
 		}
 		o.seen[f.LeaseID] = true
 		o.ended[f.LeaseID] = endSeen{t: now, reason: f.EndReason, key: key}
-		o.rec.Record(history.Event{Op: history.OpServer, Phase: history.Point, Key: key, Lease: f.LeaseID, Req: f.RequestID, Token: f.FencingToken, Reason: string(f.EndReason), Err: f.EndedBy, T: now})
+		r.rec.Record(history.Event{Op: history.OpServer, Phase: history.Point, Key: key, Lease: f.LeaseID, Req: f.RequestID, Token: f.FencingToken, Reason: string(f.EndReason), Err: f.EndedBy, T: now})
 	}
 }
 
