@@ -309,13 +309,14 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 # with one etcd member stopped and compaction and defragmentation running, on
 # one apiserver and on the HA plane (label ha-plane). It runs without the race
 # detector, which would time the detector rather than the locks. It stays out
-# of test-faults (and CI): in two rehearsals of .ci/run on two cores each spec
-# missed the bound once (docs/reliability.md).
+# of test-faults (and CI): on two cores shared by every process, the rate it
+# reads is near the knee, and 70 % of it has missed the bound in the window
+# (docs/reliability.md).
 .PHONY: test-seed
 test-seed: manifests generate control-plane ## Run the seed's acceptance test alone (test/e2e/faults, label seed-acceptance); prints its latency table.
 	hack/install-postgres.sh
 	hack/install-haproxy.sh
-	go test -tags faults -count=1 -timeout 30m ./test/e2e/faults/ -v -ginkgo.v -ginkgo.label-filter seed-acceptance
+	go test -tags faults -count=1 -timeout 40m ./test/e2e/faults/ -v -ginkgo.v -ginkgo.label-filter seed-acceptance
 
 ##@ Benchmarks
 

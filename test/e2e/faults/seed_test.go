@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -27,14 +28,15 @@ import (
 // uncontended acquire's p99 stays within 200 ms in every phase and every
 // history check passes. It is labelled seed-acceptance (the HA control
 // plane's run ha-plane too), which `make test-faults` leaves out and
-// `make test-seed` runs without the race detector: on two cores shared by
-// the control plane, its operators and the clients, each spec has missed the
-// bound in a rehearsal of CI (docs/reliability.md).
+// `make test-seed` runs without the race detector, which would time the
+// detector rather than the locks: on two cores shared by the control plane,
+// its operators and the clients, the rate it reads is near the knee, and
+// 70 % of it has missed the bound in the window (docs/reliability.md).
 var _ = Describe("the seed's acceptance test", Label("seed-acceptance"), func() {
 	It("seed acceptance: p99 of an uncontended acquire ≤ 200 ms before, during and after one etcd member down with compaction and defragmentation, at 70 % of capacity", func(ctx SpecContext) {
 		kc, err := cp.Kubeconfig("seed-client.kubeconfig", clientUser)
 		Expect(err).NotTo(HaveOccurred())
-		target := seedTarget{Name: "3 etcd members, 1 kube-apiserver", Admin: admin, Kubeconfig: kc, Metrics: cp.admin, Observer: obs, Prefix: "seed"}
+		target := seedTarget{Name: "3 etcd members, 1 kube-apiserver", Admin: admin, Etcd: cp.Etcd, Kubeconfig: kc, Metrics: cp.admin, Observer: obs, Prefix: "seed"}
 		seedAcceptance(ctx, target, etcdMemberDownCompacted(cp), seedDefaults)
 	})
 
@@ -46,7 +48,7 @@ var _ = Describe("the seed's acceptance test", Label("seed-acceptance"), func() 
 		Expect(err).NotTo(HaveOccurred())
 		ha.waitServing(ctx)
 		// Metrics: none, each apiserver has its own histograms and one is down.
-		target := seedTarget{Name: "3 etcd members, 2 kube-apiservers behind HAProxy", Admin: ha.admin, Kubeconfig: ha.clientConf, Observer: ha.obs, Prefix: "seed-ha"}
+		target := seedTarget{Name: "3 etcd members, 2 kube-apiservers behind HAProxy", Admin: ha.admin, Etcd: ha.Etcd, Kubeconfig: ha.clientConf, Observer: ha.obs, Prefix: "seed-ha"}
 		seedAcceptance(ctx, target, apiserverDownToo(ha, etcdMemberDownCompacted(ha.controlPlane)), seedDefaults)
 	})
 })
@@ -63,9 +65,9 @@ func apiserverDownToo(ha *haPlane, fault seedFault) seedFault {
 			restore := fault.Inject(ctx, window)
 			return func(ctx context.Context) string {
 				notes := restore(ctx)
-				Expect(a.Start(ctx)).To(Succeed())
+				how := startOwnMachine(ctx, a.Component)
 				ha.waitBack(ctx, a)
-				return a.Name + " stopped for the window, back behind HAProxy after it; " + notes
+				return a.Name + " stopped for the window, restarted " + how + ", back behind HAProxy after it; " + notes
 			}
 		},
 	}
@@ -77,6 +79,8 @@ type seedTarget struct {
 	Name string
 	// Admin creates the locks.
 	Admin client.Client
+	// Etcd is its store, compacted before every mix starts.
+	Etcd *localcluster.Etcd
 	// Kubeconfig is how the client processes reach it as the lock user:
 	// straight, not through the fault proxy, as the seed's clients would.
 	Kubeconfig string
@@ -102,9 +106,11 @@ type seedFault struct {
 type seedConfig struct {
 	Clients, Workers  int           // client processes; closed-loop workers per process
 	CapWarmup, CapFor time.Duration // the closed-loop estimate's unmeasured and measured time
+	ProbeWarmup       time.Duration // each probe's unmeasured start
+	ProbeFor          time.Duration // each probe's measured time, after its warm-up
 	Share             float64       // of the sustained rate (seedRun.sustained), offered open-loop
 	Lease, Hold       time.Duration // the lease (renewed every third of it); the churn's holding time
-	Warmup            time.Duration // from the population held to the first phase
+	Warmup            time.Duration // from the mix's population held to the first phase
 	Before, During    time.Duration
 	After             time.Duration
 	Bound             time.Duration // the uncontended acquire's p99, in every phase
@@ -114,11 +120,19 @@ type seedConfig struct {
 // with the member down, and holds the compaction and both defragmentations
 // with room on either side; 40 s before and after give each operation some
 // hundreds of samples per phase at the rates this machine sustains, so a
-// p99 rests on several samples beyond it. 10 s of warm-up is one renewal
-// interval: every held lock has renewed once on its own schedule.
+// p99 rests on several samples beyond it.
+//
+// A probe's warm-up is one renewal interval (every held lock has renewed
+// once on its own schedule); it then measures 30 s, not 15: on two cores
+// shared by the control plane, its operators and the clients, 15 s probes
+// read rates that a phase then did not sustain. The search's last probe is
+// usually one past the knee, and the first 25 s of "before" were still slow
+// after a 10 s warm-up (docs/reliability.md): the mix warms up for a lease,
+// so that whatever that probe left behind has been released or expired.
 var seedDefaults = seedConfig{
-	Clients: 4, Workers: 8, CapWarmup: 3 * time.Second, CapFor: 15 * time.Second, Share: 0.7,
-	Lease: 30 * time.Second, Hold: 200 * time.Millisecond, Warmup: 10 * time.Second,
+	Clients: 4, Workers: 8, CapWarmup: 3 * time.Second, CapFor: 15 * time.Second,
+	ProbeWarmup: 10 * time.Second, ProbeFor: 30 * time.Second, Share: 0.7,
+	Lease: 30 * time.Second, Hold: 200 * time.Millisecond, Warmup: 30 * time.Second,
 	Before: 40 * time.Second, During: 60 * time.Second, After: 40 * time.Second,
 	Bound: 200 * time.Millisecond,
 }
@@ -146,8 +160,8 @@ func seedAcceptance(ctx context.Context, t seedTarget, fault seedFault, cfg seed
 
 	stats := seedStats(phases, samples)
 	table := seedTable(stats)
-	title := fmt.Sprintf("seed's acceptance test on %s, fault: %s; capacity %.1f lock writes/s, offered %.1f (%.0f %%), lease %s renewed every %s",
-		t.Name, fault.Name, capacity, rate, 100*cfg.Share, cfg.Lease, cfg.Lease/3)
+	title := fmt.Sprintf("seed's acceptance test on %s, fault: %s; capacity %.1f lock writes/s (probes of %s), offered %.1f (%.0f %%), lease %s renewed every %s",
+		t.Name, fault.Name, capacity, cfg.ProbeFor, rate, 100*cfg.Share, cfg.Lease, cfg.Lease/3)
 	seedLog("\n%s\n%s\nfault: %s\nacquires by 5 s span:\n%s", title, table, faultNotes, seedTimeline(phases, samples, 5*time.Second))
 	AddReportEntry(title, table)
 	if t.Metrics != nil {
@@ -194,7 +208,18 @@ func (r *seedRun) addKeys(ctx context.Context, perClient int) {
 
 // startMix offers the seed mix at rate lock writes/s, spread evenly over
 // the processes, once each holds its share of the renewed population.
+//
+// Every mix, each probe's and the measured one, starts on a compacted,
+// defragmented store. The capacity step and the probes write minutes of
+// history at the machine's limit; kube-apiserver compacts every 5 minutes,
+// and its compaction of that history (batch by batch, each holding etcd's
+// backend) slowed 25 s of a "before" phase and made probes of one rate
+// disagree, whichever it fell into. A production store is compacted every 5
+// minutes too; the window's compaction is of the mix's own history.
 func (r *seedRun) startMix(ctx context.Context, rate float64) {
+	m := compactAndDefragment(ctx, r.t.Etcd.Members, history.Mono())
+	Expect(m.err).NotTo(HaveOccurred(), "compacting the store before the mix: %s", m)
+	seedLog("seed mix: store compacted: %s", m)
 	perClient := rate / float64(len(r.cs))
 	held := perClient / 3 * (r.cfg.Lease / 3).Seconds()
 	// The population, the churn's holdings in flight (more as latencies
@@ -274,21 +299,20 @@ func (r *seedRun) stopMix() ([]wire.Sample, int) {
 }
 
 // sustained is the capacity the bound is read against: the highest rate
-// the open-loop mix itself sustains, searched from 60 % of estimate (the
+// the open-loop mix itself sustains, searched from half the estimate (the
 // closed-loop step's, which takes and drops the same lock in turn before any
 // held population exists, and so measures more than the mix sustains:
 // offered 70 % of it, the mix fell behind and its latency climbed for the
-// whole run). Each probe offers a rate for the warm-up and 15 s more; it is
-// sustained when every operation succeeded, their p99 is within the bound
-// and 95 % of the offered rate completed (a backlog shows in the p99). The
-// search steps by 15 %: up while probes are sustained, down until one is;
-// the answer is always a rate a probe sustained, and no sustained probe
-// fails the spec.
+// whole run). Each probe offers a rate for its warm-up and ProbeFor more;
+// it is sustained when every operation succeeded, their p99 is within the
+// bound and 95 % of the offered rate completed (a backlog shows in the p99). The search steps by 15 %: up while probes are sustained, down until
+// one is; the answer is always a rate a probe sustained, and no sustained
+// probe fails the spec.
 func (r *seedRun) sustained(ctx context.Context, estimate float64) float64 {
-	const probes, measure, step = 7, 15 * time.Second, 1.15
-	rate, best := 0.6*estimate, 0.0
+	const probes, step = 7, 1.15
+	rate, best := 0.5*estimate, 0.0
 	for i := range probes {
-		ok := r.probe(ctx, i, rate, measure)
+		ok := r.probe(ctx, i, rate, r.cfg.ProbeFor)
 		switch {
 		case ok:
 			best = rate
@@ -306,11 +330,11 @@ func (r *seedRun) sustained(ctx context.Context, estimate float64) float64 {
 // probe offers the mix at rate and says whether it was sustained.
 func (r *seedRun) probe(ctx context.Context, i int, rate float64, measure time.Duration) bool {
 	r.startMix(ctx, rate)
-	from := history.Mono() + int64(r.cfg.Warmup)
+	from := history.Mono() + int64(r.cfg.ProbeWarmup)
 	// The probe's length, and a second for the operations scheduled at its
 	// end to finish (stopping the mix cuts those in flight): not
 	// synchronisation.
-	time.Sleep(r.cfg.Warmup + measure + time.Second)
+	time.Sleep(r.cfg.ProbeWarmup + measure + time.Second)
 	samples, _ := r.stopMix()
 	st := seedStats([]seedPhase{{Name: "probe", From: from, To: from + int64(measure)}}, samples)[0]
 	worst, errs := time.Duration(0), 0
