@@ -305,7 +305,8 @@ func (r *seedRun) stopMix() ([]wire.Sample, int) {
 // offered 70 % of it, the mix fell behind and its latency climbed for the
 // whole run). Each probe offers a rate for its warm-up and ProbeFor more;
 // it is sustained when every operation succeeded, their p99 is within the
-// bound and 95 % of the offered rate completed (a backlog shows in the p99). The search steps by 15 %: up while probes are sustained, down until
+// bound and 95 % of the offered rate completed (a backlog shows in the
+// p99). The search steps by 15 %: up while probes are sustained, down until
 // one is; the answer is always a rate a probe sustained, and no sustained
 // probe fails the spec.
 func (r *seedRun) sustained(ctx context.Context, estimate float64) float64 {
