@@ -82,8 +82,7 @@ func (o *observer) run(ctx context.Context) {
 	defer close(o.done)
 	var wg sync.WaitGroup
 	for _, r := range o.readers {
-		wg.Add(1)
-		go func() { defer wg.Done(); o.poll(ctx, r) }()
+		wg.Go(func() { o.poll(ctx, r) })
 	}
 	wg.Wait()
 }
@@ -106,8 +105,7 @@ func (o *observer) poll(ctx context.Context, r reader) {
 		o.mu.Unlock()
 		var wg sync.WaitGroup
 		for _, k := range keys {
-			wg.Add(1)
-			go func() { defer wg.Done(); o.read(ctx, r, k) }()
+			wg.Go(func() { o.read(ctx, r, k) })
 		}
 		wg.Wait()
 	}

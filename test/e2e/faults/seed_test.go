@@ -313,7 +313,7 @@ func (r *seedRun) sustained(ctx context.Context, estimate float64) float64 {
 	const probes, step = 7, 1.15
 	rate, best := 0.5*estimate, 0.0
 	for i := range probes {
-		ok := r.probe(ctx, i, rate, r.cfg.ProbeFor)
+		ok := r.probe(ctx, i, rate)
 		switch {
 		case ok:
 			best = rate
@@ -329,7 +329,8 @@ func (r *seedRun) sustained(ctx context.Context, estimate float64) float64 {
 }
 
 // probe offers the mix at rate and says whether it was sustained.
-func (r *seedRun) probe(ctx context.Context, i int, rate float64, measure time.Duration) bool {
+func (r *seedRun) probe(ctx context.Context, i int, rate float64) bool {
+	measure := r.cfg.ProbeFor
 	r.startMix(ctx, rate)
 	from := history.Mono() + int64(r.cfg.ProbeWarmup)
 	// The probe's length, and a second for the operations scheduled at its
