@@ -19,37 +19,56 @@ import (
 	"github.com/kubelock/kubelock/test/history"
 )
 
-// etcdMemberDownCompacted is the seed's fault: one etcd member of three (a
-// follower: the seed asks for a replica down, not for a leader election)
-// stopped for the whole window, and a sixth into it the keyspace compacted
-// to its current revision and each remaining member defragmented in turn, as
-// an operator runs `etcdctl compact` and then `etcdctl defrag` one member at
-// a time. The compaction and both defragmentations must end inside the window.
-func etcdMemberDownCompacted(c *controlPlane) seedFault {
+// etcdMemberDown is the seed's fault: one etcd member of three (a follower:
+// the seed asks for a replica down, not for a leader election) stopped. Its
+// restore starts it again and waits until the apiserver is ready.
+func etcdMemberDown(c *controlPlane) seedFault {
 	return seedFault{
-		Name: "1 of 3 etcd members (a follower) stopped; compaction and defragmentation of the other two inside the window",
-		Inject: func(ctx context.Context, window time.Duration) func(context.Context) string {
+		Name: "1 of 3 etcd members (a follower) stopped",
+		Degrade: func(ctx context.Context) ([]*localcluster.Member, func(context.Context) string) {
 			down, up := etcdFollower(ctx, c.Etcd)
 			from := history.Mono()
 			Expect(down.Stop()).To(Succeed())
-			done := make(chan maintenance, 1)
-			go func() {
-				time.Sleep(window / 6) // the fault's schedule, not synchronisation
-				done <- compactAndDefragment(ctx, up, from)
-			}()
-			return func(ctx context.Context) string {
-				var m maintenance
-				Eventually(done).WithTimeout(2 * time.Minute).Should(Receive(&m))
-				Expect(m.err).NotTo(HaveOccurred(), "compaction and defragmentation: %s", m)
-				Expect(m.end).To(BeNumerically("<", from+int64(window)), "the compaction and defragmentation ran past the window: %s", m)
+			return up, func(ctx context.Context) string {
 				stopped := history.Mono() - from
 				how := startOwnMachine(ctx, down.Component)
 				Expect(c.ready(ctx)).To(Succeed())
-				return fmt.Sprintf("%s stopped for %s (restarted %s: healthy and the apiserver ready %s later, in the after phase); %s",
-					down.Name, secs(stopped), how, secs(history.Mono()-from-stopped), m)
+				return fmt.Sprintf("%s stopped for %s, restarted %s: healthy and the apiserver ready %s later",
+					down.Name, secs(stopped), how, secs(history.Mono()-from-stopped))
 			}
 		},
 	}
+}
+
+// maintainInWindow compacts the keyspace to its current revision a sixth
+// into the window that opened at from and then defragments each member of up
+// in turn, as an operator runs `etcdctl compact` and then `etcdctl defrag`
+// one member at a time; the returned wait checks that all of it ended inside
+// the window and says what it did.
+func maintainInWindow(ctx context.Context, up []*localcluster.Member, from int64, window time.Duration) (wait func() string) {
+	done := make(chan maintenance, 1)
+	go func() {
+		time.Sleep(window / 6) // the fault's schedule, not synchronisation
+		done <- compactAndDefragment(ctx, up, from)
+	}()
+	return func() string {
+		var m maintenance
+		Eventually(done).WithTimeout(2 * time.Minute).Should(Receive(&m))
+		Expect(m.err).NotTo(HaveOccurred(), "compaction and defragmentation: %s", m)
+		Expect(m.end).To(BeNumerically("<", from+int64(window)), "the compaction and defragmentation ran past the window: %s", m)
+		return m.String()
+	}
+}
+
+// running is the members of e that are running.
+func running(e *localcluster.Etcd) []*localcluster.Member {
+	var up []*localcluster.Member
+	for _, m := range e.Members {
+		if m.Running() != nil {
+			up = append(up, m)
+		}
+	}
+	return up
 }
 
 // startOwnMachine starts c at the lowest CPU priority until it is ready,
