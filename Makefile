@@ -303,7 +303,7 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 	hack/install-haproxy.sh
 	go test -tags faults -race -count=1 -run "TestShiftWall|TestWallOffsetClock" ./cmd/manager/operator/
 	FAULTS_SOAK=$(FAULTS_SOAK) FAULTS_SEED=$(FAULTS_SEED) go test -tags faults -race -count=1 -timeout 90m ./test/e2e/faults/ -v -ginkgo.v -ginkgo.label-filter '!seed-acceptance'
-	$(SEED_TEST) -ginkgo.label-filter 'seed-acceptance && !ha-plane'
+	FAULTS_SEED_BOUND=report $(SEED_TEST) -ginkgo.label-filter 'seed-acceptance && !ha-plane'
 
 # The seed's acceptance test times an uncontended acquire (p99 ≤ 200 ms) at 70 %
 # of the rate the seed mix sustains on this machine with and without the
@@ -311,9 +311,13 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 # member stopped with compaction and defragmentation running, on one apiserver
 # and on the HA plane (label ha-plane). It runs in a `go test` of its own,
 # without the race detector, which would time the detector rather than the
-# locks. test-faults (and so CI) runs the one-apiserver spec (~7 min); the HA
-# plane's stays here: on two cores its two apiservers, beside the suite's own
-# control plane, leave a p99 near the bound at any rate (docs/reliability.md).
+# locks. test-faults (and so CI) runs the one-apiserver spec (~8 min) and
+# asserts its history checks, no failed operation and no lost holding, but
+# only reports the latency bound (FAULTS_SEED_BOUND=report): on two shared
+# cores the same tree met it and missed it from run to run. test-seed asserts
+# the bound too, on a quiet machine; its HA plane's spec stays here, since two
+# apiservers beside the suite's own control plane leave a p99 near the bound
+# at any rate on two cores (docs/reliability.md).
 SEED_TEST = go test -tags faults -count=1 -timeout 40m ./test/e2e/faults/ -v -ginkgo.v
 
 .PHONY: test-seed

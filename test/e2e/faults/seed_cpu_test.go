@@ -50,7 +50,7 @@ type cpuSampler struct {
 
 func startCPUSampler() *cpuSampler {
 	s := &cpuSampler{stop: make(chan struct{}), done: make(chan struct{})}
-	names := map[int]string{}
+	names := map[string]string{}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(time.Second)
@@ -78,9 +78,8 @@ func (s *cpuSampler) Stop() []cpuSample {
 }
 
 // readCPU reads the machine's and every process's CPU time; names caches
-// each PID's name as first seen (a kernel worker renames itself as it
-// works; no PID is reused within a run).
-func readCPU(names map[int]string) cpuSample {
+// the name of each PID and command.
+func readCPU(names map[string]string) cpuSample {
 	smp := cpuSample{at: history.Mono(), procs: map[int]procTicks{}}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		line, _, _ := strings.Cut(string(b), "\n")
@@ -108,10 +107,12 @@ func readCPU(names map[int]string) cpuSample {
 		}
 		u, _ := strconv.ParseUint(f[11], 10, 64)
 		st, _ := strconv.ParseUint(f[12], 10, 64)
-		name, ok := names[pid]
+		comm := string(b[bytes.IndexByte(b, '(')+1 : i])
+		key := strconv.Itoa(pid) + " " + comm // an exec (nice → etcd) changes it
+		name, ok := names[key]
 		if !ok {
-			name = processName(pid, string(b[bytes.IndexByte(b, '(')+1:i]))
-			names[pid] = name
+			name = processName(pid, comm)
+			names[key] = name
 		}
 		smp.procs[pid] = procTicks{name: name, ticks: u + st}
 	}
@@ -156,7 +157,7 @@ func cpuBetween(samples []cpuSample, from, to int64) cpuUse {
 		}
 		busy, total, span = busy+cur.busy-prev.busy, total+cur.total-prev.total, span+cur.at-prev.at
 		for pid, p := range cur.procs {
-			if was, ok := prev.procs[pid]; ok {
+			if was, ok := prev.procs[pid]; ok && p.ticks >= was.ticks {
 				by[p.name] += p.ticks - was.ticks
 			} else {
 				by[p.name] += p.ticks // started in the interval: all of it
