@@ -296,13 +296,12 @@ func (r *seedRun) phases(ctx context.Context, fault seedFault) ([]seedPhase, []s
 		return func() { time.Sleep(time.Duration(now + int64(d) - history.Mono())) }
 	}
 	begin("before", r.cfg.Before)()
-	from := history.Mono()
 	wait := begin("during", r.cfg.During)
 	up, restore := fault.Degrade(ctx)
-	maintained := maintainInWindow(ctx, up, from, r.cfg.During)
+	maintained := maintainInWindow(ctx, up, phases[len(phases)-1].From, r.cfg.During)
 	wait()
 	notes := maintained()
-	notes = restore(ctx) + " (at the window's end, in it); " + notes
+	notes = restore(ctx) + " (inside the window, at its end); " + notes
 	begin("after", r.cfg.After)()
 	begin("", 0)
 	scraping.Wait()
