@@ -188,13 +188,16 @@ func (u cpuUse) top(n int) string {
 }
 
 // seedCPU is the report's CPU section: each phase's top processes, and the
-// machine's share with the top three in each span of the phases.
+// machine's share with the top three in each span of the phases (a span too
+// short to hold a sample, at a phase's end, is left out).
 func seedCPU(phases []seedPhase, samples []cpuSample, span time.Duration) string {
 	var b strings.Builder
 	for _, ph := range phases {
 		fmt.Fprintf(&b, "%s: %s\n", ph.Name, cpuBetween(samples, ph.From, ph.To).top(8))
 		for from := ph.From; from < ph.To; from += int64(span) {
-			fmt.Fprintf(&b, "  +%s: %s\n", time.Duration(from-ph.From), cpuBetween(samples, from, min(from+int64(span), ph.To)).top(3))
+			if u := cpuBetween(samples, from, min(from+int64(span), ph.To)); u.procs != nil {
+				fmt.Fprintf(&b, "  +%s: %s\n", time.Duration(from-ph.From), u.top(3))
+			}
 		}
 	}
 	return b.String()
