@@ -30,9 +30,9 @@ const clockTicks = 100
 // cpuSample is one reading: when, the machine's busy and total ticks, and
 // each process's ticks by PID.
 type cpuSample struct {
-	at          int64
-	busy, total uint64
-	procs       map[int]procTicks
+	at                 int64
+	busy, steal, total uint64
+	procs              map[int]procTicks
 }
 
 type procTicks struct {
@@ -42,10 +42,11 @@ type procTicks struct {
 
 // cpuSampler reads a cpuSample every second until stopped.
 type cpuSampler struct {
-	mu      sync.Mutex
-	samples []cpuSample
-	stop    chan struct{}
-	done    chan struct{}
+	mu       sync.Mutex
+	samples  []cpuSample
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
 }
 
 func startCPUSampler() *cpuSampler {
@@ -70,9 +71,9 @@ func startCPUSampler() *cpuSampler {
 	return s
 }
 
-// Stop ends the sampling and returns the samples.
+// Stop ends the sampling and returns the samples; it may be called again.
 func (s *cpuSampler) Stop() []cpuSample {
-	close(s.stop)
+	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.done
 	return s.samples
 }
@@ -83,11 +84,19 @@ func readCPU(names map[string]string) cpuSample {
 	smp := cpuSample{at: history.Mono(), procs: map[int]procTicks{}}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		line, _, _ := strings.Cut(string(b), "\n")
-		for i, f := range strings.Fields(line)[1:] {
-			v, _ := strconv.ParseUint(f, 10, 64)
-			smp.total += v
-			if i != 3 && i != 4 { // idle, iowait
-				smp.busy += v
+		// user nice system idle iowait irq softirq steal; guest time is
+		// in user and nice already.
+		if f := strings.Fields(line); len(f) >= 9 {
+			for i, v := range f[1:9] {
+				n, _ := strconv.ParseUint(v, 10, 64)
+				smp.total += n
+				switch i {
+				case 3, 4: // idle, iowait
+				case 7:
+					smp.steal += n // the host ran someone else
+				default:
+					smp.busy += n
+				}
 			}
 		}
 	}
@@ -136,8 +145,8 @@ func processName(pid int, comm string) string {
 // cpuUse is the CPU used between from and to: the machine's busy share of
 // all its cores, and each process's share of one core, most first.
 type cpuUse struct {
-	machine float64
-	procs   []procUse
+	machine, steal float64
+	procs          []procUse
 }
 
 type procUse struct {
@@ -147,7 +156,7 @@ type procUse struct {
 
 // cpuBetween sums the samples' intervals that end inside [from, to].
 func cpuBetween(samples []cpuSample, from, to int64) cpuUse {
-	var busy, total uint64
+	var busy, steal, total uint64
 	by := map[string]uint64{}
 	var span int64
 	for i := 1; i < len(samples); i++ {
@@ -155,7 +164,10 @@ func cpuBetween(samples []cpuSample, from, to int64) cpuUse {
 		if cur.at <= from || cur.at > to {
 			continue
 		}
-		busy, total, span = busy+cur.busy-prev.busy, total+cur.total-prev.total, span+cur.at-prev.at
+		if prev.total > 0 && cur.total >= prev.total { // both read /proc/stat
+			busy, steal, total = busy+cur.busy-prev.busy, steal+cur.steal-prev.steal, total+cur.total-prev.total
+		}
+		span += cur.at - prev.at
 		for pid, p := range cur.procs {
 			if was, ok := prev.procs[pid]; ok && p.ticks >= was.ticks {
 				by[p.name] += p.ticks - was.ticks
@@ -168,7 +180,7 @@ func cpuBetween(samples []cpuSample, from, to int64) cpuUse {
 	if total == 0 || span == 0 {
 		return u
 	}
-	u.machine = float64(busy) / float64(total)
+	u.machine, u.steal = float64(busy)/float64(total), float64(steal)/float64(total)
 	for name, t := range by {
 		if t > 0 {
 			u.procs = append(u.procs, procUse{name, float64(t) / clockTicks / time.Duration(span).Seconds()})
@@ -181,6 +193,9 @@ func cpuBetween(samples []cpuSample, from, to int64) cpuUse {
 // top is the machine's share and the n busiest processes'.
 func (u cpuUse) top(n int) string {
 	parts := []string{fmt.Sprintf("machine %.0f %% of %d cores", 100*u.machine, runtime.NumCPU())}
+	if u.steal > 0 {
+		parts[0] += fmt.Sprintf(" (and %.0f %% stolen by the host)", 100*u.steal)
+	}
 	for _, p := range u.procs[:min(n, len(u.procs))] {
 		parts = append(parts, fmt.Sprintf("%s %.0f %%", p.name, 100*p.share))
 	}

@@ -48,7 +48,9 @@ func etcdMemberDown(c *controlPlane) seedFault {
 func maintainInWindow(ctx context.Context, up []*localcluster.Member, from int64, window time.Duration) (wait func() string) {
 	done := make(chan maintenance, 1)
 	go func() {
-		time.Sleep(window / 6) // the fault's schedule, not synchronisation
+		// The fault's schedule, not synchronisation: a sixth into the
+		// window, however long the fault took to put in place.
+		time.Sleep(time.Duration(from + int64(window/6) - history.Mono()))
 		done <- compactAndDefragment(ctx, up, from)
 	}()
 	return func() string {

@@ -127,10 +127,10 @@ type seedConfig struct {
 // A probe's warm-up is one renewal interval (every held lock has renewed
 // once on its own schedule); it then measures 30 s, not 15: on two cores
 // shared by the control plane, its operators and the clients, 15 s probes
-// read rates that a phase then did not sustain. The search's last probe is
-// usually one past the knee, and the first 25 s of "before" were still slow
+// read rates that a phase then did not sustain. A search could end on a
+// probe past the knee, and the first 25 s of "before" were then still slow
 // after a 10 s warm-up (docs/reliability.md): the mix warms up for a lease,
-// so that whatever that probe left behind has been released or expired.
+// so that whatever the probes left behind has been released or expired.
 var seedDefaults = seedConfig{
 	Clients: 4, Workers: 8, CapWarmup: 3 * time.Second, CapFor: 15 * time.Second,
 	ProbeWarmup: 10 * time.Second, ProbeFor: 30 * time.Second, Share: 0.7,
@@ -157,6 +157,7 @@ func seedAcceptance(ctx context.Context, t seedTarget, fault seedFault, cfg seed
 	r.startMix(ctx, rate)
 	time.Sleep(cfg.Warmup) // the workload's warm-up, not synchronisation
 	cpu := startCPUSampler()
+	DeferCleanup(func() { cpu.Stop() }) // if the phases fail; a second Stop does nothing
 	phases, scrapes, faultNotes := r.phases(ctx, fault)
 	cpuSamples := cpu.Stop()
 	samples, lost := r.stop()
@@ -298,6 +299,7 @@ func (r *seedRun) phases(ctx context.Context, fault seedFault) ([]seedPhase, []s
 	begin("before", r.cfg.Before)()
 	wait := begin("during", r.cfg.During)
 	up, restore := fault.Degrade(ctx)
+	restore = restoreOnCleanup(restore)
 	maintained := maintainInWindow(ctx, up, phases[len(phases)-1].From, r.cfg.During)
 	wait()
 	notes := maintained()
@@ -351,24 +353,44 @@ func (r *seedRun) stopMix() ([]wire.Sample, int) {
 // until one is sustained. It returns that capacity and the degraded state's.
 func (r *seedRun) sustained(ctx context.Context, fault seedFault, estimate float64) (capacity, degraded float64) {
 	_, restore := fault.Degrade(ctx)
+	restore = restoreOnCleanup(restore)
 	degraded = r.search(ctx, "with the fault's replicas down", 0.5*estimate, true)
 	seedLog("seed mix: restored after the probes: %s", restore(ctx))
 	return r.search(ctx, "with every replica up", degraded, false), degraded
 }
 
+// restoreOnCleanup returns restore, also registered to run when the spec
+// ends if nothing has called it by then (a failure in between), so that a
+// stopped member or apiserver never outlives its spec.
+func restoreOnCleanup(restore func(context.Context) string) func(context.Context) string {
+	done := false
+	DeferCleanup(func(ctx SpecContext) {
+		if !done {
+			restore(ctx)
+		}
+	})
+	return func(ctx context.Context) string {
+		done = true
+		return restore(ctx)
+	}
+}
+
 // search probes the mix from rate, stepping by 15 %: up while probes are
-// sustained (when climb), down until one is. The answer is always a rate a
-// probe sustained, and no sustained probe fails the spec. Each probe offers
-// a rate for its warm-up and ProbeFor more; it is sustained when every
-// operation succeeded, their p99 is within the bound and 95 % of the
-// offered rate completed (a backlog shows in the p99).
+// sustained (when climb), down until one is; a probe sustained below one
+// that was not ends the search, so no rate is probed twice. The answer is
+// a rate a probe sustained, and no sustained probe fails the spec. Each
+// probe offers a rate for its warm-up and ProbeFor more; it is sustained
+// when every operation succeeded, their p99 is within the bound and 95 %
+// of the offered rate completed (a backlog shows in the p99). When none is,
+// the spec fails if it asserts the bound; otherwise (it only reports it)
+// the answer is the lowest rate probed, and the report says so.
 func (r *seedRun) search(ctx context.Context, state string, rate float64, climb bool) float64 {
 	const probes, step = 7, 1.15
-	best := 0.0
+	best, failed := 0.0, false
 	for range probes {
 		ok := r.probe(ctx, state, rate)
 		switch {
-		case ok && climb:
+		case ok && climb && !failed:
 			best = rate
 			rate *= step
 		case ok:
@@ -376,11 +398,19 @@ func (r *seedRun) search(ctx context.Context, state string, rate float64, climb 
 		case best > 0:
 			return best // the first not sustained above a sustained one
 		default:
+			failed = true
 			rate /= step
 		}
 	}
-	Expect(best).To(BeNumerically(">", 0), "no probe of the seed mix %s was sustained, down to %.1f lock writes/s", state, rate*step)
-	return best
+	if best > 0 {
+		return best
+	}
+	lowest := rate * step
+	if seedBoundAsserted() {
+		Fail(fmt.Sprintf("no probe of the seed mix %s was sustained, down to %.1f lock writes/s", state, lowest))
+	}
+	seedLog("seed mix: no probe %s was sustained within the bound, down to %.1f lock writes/s: the search answers that rate (the bound is reported, not asserted)", state, lowest)
+	return lowest
 }
 
 // probe offers the mix at rate and says whether it was sustained.
