@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kubelock/kubelock/test/procstat"
 )
 
 // recorder collects latencies of operations whose scheduled time falls in
@@ -185,26 +187,13 @@ type proc struct {
 	pid  int
 }
 
-var clockTicks = 100.0 // USER_HZ on Linux
-
 // cpu is the process's user+system CPU seconds so far.
 func (p proc) cpu() float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.pid))
+	_, ticks, err := procstat.Read(p.pid)
 	if err != nil {
 		return 0
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / clockTicks
+	return float64(ticks) / procstat.ClockTicks
 }
 
 // mem returns VmRSS and VmHWM (peak RSS) in bytes.

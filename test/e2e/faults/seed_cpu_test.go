@@ -3,7 +3,6 @@
 package faults
 
 import (
-	"bytes"
 	"cmp"
 	"fmt"
 	"os"
@@ -16,16 +15,13 @@ import (
 	"time"
 
 	"github.com/kubelock/kubelock/test/history"
+	"github.com/kubelock/kubelock/test/procstat"
 )
 
 // Where the machine's CPU went: every process's CPU time (/proc/PID/stat)
 // and the machine's (/proc/stat), read once a second while the phases run,
 // so the report can say which process took the cores when a span was slow
 // (a rejoining member, an apiserver refilling its caches, the operator).
-
-// clockTicks is USER_HZ, the unit of /proc's CPU times: 100 on every Linux
-// architecture Go runs on.
-const clockTicks = 100
 
 // cpuSample is one reading: when, the machine's busy and total ticks, and
 // each process's ticks by PID.
@@ -103,27 +99,17 @@ func readCPU(names map[string]string) cpuSample {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		pid, _ := strconv.Atoi(filepath.Base(d))
-		b, err := os.ReadFile(d + "/stat")
+		comm, ticks, err := procstat.Read(pid)
 		if err != nil {
 			continue // gone
 		}
-		// After the command's name in parentheses: state is field 3, utime
-		// and stime fields 14 and 15.
-		i := bytes.LastIndexByte(b, ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseUint(f[11], 10, 64)
-		st, _ := strconv.ParseUint(f[12], 10, 64)
-		comm := string(b[bytes.IndexByte(b, '(')+1 : i])
 		key := strconv.Itoa(pid) + " " + comm // an exec (nice → etcd) changes it
 		name, ok := names[key]
 		if !ok {
 			name = processName(pid, comm)
 			names[key] = name
 		}
-		smp.procs[pid] = procTicks{name: name, ticks: u + st}
+		smp.procs[pid] = procTicks{name: name, ticks: ticks}
 	}
 	return smp
 }
@@ -183,7 +169,7 @@ func cpuBetween(samples []cpuSample, from, to int64) cpuUse {
 	u.machine, u.steal = float64(busy)/float64(total), float64(steal)/float64(total)
 	for name, t := range by {
 		if t > 0 {
-			u.procs = append(u.procs, procUse{name, float64(t) / clockTicks / time.Duration(span).Seconds()})
+			u.procs = append(u.procs, procUse{name, float64(t) / procstat.ClockTicks / time.Duration(span).Seconds()})
 		}
 	}
 	slices.SortFunc(u.procs, func(a, b procUse) int { return cmp.Compare(b.share, a.share) })
