@@ -103,8 +103,8 @@ type cluster struct {
 const cborGate = "CBORServingAndStorage"
 
 // startCluster starts the control plane (with cborGate on when cbor is
-// set), the operator and redis.
-func startCluster(ctx context.Context, dir string, logf func(string, ...any), cbor bool) (c *cluster, err error) {
+// set), the operator and, when withRedis is set, redis.
+func startCluster(ctx context.Context, dir string, logf func(string, ...any), cbor, withRedis bool) (c *cluster, err error) {
 	c = &cluster{dir: dir, logf: logf}
 	defer func() {
 		if err != nil {
@@ -135,8 +135,10 @@ func startCluster(ctx context.Context, dir string, logf func(string, ...any), cb
 	if err := c.startManager(ctx); err != nil {
 		return c, err
 	}
-	if err := c.startRedis(ctx); err != nil {
-		return c, err
+	if withRedis {
+		if err := c.startRedis(ctx); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
 }

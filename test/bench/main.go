@@ -355,7 +355,7 @@ func bench(ctx context.Context, o options, argv []string) error {
 	}
 	logf("load average at start: %s; work dir %s", b.rep.loadStart, dir)
 	b.configure(dir)
-	c, err := startCluster(ctx, dir, logf, b.rep.cborServer)
+	c, err := startCluster(ctx, dir, logf, b.rep.cborServer, b.systems["redis"])
 	if err != nil {
 		return err
 	}

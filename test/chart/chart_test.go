@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kubelock/kubelock/test/lockapi"
 	"github.com/kubelock/kubelock/test/testenv"
@@ -312,7 +313,7 @@ func TestChart(t *testing.T) {
 		t.Skip("starts a control plane")
 	}
 	h := newHarness(t)
-	kubectl := startControlPlane(t, testenv.Start)
+	withCRDs := startControlPlane(t, testenv.Start)
 	// The apiserver backend's own: without the lock CRDs, whose APIService
 	// kube-apiserver would own (a group version is served by one or the other).
 	noCRDs := startControlPlane(t, lockapi.ControlPlane)
@@ -330,13 +331,79 @@ func TestChart(t *testing.T) {
 			if v.check != nil {
 				v.check(t, r)
 			}
-			on := kubectl
+			on := withCRDs
 			if slices.Contains(v.set, "backend=apiserver") {
 				on = noCRDs
 			}
-			dryRun(t, on, r.text, len(r.order))
+			dryRun(t, on.kubectl, r.text, len(r.order))
 		})
 	}
+	t.Run("refuses the other backend", func(t *testing.T) {
+		refusesTheOtherBackend(t, h, withCRDs, noCRDs)
+	})
+}
+
+// refusesTheOtherBackend: an install or upgrade that reads the cluster
+// (helm's lookup, as install, upgrade and --dry-run=server do) refuses
+// backend=apiserver while the lock CRD exists, and backend=crd while the
+// APIService names kubelock-apiserver's Service, and says why and how to
+// switch; each backend renders where the other is not installed.
+func refusesTheOtherBackend(t *testing.T, h *harness, withCRDs, noCRDs *plane) {
+	// The planes hold the namespace, and the first the lock CRDs, outside
+	// any release: helm would refuse to adopt them.
+	render := func(p *plane, backend string, set ...string) (string, error) {
+		args := []string{"template", "kubelock", h.chart, "--namespace", "kubelock-system", "--dry-run=server",
+			"--kubeconfig", p.kubeconfig, "--set", "namespace.create=false", "--set", "backend=" + backend}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		return h.run(args...)
+	}
+	refused := func(p *plane, backend, want string) {
+		t.Helper()
+		out, err := render(p, backend)
+		if err == nil {
+			t.Errorf("backend=%s rendered with the other backend installed; want it refused", backend)
+			return
+		}
+		for _, w := range []string{want, "never both", "locks are never carried across", "Switching a cluster's backend"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("backend=%s: the refusal does not say %q:\n%s", backend, w, out)
+			}
+		}
+	}
+	rendered := func(p *plane, backend string, set ...string) {
+		t.Helper()
+		if out, err := render(p, backend, set...); err != nil {
+			t.Errorf("backend=%s where the other backend is not installed: %v\n%s", backend, err, out)
+		}
+	}
+
+	rendered(withCRDs, "crd", "crd.enable=false")
+	refused(withCRDs, "apiserver", "the CRD distributedlocks.locks.kubelock.io exists in this cluster (the crd backend)")
+
+	rendered(noCRDs, "apiserver")
+	rendered(noCRDs, "crd")
+	apiService := filepath.Join(t.TempDir(), "apiservice.yaml")
+	if err := os.WriteFile(apiService, []byte(`apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: v1alpha1.locks.kubelock.io
+spec:
+  group: locks.kubelock.io
+  version: v1alpha1
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+  service: {name: kubelock-apiserver, namespace: kubelock-system, port: 443}
+  insecureSkipTLSVerify: true
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := noCRDs.kubectl("apply", "-f", apiService); err != nil {
+		t.Fatalf("the apiserver backend's APIService: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = noCRDs.kubectl("delete", "-f", apiService) })
+	refused(noCRDs, "crd", "the APIService v1alpha1.locks.kubelock.io names the Service kubelock-system/kubelock-apiserver (kubelock-apiserver, the apiserver backend)")
 }
 
 // TestChartRejectsBadValues: values.schema.json refuses what the templates
@@ -795,9 +862,16 @@ func checkFlags(t *testing.T, flags, want map[string]string) {
 	}
 }
 
-// startControlPlane starts etcd and kube-apiserver with start, adds what the
-// dry runs need, and returns a kubectl for an admin.
-func startControlPlane(t *testing.T, start func(...testenv.Option) (*testenv.Env, error)) func(args ...string) (string, error) {
+// plane is a control plane the chart's renders are checked on: a kubectl
+// for an admin, and a kubeconfig of the same for helm.
+type plane struct {
+	kubectl    func(args ...string) (string, error)
+	kubeconfig string
+}
+
+// startControlPlane starts etcd and kube-apiserver with start and adds what
+// the dry runs need.
+func startControlPlane(t *testing.T, start func(...testenv.Option) (*testenv.Env, error)) *plane {
 	t.Helper()
 	kubectlPath(t) // fails clearly when the control plane lacks kubectl
 	env, err := start()
@@ -816,7 +890,19 @@ func startControlPlane(t *testing.T, start func(...testenv.Option) (*testenv.Env
 		t.Fatal(err)
 	}
 	installStandInCRDs(t, run)
-	return run
+	helm, err := env.AddUser(envtest.User{Name: "chart-helm", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := helm.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(file, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &plane{kubectl: run, kubeconfig: file}
 }
 
 // standIns are the kinds of other projects' CRDs the chart can render:
