@@ -158,12 +158,15 @@ test-e2e: manifests generate control-plane test-deps previous-release ## Run the
 
 # The real-node suite (test/e2e/cluster, build tag cluster): kubelock-dev --node,
 # the operator Deployment, failover, the webhook through its Service, the sidecar
-# and agent samples as pods, the chart electing on kubelock (helm upgrade). Root only: `make
-# test` runs it as root and says NOT RUN otherwise.
+# and agent samples as pods, the chart electing on kubelock (helm upgrade); once
+# on each backend (CLUSTER_BACKEND=apiserver: the chart's kubelock-apiserver and
+# its etcd as pods, a replica deleted under load). Root only: `make test` runs it
+# as root and says NOT RUN otherwise.
 .PHONY: test-cluster
 test-cluster: manifests generate control-plane node $(HELM) ## Run the real-node suite as root (kubelet, containerd, kube-proxy; the operator and the samples as pods).
 	@[ "$$(id -u)" = 0 ] || { echo "make test-cluster needs root (kubelet, containerd, iptables): not run"; exit 1; }
 	go test -tags cluster -count=1 -timeout 30m -v ./test/e2e/cluster/
+	CLUSTER_BACKEND=apiserver go test -tags cluster -count=1 -timeout 30m -v ./test/e2e/cluster/
 
 ##@ Run
 

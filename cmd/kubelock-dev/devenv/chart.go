@@ -41,11 +41,11 @@ func (e *env) checkChart() error {
 	return nil
 }
 
-// chartValues are what the node needs beyond backend=apiserver: the
+// ChartValues are what the node needs beyond backend=apiserver: the
 // namespace helm creates, the images imported (never pulled), fenced objects
 // (as config/fenced-objects on the CRD backend) and, with no cluster DNS and no volume provisioner, one etcd
 // member on its pod IP with its data in an emptyDir.
-var chartValues = []string{
+var ChartValues = []string{
 	"backend=apiserver", "fencedObjects.enable=true", "namespace.create=false",
 	"manager.image.pullPolicy=Never", "apiserver.image.pullPolicy=Never", "etcd.image.pullPolicy=Never",
 	"etcd.replicas=1", "etcd.clusterDNS=false", "etcd.persistence.enable=false",
@@ -66,7 +66,7 @@ func (e *env) deployChart(ctx context.Context) error {
 		"--create-namespace",
 		// install() applied the lock-user and break-glass ClusterRoles.
 		"--take-ownership"}
-	for _, v := range chartValues {
+	for _, v := range ChartValues {
 		args = append(args, "--set", v)
 	}
 	helm := exec.CommandContext(ctx, e.helm, args...)

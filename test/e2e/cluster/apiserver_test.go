@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,7 +43,8 @@ func requireAPIServerBackend(t *testing.T) context.Context {
 // the lock API through the APIService, whose caBundle the operator's rotation
 // injected, from kubelock-apiserver's replicas and their etcd, all pods. A
 // lock user acquires and releases a lock through it, and does again while
-// one kubelock-apiserver replica is deleted.
+// one kubelock-apiserver replica is deleted under load: four workers taking
+// and releasing locks lose no operation while it goes and is replaced.
 func TestChartAPIServerBackend(t *testing.T) {
 	ctx := requireAPIServerBackend(t)
 
@@ -92,10 +94,11 @@ func TestChartAPIServerBackend(t *testing.T) {
 	if len(pods.Items) != 2 {
 		t.Fatalf("%d kubelock-apiserver pods, want 2", len(pods.Items))
 	}
+	load := startLoad(ctx, t, alice, 4)
 	if err := c.Delete(ctx, &pods.Items[0]); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("deleted kubelock-apiserver pod %s", pods.Items[0].Name)
+	t.Logf("deleted kubelock-apiserver pod %s under load", pods.Items[0].Name)
 	second := acquireRelease(ctx, t, alice, key)
 	if second <= first {
 		t.Errorf("fencing token %d after %d: tokens must grow", second, first)
@@ -113,6 +116,64 @@ func TestChartAPIServerBackend(t *testing.T) {
 		}
 		return len(ready) == 2, fmt.Errorf("ready replicas %v (deleted %s)", ready, deleted)
 	})
+	ops, errs := load()
+	t.Logf("under load: %d acquire-release rounds through the APIService while a replica was deleted and replaced", ops)
+	for _, err := range errs {
+		t.Errorf("a lock operation failed while a replica was deleted: %v", err)
+	}
+	if ops < 8 {
+		t.Errorf("%d acquire-release rounds under load, want at least 8: the load did not run", ops)
+	}
+}
+
+// startLoad runs n workers, each acquiring and releasing a key of its own
+// through the APIService in a loop and checking that its tokens grow, until
+// the returned stop is called; stop returns the rounds done and what failed.
+func startLoad(ctx context.Context, t *testing.T, cl *lock.Client, n int) (stop func() (int, []error)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		rounds int
+		errs   []error
+	)
+	for i := range n {
+		wg.Go(func() {
+			key, last := fmt.Sprintf("under-load-%d", i), int64(0)
+			for ctx.Err() == nil {
+				err := func() error {
+					held, err := cl.Acquire(ctx, key, lock.WithLeaseDuration(30*time.Second))
+					if err != nil {
+						return fmt.Errorf("acquire %s: %w", key, err)
+					}
+					if held.FencingToken() <= last {
+						return fmt.Errorf("%s: token %d after %d", key, held.FencingToken(), last)
+					}
+					last = held.FencingToken()
+					if err := held.Release(context.WithoutCancel(ctx)); err != nil {
+						return fmt.Errorf("release %s: %w", key, err)
+					}
+					return nil
+				}()
+				mu.Lock()
+				switch {
+				case err == nil:
+					rounds++
+				case ctx.Err() == nil:
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	return func() (int, []error) {
+		cancel()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return rounds, errs
+	}
 }
 
 // podReady says whether the pod's Ready condition is true.

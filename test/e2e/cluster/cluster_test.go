@@ -280,19 +280,76 @@ func TestOperatorDeploymentReady(t *testing.T) {
 	}
 }
 
+// TestWebhookServedThroughItsService: the apiserver calls the operator's
+// webhooks through the Service, with the caBundle the operator injected. On
+// the crd backend the lock rules are a webhook and deny a forged waiter; on
+// the apiserver backend kubelock-apiserver runs them in-process, and the
+// operator's webhook serves fenced objects only. Both deny a fenced object
+// written without a token.
 func TestWebhookServedThroughItsService(t *testing.T) {
 	ctx := requireCluster(t)
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	if err := c.Get(ctx, client.ObjectKey{Name: devenv.WebhookConfigName}, vwc); err != nil {
-		t.Fatal(err)
+	names := []string{devenv.FencedWebhookConfigName}
+	if !apiserverBackend() {
+		names = append(names, devenv.WebhookConfigName)
 	}
-	for _, w := range vwc.Webhooks {
-		if s := w.ClientConfig.Service; s == nil || s.Name != "kubelock-webhook-service" || w.ClientConfig.URL != nil || len(w.ClientConfig.CABundle) == 0 {
-			t.Errorf("webhook %s: clientConfig %+v, want the Service kubelock-webhook-service with an injected caBundle", w.Name, w.ClientConfig)
+	for _, name := range names {
+		vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, vwc); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range vwc.Webhooks {
+			if s := w.ClientConfig.Service; s == nil || s.Name != "kubelock-webhook-service" || w.ClientConfig.URL != nil || len(w.ClientConfig.CABundle) == 0 {
+				t.Errorf("%s: webhook %s: clientConfig %+v, want the Service kubelock-webhook-service with an injected caBundle", name, w.Name, w.ClientConfig)
+			}
 		}
 	}
-	// A waiter written in someone else's name is denied by the webhook only.
+	// A waiter written in someone else's name is denied by the lock rules only.
 	denied(ctx, t)
+	// A fenced ConfigMap without a token, by the fenced-objects webhook only.
+	eventually(ctx, t, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Namespace: "default", Name: "cluster-suite-fenced",
+			Labels:      map[string]string{locksv1alpha1.FencedLabel: "true"},
+			Annotations: map[string]string{locksv1alpha1.FencedByAnnotation: devenv.DemoLock},
+		}}
+		err := c.Create(ctx, cm, client.DryRunAll)
+		if err == nil {
+			return false, errors.New("a fenced ConfigMap without a token was admitted")
+		}
+		return strings.Contains(err.Error(), "[kubelock:stale-token]"), err
+	})
+}
+
+// apiserverBackend says whether the suite runs on the apiserver backend.
+func apiserverBackend() bool { return os.Getenv(backendEnv) == devenv.BackendAPIServer }
+
+// leaderPod is the operator pod that leads, read from the election its
+// replicas run: a DistributedLock (the chart's default, and what
+// kubelock-dev installs on the apiserver backend) or a Lease (config/default).
+func leaderPod(ctx context.Context) (string, error) {
+	onLock, err := operatorPods(ctx, "--leader-election-lock=kubelock")
+	if err != nil {
+		return "", err
+	}
+	if len(onLock) > 0 {
+		l := &locksv1alpha1.DistributedLock{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: electionLock}, l); err != nil {
+			return "", err
+		}
+		if l.Status.Holder == nil {
+			return "", errors.New("no leader")
+		}
+		return l.Status.Holder.Identity, nil
+	}
+	l := &coordinationv1.Lease{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: electionLock}, l); err != nil {
+		return "", err
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return "", errors.New("no leader")
+	}
+	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
+	return pod, nil
 }
 
 // denied checks that the apiserver calls the webhook: a dry-run waiter in
@@ -320,18 +377,7 @@ func denied(ctx context.Context, t *testing.T) {
 
 func TestLeaderFailover(t *testing.T) {
 	ctx := requireCluster(t)
-	const leaseName = "kubelock-manager.locks.kubelock.io"
-	holder := func(ctx context.Context) (string, error) {
-		l := &coordinationv1.Lease{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: leaseName}, l); err != nil {
-			return "", err
-		}
-		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
-			return "", errors.New("no leader")
-		}
-		pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
-		return pod, nil
-	}
+	holder := leaderPod
 	var leader string
 	eventually(ctx, t, 200*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {
 		var err error
@@ -834,14 +880,9 @@ func TestKubeletRestart(t *testing.T) {
 			return s, errors.New("lock not held")
 		}
 		s.lease, s.token = l.Status.Holder.LeaseID, l.Status.FencingToken
-		le := &coordinationv1.Lease{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: "kubelock-manager.locks.kubelock.io"}, le); err != nil {
-			return s, err
-		}
-		if le.Spec.HolderIdentity != nil {
-			s.leader = *le.Spec.HolderIdentity
-		}
-		return s, nil
+		leader, err := leaderPod(ctx)
+		s.leader = leader
+		return s, err
 	}
 	var before snapshot
 	eventually(ctx, t, 200*time.Millisecond, time.Minute, func(ctx context.Context) (bool, error) {

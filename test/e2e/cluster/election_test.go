@@ -54,8 +54,15 @@ func TestChartElectsOnKubelock(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		upgrade(ctx, "lease")
-		rolledOut(ctx, t, "--leader-election-lock=lease")
+		// Back to the election kubelock-dev deployed, which the other tests
+		// read: config/default's Lease, or the chart's lock on the apiserver
+		// backend.
+		lock := "lease"
+		if apiserverBackend() {
+			lock = "kubelock"
+		}
+		upgrade(ctx, lock)
+		rolledOut(ctx, t, "--leader-election-lock="+lock)
 	})
 
 	// The rollout: both replicas are the chart's, electing on the lock.
@@ -132,6 +139,14 @@ func chartUpgrader(t *testing.T) func(ctx context.Context, lock string) {
 			"--take-ownership", "--server-side=true", "--force-conflicts",
 			"--set", "manager.image.pullPolicy="+string(corev1.PullNever), "--set", "fencedObjects.enable=true",
 			"--set", "manager.leaderElection.lock="+lock)
+		if apiserverBackend() {
+			// The values kubelock-dev installed the chart with: an upgrade
+			// without backend=apiserver would be refused (the crd backend
+			// while the APIService serves the lock API).
+			for _, v := range devenv.ChartValues {
+				cmd.Args = append(cmd.Args, "--set", v)
+			}
+		}
 		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("helm upgrade with manager.leaderElection.lock=%s: %v\n%s", lock, err, out)
