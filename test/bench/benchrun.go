@@ -186,10 +186,15 @@ func (b *benchRun) runScale(ctx context.Context) error {
 	if !b.wl["scale"] {
 		return nil
 	}
-	o := b.o
-	b.rep.scale = runScale(ctx, b.c, b.lockPool, scaleConfig{locks: o.locks, held: min(o.scaleHeld, o.locks), holdLease: 300 * time.Second, holdRate: o.scaleHoldRate * o.rateScale,
-		lapses: o.scaleLapses, lapseLease: o.scaleLapse, lapseOver: 4 * o.scaleLapse, workers: 8, grace: controllers.DefaultExpiryGrace}, logf)
+	b.rep.scales = append(b.rep.scales, runScale(ctx, b.c, "the CRD", b.lockPool, b.scaleConfig(), nil, logf))
 	return ctx.Err()
+}
+
+// scaleConfig is workload scale's, from the options.
+func (b *benchRun) scaleConfig() scaleConfig {
+	o := b.o
+	return scaleConfig{locks: o.locks, held: min(o.scaleHeld, o.locks), holdLease: 300 * time.Second, holdRate: o.scaleHoldRate * o.rateScale,
+		lapses: o.scaleLapses, lapseLease: o.scaleLapse, lapseOver: 4 * o.scaleLapse, workers: 8, grace: controllers.DefaultExpiryGrace}
 }
 
 // writeReport prints the report and writes it to --out.

@@ -170,15 +170,25 @@ func (c *cluster) stop() {
 	if c.redis != nil {
 		_ = c.redis.Stop(5 * time.Second)
 	}
-	if c.mgr != nil {
-		_ = c.mgr.Stop(10 * time.Second)
-	}
+	_ = c.stopManager()
 	if c.env != nil {
 		_ = c.env.Stop()
 	}
 }
 
 // --- the operator ------------------------------------------------------------
+
+// stopManager stops the operator, if it runs.
+func (c *cluster) stopManager() error {
+	c.mgrMu.Lock()
+	m := c.mgr
+	c.mgr = nil
+	c.mgrMu.Unlock()
+	if m == nil {
+		return nil
+	}
+	return m.Stop(10 * time.Second)
+}
 
 // startManager builds ./cmd/manager, issues the webhook's serving certificate
 // from a fresh CA, and runs the binary as production does: leader election on,

@@ -82,7 +82,8 @@ func startLockBackend(ctx context.Context, dir string, n int) (lb *lockBackend, 
 // addReplica starts one more kubelock-apiserver: the first with an etcd of
 // its own (the lock store), every other one on that etcd.
 func (lb *lockBackend) addReplica(ctx context.Context) (*lockapi.Server, error) {
-	o := lockapi.Options{Name: replicaName(len(lb.servers) + 1)}
+	// The operator (workloads 5 and scale) runs as controllerUser.
+	o := lockapi.Options{Name: replicaName(len(lb.servers) + 1), ControllerUsers: []string{controllerUser}}
 	if len(lb.servers) > 0 {
 		o.Store = lb.servers[0].Etcd
 	}
@@ -153,9 +154,93 @@ func (b *benchRun) runAPIServer(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 	}
+	// Before the scale model, which leaves its replicas held to their
+	// quotas; that model then runs on a store of --locks objects.
+	if err := b.lockBackendOperated(ctx, lb); err != nil {
+		return err
+	}
 	if b.o.scaleModel && ctx.Err() == nil {
 		b.rep.replicas = b.scaleModel(ctx, lb)
 	}
+	return nil
+}
+
+// lockBackendOperated runs, with the operator on the lock apiserver
+// backend's control plane, workload 5 (holding, without and with sessions)
+// on each selected path, and workload scale with the run's --locks through
+// kube-apiserver, then times a replica started at that scale.
+func (b *benchRun) lockBackendOperated(ctx context.Context, lb *lockBackend) error {
+	atScale := b.wl["scale"] && b.systems["apiserver"]
+	if (!b.wl["5"] && !atScale) || ctx.Err() != nil {
+		return nil
+	}
+	if err := lb.c.startManager(ctx); err != nil {
+		return fmt.Errorf("the operator on the lock apiserver backend: %w", err)
+	}
+	// Stopped after, so that its reconciles of every write do not weigh
+	// on the scale model.
+	defer func() {
+		if err := lb.c.stopManager(); err != nil {
+			logf("stopping the operator on the lock apiserver backend: %v", err)
+		}
+	}()
+	if b.wl["5"] {
+		for _, p := range lb.paths() {
+			for _, sessions := range []bool{false, true} {
+				if !b.systems[p.key] || ctx.Err() != nil {
+					continue
+				}
+				t, err := kubelockHold(ctx, p.clients, lb.c.user, lockNS, b.hold, sessions)
+				if err != nil {
+					return fmt.Errorf("%s: %w", p.name, err)
+				}
+				b.addHold(runHold(ctx, lb.c, lb.pw, p.name, sessions, lb.free, b.hold, t))
+			}
+		}
+	}
+	if !atScale || ctx.Err() != nil {
+		return nil
+	}
+	if err := lb.grow(ctx, b.o.locks); err != nil {
+		return err
+	}
+	first := lb.servers[0]
+	store := []proc{{name: first.Name, pid: first.APIServer.Pid()}, {name: lockStoreProc, pid: first.Etcd.Members[0].Running().Pid()}}
+	res := runScale(ctx, lb.c, "the lock apiserver", lb.free, b.scaleConfig(), store, logf)
+	if res.Err == "" && ctx.Err() == nil {
+		started := time.Now()
+		s, err := lb.addReplica(ctx)
+		if err != nil {
+			return fmt.Errorf("a replica at %d locks: %w", b.o.locks, err)
+		}
+		res.NewReplica = time.Since(started)
+		res.NewReplicaMem = procMem{Name: s.Name}
+		res.NewReplicaMem.RSS, res.NewReplicaMem.Peak = proc{pid: s.APIServer.Pid()}.mem()
+		logf("  scale: a replica started at %d locks served after %s, RSS %s", b.o.locks, res.NewReplica.Round(time.Millisecond), mib(res.NewReplicaMem.RSS))
+	}
+	b.rep.scales = append(b.rep.scales, res)
+	return nil
+}
+
+// grow creates DistributedLocks through kube-apiserver until n exist, and
+// hands out the new ones with those still free.
+func (lb *lockBackend) grow(ctx context.Context, n int) error {
+	if n <= lb.objects {
+		return nil
+	}
+	d, err := createLocks(ctx, lb.c.env.Client, n)
+	if err != nil {
+		return err
+	}
+	logf("grew the lock apiserver backend to %d DistributedLocks in %s (%.0f/s)", n, d.Round(time.Millisecond), float64(n-lb.objects)/d.Seconds())
+	free := make(pool, n)
+	for i, ok := lb.free.take(); ok; i, ok = lb.free.take() {
+		free <- i
+	}
+	for i := lb.objects; i < n; i++ {
+		free <- i
+	}
+	lb.objects, lb.free = n, free
 	return nil
 }
 

@@ -34,7 +34,10 @@
 // The lock apiserver backend (system apiserver) runs workloads 1 to 3 on a
 // control plane of its own: kubelock-apiserver serves the lock API there
 // through an APIService from an etcd of its own (a group version is served
-// by the CRD or by an APIService, never both). With --scale-model the seed
+// by the CRD or by an APIService, never both). With an operator started
+// there it also runs workload 5 and, grown to N locks, workload scale, with
+// kubelock-apiserver's and its etcd's memory and the time a replica started
+// at that scale takes to serve (lockbackend.go). With --scale-model the seed
 // mix also runs on 1, 2 and 3 replicas of it, each held to the same CPU
 // quota by a cgroup, clients straight to the replicas (scalemodel.go).
 //
@@ -84,7 +87,7 @@ const (
 	sysRedis   = "redsync"
 	// sysAPIServer is the lock apiserver backend, through kube-apiserver;
 	// sysAPIServerDirect the same with its clients talking straight to
-	// kubelock-apiserver (as through its Service).
+	// kubelock-apiserver (as through its Service; workloads 1, 2, 3 and 5).
 	sysAPIServer       = "kubelock (apiserver)"
 	sysAPIServerDirect = "kubelock (apiserver, direct)"
 )
@@ -282,7 +285,7 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&o.holdPerClient, "hold-locks-per-client", o.holdPerClient, "Workload 5: locks each client holds.")
 	fs.DurationVar(&o.holdMeasure, "hold-measure", o.holdMeasure, "Workload 5: measured window (at least lease/3, so every holding renews in it).")
 	fs.StringVar(&o.encoding, "encoding", o.encoding, "Wire encodings of the kubelock clients: json, cbor or json,cbor. With cbor the apiserver runs with --feature-gates=CBORServingAndStorage=true (alpha, off by default) and workloads 1, 2 and 5 run once per encoding; the other workloads use JSON.")
-	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, crd (raw CRD CAS: a custom resource with a Lease's fields, no CEL, no admission: the floor of any CRD-based lock), apiserver (the lock apiserver backend: kubelock-apiserver on a control plane of its own, pkg/lock through kube-apiserver; workloads 1, 2 and 3), apiserver-direct (the same backend, pkg/lock talking straight to kubelock-apiserver, as through its Service), leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
+	fs.StringVar(&o.systems, "systems", o.systems, "Comma-separated systems: webhook, policy, none (kubelock's admission engines), lease, crd (raw CRD CAS: a custom resource with a Lease's fields, no CEL, no admission: the floor of any CRD-based lock), apiserver (the lock apiserver backend: kubelock-apiserver on a control plane of its own, pkg/lock through kube-apiserver; workloads 1, 2, 3, 5 and scale), apiserver-direct (the same backend, pkg/lock talking straight to kubelock-apiserver, as through its Service), leaderelection (client-go on a Lease), kubelock-le (client-go on a DistributedLock, pkg/lock/leaderelection), etcd, redis.")
 	fs.StringVar(&o.workloads, "workloads", o.workloads, "Comma-separated workloads to run: 1 seed mix, 2 uncontended, 3 hand-off, 4 expiry, 5 holding only (without and with sessions), scale (the operator's memory and expiry lateness at --locks; runs last, restarts the operator).")
 	fs.IntVar(&o.scaleHeld, "scale-held", o.scaleHeld, "Workload scale: locks held (lease 300s, renewed by pkg/lock every 100s) while memory is measured.")
 	fs.Float64Var(&o.scaleHoldRate, "scale-hold-rate", o.scaleHoldRate, "Workload scale: acquisitions/s of the held locks (before --rate-scale).")
@@ -329,7 +332,7 @@ type report struct {
 	wire              []wireResult
 	cborServer        bool
 	profiles          []string
-	scale             *scaleResult
+	scales            []*scaleResult // the operator at scale: on the CRD, then on the lock apiserver
 	replicas          *replicaScale
 }
 

@@ -247,8 +247,8 @@ func (r *report) markdown(out string) string {
 	p("\n## Hand-off latency\n\n")
 	p("K clients loop: acquire (waiting in the system's own way), hold %s, release, and compete again once another client holds the lock (so every holding is a hand-off to a client that was waiting; leader election candidates run a fresh elector per attempt). Hand-off latency: from the start of one holder's release to the next holder's acquire returning. FIFO: a holding *overtook a waiter* when another client's acquire call, still waiting at the time, had started more than %s before this holder's call (the slack is the time it takes to join a queue: a read and a write; on a loaded machine joining can take longer, so this client-side count over-reports). For kubelock the order is also checked on the server's record: a watch of the lock object sees every version, and each new holder must have been the head of the queue in the version before. redsync retries (50–250 ms apart, tries raised from 32 so waiters never give up) and client-go leader election polls every 2 s; neither queues, and redsync has no fencing token.\n\n", o.handoffHold, fifoSlack)
 	p("![hand-off latency CDF](%s)\n", plotName(out, "handoff-cdf"))
-	if r.scale != nil {
-		p("%s", r.scale.markdown())
+	for _, s := range r.scales {
+		p("%s", s.markdown())
 	}
 	if r.replicas != nil {
 		p("%s", r.replicas.markdown(o))
@@ -439,8 +439,8 @@ func (r *report) targets(p func(string, ...any)) {
 	}
 	rows = append(rows, r.lockBackendTargets(sysAPIServer)...)
 	rows = append(rows, r.lockBackendTargets(sysAPIServerDirect)...)
-	if r.scale != nil {
-		rows = append(rows, r.scale.targets()...)
+	for _, s := range r.scales {
+		rows = append(rows, s.targets()...)
 	}
 	if r.replicas != nil {
 		rows = append(rows, r.replicas.targets()...)

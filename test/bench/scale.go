@@ -60,10 +60,12 @@ type scaleConfig struct {
 	grace      time.Duration // the operator's --expiry-grace
 }
 
-// memPoint is the operator's memory at one moment.
+// memPoint is the operator's memory at one moment, and the other
+// processes' the backend runs.
 type memPoint struct {
 	Label     string
-	RSS, Peak int64   // VmRSS and VmHWM (peak since the process started)
+	RSS, Peak int64 // VmRSS and VmHWM (peak since the process started)
+	Others    []procMem
 	HeapInuse float64 // go_memstats_heap_inuse_bytes
 	Objects   float64 // go_memstats_heap_objects
 	// Live is the live heap after a forced GC (the heap profile's inuse
@@ -101,7 +103,15 @@ type lapseRound struct {
 	ErrKinds           map[string]int
 }
 
+// procMem is one process's VmRSS and VmHWM.
+type procMem struct {
+	Name      string
+	RSS, Peak int64
+}
+
 type scaleResult struct {
+	// Backend says where the locks are served from and stored.
+	Backend  string
 	Cfg      scaleConfig
 	Held     int
 	HoldTime time.Duration
@@ -112,23 +122,30 @@ type scaleResult struct {
 	// queued, and its queue empty.
 	ToLeader, ToListed, ToIdle time.Duration
 	MaxRSS                     int64 // highest VmRSS sampled (every 250 ms) after the restart
-	Err                        string
+	// With the lock apiserver: a replica started at this scale (its watch
+	// cache listed from the lock store) served after NewReplica, and its
+	// memory then.
+	NewReplica    time.Duration
+	NewReplicaMem procMem
+	Err           string
 }
 
-func runScale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, logf func(string, ...any)) *scaleResult {
-	res := &scaleResult{Cfg: cfg, HoldErrs: map[string]int{}}
-	if err := scale(ctx, c, free, cfg, res, logf); err != nil {
+// runScale runs workload scale on c, whose locks backend serves; others are
+// the backend's processes besides kube-apiserver whose memory it records.
+func runScale(ctx context.Context, c *cluster, backend string, free pool, cfg scaleConfig, others []proc, logf func(string, ...any)) *scaleResult {
+	res := &scaleResult{Backend: backend, Cfg: cfg, HoldErrs: map[string]int{}}
+	if err := scale(ctx, c, free, cfg, others, res, logf); err != nil {
 		res.Err = err.Error()
 		logf("  scale: %v", err)
 	}
 	return res
 }
 
-func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *scaleResult, logf func(string, ...any)) error {
+func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, others []proc, res *scaleResult, logf func(string, ...any)) error {
 	if err := c.waitQueueEmpty(ctx, cfg.locks, 5*time.Minute); err != nil {
 		return err
 	}
-	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("%d locks, none held", cfg.locks)))
+	res.Points = append(res.Points, c.memPoint(ctx, others, fmt.Sprintf("%d locks, none held", cfg.locks)))
 	logPoint(logf, res.Points[len(res.Points)-1])
 
 	// The held population, renewed by pkg/lock's own background renewal.
@@ -178,7 +195,7 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 	if err := c.waitQueueEmpty(ctx, cfg.locks, 5*time.Minute); err != nil {
 		return err
 	}
-	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("%d locks, %d held", cfg.locks, res.Held)))
+	res.Points = append(res.Points, c.memPoint(ctx, others, fmt.Sprintf("%d locks, %d held", cfg.locks, res.Held)))
 	logPoint(logf, res.Points[len(res.Points)-1])
 
 	lw, err := watchLapses(ctx, c)
@@ -224,7 +241,7 @@ func scale(ctx context.Context, c *cluster, free pool, cfg scaleConfig, res *sca
 	res.Rounds = append(res.Rounds, round)
 	logRound(logf, round)
 	res.MaxRSS = samples()
-	res.Points = append(res.Points, c.memPoint(ctx, fmt.Sprintf("restarted with %d locks, %d held", cfg.locks, res.Held)))
+	res.Points = append(res.Points, c.memPoint(ctx, others, fmt.Sprintf("restarted with %d locks, %d held", cfg.locks, res.Held)))
 	logPoint(logf, res.Points[len(res.Points)-1])
 	logf("  scale: restarted operator leading after %s, every lock listed after %s, queue empty after %s, highest RSS sampled %s",
 		res.ToLeader.Round(time.Millisecond), res.ToListed.Round(time.Millisecond), res.ToIdle.Round(time.Millisecond), mib(res.MaxRSS))
@@ -343,9 +360,14 @@ func (c *cluster) waitQueueEmpty(ctx context.Context, n int, timeout time.Durati
 	})
 }
 
-func (c *cluster) memPoint(ctx context.Context, label string) memPoint {
+func (c *cluster) memPoint(ctx context.Context, others []proc, label string) memPoint {
 	p := memPoint{Label: label}
 	p.RSS, p.Peak = proc{pid: c.mgr.Pid()}.mem()
+	for _, o := range others {
+		m := procMem{Name: o.name}
+		m.RSS, m.Peak = o.mem()
+		p.Others = append(p.Others, m)
+	}
 	if body, err := httpGet(ctx, c.mgrMetrics); err == nil {
 		p.HeapInuse = sumMetric(body, "go_memstats_heap_inuse_bytes", nil)
 		p.Objects = sumMetric(body, "go_memstats_heap_objects", nil)
@@ -668,6 +690,9 @@ func runLapses(ctx context.Context, c *cluster, lw *lapseWatch, cfg scaleConfig,
 
 func logPoint(logf func(string, ...any), p memPoint) {
 	logf("  scale: %s: operator RSS %s (peak %s), Go heap in use %s, live %s, %.0f heap objects", p.Label, mib(p.RSS), mib(p.Peak), mib(int64(p.HeapInuse)), mib(p.Live), p.Objects)
+	for _, o := range p.Others {
+		logf("  scale: %s: %s RSS %s (peak %s)", p.Label, o.Name, mib(o.RSS), mib(o.Peak))
+	}
 	if p.Heap != "" {
 		logf("  scale: live heap: %s", heapSummary(p.Heap))
 	}
@@ -687,14 +712,30 @@ func (s *scaleResult) markdown() string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	cfg := s.Cfg
-	p("\n## The operator at %d locks\n\n", cfg.locks)
+	p("\n## The operator at %d locks, on %s\n\n", cfg.locks, s.Backend)
 	p("With the %d lock objects of the run in the operator's cache: %d of them acquired (at most %.0f/s: %d in %s, %.0f/s; errors: %s) and held with a %s lease that pkg/lock renews every %s. "+
 		"Memory from `/proc/<pid>/status` (VmRSS; VmHWM is the peak since the process started) and the operator's `go_memstats_*`. "+
 		"Then the operator is restarted (SIGTERM, the same binary and flags): the new leader lists every lock at once and reconciles each.\n\n",
 		cfg.locks, cfg.held, cfg.holdRate, s.Held, s.HoldTime.Round(time.Second), float64(s.Held)/max(s.HoldTime.Seconds(), 1e-9), kindsString(s.HoldErrs), cfg.holdLease, cfg.holdLease/3)
-	p("| moment | RSS | peak RSS (VmHWM) | Go heap in use | live heap after GC | heap objects |\n|---|---:|---:|---:|---:|---:|\n")
+	var others []procMem
+	if len(s.Points) > 0 {
+		others = s.Points[0].Others
+	}
+	p("| moment | RSS | peak RSS (VmHWM) | Go heap in use | live heap after GC | heap objects |")
+	for _, o := range others {
+		p(" %s RSS (peak) |", o.Name)
+	}
+	p("\n|---|---:|---:|---:|---:|---:|%s\n", strings.Repeat("---:|", len(others)))
 	for _, pt := range s.Points {
-		p("| %s | %s | %s | %s | %s | %.0f |\n", pt.Label, mib(pt.RSS), mib(pt.Peak), mib(int64(pt.HeapInuse)), mib(pt.Live), pt.Objects)
+		p("| %s | %s | %s | %s | %s | %.0f |", pt.Label, mib(pt.RSS), mib(pt.Peak), mib(int64(pt.HeapInuse)), mib(pt.Live), pt.Objects)
+		for _, o := range pt.Others {
+			p(" %s (%s) |", mib(o.RSS), mib(o.Peak))
+		}
+		p("\n")
+	}
+	if s.NewReplica > 0 {
+		p("\nA kubelock-apiserver replica started on the same store at this scale served after %s (from its start: it lists every object of the lock store into its watch cache before it serves), with an RSS of %s (peak %s).\n",
+			s.NewReplica.Round(time.Millisecond), mib(s.NewReplicaMem.RSS), mib(s.NewReplicaMem.Peak))
 	}
 	p("\nThe live heap by what holds it (the heap profile after a forced GC, `/debug/pprof/heap?gc=1` of `--pprof-bind-address`):\n\n")
 	for _, pt := range s.Points {
@@ -739,13 +780,13 @@ func (s *scaleResult) targets() []targetRow {
 	}
 	peak = max(peak, s.MaxRSS)
 	rows := []targetRow{{
-		target: fmt.Sprintf("operator RSS ≤ %s at %d locks", mib(scaleRSSTarget), cfg.locks),
+		target: fmt.Sprintf("operator RSS ≤ %s at %d locks, on %s", mib(scaleRSSTarget), cfg.locks, s.Backend),
 		figure: "peak " + mib(peak),
 		met:    peak > 0 && peak <= scaleRSSTarget,
 	}}
 	for _, r := range s.Rounds {
 		rows = append(rows, targetRow{
-			target: fmt.Sprintf("expiry within lease + grace + %s at %d locks (%s)", lapseSlackTarget, cfg.locks, r.Label),
+			target: fmt.Sprintf("expiry within lease + grace + %s at %d locks, on %s (%s)", lapseSlackTarget, cfg.locks, s.Backend, r.Label),
 			figure: fmt.Sprintf("max %s ms late (p99 %s)", ms(r.Dist.Max), ms(r.Dist.P99)),
 			met:    r.Dist.N > 0 && r.Missed == 0 && r.Errors == 0 && r.Dist.Max <= cfg.grace+lapseSlackTarget,
 		})

@@ -54,6 +54,9 @@ type Options struct {
 	Store *localcluster.Etcd
 	// EtcdArgs are extra flags of its own etcd.
 	EtcdArgs []string
+	// ControllerUsers are users kubelock's rules treat as its controller,
+	// besides ControllerUser.
+	ControllerUsers []string
 }
 
 // Server is a running lock apiserver and its etcd.
@@ -73,7 +76,7 @@ func Build(ctx context.Context, dir string) (string, error) {
 // when nothing), for Stop.
 func Start(ctx context.Context, env *testenv.Env, bin, dir string, o Options) (*Server, error) {
 	s, err := locallockapi.Start(ctx, env.Cluster, locallockapi.Options{Name: o.Name, Binary: bin, Dir: dir, AssetsDir: testenv.AssetsDir(),
-		ControllerUsers: []string{ControllerUser}, StorageEncoding: o.StorageEncoding, Args: o.Args,
+		ControllerUsers: append([]string{ControllerUser}, o.ControllerUsers...), StorageEncoding: o.StorageEncoding, Args: o.Args,
 		Store: o.Store, EtcdArgs: o.EtcdArgs})
 	if s == nil {
 		return nil, err
