@@ -163,7 +163,7 @@ var variants = []variant{
 			for _, gone := range []string{
 				"CustomResourceDefinition/distributedlocks.locks.kubelock.io", "CustomResourceDefinition/locksessions.locks.kubelock.io",
 				"ValidatingWebhookConfiguration/kubelock-validating-webhook-configuration", "Service/kubelock-webhook-service",
-				"Certificate/kubelock-apiserver-cert",
+				"Certificate/kubelock-apiserver-cert", "ServiceMonitor/kubelock-apiserver", "PrometheusRule/kubelock-apiserver-alerts",
 			} {
 				r.mustNot(t, gone)
 			}
@@ -218,9 +218,20 @@ var variants = []variant{
 	{
 		name: "apiserver backend tuned",
 		set: []string{"backend=apiserver", "certManager.enable=true", "apiserver.replicas=3", "etcd.replicas=5",
-			"etcd.persistence.storageClassName=zonal-ssd", "etcd.persistence.size=20Gi", "etcd.quotaBackendBytes=8589934592"},
+			"etcd.persistence.storageClassName=zonal-ssd", "etcd.persistence.size=20Gi", "etcd.quotaBackendBytes=8589934592",
+			"prometheus.serviceMonitor.enable=true", "prometheus.rule.enable=true"},
 		check: func(t *testing.T, r *rendered) {
 			checkEtcd(t, r, 5, "20Gi", "zonal-ssd")
+			// The backend's own scrapes and alerts; the operator's too.
+			for _, name := range []string{"kubelock-apiserver", "kubelock-etcd", "kubelock-controller-manager-metrics"} {
+				r.must(t, "ServiceMonitor/"+name)
+			}
+			rule := r.must(t, "PrometheusRule/kubelock-apiserver-alerts")
+			r.must(t, "PrometheusRule/kubelock-alerts")
+			// The member count the store alert compares with is the release's.
+			if raw, _ := json.Marshal(rule.Object); !strings.Contains(string(raw), `count(up{job=\"kubelock-etcd-client\"} == 1) \u003c 5`) {
+				t.Errorf("the lock store's member alert does not compare with etcd.replicas=5:\n%s", raw)
+			}
 			d := r.must(t, "Deployment/kubelock-apiserver")
 			if replicas, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas"); replicas != 3 {
 				t.Errorf("kubelock-apiserver has %d replicas, want 3", replicas)
@@ -461,17 +472,9 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	root := testenv.RepoRoot()
-	path := os.Getenv("HELM")
-	if path == "" {
-		// Outside make: the newest helm `make helm` built.
-		found, _ := filepath.Glob(filepath.Join(root, "bin", "helm-v*"))
-		sort.Strings(found)
-		if len(found) > 0 {
-			path = found[len(found)-1]
-		}
-	}
-	if _, err := os.Stat(path); path == "" || err != nil {
-		t.Fatalf("no helm binary (%q): build it with `make helm` (make test does)", path)
+	path, err := testenv.Helm()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return &harness{helmPath: path, chart: filepath.Join(root, "dist", "chart"), root: root}
 }

@@ -122,13 +122,9 @@ func TestChartElectsOnKubelock(t *testing.T) {
 // nothing.
 func chartUpgrader(t *testing.T) func(ctx context.Context, lock string) {
 	t.Helper()
-	helm := os.Getenv("HELM")
-	if helm == "" {
-		found, _ := filepath.Glob(filepath.Join(testenv.RepoRoot(), "bin", "helm-v*"))
-		if len(found) == 0 {
-			t.Fatal("no helm binary: build it with `make helm` (make test-cluster does)")
-		}
-		helm = found[len(found)-1]
+	helm, err := testenv.Helm()
+	if err != nil {
+		t.Fatal(err)
 	}
 	home := t.TempDir()
 	return func(ctx context.Context, lock string) {
