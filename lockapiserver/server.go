@@ -60,13 +60,15 @@ type Options struct {
 }
 
 // NewOptions are the defaults: delegated authentication and authorization,
-// no admission plugins (the rules run in the registry) and no priority and
-// fairness of its own (kube-apiserver's applies to every proxied request).
+// no admission plugins (the rules run in the registry), and priority and
+// fairness by the cluster's FlowSchemas, read from kube-apiserver
+// (--kubeconfig, or in-cluster). kube-apiserver's applies to every request it
+// proxies; this one is what bounds a client that talks to the Service
+// straight: without it, one user could fill the server's in-flight limits
+// and every other user's writes would be refused.
 func NewOptions() *Options {
 	r := genericoptions.NewRecommendedOptions(etcdPrefix, nil)
 	r.Admission = nil
-	r.CoreAPI = nil
-	r.Features.EnablePriorityAndFairness = false
 	r.Etcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(locksv1alpha1.GroupVersion,
 		schema.GroupKind{Group: locksv1alpha1.GroupVersion.Group})
 	return &Options{Recommended: r, StorageEncoding: "json", CheckBackend: true, AuthorizeByNamespace: true}

@@ -152,17 +152,27 @@ func adminClient(cluster *localcluster.Cluster) (client.Client, error) {
 	return client.New(cluster.AdminConfig(), client.Options{Scheme: clientgoscheme.Scheme})
 }
 
+// FlowControlRules are what kubelock-apiserver's priority and fairness needs
+// of kube-apiserver: the cluster's FlowSchemas and priority levels, and their
+// status, where it marks a FlowSchema whose priority level is missing (the
+// chart's ClusterRole kubelock-apiserver-flow-control grants the same).
+var FlowControlRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"flowcontrol.apiserver.k8s.io"}, Resources: []string{"flowschemas", "prioritylevelconfigurations"}, Verbs: []string{"get", "list", "watch"}},
+	{APIGroups: []string{"flowcontrol.apiserver.k8s.io"}, Resources: []string{"flowschemas/status", "prioritylevelconfigurations/status"}, Verbs: []string{"patch"}},
+}
+
 // ensureAccess creates the namespace and lets User do what a delegating API
 // server does (TokenReviews and SubjectAccessReviews, and reading the
 // authentication ConfigMap in kube-system) and what its start's backend
-// check reads (lockbackend.CheckRules).
+// check reads (lockbackend.CheckRules), and read the cluster's priority and fairness
+// configuration (FlowControlRules).
 func ensureAccess(ctx context.Context, cluster *localcluster.Cluster) error {
 	cl, err := adminClient(cluster)
 	if err != nil {
 		return err
 	}
 	subject := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: User}}
-	checker := User + ":backend-check"
+	checker, flowControl := User+":backend-check", User+":flow-control"
 	for _, o := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: User + ":auth-delegator"}, Subjects: subject,
@@ -172,6 +182,9 @@ func ensureAccess(ctx context.Context, cluster *localcluster.Cluster) error {
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: checker}, Rules: lockbackend.CheckRules},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: checker}, Subjects: subject,
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: checker}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: flowControl}, Rules: FlowControlRules},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: flowControl}, Subjects: subject,
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: flowControl}},
 	} {
 		if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
