@@ -156,6 +156,12 @@ func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
 		return nil, err
 	}
 	o.Recommended.Etcd.StorageConfig.Codec = codec
+	// Priority and fairness reads kube-apiserver with --kubeconfig; without
+	// it, with the authorization kubeconfig, as the backend check does
+	// (in-cluster when neither is given).
+	if core := o.Recommended.CoreAPI; core != nil && core.CoreAPIKubeconfigPath == "" {
+		core.CoreAPIKubeconfigPath = o.Recommended.Authorization.RemoteKubeConfigFile
+	}
 	cfg := genericapiserver.NewRecommendedConfig(Codecs)
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	// Open watches (kube-apiserver proxies clients' and the garbage

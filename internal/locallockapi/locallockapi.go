@@ -156,7 +156,6 @@ func Start(ctx context.Context, cluster *localcluster.Cluster, o Options) (s *Se
 		"--tls-private-key-file=" + filepath.Join(certDir, "tls.key"),
 		"--authentication-kubeconfig=" + kubeconfig,
 		"--authorization-kubeconfig=" + kubeconfig,
-		"--kubeconfig=" + kubeconfig, // priority and fairness: the cluster's FlowSchemas
 		"--controller-users=" + strings.Join(o.ControllerUsers, ","),
 		"--storage-encoding=" + o.StorageEncoding,
 	}, o.Args...)

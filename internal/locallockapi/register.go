@@ -154,11 +154,11 @@ func adminClient(cluster *localcluster.Cluster) (client.Client, error) {
 
 // FlowControlRules are what kubelock-apiserver's priority and fairness needs
 // of kube-apiserver: the cluster's FlowSchemas and priority levels, and their
-// status, where it marks a FlowSchema whose priority level is missing (the
+// FlowSchemas' status, where it marks one whose priority level is missing (the
 // chart's ClusterRole kubelock-apiserver-flow-control grants the same).
 var FlowControlRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{"flowcontrol.apiserver.k8s.io"}, Resources: []string{"flowschemas", "prioritylevelconfigurations"}, Verbs: []string{"get", "list", "watch"}},
-	{APIGroups: []string{"flowcontrol.apiserver.k8s.io"}, Resources: []string{"flowschemas/status", "prioritylevelconfigurations/status"}, Verbs: []string{"patch"}},
+	{APIGroups: []string{"flowcontrol.apiserver.k8s.io"}, Resources: []string{"flowschemas/status"}, Verbs: []string{"patch"}},
 }
 
 // ensureAccess creates the namespace and lets User do what a delegating API

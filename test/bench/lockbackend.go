@@ -217,6 +217,11 @@ func (b *benchRun) lockBackendOperated(ctx context.Context, lb *lockBackend) err
 		res.NewReplicaMem = procMem{Name: s.Name}
 		res.NewReplicaMem.RSS, res.NewReplicaMem.Peak = proc{pid: s.APIServer.Pid()}.mem()
 		logf("  scale: a replica started at %d locks served after %s, RSS %s", b.o.locks, res.NewReplica.Round(time.Millisecond), mib(res.NewReplicaMem.RSS))
+		// The scale model starts its own replicas.
+		lb.servers, lb.pw.procs = lb.servers[:len(lb.servers)-1], lb.pw.procs[:len(lb.pw.procs)-1]
+		if err := s.Stop(); err != nil {
+			logf("stopping %s: %v", s.Name, err)
+		}
 	}
 	b.rep.scales = append(b.rep.scales, res)
 	return nil

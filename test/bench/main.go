@@ -332,7 +332,7 @@ type report struct {
 	wire              []wireResult
 	cborServer        bool
 	profiles          []string
-	scales            []*scaleResult // the operator at scale: on the CRD, then on the lock apiserver
+	scales            []*scaleResult // the operator at scale, one per backend that ran it
 	replicas          *replicaScale
 }
 

@@ -64,7 +64,7 @@ func TestDirectClientsAreQueuedFairlyPerUser(t *testing.T) {
 		t.Cleanup(func() { _ = env.Client.Delete(context.WithoutCancel(ctx), o) })
 	}
 
-	get := func(c *http.Client, cfg *rest.Config) (int, http.Header, error) {
+	get := func(ctx context.Context, c *http.Client, cfg *rest.Config) (int, http.Header, error) {
 		url := fmt.Sprintf("%s/apis/%s/namespaces/%s/distributedlocks/shared", cfg.Host, locksv1alpha1.GroupVersion, ns)
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
@@ -97,7 +97,7 @@ func TestDirectClientsAreQueuedFairlyPerUser(t *testing.T) {
 	// kubelock-apiserver has read the new configuration once it classifies
 	// alice's requests into the new level (its UID in the answer's header).
 	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		code, h, err := get(alice, aliceCfg)
+		code, h, err := get(ctx, alice, aliceCfg)
 		return err == nil && code == http.StatusOK && h.Get("X-Kubernetes-PF-PriorityLevel-UID") == string(level.UID), nil
 	}); err != nil {
 		t.Fatalf("kubelock-apiserver does not classify alice's requests into priority level %s (UID %s): %v", level.Name, level.UID, err)
@@ -118,22 +118,37 @@ func TestDirectClientsAreQueuedFairlyPerUser(t *testing.T) {
 		codes[user][code]++
 	}
 	flood, stop := context.WithCancel(ctx)
+	refused := make(chan struct{})
+	var once sync.Once
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for flood.Err() == nil {
 			var burst sync.WaitGroup
 			for range 150 {
 				burst.Go(func() {
-					code, _, err := get(mallory, malloryCfg)
+					code, _, err := get(flood, mallory, malloryCfg)
+					if flood.Err() != nil {
+						return // stopped, not answered
+					}
+					if code == http.StatusTooManyRequests {
+						once.Do(func() { close(refused) })
+					}
 					count("mallory", code, err)
 				})
 			}
 			burst.Wait()
 		}
 	})
-	// alice's requests, one at a time, while the bursts go on.
+	t.Cleanup(func() { stop(); wg.Wait() })
+	// alice's requests, one at a time, once mallory's bursts are refused
+	// and while they go on.
+	select {
+	case <-refused:
+	case <-time.After(time.Minute):
+		t.Fatal("mallory's bursts were not refused within a minute: the priority level does not bound her")
+	}
 	for range 40 {
-		code, _, err := get(alice, aliceCfg)
+		code, _, err := get(ctx, alice, aliceCfg)
 		count("alice", code, err)
 		time.Sleep(25 * time.Millisecond) // her pace, not synchronisation
 	}

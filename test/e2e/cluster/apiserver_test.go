@@ -167,13 +167,15 @@ func startLoad(ctx context.Context, t *testing.T, cl *lock.Client, n int) (stop 
 			}
 		})
 	}
-	return func() (int, []error) {
+	stop = func() (int, []error) {
 		cancel()
 		wg.Wait()
 		mu.Lock()
 		defer mu.Unlock()
 		return rounds, errs
 	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // podReady says whether the pod's Ready condition is true.
