@@ -63,13 +63,16 @@ var _ = Describe("entries written past admission", func() {
 		By("writing holdings bound to a path and queues of hostile waiters (the pod names the CRD's pattern refuses straight into etcd)")
 		expiring := createLock(ctx, ns, "expiring", nil, locksv1alpha1.DistributedLockSpec{HandoffTimeoutSeconds: 1})
 		acquired := time.Now()
-		acquireWith(ctx, expiring, "lease-expiring-00001", 2, boundTo(sa, "placeholder"))
+		// A long lease until the entries are planted, then 2 s from the
+		// planting: the setup's own time (seconds on a loaded machine) must
+		// not let the lease end before the holding is rewritten.
+		acquireWith(ctx, expiring, "lease-expiring-00001", 300, boundTo(sa, "placeholder"))
 		updateStatus(ctx, expiring, hostile)
-		plantPods(ctx, expiring, pathLike, pods)
+		plantPods(ctx, expiring, pathLike, pods, 2)
 		forced := createLock(ctx, ns, "forced", nil, locksv1alpha1.DistributedLockSpec{HandoffTimeoutSeconds: 1})
 		acquireWith(ctx, forced, "lease-forced-0000001", 300, boundTo(sa, "placeholder"))
 		updateStatus(ctx, forced, hostile)
-		plantPods(ctx, forced, pathLike, pods)
+		plantPods(ctx, forced, pathLike, pods, 0)
 		bystander := createLock(ctx, ns, "bystander", nil, locksv1alpha1.DistributedLockSpec{})
 		acquire(ctx, bystander, "lease-bystander-0001", 1)
 
@@ -207,10 +210,19 @@ func hostileWaiters(sa, foreign string) (ws []locksv1alpha1.Waiter, pods map[str
 }
 
 // plantPods writes, straight into etcd, holderPod as the holding's pod name
-// and each waiter's pod (name and UID) that pods gives by request ID.
-func plantPods(ctx context.Context, key types.NamespacedName, holderPod string, pods map[string][2]string) {
+// and each waiter's pod (name and UID) that pods gives by request ID; with
+// leaseSeconds, the holding renewed now for that lease.
+func plantPods(ctx context.Context, key types.NamespacedName, holderPod string, pods map[string][2]string, leaseSeconds int64) {
 	rewriteStatus(ctx, key, func(status map[string]any) {
-		Expect(unstructured.SetNestedField(status, holderPod, "holder", "podName")).To(Succeed())
+		holder, found, _ := unstructured.NestedMap(status, "holder")
+		Expect(found).To(BeTrue(), "the holding to bind to %q has ended before it was planted", holderPod)
+		holder["podName"] = holderPod
+		if leaseSeconds > 0 {
+			// Renewed now, for leaseSeconds.
+			holder["leaseDurationSeconds"] = leaseSeconds
+			holder["renewTime"] = metav1.NewMicroTime(time.Now()).UTC().Format(metav1.RFC3339Micro)
+		}
+		Expect(unstructured.SetNestedMap(status, holder, "holder")).To(Succeed())
 		waiters, _, _ := unstructured.NestedSlice(status, "waiters")
 		for _, e := range waiters {
 			w, ok := e.(map[string]any)
