@@ -97,6 +97,11 @@ func TestBackendAlertsNameServedMetrics(t *testing.T) {
 				if !exported[name] {
 					t.Errorf("alert %s: %s is not served by job %q", r.Alert, name, job)
 				}
+				// kube-apiserver serves the generic server's metrics too: a
+				// selector that lost its job would count both.
+				if job == "" && (served["kubelock-apiserver"][name] || served["kubelock-etcd-client"][name]) {
+					t.Errorf("alert %s: %s{%s} has no job, and the backend's processes serve it too", r.Alert, name, s[2])
+				}
 			}
 		}
 	}
