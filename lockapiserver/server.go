@@ -202,6 +202,9 @@ func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
 	if err := s.InstallAPIGroup(&group); err != nil {
 		return nil, err
 	}
+	if err := addReadinessHooks(s, cfg); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 

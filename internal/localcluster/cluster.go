@@ -141,6 +141,14 @@ func (c *Cluster) WebhookClientCert() (tls.Certificate, error) {
 	return tls.X509KeyPair(crt, key)
 }
 
+// FrontProxyClientCert is the certificate kube-apiserver presents to
+// aggregated API servers when it forwards a request, with the user in
+// X-Remote-User and X-Remote-Group (only with Options.Aggregation).
+func (c *Cluster) FrontProxyClientCert() (tls.Certificate, error) {
+	dir := filepath.Join(c.auth.dir, "front-proxy")
+	return tls.LoadX509KeyPair(filepath.Join(dir, "proxy-client.crt"), filepath.Join(dir, "proxy-client.key"))
+}
+
 // prepareDirs removes etcd's data and the folders also given unless
 // Persist (never anything else in Dir), and creates Dir, LogDir and them.
 func prepareDirs(o *Options, also ...string) error {

@@ -47,11 +47,12 @@ type Proxy struct {
 	target    *url.URL
 	rp        *httputil.ReverseProxy
 
-	mu        sync.Mutex
-	rule      Rule
-	delay     time.Duration
-	forbidden map[string]int64 // 403s passed on, by User-Agent
-	dropped   atomic.Int64
+	mu      sync.Mutex
+	rule    Rule
+	delay   time.Duration
+	answers map[string]map[int]int64 // statuses passed on, by User-Agent; 502 for no answer
+	waited  map[string]int64         // held requests that found the apiserver down, by User-Agent
+	dropped atomic.Int64
 }
 
 // New starts a proxy to the apiserver of upstream.
@@ -64,18 +65,18 @@ func New(upstream *rest.Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{transport: rt, target: target, forbidden: map[string]int64{}}
+	p := &Proxy{transport: rt, target: target, answers: map[string]map[int]int64{}, waited: map[string]int64{}}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
 		Transport:     rt,
 		FlushInterval: -1, // stream watch events as they come
 		ModifyResponse: func(resp *http.Response) error {
-			if resp.StatusCode == http.StatusForbidden {
-				p.mu.Lock()
-				p.forbidden[resp.Request.UserAgent()]++
-				p.mu.Unlock()
-			}
+			p.answered(resp.Request.UserAgent(), resp.StatusCode)
 			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.answered(r.UserAgent(), http.StatusBadGateway)
+			w.WriteHeader(http.StatusBadGateway)
 		},
 	}
 	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
@@ -106,16 +107,46 @@ func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
 
 // Forbidden counts the 403 answers the proxy passed on to clients whose
 // User-Agent starts with agent.
-func (p *Proxy) Forbidden(agent string) int64 {
+func (p *Proxy) Forbidden(agent string) int64 { return p.Answers(agent)[http.StatusForbidden] }
+
+// Answers counts the answers the proxy passed on to clients whose User-Agent
+// starts with agent, by status; a request the apiserver did not answer (its
+// connection failed) counts as the proxy's own 502.
+func (p *Proxy) Answers(agent string) map[int]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := map[int]int64{}
+	for ua, byStatus := range p.answers {
+		if strings.HasPrefix(ua, agent) {
+			for status, c := range byStatus {
+				n[status] += c
+			}
+		}
+	}
+	return n
+}
+
+// Waited counts the requests of clients whose User-Agent starts with agent
+// that Hold kept because the apiserver was not accepting connections.
+func (p *Proxy) Waited(agent string) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var n int64
-	for ua, c := range p.forbidden {
+	for ua, c := range p.waited {
 		if strings.HasPrefix(ua, agent) {
 			n += c
 		}
 	}
 	return n
+}
+
+func (p *Proxy) answered(agent string, status int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.answers[agent] == nil {
+		p.answers[agent] = map[int]int64{}
+	}
+	p.answers[agent][status]++
 }
 
 // CutConnections cuts every open client connection (a watch in progress
@@ -143,7 +174,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	case Refuse:
 		panic(http.ErrAbortHandler)
 	case Hold:
-		if !p.awaitUpstream(r.Context()) {
+		if !p.awaitUpstream(r.Context(), r.UserAgent()) {
 			panic(http.ErrAbortHandler)
 		}
 		p.rp.ServeHTTP(w, r)
@@ -165,16 +196,21 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 // awaitUpstream returns once the apiserver accepts a connection, false if ctx
-// ends first.
-func (p *Proxy) awaitUpstream(ctx context.Context) bool {
+// ends first. A wait is counted for agent.
+func (p *Proxy) awaitUpstream(ctx context.Context, agent string) bool {
 	var d net.Dialer
-	for {
+	for tries := 0; ; tries++ {
 		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		c, err := d.DialContext(dctx, "tcp", p.target.Host)
 		cancel()
 		if err == nil {
 			_ = c.Close()
 			return true
+		}
+		if tries == 0 {
+			p.mu.Lock()
+			p.waited[agent]++
+			p.mu.Unlock()
 		}
 		select {
 		case <-ctx.Done():

@@ -3,10 +3,12 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -138,3 +140,27 @@ func writeReport() {
 }
 
 func secs(ns int64) string { return fmt.Sprintf("%.2fs", float64(ns)/1e9) }
+
+// answersSince is the answers the proxy passed on after before was taken, by
+// status, as "403×2, 200×1" (most frequent first).
+func answersSince(now, before map[int]int64) string {
+	type tally struct {
+		status int
+		n      int64
+	}
+	var ts []tally
+	for status, n := range now {
+		if d := n - before[status]; d > 0 {
+			ts = append(ts, tally{status, d})
+		}
+	}
+	if len(ts) == 0 {
+		return "never"
+	}
+	slices.SortFunc(ts, func(a, b tally) int { return cmp.Or(cmp.Compare(b.n, a.n), cmp.Compare(a.status, b.status)) })
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = fmt.Sprintf("%d×%d", t.status, t.n)
+	}
+	return strings.Join(parts, ", ")
+}

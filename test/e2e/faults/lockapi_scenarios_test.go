@@ -160,7 +160,7 @@ var _ = Describe("lock apiserver backend", Ordered, func() {
 			return faultproxy.Pass
 		})
 		DeferCleanup(func() { proxy.SetRule(nil) })
-		forbiddenBefore := proxy.Forbidden("la3-h")
+		answersBefore, waitedBefore := proxy.Answers("la3-h"), proxy.Waited("la3-h")
 		runs := []*proc.Child{b.replicas[0].APIServer, b.replicas[1].APIServer}
 		cp.APIServer().Kill()
 		_, released := h.send(wire.Command{Cmd: "release", Key: held})
@@ -175,8 +175,12 @@ var _ = Describe("lock apiserver backend", Ordered, func() {
 		Eventually(released).WithTimeout(time.Minute).Should(Receive(&rr))
 		Expect(rr.Outcome).To(Equal(history.OK), "the release sent across the restart: %s", rr.Err)
 		releasedAfter := history.Mono() - restart
-		refused := proxy.Forbidden("la3-h") - forbiddenBefore
-		Expect(refused).To(BeNumerically(">=", 1), "the restarted kube-apiserver never refused the holder: the release did not cross the window it is tested in")
+		// What the starting kube-apiserver answers first depends on which of
+		// its informers have synced (the authorizer's 403, the aggregator's 503
+		// before the APIService is available, a write served): reported, not
+		// assumed. That the release waited for the restart is certain.
+		Expect(proxy.Waited("la3-h")-waitedBefore).To(BeNumerically(">=", 1), "the holder's release never waited for kube-apiserver: it was not sent across the restart")
+		answers := answersSince(proxy.Answers("la3-h"), answersBefore)
 		Expect(getLock(ctx, held).Status.Holder).To(BeNil(), "the released lock is still held")
 		Expect(getLock(ctx, held).Status.FencingToken).To(Equal(rh.Token), "the lock store lost or changed the holding meanwhile")
 
@@ -194,7 +198,7 @@ var _ = Describe("lock apiserver backend", Ordered, func() {
 		unwatch(append(keys, held)...)
 		check(ctx, result{Scenario: "lock apiserver 3 kube-apiserver killed under load", Faults: "SIGKILL of kube-apiserver (the aggregation layer) with 4 looping clients on 3 locks, down 3s, restarted; a holder's release sent while it was down",
 			Recovery: secs(recovery) + " from restart to the next acquisition",
-			Notes: fmt.Sprintf("kube-apiserver ready %s after the restart; the holder's release, held at the proxy until kube-apiserver listened, succeeded %s after the restart (%d 403s from the starting kube-apiserver sent again); both kubelock-apiserver replicas and the lock etcd ran on untouched",
-				secs(readyAfter), secs(releasedAfter), refused)}, "la3")
+			Notes: fmt.Sprintf("kube-apiserver ready %s after the restart; the holder's release, held at the proxy until kube-apiserver listened, succeeded %s after the restart (its requests since the kill were answered %s); both kubelock-apiserver replicas and the lock etcd ran on untouched",
+				secs(readyAfter), secs(releasedAfter), answers)}, "la3")
 	})
 })
