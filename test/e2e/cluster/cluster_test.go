@@ -36,6 +36,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -323,33 +324,43 @@ func TestWebhookServedThroughItsService(t *testing.T) {
 // apiserverBackend says whether the suite runs on the apiserver backend.
 func apiserverBackend() bool { return os.Getenv(backendEnv) == devenv.BackendAPIServer }
 
-// leaderPod is the operator pod that leads, read from the election its
-// replicas run: a DistributedLock (the chart's default, and what
-// kubelock-dev installs on the apiserver backend) or a Lease (config/default).
+// leaderPod is the operator pod that leads.
 func leaderPod(ctx context.Context) (string, error) {
+	pod, _, err := leadership(ctx)
+	return pod, err
+}
+
+// leadership is the operator's leading pod and its term, read from the
+// election its replicas run: a DistributedLock (the chart's default, and
+// what kubelock-dev installs on the apiserver backend) or a Lease
+// (config/default). The term changes when leadership moves, also when the
+// same pod takes it again (a new holding of the lock; a new process's
+// identity and a transition on the Lease), not when the leader renews.
+func leadership(ctx context.Context) (pod, term string, err error) {
 	onLock, err := operatorPods(ctx, "--leader-election-lock=kubelock")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if len(onLock) > 0 {
 		l := &locksv1alpha1.DistributedLock{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: electionLock}, l); err != nil {
-			return "", err
+			return "", "", err
 		}
 		if l.Status.Holder == nil {
-			return "", errors.New("no leader")
+			return "", "", errors.New("no leader")
 		}
-		return l.Status.Holder.Identity, nil
+		h := l.Status.Holder
+		return h.Identity, fmt.Sprintf("%s (lease %s, token %d)", h.Identity, h.LeaseID, l.Status.FencingToken), nil
 	}
 	l := &coordinationv1.Lease{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: electionLock}, l); err != nil {
-		return "", err
+		return "", "", err
 	}
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
-		return "", errors.New("no leader")
+		return "", "", errors.New("no leader")
 	}
-	pod, _, _ := strings.Cut(*l.Spec.HolderIdentity, "_")
-	return pod, nil
+	pod, _, _ = strings.Cut(*l.Spec.HolderIdentity, "_")
+	return pod, fmt.Sprintf("%s (%d transitions)", *l.Spec.HolderIdentity, ptr.Deref(l.Spec.LeaseTransitions, 0)), nil
 }
 
 // denied checks that the apiserver calls the webhook: a dry-run waiter in
@@ -850,7 +861,7 @@ func TestKubeletRestart(t *testing.T) {
 		containers map[string]string // namespace/pod/container: its ID and restart count
 		lease      string
 		token      int64
-		leader     string
+		leader     string // the operator's leader and its term (leadership)
 	}
 	snap := func(ctx context.Context) (snapshot, error) {
 		s := snapshot{containers: map[string]string{}}
@@ -880,7 +891,7 @@ func TestKubeletRestart(t *testing.T) {
 			return s, errors.New("lock not held")
 		}
 		s.lease, s.token = l.Status.Holder.LeaseID, l.Status.FencingToken
-		leader, err := leaderPod(ctx)
+		_, leader, err := leadership(ctx)
 		s.leader = leader
 		return s, err
 	}
@@ -927,7 +938,7 @@ func TestKubeletRestart(t *testing.T) {
 		t.Errorf("the sidecar's holding: lease %s token %d before, lease %s token %d after", before.lease, before.token, after.lease, after.token)
 	}
 	if after.leader != before.leader {
-		t.Errorf("the operator's leader: %s before, %s after", before.leader, after.leader)
+		t.Errorf("the operator's leadership: %s before, %s after", before.leader, after.leader)
 	}
 	t.Logf("%d containers kept running; lease %s token %d held throughout; operator leader %s kept", len(before.containers), after.lease, after.token, after.leader)
 }
