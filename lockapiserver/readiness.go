@@ -10,7 +10,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 )
 
@@ -23,16 +26,17 @@ import (
 //     or are refused.
 //   - authentication-ca: the CAs clients are checked against are loaded.
 //     k8s.io/apiserver reads them from kube-system's
-//     extension-apiserver-authentication ConfigMap through an informer that
-//     fills a moment after the server listens; until then the front proxy's
+//     extension-apiserver-authentication ConfigMap through informers that
+//     fill a moment after the server listens; until then the front proxy's
 //     certificate (every request kube-apiserver forwards) and a direct
 //     client's are not recognised, the request is anonymous, and the lock
 //     user gets a 403 it would take as final.
 //
-// Each gives up after timeout, as kube-apiserver's storage-readiness does, so
-// a store or a ConfigMap that never answers shows in the logs rather than as
-// a replica that never serves.
+// Each gives up after readinessTimeout, as kube-apiserver's
+// storage-readiness does, so a store or a ConfigMap that never answers shows
+// in the logs rather than as a replica that never serves.
 const (
+	readinessTimeout         = time.Minute
 	storageReadinessHook     = "storage-readiness"
 	authenticationCAHook     = "authentication-ca"
 	authenticationConfigMap  = "extension-apiserver-authentication"
@@ -40,76 +44,122 @@ const (
 	requestHeaderClientCAKey = "requestheader-client-ca-file"
 )
 
-// addReadinessHooks adds both hooks to s, built from cfg.
-func addReadinessHooks(s *genericapiserver.GenericAPIServer, cfg *genericapiserver.RecommendedConfig) error {
+// addReadinessHooks adds both hooks to s, built from cfg as authn says.
+func addReadinessHooks(s *genericapiserver.GenericAPIServer, cfg *genericapiserver.RecommendedConfig, authn *genericoptions.DelegatingAuthenticationOptions) error {
 	if err := s.AddPostStartHook(storageReadinessHook, s.StorageReadinessHook.Hook); err != nil {
 		return err
 	}
-	if cfg.ClientConfig == nil || cfg.SecureServing == nil || cfg.SecureServing.ClientCA == nil {
-		return nil // no client certificates are checked
-	}
-	kube, err := kubernetes.NewForConfig(cfg.ClientConfig)
-	if err != nil {
+	cas, err := newAuthenticationCAs(cfg, authn)
+	if err != nil || cas == nil {
 		return err
 	}
-	var requestHeaderCA dynamiccertificates.CAContentProvider
-	if rh := cfg.Authentication.RequestHeaderConfig; rh != nil {
-		requestHeaderCA = rh.CAContentProvider
-	}
-	cas := authenticationCAs{kube: kube, serving: cfg.SecureServing.ClientCA, requestHeader: requestHeaderCA}
 	return s.AddPostStartHook(authenticationCAHook, func(ctx genericapiserver.PostStartHookContext) error {
-		return cas.wait(ctx, time.Minute)
+		cas.wait(ctx)
+		return nil
 	})
 }
 
 // authenticationCAs are the CA bundles this server checks client
-// certificates against: serving is every one (the direct clients' CA then
-// the front proxy's, joined), requestHeader the front proxy's (nil when
-// there is none).
+// certificates against that it loads from the ConfigMap: serving holds
+// every one (the clients' CA, then the front proxy's, joined), requestHeader
+// the front proxy's (nil when there is none).
 type authenticationCAs struct {
 	kube          kubernetes.Interface
 	serving       dynamiccertificates.CAContentProvider
 	requestHeader dynamiccertificates.CAContentProvider
+	// clientCA and frontProxy say which of the ConfigMap's CAs the server
+	// loads (not the ones given as files, or none with
+	// --authentication-skip-lookup).
+	clientCA, frontProxy bool
 }
 
-// wait returns once every CA the cluster publishes is loaded, or after
-// timeout (logged).
-func (a authenticationCAs) wait(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var last error
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		last = a.check(ctx)
-		return last == nil, nil // not loaded yet, or the ConfigMap not read: poll on
-	})
-	if err != nil {
-		klog.ErrorS(last, "giving up waiting for the authentication CAs; requests whose certificates they sign are anonymous until they load", "configMap", metav1.NamespaceSystem+"/"+authenticationConfigMap)
+// newAuthenticationCAs is nil when the server loads no CA from the
+// ConfigMap. It reads the ConfigMap as the authenticator does, with the
+// authentication kubeconfig or in-cluster.
+func newAuthenticationCAs(cfg *genericapiserver.RecommendedConfig, authn *genericoptions.DelegatingAuthenticationOptions) (*authenticationCAs, error) {
+	if authn == nil || authn.SkipInClusterLookup || cfg.SecureServing == nil || cfg.SecureServing.ClientCA == nil {
+		return nil, nil
 	}
-	return nil
+	a := &authenticationCAs{
+		serving:    cfg.SecureServing.ClientCA,
+		clientCA:   authn.ClientCert == (genericoptions.ClientCertAuthenticationOptions{}),
+		frontProxy: authn.RequestHeader.ClientCAFile == "",
+	}
+	if rh := cfg.Authentication.RequestHeaderConfig; rh != nil {
+		a.requestHeader = rh.CAContentProvider
+	}
+	if !a.clientCA && !a.frontProxy {
+		return nil, nil
+	}
+	var kc *rest.Config
+	var err error
+	if authn.RemoteKubeConfigFile != "" {
+		kc, err = clientcmd.BuildConfigFromFlags("", authn.RemoteKubeConfigFile)
+	} else {
+		kc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if a.kube, err = kubernetes.NewForConfig(kc); err != nil {
+		return nil, err
+	}
+	return a, nil
 }
 
-// check reads the ConfigMap and says which CA it publishes is not loaded yet.
-func (a authenticationCAs) check(ctx context.Context) error {
+// wait returns once every CA the ConfigMap publishes that the server loads
+// from it is loaded, or after readinessTimeout (logged).
+func (a *authenticationCAs) wait(ctx context.Context) {
+	deadline, cancel := context.WithTimeout(ctx, readinessTimeout)
+	defer cancel()
+	var data map[string]string
+	var last error
+	// Read the ConfigMap once (again each second while that fails), then
+	// watch the providers take in what it says.
+	err := wait.PollUntilContextCancel(deadline, time.Second, true, func(ctx context.Context) (bool, error) {
+		data, last = a.published(ctx)
+		return last == nil, nil // not read yet: poll on
+	})
+	if err == nil {
+		err = wait.PollUntilContextCancel(deadline, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			last = a.loaded(data)
+			return last == nil, nil
+		})
+	}
+	if err != nil && ctx.Err() == nil {
+		klog.ErrorS(last, "gave up waiting for the authentication CAs; requests whose certificates they sign are anonymous until they load",
+			"configMap", metav1.NamespaceSystem+"/"+authenticationConfigMap, "timeout", readinessTimeout)
+	}
+}
+
+// published is the ConfigMap's data.
+func (a *authenticationCAs) published(ctx context.Context) (map[string]string, error) {
 	cm, err := a.kube.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, authenticationConfigMap, metav1.GetOptions{})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return a.loaded(cm.Data)
+	return cm.Data, nil
 }
 
-// loaded says which CA the ConfigMap's data publishes that is not loaded
-// yet. The serving bundle joins the direct clients' CA and the front
-// proxy's, trimmed: it holds the former once it is longer than the latter.
-func (a authenticationCAs) loaded(data map[string]string) error {
-	front := 0
+// loaded says which CA of the ConfigMap's data, of those the server loads
+// from it, is not in its providers yet. The serving bundle is the clients'
+// CA then the front proxy's, each trimmed, joined by a newline.
+func (a *authenticationCAs) loaded(data map[string]string) error {
+	var front []byte
 	if a.requestHeader != nil {
-		front = len(bytes.TrimSpace(a.requestHeader.CurrentCABundleContent()))
-		if front == 0 && len(bytes.TrimSpace([]byte(data[requestHeaderClientCAKey]))) > 0 {
-			return errors.New("the front proxy's CA (" + requestHeaderClientCAKey + ") is not loaded yet")
-		}
+		front = bytes.TrimSpace(a.requestHeader.CurrentCABundleContent())
 	}
-	if len(bytes.TrimSpace([]byte(data[clientCAKey]))) > 0 && len(a.serving.CurrentCABundleContent()) <= front {
-		return errors.New("the clients' CA (" + clientCAKey + ") is not loaded yet")
+	if want := bytes.TrimSpace([]byte(data[requestHeaderClientCAKey])); a.frontProxy && a.requestHeader != nil && len(want) > 0 && !bytes.Contains(front, want) {
+		return errors.New("the front proxy's CA (" + requestHeaderClientCAKey + ") is not loaded yet")
+	}
+	if want := bytes.TrimSpace([]byte(data[clientCAKey])); a.clientCA && len(want) > 0 {
+		clients := bytes.TrimSpace(a.serving.CurrentCABundleContent())
+		if a.requestHeader != nil {
+			clients = bytes.TrimSuffix(clients, front)
+		}
+		if !bytes.Contains(clients, want) {
+			return errors.New("the clients' CA (" + clientCAKey + ") is not loaded yet")
+		}
 	}
 	return nil
 }

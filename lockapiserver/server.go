@@ -202,7 +202,7 @@ func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
 	if err := s.InstallAPIGroup(&group); err != nil {
 		return nil, err
 	}
-	if err := addReadinessHooks(s, cfg); err != nil {
+	if err := addReadinessHooks(s, cfg, o.Recommended.Authentication); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -75,7 +75,9 @@ func New(upstream *rest.Config) (*Proxy, error) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			p.answered(r.UserAgent(), http.StatusBadGateway)
+			if r.Context().Err() == nil { // not the client's own cancellation
+				p.answered(r.UserAgent(), http.StatusBadGateway)
+			}
 			w.WriteHeader(http.StatusBadGateway)
 		},
 	}
@@ -127,7 +129,8 @@ func (p *Proxy) Answers(agent string) map[int]int64 {
 }
 
 // Waited counts the requests of clients whose User-Agent starts with agent
-// that Hold kept because the apiserver was not accepting connections.
+// that Hold kept because the apiserver was not accepting connections, then
+// forwarded once it was.
 func (p *Proxy) Waited(agent string) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -174,8 +177,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	case Refuse:
 		panic(http.ErrAbortHandler)
 	case Hold:
-		if !p.awaitUpstream(r.Context(), r.UserAgent()) {
+		waited, ok := p.awaitUpstream(r.Context())
+		if !ok {
 			panic(http.ErrAbortHandler)
+		}
+		if waited {
+			p.mu.Lock()
+			p.waited[r.UserAgent()]++
+			p.mu.Unlock()
 		}
 		p.rp.ServeHTTP(w, r)
 	case DropResponse:
@@ -195,9 +204,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// awaitUpstream returns once the apiserver accepts a connection, false if ctx
-// ends first. A wait is counted for agent.
-func (p *Proxy) awaitUpstream(ctx context.Context, agent string) bool {
+// awaitUpstream returns once the apiserver accepts a connection (ok), and
+// whether it had to wait for that; not ok if ctx ends first.
+func (p *Proxy) awaitUpstream(ctx context.Context) (waited, ok bool) {
 	var d net.Dialer
 	for tries := 0; ; tries++ {
 		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
@@ -205,16 +214,11 @@ func (p *Proxy) awaitUpstream(ctx context.Context, agent string) bool {
 		cancel()
 		if err == nil {
 			_ = c.Close()
-			return true
-		}
-		if tries == 0 {
-			p.mu.Lock()
-			p.waited[agent]++
-			p.mu.Unlock()
+			return tries > 0, true
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return tries > 0, false
 		case <-time.After(2 * time.Millisecond):
 		}
 	}

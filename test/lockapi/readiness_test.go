@@ -2,6 +2,7 @@ package lockapi_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -34,7 +35,7 @@ func TestAReplicaServesAsItsClientsOnceReady(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = l.Release(ctx) })
+		t.Cleanup(func() { _ = l.Release(context.Background()) })
 	}
 
 	replica, err := lockapi.Start(ctx, env, bin, t.TempDir(), lockapi.Options{Name: "joining", Store: server.Etcd})
@@ -88,7 +89,12 @@ func forwardedAs(t *testing.T, replica *lockapi.Server, user string, groups ...s
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(replica.CA)
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, MinVersion: tls.VersionTLS12}}}
+	// Sent whatever CAs the server's certificate request names, as
+	// kube-apiserver's proxy does (client-go's GetClientCertificate).
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil },
+		RootCAs:              roots, MinVersion: tls.VersionTLS12,
+	}}}
 	t.Cleanup(hc.CloseIdleConnections)
 	return func(path string) (int, string) {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, replica.URL()+path, nil)
