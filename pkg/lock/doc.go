@@ -26,7 +26,11 @@
 // On a cluster that serves locks from kubelock-apiserver, NewDirect sends
 // lock requests straight to its Service instead of through kube-apiserver's
 // proxy, which costs the control plane about two thirds of a Lease write per
-// request.
+// request; FindServer finds that Service and its CA in the lock API's
+// APIService:
+//
+//	server, err := lock.FindServer(ctx, cfg)
+//	c, err := lock.NewDirect(cfg, server)
 //
 // A held lock is renewed in the background every lease/3. When renewals fail
 // until the client's safe deadline (the time the last successful renewal was

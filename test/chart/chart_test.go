@@ -21,8 +21,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -156,6 +158,13 @@ var variants = []variant{
 		},
 	},
 	{
+		name: "apiserver backend without lock server discovery",
+		set:  []string{"backend=apiserver", "apiserver.lockServerDiscovery=false"},
+		check: func(t *testing.T, r *rendered) {
+			checkLockServerDiscovery(t, r, false)
+		},
+	},
+	{
 		// No overlay of config/ has the apiserver backend: each object is checked here.
 		name: "apiserver backend",
 		set:  []string{"backend=apiserver"},
@@ -177,6 +186,7 @@ var variants = []variant{
 			checkEtcd(t, r, 3, "8Gi", "")
 			r.must(t, "PodDisruptionBudget/kubelock-apiserver")
 			r.must(t, "NetworkPolicy/kubelock-etcd")
+			checkLockServerDiscovery(t, r, true)
 			// The operator rotates the lock apiserver's certificate: no webhook
 			// server of its own, but the Secret, its rights and the flags.
 			r.must(t, "Secret/kubelock-apiserver-cert")
@@ -203,6 +213,15 @@ var variants = []variant{
 			cert := r.must(t, "Certificate/kubelock-apiserver-cert")
 			if names, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames"); !slices.Contains(names, "kubelock-apiserver.kubelock-system.svc") {
 				t.Errorf("the lock apiserver's Certificate is for %v, want kubelock-apiserver.kubelock-system.svc", names)
+			}
+			// Issued by a CA of its own, so that the caBundle clients read
+			// stays the same when the serving certificate is renewed.
+			if issuer, _, _ := unstructured.NestedString(cert.Object, "spec", "issuerRef", "name"); issuer != "kubelock-apiserver-ca" {
+				t.Errorf("the lock apiserver's Certificate is issued by %q, want its CA's Issuer kubelock-apiserver-ca", issuer)
+			}
+			r.must(t, "Issuer/kubelock-apiserver-ca")
+			if isCA, _, _ := unstructured.NestedBool(r.must(t, "Certificate/kubelock-apiserver-ca").Object, "spec", "isCA"); !isCA {
+				t.Error("Certificate/kubelock-apiserver-ca is not a CA")
 			}
 			checkAPIService(t, r, true)
 			flags := managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager"))
@@ -971,4 +990,46 @@ func grepLines(text, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// checkLockServerDiscovery checks what the chart grants every authenticated
+// user so that clients can find the lock server (--lock-server=auto): get on
+// the lock API's APIService and on kubelock-apiserver's Service, each by
+// name, and nothing else; or nothing when want is false.
+func checkLockServerDiscovery(t *testing.T, r *rendered, want bool) {
+	t.Helper()
+	objects := []string{"ClusterRole/kubelock-lock-server-discovery", "ClusterRoleBinding/kubelock-lock-server-discovery",
+		"Role/kubelock-lock-server-discovery", "RoleBinding/kubelock-lock-server-discovery"}
+	if !want {
+		for _, o := range objects {
+			r.mustNot(t, o)
+		}
+		return
+	}
+	for kind, rule := range map[string]string{
+		objects[0]: "apiregistration.k8s.io/apiservices/v1alpha1.locks.kubelock.io: get",
+		objects[2]: "/services/kubelock-apiserver: get",
+	} {
+		role := &rbacv1.ClusterRole{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(r.must(t, kind).Object, role); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, pr := range role.Rules {
+			got = append(got, fmt.Sprintf("%s/%s/%s: %s", strings.Join(pr.APIGroups, ","), strings.Join(pr.Resources, ","),
+				strings.Join(pr.ResourceNames, ","), strings.Join(pr.Verbs, ",")))
+		}
+		if len(got) != 1 || got[0] != rule {
+			t.Errorf("%s grants %v, want only %q", kind, got, rule)
+		}
+	}
+	for _, kind := range []string{objects[1], objects[3]} {
+		binding := &rbacv1.ClusterRoleBinding{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(r.must(t, kind).Object, binding); err != nil {
+			t.Fatal(err)
+		}
+		if subjects := binding.Subjects; len(subjects) != 1 || subjects[0].Kind != rbacv1.GroupKind || subjects[0].Name != "system:authenticated" {
+			t.Errorf("%s binds %v, want the group system:authenticated", kind, binding.Subjects)
+		}
+	}
 }

@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,7 +20,11 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -25,6 +33,7 @@ import (
 	"github.com/kubelock/kubelock/cmd/kubelock/cli"
 	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/pkg/lock"
+	"github.com/kubelock/kubelock/test/lockapi"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -39,22 +48,22 @@ func TestDirectClientsHoldLocksAsThemselves(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("client certificate", func(t *testing.T) {
-		holdDirect(t, ns, "by-certificate", cert, "alice")
+		holdDirect(t, ns, "by-certificate", cert, server.Direct(cert), "alice")
 	})
 	t.Run("service account token", func(t *testing.T) {
 		token := serviceAccountToken(t, ns, "worker")
-		holdDirect(t, ns, "by-token", token, "system:serviceaccount:"+ns+":worker")
+		holdDirect(t, ns, "by-token", token, server.Direct(token), "system:serviceaccount:"+ns+":worker")
 	})
 }
 
 // holdDirect takes, renews and releases lock name with a NewDirect client
-// whose requests to kube-apiserver (kube) and to the lock apiserver are
-// logged apart, and checks that every lock request went straight to the
+// of kube-apiserver (kube) and the lock apiserver (lockAPI), whose requests
+// are logged apart, and checks that every lock request went straight to the
 // lock apiserver, and the holding was user's.
-func holdDirect(t *testing.T, ns, name string, kube *rest.Config, user string) {
+func holdDirect(t *testing.T, ns, name string, kube, lockAPI *rest.Config, user string) {
 	ctx := t.Context()
 	viaKube, direct := &requestLog{}, &requestLog{}
-	k, d := rest.CopyConfig(kube), server.Direct(kube)
+	k, d := rest.CopyConfig(kube), rest.CopyConfig(lockAPI)
 	k.Wrap(func(rt http.RoundTripper) http.RoundTripper { return viaKube.wrap(rt) })
 	d.Wrap(func(rt http.RoundTripper) http.RoundTripper { return direct.wrap(rt) })
 	c, err := lock.NewDirect(k, d, lock.WithNamespace(ns), lock.WithIdentity("direct-0"), lock.WithoutAutoRenew(), lock.WithAutoCreate())
@@ -88,6 +97,84 @@ func holdDirect(t *testing.T, ns, name string, kube *rest.Config, user string) {
 	}
 	if !slices.ContainsFunc(viaKube.all(), func(r string) bool { return strings.HasSuffix(r, "/selfsubjectreviews") }) {
 		t.Errorf("kube-apiserver was sent %v, want the SelfSubjectReview", viaKube.all())
+	}
+}
+
+// A client finds the lock server as kube-apiserver does (lock.FindServer,
+// kubelock --lock-server=auto): the chart's grant to every authenticated
+// user lets it read the APIService, which names the Service and the CA, and
+// the Service, whose cluster IP it then reaches (here through a dialer that
+// does what kube-proxy does on a node) trusting only that CA, for the
+// Service's DNS name. Without the grant it is told what it could not read.
+func TestLockServerIsFoundFromTheAPIService(t *testing.T) {
+	ctx := t.Context()
+	ns := namespace(t)
+	token := serviceAccountToken(t, ns, "finder")
+	user := "system:serviceaccount:" + ns + ":finder"
+	if _, err := lock.FindServer(ctx, token); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "APIService "+lock.APIService) {
+		t.Fatalf("finding the lock server without the chart's grant: %v, want forbidden, naming the APIService", err)
+	}
+
+	applyChartTemplate(t, "templates/apiserver/lock-server-discovery.yaml")
+	// The grant reaches kube-apiserver's authorizer through its informers.
+	var lockAPI *rest.Config
+	var err error
+	if werr := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		lockAPI, err = lock.FindServer(ctx, token)
+		return err == nil, nil
+	}); werr != nil {
+		t.Fatalf("finding the lock server with the chart's grant: %v", err)
+	}
+	svc := &corev1.Service{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: lockapi.Namespace, Name: server.Name}, svc); err != nil {
+		t.Fatal(err)
+	}
+	clusterIP := net.JoinHostPort(svc.Spec.ClusterIP, "443")
+	if lockAPI.Host != "https://"+clusterIP || lockAPI.ServerName != server.Name+"."+lockapi.Namespace+".svc" ||
+		!bytes.Equal(lockAPI.CAData, server.CA) || lockAPI.Insecure || lockAPI.BearerToken != token.BearerToken {
+		t.Fatalf("lock server %s (server name %q, CA of %d bytes, insecure %v), want https://%s for %s.%s.svc with the APIService's CA and the user's token",
+			lockAPI.Host, lockAPI.ServerName, len(lockAPI.CAData), lockAPI.Insecure, clusterIP, server.Name, lockapi.Namespace)
+	}
+	replica := strings.TrimPrefix(server.URL(), "https://")
+	lockAPI.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr != clusterIP {
+			return nil, fmt.Errorf("dialed %s, want the Service's cluster IP %s", addr, clusterIP)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, replica)
+	}
+	holdDirect(t, ns, "found", token, lockAPI, user)
+}
+
+// applyChartTemplate creates the objects of one of the chart's templates,
+// rendered for the apiserver backend in the lock apiserver's namespace,
+// and deletes them when the test ends.
+func applyChartTemplate(t *testing.T, template string) {
+	t.Helper()
+	helm, err := testenv.Helm()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), helm, "template", "kubelock", filepath.Join(testenv.RepoRoot(), "dist", "chart"),
+		"--namespace", lockapi.Namespace, "--set", "backend=apiserver", "--show-only", template).Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		obj := &unstructured.Unstructured{}
+		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if len(obj.Object) == 0 {
+			continue
+		}
+		if err := env.Client.Create(t.Context(), obj); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
 	}
 }
 
@@ -148,6 +235,10 @@ func TestCLIWithLockServer(t *testing.T) {
 		return out.String(), nil
 	}
 
+	// auto takes the CA from the APIService, never from a file.
+	if _, err := kubelock("--lock-server", "auto", "--lock-server-ca", ca, "acquire", "cli", "--create", "--wait", "0"); err == nil || !strings.Contains(err.Error(), "--lock-server-ca is for a --lock-server URL") {
+		t.Errorf("acquire with --lock-server=auto and a CA file: %v, want a usage error", err)
+	}
 	// No CA for the lock server: its certificate is not trusted.
 	if _, err := kubelock("--lock-server", server.URL(), "acquire", "cli", "--create", "--wait", "0"); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("acquire with a lock server whose CA is not given: %v, want a certificate error", err)

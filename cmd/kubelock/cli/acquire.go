@@ -60,11 +60,11 @@ func (f *acquireFlags) check(key string) error {
 }
 
 // client is a lock client that creates missing locks with --create.
-func (f *acquireFlags) client(o *options, extra ...lock.Option) (*lock.Client, error) {
+func (f *acquireFlags) client(ctx context.Context, o *options, extra ...lock.Option) (*lock.Client, error) {
 	if f.create {
 		extra = append(extra, lock.WithAutoCreate())
 	}
-	return o.lockClient(extra...)
+	return o.lockClient(ctx, extra...)
 }
 
 // acquire takes the lock with pkg/lock: TryAcquire when --wait is 0, else
@@ -175,7 +175,7 @@ lapses (SessionExpired, after its TTL) or is closed with
 			if err := o.checkOutput(); err != nil {
 				return err
 			}
-			c, err := f.client(o, lock.WithoutAutoRenew())
+			c, err := f.client(cmd.Context(), o, lock.WithoutAutoRenew())
 			if err != nil {
 				return err
 			}
@@ -331,7 +331,7 @@ func (o *options) keyCommand(cmd *cobra.Command, check func() error, run func(ct
 				return err
 			}
 		}
-		c, err := o.lockClient()
+		c, err := o.lockClient(cmd.Context())
 		if err != nil {
 			return err
 		}

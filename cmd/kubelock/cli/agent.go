@@ -109,7 +109,7 @@ func (o *options) agent(ctx context.Context, f *agentFlags) error {
 	if f.create {
 		extra = append(extra, lock.WithAutoCreate())
 	}
-	c, err := o.lockClient(extra...)
+	c, err := o.lockClient(ctx, extra...)
 	if err != nil {
 		return err
 	}
@@ -128,6 +128,9 @@ func (o *options) agent(ctx context.Context, f *agentFlags) error {
 	go func() { _ = srv.Serve(ln) }()
 	defer func() { _ = srv.Close() }()
 	logf("serving on http://%s (locks in namespace %s as %s; Dapr lock stores %s)", ln.Addr(), c.Namespace(), c.Identity(), strings.Join(f.stores, ", "))
+	if o.lockServerFound != "" {
+		logf("lock requests go straight to the lock server at %s", o.lockServerFound)
+	}
 
 	ctx, interrupted, stop := signalContext(ctx)
 	defer stop()

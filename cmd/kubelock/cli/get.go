@@ -114,7 +114,7 @@ func (o *options) get(ctx context.Context, keys []string) error {
 			return err
 		}
 	}
-	c, err := o.lockClient()
+	c, err := o.lockClient(ctx)
 	if err != nil {
 		return err
 	}

@@ -74,6 +74,9 @@ type options struct {
 	// lockServer and lockServerCA send lock requests straight to a lock
 	// apiserver (lock.NewDirect).
 	lockServer, lockServerCA string
+	// lockServerFound is where --lock-server=auto found the lock server, for
+	// the long-running commands to log.
+	lockServerFound string
 	// now is the clock for relative times in tables (tests fix it).
 	now func() time.Time
 }
@@ -105,8 +108,8 @@ locks.kubelock.io/key). Installed as kubectl-lock on PATH it runs as "kubectl lo
 	klog.SetOutput(io.Discard)
 	klog.LogToStderr(false)
 	flags.StringVar(&o.identity, "identity", "", "holder identity written into the lock (default: $POD_NAME, else the hostname)")
-	flags.StringVar(&o.lockServer, "lock-server", "", "URL of kubelock-apiserver (the lock apiserver backend's Service, e.g. https://kubelock-apiserver.kubelock-system.svc) to send acquisitions, renewals and releases to directly rather than through kube-apiserver, with the same credentials")
-	flags.StringVar(&o.lockServerCA, "lock-server-ca", "", "PEM file of the CA that signed --lock-server's serving certificate (default: the system's roots)")
+	flags.StringVar(&o.lockServer, "lock-server", "", "URL of kubelock-apiserver (the lock apiserver backend's Service, e.g. https://kubelock-apiserver.kubelock-system.svc) to send acquisitions, renewals and releases to directly rather than through kube-apiserver, with the same credentials; \""+lockServerAuto+"\" finds it, and the CA to trust it with, from the lock API's APIService")
+	flags.StringVar(&o.lockServerCA, "lock-server-ca", "", "PEM file of the CA that signed --lock-server's serving certificate (default: the system's roots; with --lock-server="+lockServerAuto+", the APIService's caBundle)")
 	root.AddCommand(
 		newGetCommand(o), newListCommand(o), newDescribeCommand(o), newCreateCommand(o),
 		newAcquireCommand(o), newReleaseCommand(o), newForceReleaseCommand(o),
@@ -150,7 +153,7 @@ func (o *options) connect() (*rest.Config, string, error) {
 }
 
 // lockClient is a pkg/lock client for the namespace and identity of the flags.
-func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
+func (o *options) lockClient(ctx context.Context, extra ...lock.Option) (*lock.Client, error) {
 	cfg, ns, err := o.connect()
 	if err != nil {
 		return nil, err
@@ -161,9 +164,20 @@ func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
 	}
 	opts = append(opts, extra...)
 	var c *lock.Client
-	if o.lockServer != "" {
+	switch {
+	case o.lockServer == lockServerAuto:
+		if o.lockServerCA != "" {
+			return nil, usageErrorf("--lock-server-ca is for a --lock-server URL; with --lock-server=%s the CA is the APIService's", lockServerAuto)
+		}
+		var server *rest.Config
+		if server, err = lock.FindServer(ctx, cfg); err != nil {
+			return nil, err
+		}
+		o.lockServerFound = fmt.Sprintf("%s (%s, from the APIService %s)", server.Host, server.ServerName, lock.APIService)
+		c, err = lock.NewDirect(cfg, server, opts...)
+	case o.lockServer != "":
 		c, err = lock.NewDirect(cfg, direct(cfg, o.lockServer, o.lockServerCA), opts...)
-	} else {
+	default:
 		c, err = lock.New(cfg, opts...)
 	}
 	if err != nil {
@@ -171,6 +185,9 @@ func (o *options) lockClient(extra ...lock.Option) (*lock.Client, error) {
 	}
 	return c, nil
 }
+
+// lockServerAuto is the --lock-server that lock.FindServer finds.
+const lockServerAuto = "auto"
 
 // direct is cfg's user at the lock apiserver at url, whose serving
 // certificate ca signed (the system's roots when empty).

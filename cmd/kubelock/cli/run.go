@@ -183,7 +183,7 @@ func (o *options) run(ctx context.Context, keys, argv []string, f *acquireFlags,
 	if err != nil {
 		return withCode(ExitCommandNotFound, errorf("command %q: %w", argv[0], err))
 	}
-	c, err := f.client(o)
+	c, err := f.client(ctx, o)
 	if err != nil {
 		return err
 	}

@@ -166,7 +166,7 @@ func (s *sidecarState) handler() http.Handler {
 }
 
 func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, tokenFile, listen string, session bool) error {
-	c, err := f.client(o)
+	c, err := f.client(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -183,6 +183,9 @@ func (o *options) sidecar(ctx context.Context, key string, f *acquireFlags, toke
 		_, _ = fmt.Fprintf(o.streams.ErrOut, "%s kubelock sidecar: %s\n", time.Now().UTC().Format(time.RFC3339), shown(fmt.Sprintf(format, args...)))
 	}
 	logf("serving on http://%s (lock %s/%s, token file %s)", ln.Addr(), c.Namespace(), name, tokenFile)
+	if o.lockServerFound != "" {
+		logf("lock requests go straight to the lock server at %s", o.lockServerFound)
+	}
 
 	ctx, interrupted, stop := signalContext(ctx)
 	defer stop()

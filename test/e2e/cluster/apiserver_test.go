@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -231,4 +234,73 @@ func acquireRelease(ctx context.Context, t *testing.T, cl *lock.Client, key stri
 	}
 	t.Logf("%s acquired with token %d and released through kubelock-apiserver", key, held.FencingToken())
 	return held.FencingToken()
+}
+
+// TestSidecarStraightToTheLockServer runs the sample whose sidecars send
+// their lock requests straight to kubelock-apiserver (--lock-server=auto):
+// with the chart's discovery grant, each pod's service account finds the
+// Service and its CA from the APIService, and kube-proxy takes the requests
+// to a replica. One pod holds the lock as itself and says where its requests
+// go; when it is deleted, the other takes over with a higher token.
+func TestSidecarStraightToTheLockServer(t *testing.T) {
+	ctx := requireAPIServerBackend(t)
+	lockObj := sampleLock(ctx, t, "straight-to-the-lock-server")
+	d := &appsv1.Deployment{}
+	readSample(t, "deployment_sidecar_lock_server.yaml", d)
+	sidecar, app := &d.Spec.Template.Spec.InitContainers[0], &d.Spec.Template.Spec.Containers[0]
+	sidecar.Args[slices.Index(sidecar.Args, "orders-db")] = lockObj.Name
+	app.Env[0].Value = "/run/kubelock/" + lockObj.Name + "/token"
+	if err := c.Create(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), d) })
+
+	svc := &corev1.Service{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: devenv.APIServerDeployment}, svc); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("lock requests go straight to the lock server at https://%s:443 (%s.%s.svc, from the APIService %s)",
+		svc.Spec.ClusterIP, devenv.APIServerDeployment, devenv.OperatorNamespace, lock.APIService)
+	// holding waits until a Ready pod of the Deployment other than gone holds
+	// the lock, as the sample's service account, and returns it and its token.
+	holding := func(gone string) (string, int64) {
+		var pod string
+		var token int64
+		eventually(ctx, t, 200*time.Millisecond, 2*time.Minute, func(ctx context.Context) (bool, error) {
+			l := &locksv1alpha1.DistributedLock{}
+			if err := c.Get(ctx, client.ObjectKeyFromObject(lockObj), l); err != nil {
+				return false, err
+			}
+			h := l.Status.Holder
+			if h == nil || h.Identity == gone {
+				return false, fmt.Errorf("holder %+v", h)
+			}
+			if h.User != "system:serviceaccount:default:kubelock-worker" {
+				return false, fmt.Errorf("holder %s is user %s, want the sample's service account", h.Identity, h.User)
+			}
+			p := &corev1.Pod{}
+			if err := c.Get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: h.Identity}, p); err != nil {
+				return false, err
+			}
+			pod, token = p.Name, l.Status.FencingToken
+			return podReady(p), fmt.Errorf("holder %s not Ready", p.Name)
+		})
+		return pod, token
+	}
+	first, token := holding("")
+	logs, err := clientset(t).CoreV1().Pods(d.Namespace).GetLogs(first, &corev1.PodLogOptions{Container: sidecar.Name}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logs), want) {
+		t.Fatalf("the holder's sidecar logged:\n%s\nwant the line %q", logs, want)
+	}
+	if err := c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: first}}); err != nil {
+		t.Fatal(err)
+	}
+	second, next := holding(first)
+	if next <= token {
+		t.Errorf("%s took over from %s with token %d after %d: tokens must grow", second, first, next, token)
+	}
+	t.Logf("%s held the lock straight through %s with token %d; %s took over with %d", first, svc.Spec.ClusterIP, token, second, next)
 }
