@@ -305,8 +305,13 @@ func pause(ctx context.Context, b *wait.Backoff) error {
 // writeStatus writes l's status, stamped with the generation it saw and with
 // its counts in step with its lists (a lock an earlier release stored may lack
 // one), as every write of a lock user must be.
+//
+// It sends no managedFields: for a status write the apiserver's field
+// manager keeps the stored object's whatever the request carries, so they
+// would be a kilobyte it decodes and throws away on every write.
 func (c *Client) writeStatus(ctx context.Context, l *locksv1alpha1.DistributedLock) error {
 	l.Status.ObservedGeneration = l.Generation
 	l.SyncCounts()
+	l.ManagedFields = nil
 	return c.c.Status().Update(ctx, l)
 }

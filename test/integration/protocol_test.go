@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -45,6 +47,50 @@ var _ = backends.Describe("acquire, renew, release", func() {
 		Expect(l.ExpiresAt()).To(BeTemporally("<=", time.Now().Add(30*time.Second)))
 		Expect(l.Err()).NotTo(HaveOccurred())
 		Expect(l.Release(ctx)).To(Succeed())
+	})
+
+	It("sends its status writes without managedFields; the stored ones are kept, its own entry added", func() {
+		cfg, user := suite.UserConfig(ctx)
+		var mu sync.Mutex
+		var sent []map[string]any
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if req.Method == http.MethodPut && strings.HasSuffix(req.URL.Path, "/status") && req.GetBody != nil {
+					body, err := req.GetBody()
+					Expect(err).NotTo(HaveOccurred())
+					var obj map[string]any
+					Expect(json.NewDecoder(body).Decode(&obj)).To(Succeed())
+					mu.Lock()
+					sent = append(sent, obj)
+					mu.Unlock()
+				}
+				return rt.RoundTrip(req)
+			})
+		})
+		c, err := lock.New(cfg, lock.WithNamespace(ns), lock.WithIdentity(user), lock.WithoutAutoRenew())
+		Expect(err).NotTo(HaveOccurred())
+		before := suite.GetLock(ctx, ns, "orders").ManagedFields
+		Expect(before).NotTo(BeEmpty(), "the lock's creation recorded a manager")
+		l, err := c.Acquire(ctx, "orders")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l.Renew(ctx)).To(Succeed())
+		Expect(l.Release(ctx)).To(Succeed())
+
+		mu.Lock()
+		defer mu.Unlock()
+		Expect(len(sent)).To(BeNumerically(">=", 3), "the acquisition, the renewal and the release")
+		for _, obj := range sent {
+			Expect(obj).To(HaveKey("metadata"))
+			Expect(obj["metadata"]).NotTo(HaveKey("managedFields"))
+		}
+		after := suite.GetLock(ctx, ns, "orders").ManagedFields
+		for _, m := range before {
+			Expect(after).To(ContainElement(And(
+				HaveField("Manager", m.Manager), HaveField("Operation", m.Operation), HaveField("Subresource", m.Subresource),
+			)), "the stored entry of %s (%s %q) was lost", m.Manager, m.Operation, m.Subresource)
+		}
+		Expect(after).To(ContainElement(And(HaveField("Subresource", "status"), HaveField("Operation", metav1.ManagedFieldsOperationUpdate))),
+			"the lock user's status writes are recorded")
 	})
 
 	It("renews by advancing renewTime and keeps the deadline ahead", func() {
@@ -397,3 +443,7 @@ func loseFirstWriteThenCutOff(proxy *faultproxy.Proxy) (healed chan struct{}) {
 	})
 	return healed
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
