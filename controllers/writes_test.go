@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
@@ -139,6 +142,7 @@ var _ = Describe("a holding whose acquire waited", func() {
 		requests := &requestCounter{}
 		cfg := rest.CopyConfig(env.Config)
 		cfg.Wrap(requests.wrap)
+		cfg.Wrap((&watchGate{key: key}).wrap)
 		first, follower, joiner := client("first", env.Config), client("follower", cfg), client("joiner", env.Config)
 		queued := func(n int) {
 			GinkgoHelper()
@@ -210,6 +214,7 @@ var _ = Describe("a waiter whose acquiring write meets a conflict", func() {
 		var armed atomic.Bool
 		cfg := rest.CopyConfig(env.Config)
 		cfg.Wrap(requests.wrap)
+		cfg.Wrap((&watchGate{key: key}).wrap)
 		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 			return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
 				if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/status") && armed.CompareAndSwap(true, false) {
@@ -302,6 +307,69 @@ func settleAt(idleDepth float64) func() {
 			g.Expect(lockControllerMetric("controller_runtime_active_workers")).To(BeZero(), "running")
 		}).Should(Succeed())
 	}
+}
+
+// watchGate holds a client's 409 on a status write of the lock key until the
+// client's own watch of it has carried the version that won. The specs that
+// prove a client takes that version from its watch instead of reading the
+// lock must not depend on how fast a busy machine delivers watch events:
+// pkg/lock waits followWait (250 ms) for the event after a conflict, and
+// reads when it is later, which is right, but not what those specs test.
+// With the gate, that wait covers only decoding an event already received.
+type watchGate struct {
+	key  client.ObjectKey
+	mu   sync.Mutex
+	seen map[string]bool // resourceVersions the client's watches carried
+}
+
+var resourceVersionField = regexp.MustCompile(`"resourceVersion":"([0-9]+)"`)
+
+func (g *watchGate) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(r)
+		switch {
+		case err != nil:
+		case r.Method == http.MethodGet && r.URL.Query().Get("watch") == "true":
+			resp.Body = &watchBody{ReadCloser: resp.Body, g: g}
+		case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/"+g.key.Name+"/status") && resp.StatusCode == http.StatusConflict:
+			won := getLock(r.Context(), g.key).ResourceVersion
+			Eventually(func() bool {
+				g.mu.Lock()
+				defer g.mu.Unlock()
+				return g.seen[won]
+			}).WithTimeout(30*time.Second).Should(BeTrue(), "the client's watch carried version %s, which won", won)
+		}
+		return resp, err
+	})
+}
+
+// watchBody records the resourceVersions of the watch events it carries
+// (the JSON stream has one event per line).
+type watchBody struct {
+	io.ReadCloser
+	g    *watchGate
+	line []byte
+}
+
+func (b *watchBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.line = append(b.line, p[:n]...)
+	for {
+		i := bytes.IndexByte(b.line, '\n')
+		if i < 0 {
+			break
+		}
+		if m := resourceVersionField.FindSubmatch(b.line[:i]); m != nil {
+			b.g.mu.Lock()
+			if b.g.seen == nil {
+				b.g.seen = map[string]bool{}
+			}
+			b.g.seen[string(m[1])] = true
+			b.g.mu.Unlock()
+		}
+		b.line = b.line[i+1:]
+	}
+	return n, err
 }
 
 // requestCounter counts a client's requests by method and resource kind.

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,7 +25,7 @@ var APIService = locksv1alpha1.GroupVersion.Version + "." + locksv1alpha1.GroupV
 // that kube's cluster proxies the lock API to, found the way kube-apiserver
 // finds it. The APIService (APIService) names its Service and the CA that
 // signed its serving certificate; the config reaches the Service's cluster IP
-// (its DNS name when it has none), checks the certificate against that CA
+// (an ExternalName's name), checks the certificate against that CA
 // for the name <service>.<namespace>.svc, as kube-apiserver does, and carries
 // kube's credentials. The caller needs get on that APIService and that
 // Service (the chart grants both to every authenticated user).
@@ -41,7 +42,7 @@ func FindServer(ctx context.Context, kube *rest.Config) (*rest.Config, error) {
 	as.SetKind("APIService")
 	if err := c.Get(ctx, client.ObjectKey{Name: APIService}, as); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("kubelock: no APIService %s: the cluster serves the lock API from its CRD, which has no lock server of its own", APIService)
+			return nil, fmt.Errorf("kubelock: no APIService %s: the cluster does not serve the lock API", APIService)
 		}
 		return nil, fmt.Errorf("kubelock: reading the APIService %s to find the lock server: %w", APIService, err)
 	}
@@ -53,7 +54,7 @@ func FindServer(ctx context.Context, kube *rest.Config) (*rest.Config, error) {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ref.namespace, Name: ref.name}, svc); err != nil {
 		return nil, fmt.Errorf("kubelock: reading the lock server's Service %s/%s: %w", ref.namespace, ref.name, err)
 	}
-	return lockServerConfig(kube, ref, svc), nil
+	return lockServerConfig(kube, ref, svc)
 }
 
 // apiServiceRef is what an APIService says of its server.
@@ -74,7 +75,9 @@ func serviceOf(as *unstructured.Unstructured) (apiServiceRef, error) {
 	}
 	ref := apiServiceRef{name: name, port: 443}
 	ref.namespace, _, _ = unstructured.NestedString(svc, "namespace")
-	if p, ok, _ := unstructured.NestedInt64(svc, "port"); ok {
+	if p, ok, err := unstructured.NestedInt64(svc, "port"); err != nil {
+		return apiServiceRef{}, fmt.Errorf("kubelock: the APIService %s: %w", as.GetName(), err)
+	} else if ok {
 		ref.port = p
 	}
 	if skip, _, _ := unstructured.NestedBool(spec, "insecureSkipTLSVerify"); skip {
@@ -82,23 +85,32 @@ func serviceOf(as *unstructured.Unstructured) (apiServiceRef, error) {
 	}
 	bundle, _, _ := unstructured.NestedString(spec, "caBundle")
 	ca, err := base64.StdEncoding.DecodeString(bundle)
-	if err != nil || len(ca) == 0 {
-		return apiServiceRef{}, fmt.Errorf("kubelock: the APIService %s has no caBundle to trust the lock server with (cert-manager or the operator fills it once the serving certificate exists)", as.GetName())
+	switch {
+	case err != nil:
+		return apiServiceRef{}, fmt.Errorf("kubelock: the APIService %s has a caBundle that is not base64: %w", as.GetName(), err)
+	case len(ca) == 0:
+		return apiServiceRef{}, fmt.Errorf("kubelock: the APIService %s has no caBundle yet to trust the lock server with (cert-manager or the operator fills it once the serving certificate exists)", as.GetName())
 	}
 	ref.caBundle = ca
 	return ref, nil
 }
 
-// lockServerConfig is kube's user at the Service ref names: its cluster IP,
-// or its external or DNS name, with the certificate checked for the
-// Service's DNS name against ref's CA and nothing else.
-func lockServerConfig(kube *rest.Config, ref apiServiceRef, svc *corev1.Service) *rest.Config {
+// lockServerConfig is kube's user at the Service ref names, reached where
+// kube-apiserver reaches it (its ResolveCluster): an ExternalName's name, or
+// else the cluster IP on one of the Service's ports (a headless Service it
+// refuses, and so does this). The certificate is checked for the Service's
+// DNS name against ref's CA and nothing else.
+func lockServerConfig(kube *rest.Config, ref apiServiceRef, svc *corev1.Service) (*rest.Config, error) {
 	dnsName := ref.name + "." + ref.namespace + ".svc"
-	host := dnsName
+	var host string
 	switch {
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		host = svc.Spec.ExternalName
-	case svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone:
+	case svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return nil, fmt.Errorf("kubelock: the lock server's Service %s/%s is headless: kube-apiserver cannot reach it either", ref.namespace, ref.name)
+	case !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return int64(p.Port) == ref.port }):
+		return nil, fmt.Errorf("kubelock: the lock server's Service %s/%s has no port %d, which the APIService %s names", ref.namespace, ref.name, ref.port, APIService)
+	default:
 		host = svc.Spec.ClusterIP
 	}
 	d := rest.CopyConfig(kube)
@@ -106,5 +118,5 @@ func lockServerConfig(kube *rest.Config, ref apiServiceRef, svc *corev1.Service)
 	// The kubeconfig's trust (its CA, or insecure-skip-tls-verify) is
 	// kube-apiserver's, never the lock server's.
 	d.CAFile, d.CAData, d.ServerName, d.Insecure = "", ref.caBundle, dnsName, false
-	return d
+	return d, nil
 }

@@ -219,9 +219,15 @@ var variants = []variant{
 			if issuer, _, _ := unstructured.NestedString(cert.Object, "spec", "issuerRef", "name"); issuer != "kubelock-apiserver-ca" {
 				t.Errorf("the lock apiserver's Certificate is issued by %q, want its CA's Issuer kubelock-apiserver-ca", issuer)
 			}
-			r.must(t, "Issuer/kubelock-apiserver-ca")
-			if isCA, _, _ := unstructured.NestedBool(r.must(t, "Certificate/kubelock-apiserver-ca").Object, "spec", "isCA"); !isCA {
-				t.Error("Certificate/kubelock-apiserver-ca is not a CA")
+			caSecret, _, _ := unstructured.NestedString(r.must(t, "Issuer/kubelock-apiserver-ca").Object, "spec", "ca", "secretName")
+			ca := r.must(t, "Certificate/kubelock-apiserver-ca").Object
+			isCA, _, _ := unstructured.NestedBool(ca, "spec", "isCA")
+			secret, _, _ := unstructured.NestedString(ca, "spec", "secretName")
+			rotation, _, _ := unstructured.NestedString(ca, "spec", "privateKey", "rotationPolicy")
+			// Renewed with the same key, so that a caBundle read before
+			// the CA's renewal keeps verifying what it issues after.
+			if !isCA || secret != caSecret || rotation != "Never" {
+				t.Errorf("Certificate/kubelock-apiserver-ca: isCA %v, secret %q (the Issuer's %q), key rotation %q; want a CA in the Issuer's Secret, its key kept", isCA, secret, caSecret, rotation)
 			}
 			checkAPIService(t, r, true)
 			flags := managerFlags(t, r.must(t, "Deployment/kubelock-controller-manager"))
@@ -815,9 +821,21 @@ func checkAPIServerDeployment(t *testing.T, r *rendered, replicas int64, etcd []
 			t.Errorf("kubelock-apiserver args %v lack %s", args, want)
 		}
 	}
-	vols, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "volumes")
-	if len(vols) != 1 || !strings.Contains(fmt.Sprint(vols[0]), "secretName:kubelock-apiserver-cert") {
-		t.Errorf("kubelock-apiserver's volumes %v: want the Secret kubelock-apiserver-cert", vols)
+	pod := &corev1.PodSpec{}
+	spec, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec")
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(spec, pod); err != nil {
+		t.Fatal(err)
+	}
+	// The serving certificate and its key, never the CA's key the
+	// operator's rotation keeps in the same Secret.
+	var keys []string
+	if v := pod.Volumes; len(v) == 1 && v[0].Secret != nil && v[0].Secret.SecretName == "kubelock-apiserver-cert" {
+		for _, item := range v[0].Secret.Items {
+			keys = append(keys, item.Key)
+		}
+	}
+	if !slices.Equal(keys, []string{"tls.crt", "tls.key"}) {
+		t.Errorf("kubelock-apiserver's volumes %+v: want tls.crt and tls.key of the Secret kubelock-apiserver-cert", pod.Volumes)
 	}
 }
 
