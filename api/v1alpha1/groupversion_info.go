@@ -6,6 +6,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
+// APIServiceName is the APIService by which kube-apiserver serves this group
+// version: its own (no Service) for the CRDs, kubelock-apiserver's Service on
+// the lock apiserver backend.
+const APIServiceName = "v1alpha1.locks.kubelock.io"
+
 var (
 	// GroupVersion is the group and version of every type in this package.
 	GroupVersion = schema.GroupVersion{Group: "locks.kubelock.io", Version: "v1alpha1"}

@@ -23,6 +23,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/internal/pki"
 	"github.com/kubelock/kubelock/internal/proc"
@@ -32,7 +33,7 @@ const (
 	// Namespace holds the lock apiserver's Services.
 	Namespace = "kubelock-system"
 	// APIServiceName is the group version's APIService.
-	APIServiceName = "v1alpha1.locks.kubelock.io"
+	APIServiceName = locksv1alpha1.APIServiceName
 	// User is the lock apiserver's own user in kube-apiserver.
 	User = "kubelock-apiserver"
 	// DefaultName names a server whose Options leave Name empty.

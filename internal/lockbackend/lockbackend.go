@@ -52,7 +52,7 @@ func (b Backend) other() Backend {
 
 // APIServiceName is the lock API's APIService: kube-apiserver's own for the
 // CRD backend (no service), the lock apiserver's otherwise.
-const APIServiceName = "v1alpha1.locks.kubelock.io"
+const APIServiceName = locksv1alpha1.APIServiceName
 
 // CRDNames are the lock CRDs.
 var CRDNames = []string{"distributedlocks." + locksv1alpha1.GroupVersion.Group, "locksessions." + locksv1alpha1.GroupVersion.Group}

@@ -17,13 +17,9 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
-// APIService is the APIService by which kube-apiserver proxies the lock
-// API to kubelock-apiserver on the lock apiserver backend.
-var APIService = locksv1alpha1.GroupVersion.Version + "." + locksv1alpha1.GroupVersion.Group
-
 // FindServer returns a config for NewDirect's lockAPI: the lock apiserver
 // that kube's cluster proxies the lock API to, found the way kube-apiserver
-// finds it. The APIService (APIService) names its Service and the CA that
+// finds it. The APIService (locksv1alpha1.APIServiceName) names its Service and the CA that
 // signed its serving certificate; the config reaches the Service's cluster IP
 // (an ExternalName's name), checks the certificate against that CA
 // for the name <service>.<namespace>.svc, as kube-apiserver does, and carries
@@ -40,11 +36,11 @@ func FindServer(ctx context.Context, kube *rest.Config) (*rest.Config, error) {
 	as := &unstructured.Unstructured{}
 	as.SetAPIVersion("apiregistration.k8s.io/v1")
 	as.SetKind("APIService")
-	if err := c.Get(ctx, client.ObjectKey{Name: APIService}, as); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Name: locksv1alpha1.APIServiceName}, as); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("kubelock: no APIService %s: the cluster does not serve the lock API", APIService)
+			return nil, fmt.Errorf("kubelock: no APIService %s: the cluster does not serve the lock API", locksv1alpha1.APIServiceName)
 		}
-		return nil, fmt.Errorf("kubelock: reading the APIService %s to find the lock server: %w", APIService, err)
+		return nil, fmt.Errorf("kubelock: reading the APIService %s to find the lock server: %w", locksv1alpha1.APIServiceName, err)
 	}
 	ref, err := serviceOf(as)
 	if err != nil {
@@ -109,7 +105,7 @@ func lockServerConfig(kube *rest.Config, ref apiServiceRef, svc *corev1.Service)
 	case svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone:
 		return nil, fmt.Errorf("kubelock: the lock server's Service %s/%s is headless: kube-apiserver cannot reach it either", ref.namespace, ref.name)
 	case !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return int64(p.Port) == ref.port }):
-		return nil, fmt.Errorf("kubelock: the lock server's Service %s/%s has no port %d, which the APIService %s names", ref.namespace, ref.name, ref.port, APIService)
+		return nil, fmt.Errorf("kubelock: the lock server's Service %s/%s has no port %d, which the APIService %s names", ref.namespace, ref.name, ref.port, locksv1alpha1.APIServiceName)
 	default:
 		host = svc.Spec.ClusterIP
 	}

@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
+
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 )
 
 func TestLockServerFromTheAPIService(t *testing.T) {
@@ -60,11 +62,11 @@ func TestLockServerFromTheAPIService(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			as := &unstructured.Unstructured{Object: map[string]any{"spec": tc.spec}}
-			as.SetName(APIService)
+			as.SetName(locksv1alpha1.APIServiceName)
 			ref, err := serviceOf(as)
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), APIService) {
-					t.Fatalf("error %v, want one naming %s that says %q", err, APIService, tc.wantErr)
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), locksv1alpha1.APIServiceName) {
+					t.Fatalf("error %v, want one naming %s that says %q", err, locksv1alpha1.APIServiceName, tc.wantErr)
 				}
 				return
 			}

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/cmd/kubelock/cli"
 	"github.com/kubelock/kubelock/internal/localcluster"
 	"github.com/kubelock/kubelock/pkg/lock"
@@ -111,7 +112,7 @@ func TestLockServerIsFoundFromTheAPIService(t *testing.T) {
 	ns := namespace(t)
 	token := serviceAccountToken(t, ns, "finder")
 	user := "system:serviceaccount:" + ns + ":finder"
-	if _, err := lock.FindServer(ctx, token); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "APIService "+lock.APIService) {
+	if _, err := lock.FindServer(ctx, token); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "APIService "+locksv1alpha1.APIServiceName) {
 		t.Fatalf("finding the lock server without the chart's grant: %v, want forbidden, naming the APIService", err)
 	}
 

@@ -173,7 +173,7 @@ func (o *options) lockClient(ctx context.Context, extra ...lock.Option) (*lock.C
 		if server, err = lock.FindServer(ctx, cfg); err != nil {
 			return nil, err
 		}
-		o.lockServerFound = fmt.Sprintf("%s (%s, from the APIService %s)", server.Host, server.ServerName, lock.APIService)
+		o.lockServerFound = fmt.Sprintf("%s (%s, from the APIService %s)", server.Host, server.ServerName, locksv1alpha1.APIServiceName)
 		c, err = lock.NewDirect(cfg, server, opts...)
 	case o.lockServer != "":
 		c, err = lock.NewDirect(cfg, direct(cfg, o.lockServer, o.lockServerCA), opts...)

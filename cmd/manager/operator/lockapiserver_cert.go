@@ -28,7 +28,7 @@ import (
 
 // LockAPIServiceName is the APIService that registers kubelock-apiserver:
 // the lock API's group version.
-const LockAPIServiceName = "v1alpha1.locks.kubelock.io"
+const LockAPIServiceName = locksv1alpha1.APIServiceName
 
 // DefaultLockAPIServerCertDir is where the operator keeps its copy of the
 // lock apiserver's rotated certificate (the rotator checks that the files it

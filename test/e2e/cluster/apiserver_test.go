@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -247,20 +246,14 @@ func TestSidecarStraightToTheLockServer(t *testing.T) {
 	lockObj := sampleLock(ctx, t, "straight-to-the-lock-server")
 	d := &appsv1.Deployment{}
 	readSample(t, "deployment_sidecar_lock_server.yaml", d)
-	sidecar, app := &d.Spec.Template.Spec.InitContainers[0], &d.Spec.Template.Spec.Containers[0]
-	sidecar.Args[slices.Index(sidecar.Args, "orders-db")] = lockObj.Name
-	app.Env[0].Value = "/run/kubelock/" + lockObj.Name + "/token"
-	if err := c.Create(ctx, d); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Delete(context.Background(), d) })
+	createSidecarSample(ctx, t, d, lockObj.Name)
 
 	svc := &corev1.Service{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: devenv.OperatorNamespace, Name: devenv.APIServerDeployment}, svc); err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("lock requests go straight to the lock server at https://%s:443 (%s.%s.svc, from the APIService %s)",
-		svc.Spec.ClusterIP, devenv.APIServerDeployment, devenv.OperatorNamespace, lock.APIService)
+		svc.Spec.ClusterIP, devenv.APIServerDeployment, devenv.OperatorNamespace, locksv1alpha1.APIServiceName)
 	// holding waits until a Ready pod of the Deployment other than gone holds
 	// the lock, as the sample's service account, and returns it and its token.
 	holding := func(gone string) (string, int64) {
@@ -288,7 +281,7 @@ func TestSidecarStraightToTheLockServer(t *testing.T) {
 		return pod, token
 	}
 	first, token := holding("")
-	logs, err := clientset(t).CoreV1().Pods(d.Namespace).GetLogs(first, &corev1.PodLogOptions{Container: sidecar.Name}).DoRaw(ctx)
+	logs, err := clientset(t).CoreV1().Pods(d.Namespace).GetLogs(first, &corev1.PodLogOptions{Container: d.Spec.Template.Spec.InitContainers[0].Name}).DoRaw(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

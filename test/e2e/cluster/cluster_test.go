@@ -658,6 +658,20 @@ func checkNoStale(t *testing.T, dir string) {
 	}
 }
 
+// createSidecarSample points a sidecar sample's Deployment d at lock name
+// (the sidecar's key and the app's token file) and creates it, deleted when
+// the test ends.
+func createSidecarSample(ctx context.Context, t *testing.T, d *appsv1.Deployment, name string) {
+	t.Helper()
+	sidecar, app := &d.Spec.Template.Spec.InitContainers[0], &d.Spec.Template.Spec.Containers[0]
+	sidecar.Args[slices.Index(sidecar.Args, "orders-db")] = name
+	app.Env[0].Value = "/run/kubelock/" + name + "/token"
+	if err := c.Create(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), d) })
+}
+
 // sampleLock creates the sample lock (config/samples) named name.
 func sampleLock(ctx context.Context, t *testing.T, name string) *locksv1alpha1.DistributedLock {
 	t.Helper()
@@ -848,13 +862,7 @@ func TestKubeletRestart(t *testing.T) {
 	readSample(t, "deployment_sidecar.yaml", d)
 	one, labels := int32(1), map[string]string{"app": "node-restart"}
 	d.Name, d.Spec.Replicas, d.Spec.Selector.MatchLabels, d.Spec.Template.Labels = "node-restart", &one, labels, labels
-	sidecar, app := &d.Spec.Template.Spec.InitContainers[0], &d.Spec.Template.Spec.Containers[0]
-	sidecar.Args[slices.Index(sidecar.Args, "orders-db")] = lockObj.Name
-	app.Env[0].Value = "/run/kubelock/" + lockObj.Name + "/token"
-	if err := c.Create(ctx, d); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Delete(context.Background(), d) })
+	createSidecarSample(ctx, t, d, lockObj.Name)
 	eventually(ctx, t, 200*time.Millisecond, 2*time.Minute, deploymentAvailable("default", d.Name))
 
 	type snapshot struct {
