@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +36,15 @@ type observer struct {
 	ended map[string]endSeen
 	// lastHeld maps a lease to the latest send time of a read that saw it held.
 	lastHeld map[string]int64
+	// reads says, per key, when it was last read and how the last read
+	// failed, for a failed spec's message.
+	reads map[string]readSeen
+}
+
+type readSeen struct {
+	ok     int64
+	failed int64
+	err    error
 }
 
 // reader is one of an observer's connections, with a history process of its
@@ -57,7 +68,7 @@ func newObserver() *observer { return newObserverOf("observer", admin) }
 func newObserverOf(name string, c client.Client, more ...client.Client) *observer {
 	ctx, cancel := context.WithCancel(context.Background())
 	o := &observer{cancel: cancel, done: make(chan struct{}), keys: map[string]bool{}, seen: map[string]bool{},
-		ended: map[string]endSeen{}, lastHeld: map[string]int64{}}
+		ended: map[string]endSeen{}, lastHeld: map[string]int64{}, reads: map[string]readSeen{}}
 	for i, c := range append([]client.Client{c}, more...) {
 		proc := name
 		if i > 0 {
@@ -116,14 +127,20 @@ func (o *observer) read(ctx context.Context, r reader, key string) {
 	defer cancel()
 	sent := history.Mono()
 	l := &locksv1alpha1.DistributedLock{}
-	if err := r.c.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l); err != nil {
-		return
-	}
+	err := r.c.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l)
 	now := history.Mono()
-	s := l.Status
-	e := history.Event{Op: history.OpServer, Phase: history.Return, Key: key, Token: s.FencingToken, Deadline: sent, T: now}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	rs := o.reads[key]
+	if err != nil {
+		rs.failed, rs.err = now, err
+		o.reads[key] = rs
+		return
+	}
+	rs.ok = now
+	o.reads[key] = rs
+	s := l.Status
+	e := history.Event{Op: history.OpServer, Phase: history.Return, Key: key, Token: s.FencingToken, Deadline: sent, T: now}
 	if h := s.Holder; h != nil {
 		e.Lease, e.Req = h.LeaseID, h.RequestID
 		o.lastHeld[h.LeaseID] = max(o.lastHeld[h.LeaseID], sent)
@@ -152,5 +169,51 @@ func (o *observer) expiries(prefix string) map[string][2]int64 {
 			out[lease] = [2]int64{e.t, o.lastHeld[lease]}
 		}
 	}
+	return out
+}
+
+// seenOf describes what the observer saw of keys and leases, for a failed
+// spec's message: each key's last read (or failure) and how each lease ended.
+func (o *observer) seenOf(keys, leases []string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := history.Mono()
+	var b strings.Builder
+	for _, k := range keys {
+		rs := o.reads[k]
+		fmt.Fprintf(&b, "\n  key %s: watched %t, last read %s ago", k, o.keys[k], ago(now, rs.ok))
+		if rs.err != nil {
+			fmt.Fprintf(&b, ", last failure %s ago: %v", ago(now, rs.failed), rs.err)
+		}
+	}
+	for _, lease := range leases {
+		e, ok := o.ended[lease]
+		if !ok {
+			fmt.Fprintf(&b, "\n  lease %s: not seen ended, last seen held %s ago", lease, ago(now, o.lastHeld[lease]))
+			continue
+		}
+		fmt.Fprintf(&b, "\n  lease %s: seen ended %s (%s) %s ago", lease, e.reason, e.key, ago(now, e.t))
+	}
+	return b.String()
+}
+
+func ago(now, t int64) string {
+	if t == 0 {
+		return "never"
+	}
+	return time.Duration(now - t).Round(time.Millisecond).String()
+}
+
+// keysOf returns the keys of prefix the observer ever read or tried to.
+func (o *observer) keysOf(prefix string) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	for k := range o.reads {
+		if hasPrefix(k, prefix) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
 	return out
 }

@@ -93,7 +93,8 @@ func takeOver(b *lockClient, keys []string, held []wire.Reply) (first, last int6
 // largest margin.
 func expiredAfterDeadlines(prefix string, holder func(lease string) *lockClient, leases []string) (minMargin, maxMargin int64) {
 	var exp map[string][2]int64
-	EventuallyWithOffset(1, func() int { exp = obs.expiries(prefix); return len(exp) }).WithTimeout(2 * time.Minute).Should(BeNumerically(">=", len(leases)))
+	EventuallyWithOffset(1, func() int { exp = obs.expiries(prefix); return len(exp) }).WithTimeout(2*time.Minute).Should(BeNumerically(">=", len(leases)),
+		func() string { return "the observer saw:" + obs.seenOf(obs.keysOf(prefix), leases) })
 	minMargin = -1
 	for _, lease := range leases {
 		e, ok := exp[lease]
