@@ -6,14 +6,19 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// APIServiceName is the APIService by which kube-apiserver serves this group
-// version: its own (no Service) for the CRDs, kubelock-apiserver's Service on
-// the lock apiserver backend.
-const APIServiceName = "v1alpha1.locks.kubelock.io"
+const (
+	group   = "locks.kubelock.io"
+	version = "v1alpha1"
+
+	// APIServiceName is the APIService by which kube-apiserver serves this
+	// group version (its name is always version.group): its own (no Service)
+	// for the CRDs, kubelock-apiserver's Service on the lock apiserver backend.
+	APIServiceName = version + "." + group
+)
 
 var (
 	// GroupVersion is the group and version of every type in this package.
-	GroupVersion = schema.GroupVersion{Group: "locks.kubelock.io", Version: "v1alpha1"}
+	GroupVersion = schema.GroupVersion{Group: group, Version: version}
 
 	// SchemeBuilder registers the types of this package with a runtime.Scheme.
 	// It comes from apimachinery rather than controller-runtime so that importing
