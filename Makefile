@@ -301,7 +301,7 @@ FAULTS_SOAK ?= 10m
 FAULTS_SEED ?=
 
 .PHONY: test-faults
-test-faults: manifests generate control-plane ## Run the fault-injection suite (test/e2e/faults): 3 etcd members, 2 managers, client processes, faults, history checks, soak; the HA control plane's scenarios (2 apiservers behind HAProxy); then the seed's acceptance test on one apiserver.
+test-faults: manifests generate control-plane ## Run the fault-injection suite (test/e2e/faults): 3 etcd members, 2 managers, client processes, faults, history checks, soak; the HA control plane's scenarios (2 apiservers behind HAProxy); then the seed's acceptance test on one apiserver and on the lock apiserver backend.
 	hack/install-postgres.sh
 	hack/install-haproxy.sh
 	go test -tags faults -race -count=1 -run "TestShiftWall|TestWallOffsetClock" ./cmd/manager/operator/
@@ -311,20 +311,22 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 # The seed's acceptance test times an uncontended acquire (p99 ≤ 200 ms) at 70 %
 # of the rate the seed mix sustains on this machine with and without the
 # fault's replicas (probed in the same run), before, during and after one etcd
-# member stopped with compaction and defragmentation running, on one apiserver
-# and on the HA plane (label ha-plane). It runs in a `go test` of its own,
+# member stopped with compaction and defragmentation running, on one apiserver,
+# on the HA plane (label ha-plane) and on the lock apiserver backend (label
+# lock-apiserver: its lock store's member). It runs in a `go test` of its own,
 # without the race detector, which would time the detector rather than the
-# locks. test-faults (and so CI) runs the one-apiserver spec (~8 min) and
-# asserts its history checks, no failed operation and no lost holding, but
-# only reports the latency bound (FAULTS_SEED_BOUND=report): on two shared
-# cores the same tree met it and missed it from run to run. test-seed asserts
+# locks. test-faults (and so CI) runs the one-apiserver and lock apiserver
+# specs (~8 and ~11 min) and asserts their history checks, no failed operation
+# and no lost holding, but only reports the latency bound
+# (FAULTS_SEED_BOUND=report): on two shared cores the same tree met it and
+# missed it from run to run. test-seed asserts
 # the bound too, on a quiet machine; its HA plane's spec stays here, since two
 # apiservers beside the suite's own control plane leave a p99 near the bound
 # at any rate on two cores (docs/reliability.md).
 SEED_TEST = go test -tags faults -count=1 -timeout 40m ./test/e2e/faults/ -v -ginkgo.v
 
 .PHONY: test-seed
-test-seed: manifests generate control-plane ## Run the seed's acceptance test alone, on one apiserver and on the HA plane (test/e2e/faults, label seed-acceptance); prints its latency tables.
+test-seed: manifests generate control-plane ## Run the seed's acceptance test alone, on one apiserver, on the HA plane and on the lock apiserver backend (test/e2e/faults, label seed-acceptance); prints its latency tables.
 	hack/install-postgres.sh
 	hack/install-haproxy.sh
 	$(SEED_TEST) -ginkgo.label-filter seed-acceptance

@@ -159,6 +159,16 @@ func (b *lockBackend) becomeTheWorld(ctx context.Context, clientCfg *rest.Config
 	}).WithTimeout(2 * time.Minute).Should(Succeed())
 }
 
+// ready waits until every replica's /readyz passes, its lock etcd included.
+func (b *lockBackend) ready(ctx context.Context) error {
+	for _, r := range b.replicas {
+		if err := r.APIServer.WaitFor(ctx, "ready", 2*time.Minute, r.Ready); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // lockWrites counts the DistributedLock PUTs (main resource and status)
 // replica r has served, from its /metrics.
 func (b *lockBackend) lockWrites(ctx context.Context, r *lockapi.Server) int {

@@ -19,21 +19,22 @@ import (
 	"github.com/kubelock/kubelock/test/history"
 )
 
-// etcdMemberDown is the seed's fault: one etcd member of three (a follower:
-// the seed asks for a replica down, not for a leader election) stopped. Its
-// restore starts it again and waits until the apiserver is ready.
-func etcdMemberDown(c *controlPlane) seedFault {
+// etcdMemberDown is the seed's fault: one member of store e's three (a
+// follower: the seed asks for a replica down, not for a leader election)
+// stopped. Its restore starts it again and waits until ready says the
+// servers on e serve.
+func etcdMemberDown(e *localcluster.Etcd, ready func(context.Context) error) seedFault {
 	return seedFault{
 		Name: "1 of 3 etcd members (a follower) stopped",
 		Degrade: func(ctx context.Context) ([]*localcluster.Member, func(context.Context) string) {
-			down, up := etcdFollower(ctx, c.Etcd)
+			down, up := etcdFollower(ctx, e)
 			from := history.Mono()
 			Expect(down.Stop()).To(Succeed())
 			return up, func(ctx context.Context) string {
 				stopped := history.Mono() - from
 				how := startOwnMachine(ctx, down.Component)
-				Expect(c.ready(ctx)).To(Succeed())
-				return fmt.Sprintf("%s stopped for %s, restarted %s: healthy and the apiserver ready %s later",
+				Expect(ready(ctx)).To(Succeed())
+				return fmt.Sprintf("%s stopped for %s, restarted %s: healthy and its servers ready %s later",
 					down.Name, secs(stopped), how, secs(history.Mono()-from-stopped))
 			}
 		},
