@@ -60,7 +60,7 @@ var _ = Describe("the seed's acceptance test", Label("seed-acceptance"), func() 
 	// requests reach the two kubelock-apiserver replicas through
 	// kube-apiserver's aggregation layer, as a client's do by default; no
 	// admission webhook is called (the rules run in the lock apiserver).
-	It("seed acceptance on the lock apiserver backend: the same with one of its lock store's three members down", Label("lock-apiserver"), func(ctx SpecContext) {
+	It("seed acceptance on kubelock-apiserver: the same with one of its lock store's three members down", Label("lock-apiserver"), func(ctx SpecContext) {
 		b := startLockBackend(ctx)
 		kc, err := cp.Kubeconfig("seed-lockapi-client.kubeconfig", clientUser)
 		Expect(err).NotTo(HaveOccurred())
