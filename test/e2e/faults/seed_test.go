@@ -42,7 +42,7 @@ var _ = Describe("the seed's acceptance test", Label("seed-acceptance"), func() 
 		seedAcceptance(ctx, target, etcdMemberDown(cp.Etcd, cp.ready), seedDefaults)
 	})
 
-	It("seed acceptance on the HA control plane: the same with one of two kube-apiservers down too", Label("ha-plane"), func(ctx SpecContext) {
+	It("seed acceptance behind HAProxy: the same with one of two kube-apiservers down too", Label("ha-plane"), func(ctx SpecContext) {
 		ha, err := startHA(ctx, filepath.Join(workDir, "seed-ha"))
 		if ha != nil {
 			DeferCleanup(ha.stop)

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/test/e2e/faults/wire"
 	"github.com/kubelock/kubelock/test/faultproxy"
 	"github.com/kubelock/kubelock/test/history"
@@ -69,22 +70,31 @@ func writeTotals(chs []<-chan wire.Reply) (accepted, stale int) {
 }
 
 // takeOver acquires every key with b, checks the tokens grew past held's and
-// makes one fenced write on each; it returns when b acquired the first and the last.
+// makes one fenced write on each; it returns when b acquired the first and the
+// last, and the longest of b's writes.
 //
 // The bound it relies on: a holder paused by SIGSTOP may be stopped inside
 // the guard's transaction with the key's fence row locked, so b's write can
 // wait until PostgreSQL ends that transaction, postgres.DefaultIdleTimeout
 // (5 s) later. The client's write gives up after 10 s.
-func takeOver(b *lockClient, keys []string, held []wire.Reply) (first, last int64) {
+func takeOver(b *lockClient, keys []string, held []wire.Reply) (first, last, slowestWrite int64) {
 	for i, k := range keys {
 		r := acquireOK(b, k, time.Minute)
 		if i == 0 {
 			first = history.Mono()
 		}
 		ExpectWithOffset(1, r.Token).To(BeNumerically(">", held[i].Token))
+		sent := history.Mono()
 		ExpectWithOffset(1, b.do(wire.Command{Cmd: "write", Key: k, N: 1}).Accepted).To(Equal(1))
+		slowestWrite = max(slowestWrite, history.Mono()-sent)
 	}
-	return first, history.Mono()
+	return first, history.Mono(), slowestWrite
+}
+
+// successorWrites says how long the successor's fenced writes took at most,
+// against the bound takeOver relies on.
+func successorWrites(slowest int64) string {
+	return fmt.Sprintf("the successor's first fenced write on each lock accepted within %s (bound: a paused holder's transaction ends after %s)", secs(slowest), postgres.DefaultIdleTimeout)
 }
 
 // expiredAfterDeadlines checks I5 per lock as the controller saw it: every
@@ -150,7 +160,7 @@ var _ = Describe("fault scenarios with sessions", func() {
 		chs := blindWrites(a, keys, 30)
 		Eventually(func() int { return len(fenceWrites(ctx, "s9")) }).Should(BeNumerically(">=", n))
 		pausedAt := a.pause()
-		first, last := takeOver(b, keys, held)
+		first, last, slowest := takeOver(b, keys, held)
 		a.resume()
 		accepted, stale := writeTotals(chs)
 		for _, r := range held {
@@ -160,8 +170,8 @@ var _ = Describe("fault scenarios with sessions", func() {
 		check(ctx, result{Scenario: "9 session client (20 locks) paused past its TTL",
 			Faults:   fmt.Sprintf("SIGSTOP of a client holding %d locks in one session (TTL %s) for %s", n, sessionTTL, secs(last-pausedAt)),
 			Recovery: fmt.Sprintf("successor acquired the first lock %s and all %d %s after the pause", secs(first-pausedAt), n, secs(last-pausedAt)),
-			Notes: fmt.Sprintf("every holding ended SessionExpired, seen held %s–%s past its safe deadline; the session was deleted; paused client's writes: %d accepted before, %d rejected as stale after resuming",
-				secs(minM), secs(maxM), accepted, stale)}, "s9")
+			Notes: fmt.Sprintf("every holding ended SessionExpired, seen held %s–%s past its safe deadline; the session was deleted; paused client's writes: %d accepted before, %d rejected as stale after resuming; %s",
+				secs(minM), secs(maxM), accepted, stale, successorWrites(slowest))}, "s9")
 	})
 
 	It("10: the apiserver unreachable from a session client: each lock's Done fires by the session's safe deadline, before anyone re-acquires", func(ctx SpecContext) {
@@ -184,15 +194,15 @@ var _ = Describe("fault scenarios with sessions", func() {
 			doneAfter = max(doneAfter, lostAt(a, r.Lease)-cutAt)
 		}
 		Expect(doneAfter).To(BeNumerically("<=", int64(sessionTTL)), "Done must fire within the session's TTL")
-		first, last := takeOver(b, keys, held)
+		first, last, slowest := takeOver(b, keys, held)
 		proxy.SetRule(nil)
 		accepted, stale := writeTotals(chs)
 		minM, maxM := wrapUp(ctx, "s10", sess, a, b, keys, held)
 		check(ctx, result{Scenario: "10 apiserver unreachable from a session client",
 			Faults:   fmt.Sprintf("every request of a client holding %d locks in one session (TTL %s) refused by the proxy for %s", n, sessionTTL, secs(last-cutAt)),
 			Recovery: fmt.Sprintf("successor acquired the first lock %s and all %d %s after the cut", secs(first-cutAt), n, secs(last-cutAt)),
-			Notes: fmt.Sprintf("each lock's Done fired at most %s after the cut; every holding ended SessionExpired, seen held %s–%s past its safe deadline; the cut-off client's writes: %d accepted, %d rejected as stale",
-				secs(doneAfter), secs(minM), secs(maxM), accepted, stale)}, "s10")
+			Notes: fmt.Sprintf("each lock's Done fired at most %s after the cut; every holding ended SessionExpired, seen held %s–%s past its safe deadline; the cut-off client's writes: %d accepted, %d rejected as stale; %s",
+				secs(doneAfter), secs(minM), secs(maxM), accepted, stale, successorWrites(slowest))}, "s10")
 	})
 
 	It("11: the leader manager SIGKILLed while sessions lapse: the standby expires every holding, none before its safe deadline", func(ctx SpecContext) {
