@@ -323,7 +323,7 @@ test-faults: manifests generate control-plane ## Run the fault-injection suite (
 # the bound too, on a quiet machine; its HA plane's spec stays here, since two
 # apiservers beside the suite's own control plane leave a p99 near the bound
 # at any rate on two cores (docs/reliability.md).
-SEED_TEST = go test -tags faults -count=1 -timeout 40m ./test/e2e/faults/ -v -ginkgo.v
+SEED_TEST = go test -tags faults -count=1 -timeout 60m ./test/e2e/faults/ -v -ginkgo.v
 
 .PHONY: test-seed
 test-seed: manifests generate control-plane ## Run the seed's acceptance test alone, on one apiserver, on the HA plane and on the lock apiserver backend (test/e2e/faults, label seed-acceptance); prints its latency tables.
