@@ -2,7 +2,9 @@ package proc
 
 import (
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -39,4 +41,30 @@ func mustLockDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestFreePortBelowEphemeralRange checks that a port handed out is never one
+// the kernel could give an outgoing connection as its source port.
+func TestFreePortBelowEphemeralRange(t *testing.T) {
+	lo, hi := listenRange()
+	if hi == 0 {
+		t.Skipf("the ephemeral range in %s leaves no room below it; FreePort lets the kernel pick", ephemeralFile)
+	}
+	b, err := os.ReadFile(ephemeralFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := strconv.Atoi(strings.Fields(string(b))[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p < lo || p > hi || p >= start {
+			t.Fatalf("port %d: want it in %d-%d, below the ephemeral range's start %d", p, lo, hi, start)
+		}
+	}
 }

@@ -245,7 +245,7 @@ func (c *cluster) launchManager(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ports, err := freePorts(4)
+	ports, err := childproc.FreePorts(4)
 	if err != nil {
 		return err
 	}
@@ -498,7 +498,7 @@ func (c *cluster) startRedis(ctx context.Context) error {
 	if err != nil {
 		return errors.New("redis-server not found: run hack/install-redis.sh")
 	}
-	ports, err := freePorts(1)
+	ports, err := childproc.FreePorts(1)
 	if err != nil {
 		return err
 	}
@@ -723,18 +723,6 @@ func writeServingCert(dir string) ([]byte, error) {
 		return nil, err
 	}
 	return ca.PEM, errors.Join(os.WriteFile(filepath.Join(dir, "tls.crt"), crtPEM, 0o600), os.WriteFile(filepath.Join(dir, "tls.key"), keyPEM, 0o600))
-}
-
-// freePorts are n ports nothing listens on, reserved for this process.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, n)
-	for i := range ports {
-		var err error
-		if ports[i], err = childproc.FreePort(); err != nil {
-			return nil, err
-		}
-	}
-	return ports, nil
 }
 
 func httpGet(ctx context.Context, url string) ([]byte, error) {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kubelock/kubelock/internal/proc"
 )
 
 // Server is a running PostgreSQL server.
@@ -55,7 +56,7 @@ func Start(ctx context.Context, listen ...string) (*Server, error) {
 		}
 		s.run = []string{"runuser", "-u", "postgres", "--"}
 	}
-	if s.port, err = freePort(); err != nil {
+	if s.port, err = proc.FreePort(); err != nil {
 		return nil, err
 	}
 	data := filepath.Join(dir, "data")
@@ -133,19 +134,6 @@ func binDir() (string, error) {
 func version(binDir string) int {
 	v, _ := strconv.Atoi(strings.Split(filepath.Base(filepath.Dir(binDir)), ".")[0])
 	return v
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	addr, ok := l.Addr().(*net.TCPAddr)
-	if !ok {
-		return 0, fmt.Errorf("pgtest: unexpected listener address %v", l.Addr())
-	}
-	return addr.Port, nil
 }
 
 func appendFile(path, text string) error {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/test/testenv"
 )
 
@@ -241,14 +243,15 @@ func inOwnProcess(t *testing.T) bool {
 	return true
 }
 
+// freeAddr is a loopback address nothing listens on, reserved for this
+// process.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := proc.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
 }
 
 // syncBuffer keeps the logs, shown only when the test fails.

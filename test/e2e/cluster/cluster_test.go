@@ -45,6 +45,7 @@ import (
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
 	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv"
 	"github.com/kubelock/kubelock/cmd/manager/operator"
+	"github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/pkg/fencing/postgres"
 	"github.com/kubelock/kubelock/test/pgtest"
 	"github.com/kubelock/kubelock/test/testenv"
@@ -105,7 +106,7 @@ func startCluster(tmp string) (*exec.Cmd, error) {
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build: %w: %s", err, out)
 	}
-	ports, err := freePorts(4)
+	ports, err := proc.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
@@ -206,25 +207,6 @@ func stopCluster(dev *exec.Cmd) error {
 		errs = append(errs, errors.New("KUBE-* or CNI-* iptables chains are left"))
 	}
 	return errors.Join(errs...)
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port) //nolint:errcheck // a TCP listener's address
-	}
-	return ports, nil
 }
 
 func requireCluster(t *testing.T) context.Context {

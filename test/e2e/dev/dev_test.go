@@ -26,6 +26,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 
 	"github.com/kubelock/kubelock/cmd/kubelock-dev/devenv"
+	"github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
 	"github.com/kubelock/kubelock/webhook"
@@ -54,19 +55,10 @@ var _ = BeforeSuite(func() {
 	}
 })
 
-// freePorts returns n ports nothing listens on right now.
+// freePorts are n ports nothing listens on, reserved for this process.
 func freePorts(n int) []int {
-	var ports []int
-	var lns []net.Listener
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		Expect(err).NotTo(HaveOccurred())
-		lns = append(lns, ln)
-		ports = append(ports, portOf(ln))
-	}
-	for _, ln := range lns {
-		Expect(ln.Close()).To(Succeed())
-	}
+	ports, err := proc.FreePorts(n)
+	Expect(err).NotTo(HaveOccurred())
 	return ports
 }
 

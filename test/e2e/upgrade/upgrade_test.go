@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/kubelock/kubelock/api/v1alpha1"
+	"github.com/kubelock/kubelock/internal/proc"
 	"github.com/kubelock/kubelock/pkg/lock"
 	"github.com/kubelock/kubelock/test/suite"
 	"github.com/kubelock/kubelock/test/testenv"
@@ -360,12 +361,10 @@ func renewTime(ctx context.Context, env *testenv.Env, ns string, h *holding) tim
 	return holder.RenewTime.Time
 }
 
-// freePort is a loopback TCP port nothing listens on now.
+// freePort is a loopback TCP port nothing listens on, reserved for this
+// process.
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := proc.FreePort()
 	Expect(err).NotTo(HaveOccurred())
-	defer func() { _ = l.Close() }()
-	addr, ok := l.Addr().(*net.TCPAddr)
-	Expect(ok).To(BeTrue())
-	return addr.Port
+	return p
 }
