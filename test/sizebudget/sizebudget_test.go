@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/utils/ptr"
@@ -57,16 +59,7 @@ const (
 // here: only the CRD bounds the writes.
 func TestLargestLockFitsEtcd(t *testing.T) {
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	crd, err := crdcost.ReadCRD(crdcost.GeneratedCRD())
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := worst{t: t, schema: crd.Spec.Versions[0].Schema.OpenAPIV3Schema}
+	w := worstOf(t, crdcost.GeneratedCRD())
 
 	lock := w.lock()
 	key := types.NamespacedName{Namespace: lock.Namespace, Name: lock.Name}
@@ -125,17 +118,41 @@ func TestLargestLockFitsEtcd(t *testing.T) {
 		}
 	}
 
-	raw, err := env.Stored(ctx, locksv1alpha1.GroupVersion.WithResource("distributedlocks").GroupResource(), key)
+	stored := measure(t, locksv1alpha1.GroupVersion.WithResource("distributedlocks").GroupResource(), key)
+	w.checkBuilt(t, stored.object)
+}
+
+// env is the control plane the tests write through, and read etcd of.
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	var err error
+	if env, err = testenv.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
+}
+
+// measure reads the object at key of gr as etcd stores it, logs its size and
+// its parts', and fails t when it is over the budget.
+func measure(t *testing.T, gr schema.GroupResource, key types.NamespacedName) stored {
+	t.Helper()
+	raw, err := env.Stored(context.Background(), gr, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := parts(t, raw)
-	t.Logf("the largest lock takes %d bytes in etcd (budget %d, limit %d): %s", len(raw), budget, etcdLimit, stored)
+	s := parts(t, raw)
+	t.Logf("the largest %s takes %d bytes in etcd (budget %d, limit %d): %s", gr.Resource, len(raw), budget, etcdLimit, s)
 	if len(raw) > budget {
-		t.Errorf("the largest lock the schema admits takes %d bytes in etcd, more than the budget of %d (etcd's limit %d less %d for the request's envelope): %s",
-			len(raw), budget, etcdLimit, envelope, stored)
+		t.Errorf("the largest %s the schema admits takes %d bytes in etcd, more than the budget of %d (etcd's limit %d less %d for the request's envelope): %s",
+			gr.Resource, len(raw), budget, etcdLimit, envelope, s)
 	}
-	w.checkBuilt(t, stored.object)
+	return s
 }
 
 // worst makes the longest value of each field the schema admits, of the
@@ -143,6 +160,16 @@ func TestLargestLockFitsEtcd(t *testing.T) {
 type worst struct {
 	t      *testing.T
 	schema *apiextensionsv1.JSONSchemaProps
+}
+
+// worstOf is worst for the one schema of the CRD in path.
+func worstOf(t *testing.T, path string) worst {
+	t.Helper()
+	crd, err := crdcost.ReadCRD(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return worst{t: t, schema: crd.Spec.Versions[0].Schema.OpenAPIV3Schema}
 }
 
 // costliest are characters in falling order of their size in stored JSON.
@@ -219,27 +246,12 @@ func (w worst) longTime() string { return "2026-12-31T23:59:59.999999999+05:30" 
 func (w worst) lock() *locksv1alpha1.DistributedLock {
 	maxInt := int64(math.MaxInt64)
 	l := &locksv1alpha1.DistributedLock{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        dnsName(253),
-			Namespace:   dnsLabel(63),
-			Labels:      map[string]string{},
-			Annotations: map[string]string{},
-		},
+		ObjectMeta: largestCreatedMeta(),
 		Spec: locksv1alpha1.DistributedLockSpec{
 			Type: locksv1alpha1.RWMutex, LeaseDurationSeconds: 3600, MaxLeaseDurationSeconds: 3600,
 			MaxWaiters: ptr.To[int32](locksv1alpha1.MaxWaitersLimit), HandoffTimeoutSeconds: 3600,
 			MaxWaitersPerUser: ptr.To[int32](locksv1alpha1.MaxWaitersLimit), MaxWaitSeconds: locksv1alpha1.MaxWaitSecondsLimit,
 		},
-	}
-	// A lock user's create: 16 labels (rules.maxCreateMeta), keys at their
-	// longest (a 253-character prefix and a 63-character name) and values of
-	// 63 characters; 16 annotations of rules.MaxCreateAnnotationBytes in all,
-	// keys as short as they come so that the values, of any characters, take
-	// the rest.
-	for i := range 16 {
-		k := dnsName(253) + "/" + unique(strings.Repeat("k", 63), i)
-		l.Labels[k] = strings.Repeat("v", 63)
-		l.Annotations[string(rune('a'+i))] = strings.Repeat("\x00", rules.MaxCreateAnnotationBytes/16-1)
 	}
 	s := &l.Status
 	holder := locksv1alpha1.LockHolder{
@@ -279,20 +291,28 @@ func (w worst) lock() *locksv1alpha1.DistributedLock {
 	return l
 }
 
+// largestCreatedMeta is the largest metadata a lock user may create an
+// object with (a lock or a session; admission bounds both alike): a name of
+// 253 characters in a namespace of 63; 16 labels (rules.maxCreateMeta), keys
+// at their longest (a 253-character prefix and a 63-character name) and
+// values of 63 characters; 16 annotations of rules.MaxCreateAnnotationBytes
+// in all, keys as short as they come so that the values, of any characters,
+// take the rest.
+func largestCreatedMeta() metav1.ObjectMeta {
+	m := metav1.ObjectMeta{Name: dnsName(253), Namespace: dnsLabel(63), Labels: map[string]string{}, Annotations: map[string]string{}}
+	for i := range 16 {
+		k := dnsName(253) + "/" + unique(strings.Repeat("k", 63), i)
+		m.Labels[k] = strings.Repeat("v", 63)
+		m.Annotations[string(rune('a'+i))] = strings.Repeat("\x00", rules.MaxCreateAnnotationBytes/16-1)
+	}
+	return m
+}
+
 // unstructured is l as JSON with every time at its longest.
 func (w worst) unstructured(l *locksv1alpha1.DistributedLock) *unstructured.Unstructured {
 	w.t.Helper()
-	l = l.DeepCopy()
-	l.APIVersion, l.Kind = locksv1alpha1.GroupVersion.String(), "DistributedLock"
-	b, err := json.Marshal(l)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	obj := map[string]any{}
-	if err := utiljson.Unmarshal(b, &obj); err != nil {
-		w.t.Fatal(err)
-	}
-	status := as[map[string]any](w.t, obj["status"])
+	u := toUnstructured(w.t, l, "DistributedLock")
+	status := as[map[string]any](w.t, u.Object["status"])
 	for _, list := range []string{"sharedHolders", "waiters", "recentAcquisitions", "conditions"} {
 		for i, e := range as[[]any](w.t, status[list]) {
 			e := as[map[string]any](w.t, e)
@@ -306,7 +326,23 @@ func (w worst) unstructured(l *locksv1alpha1.DistributedLock) *unstructured.Unst
 			}
 		}
 	}
-	return &unstructured.Unstructured{Object: obj}
+	return u
+}
+
+// toUnstructured is obj, an object of kind in the lock API, as JSON.
+func toUnstructured(t *testing.T, obj any, kind string) *unstructured.Unstructured {
+	t.Helper()
+	b, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{}}
+	if err := utiljson.Unmarshal(b, &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	u.SetAPIVersion(locksv1alpha1.GroupVersion.String())
+	u.SetKind(kind)
+	return u
 }
 
 // checkBuilt fails t unless obj, the lock as stored, has every list at its
