@@ -57,6 +57,10 @@ type Options struct {
 	// AuthorizeByNamespace asks the authorizer about a user's access to a
 	// namespace's locks before asking about one lock (byNamespace).
 	AuthorizeByNamespace bool
+	// ShutdownDelay is how long a stopping replica goes on serving with
+	// /readyz failing, so that its endpoint is gone from kube-apiserver's
+	// routing before it stops taking requests.
+	ShutdownDelay time.Duration
 }
 
 // NewOptions are the defaults: delegated authentication and authorization,
@@ -88,6 +92,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Authorize a request for one lock or session by the user's access to all of them in its namespace when it has that, and by the object's name only when not: "+
 			"one cached SubjectAccessReview answers a user's writes to any of its locks, where asking by name costs kube-apiserver one nearly every lock write. "+
 			"The same answer under RBAC; turn it off for an authorizer that allows a namespace but denies names within it.")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay-duration", o.ShutdownDelay,
+		"On SIGTERM, go on serving this long with /readyz failing before refusing new requests, as kube-apiserver's flag of the same name: "+
+			"long enough for the replica's endpoint to leave the Service, so that no request kube-apiserver proxies meets a closed port.")
 }
 
 // Validate reports every flag error.
@@ -95,6 +102,9 @@ func (o *Options) Validate() []error {
 	errs := o.Recommended.Validate()
 	if len(o.ControllerUsers) == 0 {
 		errs = append(errs, fmt.Errorf("--controller-users is required"))
+	}
+	if o.ShutdownDelay < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-delay-duration must not be negative, not %s", o.ShutdownDelay))
 	}
 	if _, ok := storageMediaTypes[o.StorageEncoding]; !ok {
 		errs = append(errs, fmt.Errorf("--storage-encoding must be json or cbor, not %q", o.StorageEncoding))
@@ -170,6 +180,7 @@ func (o *Options) server() (*genericapiserver.GenericAPIServer, error) {
 	// then the watches are told to go (GOAWAY) within 2 s, and their clients
 	// resume on another replica.
 	cfg.ShutdownSendRetryAfter = true
+	cfg.ShutdownDelayDuration = o.ShutdownDelay
 	namer := endpointsopenapi.NewDefinitionNamer(Scheme)
 	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openapi.GetOpenAPIDefinitions, namer)
 	cfg.OpenAPIConfig.Info.Title = "kubelock"

@@ -46,7 +46,8 @@ func requireAPIServerBackend(t *testing.T) context.Context {
 // injected, from kubelock-apiserver's replicas and their etcd, all pods. A
 // lock user acquires and releases a lock through it, and does again while
 // one kubelock-apiserver replica is deleted under load: four workers taking
-// and releasing locks lose no operation while it goes and is replaced.
+// and releasing locks lose no operation, and the user's reads none, while it
+// goes (serving out its shutdown delay) and is replaced.
 func TestChartAPIServerBackend(t *testing.T) {
 	ctx := requireAPIServerBackend(t)
 
@@ -111,12 +112,15 @@ func TestChartAPIServerBackend(t *testing.T) {
 			return false, err
 		}
 		var ready []string
+		gone := true
 		for _, p := range pods.Items {
-			if p.Name != deleted && p.DeletionTimestamp == nil && podReady(&p) {
+			if p.Name == deleted {
+				gone = false // serving out its shutdown delay
+			} else if p.DeletionTimestamp == nil && podReady(&p) {
 				ready = append(ready, p.Name)
 			}
 		}
-		return len(ready) == 2, fmt.Errorf("ready replicas %v (deleted %s)", ready, deleted)
+		return len(ready) == 2 && gone, fmt.Errorf("ready replicas %v (deleted %s, gone: %v)", ready, deleted, gone)
 	})
 	ops, errs := load()
 	t.Logf("under load: %d acquire-release rounds through the APIService while a replica was deleted and replaced", ops)
