@@ -132,8 +132,9 @@ func TestChartAPIServerBackend(t *testing.T) {
 	}
 }
 
-// startLoad runs n workers, each acquiring and releasing a key of its own
-// through the APIService in a loop and checking that its tokens grow, until
+// startLoad runs n workers, each acquiring, reading and releasing a key of
+// its own through the APIService in a loop and checking that its tokens grow
+// and that it reads its own holding, until
 // the returned stop is called; stop returns the rounds done and what failed.
 func startLoad(ctx context.Context, t *testing.T, cl *lock.Client, n int) (stop func() (int, []error)) {
 	t.Helper()
@@ -157,6 +158,12 @@ func startLoad(ctx context.Context, t *testing.T, cl *lock.Client, n int) (stop 
 						return fmt.Errorf("%s: token %d after %d", key, held.FencingToken(), last)
 					}
 					last = held.FencingToken()
+					// A read, which the client does not retry.
+					if l, err := cl.Get(ctx, key); err != nil {
+						return err
+					} else if h := l.Status.Holder; h == nil || h.LeaseID != held.LeaseID() {
+						return fmt.Errorf("%s read while held: holder %+v, want lease %s", key, h, held.LeaseID())
+					}
 					if err := held.Release(context.WithoutCancel(ctx)); err != nil {
 						return fmt.Errorf("release %s: %w", key, err)
 					}
