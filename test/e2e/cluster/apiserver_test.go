@@ -134,8 +134,8 @@ func TestChartAPIServerBackend(t *testing.T) {
 
 // startLoad runs n workers, each acquiring, reading and releasing a key of
 // its own through the APIService in a loop and checking that its tokens grow
-// and that it reads its own holding, until
-// the returned stop is called; stop returns the rounds done and what failed.
+// and that it reads its own holding, until the returned stop is called; stop
+// returns the rounds done and what failed.
 func startLoad(ctx context.Context, t *testing.T, cl *lock.Client, n int) (stop func() (int, []error)) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
