@@ -364,15 +364,24 @@ func storedReads(events []Event) []*storedRead {
 // CheckStored checks the observers' reads of the stored object. I2 along the
 // stored history: a read lists the ended holdings in the order they ended,
 // then the shared holdings and the holder, so tokens grow along a read among
-// holdings that exclude each other, and a holding first seen after another
-// it excludes has the higher token. I1 against the store: a read sent and
-// answered within a confirmed holding shows that holding held.
+// holdings that exclude each other, and a holding first seen in a read sent
+// after another read was answered has a higher token than every holding it
+// excludes that the earlier read showed. Only real-time order counts: a read
+// takes effect somewhere between its send and its answer, so of two reads
+// that overlap (two observers', or one through a stalled apiserver) the one
+// answered later may show the older state. I1 against the store: a read sent
+// and answered within a confirmed holding shows that holding held.
 func CheckStored(events []Event, hs []Holding) []Violation {
 	reads := storedReads(events)
 	var vs []Violation
-	seen := map[string]bool{}
-	first := map[string]*fronts{} // key -> the holdings seen so far, each when first seen
+	first := map[string][]firstSeen{} // key -> its holdings in the order first seen
+	firstAt := map[string]int64{}     // key/lease -> when the read that first showed it was answered
 	for _, r := range reads {
+		before := r.t // without its send time, a read follows only those answered before it
+		if r.hasSender {
+			before = r.sent
+		}
+		var earlier *fronts // the holdings first seen in reads answered before r was sent
 		var along fronts
 		for _, e := range r.entries {
 			for _, f := range along.against(e) {
@@ -381,21 +390,19 @@ func CheckStored(events []Event, hs []Holding) []Violation {
 				}
 			}
 			along.add(e)
-			if seen[e.Key+"/"+e.Lease] {
+			if _, seen := firstAt[e.Key+"/"+e.Lease]; seen {
 				continue
 			}
-			seen[e.Key+"/"+e.Lease] = true
-			fs := first[e.Key]
-			if fs == nil {
-				fs = &fronts{}
-				first[e.Key] = fs
+			if earlier == nil {
+				earlier = frontsBefore(first[e.Key], before)
 			}
-			for _, f := range fs.against(e) {
+			for _, f := range earlier.against(e) {
 				if prev := f.top; prev != nil && e.Token <= prev.Token {
-					vs = append(vs, Violation{"I2", fmt.Sprintf("key %s: stored holding %s (%s) has token %d, after stored holding %s (%s) with token %d", e.Key, e.Lease, e.mode(), e.Token, prev.Lease, prev.mode(), prev.Token)})
+					vs = append(vs, Violation{"I2", fmt.Sprintf("key %s: stored holding %s (%s) has token %d, first seen in a read sent at %d and answered at %d, after one answered at %d showed %s (%s) with token %d", e.Key, e.Lease, e.mode(), e.Token, r.sent, r.t, firstAt[e.Key+"/"+prev.Lease], prev.Lease, prev.mode(), prev.Token)})
 				}
 			}
-			fs.add(e)
+			first[e.Key] = append(first[e.Key], firstSeen{r.t, e})
+			firstAt[e.Key+"/"+e.Lease] = r.t
 		}
 	}
 	byKey := map[string][]Holding{}
@@ -417,6 +424,26 @@ func CheckStored(events []Event, hs []Holding) []Violation {
 		}
 	}
 	return vs
+}
+
+// firstSeen is a stored holding and when the read that first showed it was
+// answered.
+type firstSeen struct {
+	t int64
+	h *Holding
+}
+
+// frontsBefore are the fronts of the holdings first seen in reads answered
+// before t (hs is in answer order).
+func frontsBefore(hs []firstSeen, t int64) *fronts {
+	fs := &fronts{}
+	for _, s := range hs {
+		if s.t >= t {
+			break
+		}
+		fs.add(s.h)
+	}
+	return fs
 }
 
 // Write is one write the protected resource accepted, in commit order.

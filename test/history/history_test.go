@@ -121,8 +121,9 @@ func TestStoredAndClientsAgree(t *testing.T) {
 		{"agreeing reads", cat(clients, read(12, 11, 5, "L1", "r1"), read(33, 31, 5, "", ""), read(50, 45, 7, "L2", "r2", Event{Lease: "L1", Req: "r1", Token: 5})), nil},
 		{"a read during a holding finds the lock free", cat(clients, read(15, 11, 5, "", "")), []string{"I1"}},
 		{"a read during a holding finds another holder", cat(clients, read(50, 45, 9, "L9", "r9")), []string{"I1"}},
-		{"stored tokens do not grow", cat(clients, read(50, 45, 7, "L2", "r2", Event{Lease: "L0", Req: "r0", Token: 8})), []string{"I2", "I2"}},
+		{"stored tokens do not grow", cat(clients, read(50, 45, 7, "L2", "r2", Event{Lease: "L0", Req: "r0", Token: 8})), []string{"I2"}},
 		{"a holding first seen later has a lower token", cat(clients, read(50, 45, 7, "L2", "r2"), read(60, 55, 7, "L2", "r2", Event{Lease: "L0", Req: "r0", Token: 6})), []string{"I2"}},
+		{"a read answered late shows an older holding than one answered before it", cat(clients, read(45, 42, 7, "L2", "r2"), read(50, 11, 5, "L1", "r1")), nil},
 		{"the stored token is not the client's", cat(clients, read(50, 45, 8, "L2", "r2")), []string{"I2"}},
 		{"the stored request ID is not the client's", cat(clients, read(50, 45, 7, "L2", "r1")), []string{"I6", "I6"}},
 	} {
@@ -240,7 +241,7 @@ func TestSharedStoredHistory(t *testing.T) {
 			sharedRead(40, 35, 6, []Event{{Lease: "L2", Req: "r2", Token: 6, Shared: true, Slot: 1}, {Lease: "L1", Req: "r1", Token: 5, Shared: true}})), "[]"},
 		{"one slot's holdings that ended in another order than their tokens", cat(
 			shared("a", 1, 0, 10, "k", "r1", "L1", 1, 5, 12), shared("b", 1, 15, 20, "k", "r2", "L2", 1, 6, 40),
-			sharedRead(50, 45, 6, []Event{{Lease: "L2", Req: "r2", Token: 6, Shared: true, Slot: 1}, {Lease: "L1", Req: "r1", Token: 5, Shared: true, Slot: 1}})), "[I2 I2]"},
+			sharedRead(50, 45, 6, []Event{{Lease: "L2", Req: "r2", Token: 6, Shared: true, Slot: 1}, {Lease: "L1", Req: "r1", Token: 5, Shared: true, Slot: 1}})), "[I2]"},
 		{"a read during a reader's holding that misses it", cat(clients, sharedRead(25, 21, 6, nil, Event{Lease: "L2", Req: "r2", Token: 6, Slot: 1})), "[I1]"},
 		{"the stored slot is not the client's", cat(clients, sharedRead(25, 21, 6, nil, Event{Lease: "L1", Req: "r1", Token: 5, Slot: 3}, Event{Lease: "L2", Req: "r2", Token: 6, Slot: 1})), "[I2]"},
 	} {

@@ -50,13 +50,14 @@ var _ = Describe("HA control plane", Ordered, func() {
 		Expect(on).NotTo(BeEmpty(), "no client on %s, the leader's", target)
 		Eventually(func() int { return countOK(events("ha1")) }).Should(BeNumerically(">=", 10))
 		a := ha.apiserver(target)
-		killClient(x) // its lease now waits for the operator, whose watch is on the stopped apiserver
+		run := a.Running() // this run: by the cleanup, AfterAll may have stopped it
+		killClient(x)      // its lease now waits for the operator, whose watch is on the stopped apiserver
 		stoppedAt := history.Mono()
-		Expect(a.Running().Signal(syscall.SIGSTOP)).To(Succeed())
-		DeferCleanup(func() { _ = a.Running().Signal(syscall.SIGCONT) })
+		Expect(run.Signal(syscall.SIGSTOP)).To(Succeed())
+		DeferCleanup(func() { _ = run.Signal(syscall.SIGCONT) })
 		// Stopped for a scheduled 8 s: more than two leases.
 		time.Sleep(8 * time.Second)
-		Expect(a.Running().Signal(syscall.SIGCONT)).To(Succeed())
+		Expect(run.Signal(syscall.SIGCONT)).To(Succeed())
 		resumedAt := history.Mono()
 		ha.waitBack(ctx, a)
 		failover := firstOKOf(on, "ha1", stoppedAt)

@@ -128,9 +128,15 @@ func (o *observer) read(ctx context.Context, r reader, key string) {
 	sent := history.Mono()
 	l := &locksv1alpha1.DistributedLock{}
 	err := r.c.Get(rctx, client.ObjectKey{Namespace: namespace, Name: key}, l)
-	now := history.Mono()
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	// Answered by now, and timed under the lock: an ended holding is recorded
+	// only by the first read to show it, so the reads' times must follow the
+	// order they take the lock in. Timed before it, a read that waited for the
+	// lock could be recorded as first showing the holder, while the ended
+	// holding before it was recorded by a read that took the lock first but is
+	// timed later.
+	now := history.Mono()
 	rs := o.reads[key]
 	if err != nil {
 		rs.failed, rs.err = now, err
