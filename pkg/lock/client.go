@@ -192,17 +192,42 @@ func (c *Client) pod() (name, uid string) {
 }
 
 // Get returns the lock object for key.
+//
+// A read the apiserver could not answer (a 5xx, a 429, a lost connection) is
+// sent again, pausing as a failed write does, within ctx and for at most
+// readPatience: a read changes nothing, so another try is always safe, and
+// such a failure says nothing about the lock. A replica stopping behind a
+// Service, an apiserver restarting behind a balancer, an etcd leader election
+// each fail a read or two; a caller should not have to retry them itself, as
+// it need not for acquire, renew and release. A definite answer (not found, a
+// refusal) returns at once.
 func (c *Client) Get(ctx context.Context, key string) (*locksv1alpha1.DistributedLock, error) {
 	name, err := NameForKey(key)
 	if err != nil {
 		return nil, err
 	}
-	obj, err := c.get(ctx, key, name, false)
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return nil, fmt.Errorf("kubelock: reading lock %q: %w", key, err)
+	b, giveUp := retryBackoff(), time.Now().Add(readPatience)
+	var failed error // the last try's failure, which the caller wants to hear of rather than its context's end
+	for {
+		obj, err := c.get(ctx, key, name, false)
+		if err == nil || errors.Is(err, ErrNotFound) {
+			return obj, err
+		}
+		if failed != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w, after %w", err, failed)
+		}
+		if errors.Is(err, errKeyCollision) || time.Now().After(giveUp) || !retry(ctx, &b, err) {
+			return nil, fmt.Errorf("kubelock: reading lock %q: %w", key, err)
+		}
+		failed = err
 	}
-	return obj, err
 }
+
+// readPatience bounds how long Get sends a failed read again: long enough for
+// a stopping replica's endpoint to leave its Service or a restarted apiserver
+// to listen again, short enough that a caller without a deadline learns of an
+// outage.
+const readPatience = 10 * time.Second
 
 // get reads the lock, creating it first when allowed. Its errors but
 // ErrNotFound are the apiserver's, or a lock of another key: the caller says
@@ -284,8 +309,8 @@ func retryBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Jitter: 2, Steps: math.MaxInt32, Cap: 500 * time.Millisecond}
 }
 
-// retry pauses before another try after err, a failed write; false when err
-// is a definite answer or ctx ended first.
+// retry pauses before another try after err, a failed request; false when
+// err is a definite answer or ctx ended first.
 func retry(ctx context.Context, b *wait.Backoff, err error) bool {
 	return !definite(err) && pause(ctx, b) == nil
 }

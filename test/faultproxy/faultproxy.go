@@ -1,11 +1,13 @@
 // Package faultproxy is an HTTP proxy in front of the kube-apiserver that tests
-// use to lose responses after the apiserver committed a write, refuse requests
-// or delay them. It speaks plain HTTP to the client and forwards with the
-// upstream config's credentials, so the apiserver still sees the real user.
+// use to lose responses after the apiserver committed a write, refuse requests,
+// answer 503 or delay them. It speaks plain HTTP to the client and forwards
+// with the upstream config's credentials, so the apiserver still sees the real
+// user.
 package faultproxy
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 )
 
@@ -35,6 +38,9 @@ const (
 	// forwards it (at once when it does), as a load balancer queues requests
 	// while its only backend restarts and sends them the moment it listens.
 	Hold
+	// Unavailable answers 503 without forwarding anything, as kube-apiserver
+	// answers for an aggregated API whose Service endpoint has just gone.
+	Unavailable
 )
 
 // Rule decides the action for a request; nil means Pass for everything.
@@ -187,6 +193,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 			p.mu.Unlock()
 		}
 		p.rp.ServeHTTP(w, r)
+	case Unavailable:
+		p.answered(r.UserAgent(), http.StatusServiceUnavailable)
+		st := apierrors.NewServiceUnavailable("the server is currently unable to handle the request").ErrStatus
+		st.Kind, st.APIVersion = "Status", "v1"
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(st)
 	case DropResponse:
 		out := r.Clone(r.Context())
 		out.RequestURI = ""

@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -81,5 +83,59 @@ var _ = backends.Describe("apiserver unreachable (I4, I5)", Serial, func() {
 		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion))
 		Expect(after.Status.Holder.LeaseID).To(Equal(next.LeaseID()))
 		Expect(next.Release(ctx)).To(Succeed())
+	})
+})
+
+var _ = backends.Describe("reading a lock while the apiserver cannot answer", func() {
+	It("sends the read again until it is answered, and returns a definite answer or the context's end at once", func() {
+		ctx := context.Background()
+		ns := suite.Namespace(ctx)
+		suite.NewLock(ctx, ns, "read", locksv1alpha1.DistributedLockSpec{})
+		cfg, _ := suite.UserConfig(ctx)
+		proxy, err := faultproxy.New(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(proxy.Close)
+		c, err := lock.New(proxy.Config(), lock.WithNamespace(ns), lock.WithIdentity("reader"))
+		Expect(err).NotTo(HaveOccurred())
+		held, err := c.Acquire(ctx, "read")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = held.Release(context.Background()) })
+
+		// Each read of the lock is answered by fail(n), n counting from 1.
+		var reads atomic.Int32
+		failReads := func(fail func(n int32) faultproxy.Action) {
+			reads.Store(0)
+			proxy.SetRule(func(r *http.Request) faultproxy.Action {
+				if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/distributedlocks/") {
+					return fail(reads.Add(1))
+				}
+				return faultproxy.Pass
+			})
+		}
+
+		By("a 503, then a cut connection, then the answer")
+		failReads(func(n int32) faultproxy.Action {
+			return [...]faultproxy.Action{faultproxy.Unavailable, faultproxy.Refuse, faultproxy.Pass}[min(n, 3)-1]
+		})
+		got, err := c.Get(ctx, "read")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got.Status.Holder).NotTo(BeNil())
+		Expect(got.Status.Holder.LeaseID).To(Equal(held.LeaseID()))
+		Expect(reads.Load()).To(Equal(int32(3)), "the read was sent once per failure, then answered")
+
+		By("a lock that does not exist: not found on the first try")
+		failReads(func(int32) faultproxy.Action { return faultproxy.Pass })
+		_, err = c.Get(ctx, "missing")
+		Expect(err).To(MatchError(lock.ErrNotFound))
+		Expect(reads.Load()).To(Equal(int32(1)))
+
+		By("an apiserver that stays unavailable: the read ends with its context, saying why it failed")
+		failReads(func(int32) faultproxy.Action { return faultproxy.Unavailable })
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err = c.Get(short, "read")
+		Expect(err).To(MatchError(ContainSubstring("the server is currently unable to handle the request")))
+		Expect(short.Err()).To(HaveOccurred(), "the read gave up before its context ended")
+		Expect(reads.Load()).To(BeNumerically(">", 1))
 	})
 })
