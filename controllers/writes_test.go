@@ -175,6 +175,7 @@ var _ = Describe("a holding whose acquire waited", func() {
 			r := requests.get()
 			fmt.Fprintf(GinkgoWriter, "%s: client requests %v\n", what, r)
 			Expect(r).NotTo(HaveKey("GET lock"), what)
+			Expect(r).NotTo(HaveKey("WATCH lock"), what)
 			Expect(r["PUT status"]).To(BeNumerically(">=", 1), what)
 			Expect(r["PUT status"]).To(BeNumerically("<=", 2), what)
 		}
@@ -237,6 +238,8 @@ var _ = Describe("a waiter whose acquiring write meets a conflict", func() {
 			got <- l
 		}()
 		Eventually(func() []locksv1alpha1.Waiter { return getLock(ctx, key).Status.Waiters }).Should(HaveLen(1))
+		// Its entry is written before it opens its watch: count from then on.
+		Eventually(func() map[string]int { return requests.get() }).Should(HaveKeyWithValue("WATCH lock", 1))
 		requests.reset()
 		armed.Store(true)
 		Expect(lh.Release(ctx)).To(Succeed())
@@ -372,7 +375,8 @@ func (b *watchBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// requestCounter counts a client's requests by method and resource kind.
+// requestCounter counts a client's requests by method (WATCH for a watch)
+// and resource kind.
 type requestCounter struct {
 	mu sync.Mutex
 	n  map[string]int
@@ -381,6 +385,9 @@ type requestCounter struct {
 func (c *requestCounter) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
 		what := r.Method
+		if r.URL.Query().Get("watch") == "true" {
+			what = "WATCH"
+		}
 		switch {
 		case strings.Contains(r.URL.Path, "/distributedlocks/") && strings.HasSuffix(r.URL.Path, "/status"):
 			what += " status"
