@@ -207,19 +207,16 @@ func (c *Client) Get(ctx context.Context, key string) (*locksv1alpha1.Distribute
 		return nil, err
 	}
 	b, giveUp := retryBackoff(), time.Now().Add(readPatience)
-	var failed error // the last try's failure, which the caller wants to hear of rather than its context's end
+	var last error
 	for {
 		obj, err := c.get(ctx, key, name, false)
 		if err == nil || errors.Is(err, ErrNotFound) {
 			return obj, err
 		}
-		if failed != nil && ctx.Err() != nil {
-			err = fmt.Errorf("%w, after %w", err, failed)
-		}
+		last = keepCause(last, err)
 		if errors.Is(err, errKeyCollision) || time.Now().After(giveUp) || !retry(ctx, &b, err) {
-			return nil, fmt.Errorf("kubelock: reading lock %q: %w", key, err)
+			return nil, fmt.Errorf("kubelock: reading lock %q: %w", key, last)
 		}
-		failed = err
 	}
 }
 
